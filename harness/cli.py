@@ -1,0 +1,38 @@
+"""Command line: ``python -m harness <command> ...``.
+
+Each command lives in its own module under ``harness/commands/`` and exposes
+``register(subparsers)``, which adds its parser and sets ``func`` to a callable taking the
+parsed arguments and returning an exit status. Commands import their heavy dependencies
+(torch, mpi4py) lazily, so ``validate`` and ``--help`` stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = ("run", "validate", "bench")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"harness.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"harness.commands.{name}":
+                continue  # command not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

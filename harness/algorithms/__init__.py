@@ -1,0 +1,1 @@
+"""Training algorithms; ``params`` holds each one's validated parameters and the name registry."""

@@ -1,0 +1,298 @@
+"""Communicator: the thin Python face of the native collective layer (``harness._core``).
+
+Every operation exists blocking (``allreduce``) and non-blocking (``iallreduce`` returning a
+handle with ``wait()`` / ``done()``). All traffic is carried by one progress thread per
+process, owned by the native layer; blocked callers release the GIL and sleep.
+
+Example (run under ``mpiexec -n 4``)::
+
+    from mpi4py import MPI
+    import numpy as np
+    from harness.comm import Communicator
+
+    with Communicator(MPI.COMM_WORLD) as comm:
+        x = np.ones(1000, dtype=np.float32)
+        comm.allreduce(x, op="mean")
+"""
+
+from __future__ import annotations
+
+import atexit
+import weakref
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from harness import _core
+from harness._core import CommError
+from harness.comm.buffers import as_float32_buffer
+
+_live: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_all() -> None:
+    # Runs before mpi4py finalizes MPI (atexit is LIFO and mpi4py registered first), so no
+    # progress thread is left inside MPI at interpreter exit.
+    for comm in list(_live):
+        comm.close()
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """One finished native operation: times on the ``time.monotonic()`` clock, bytes sent."""
+
+    op: str
+    post_s: float
+    start_s: float
+    end_s: float
+    bytes: int
+    round: int
+
+
+@dataclass(frozen=True)
+class Link:
+    """An emulated link ``src -> dst``: latency in seconds, bandwidth in bytes/s (None: unlimited)."""
+
+    src: int
+    dst: int
+    latency_s: float = 0.0
+    bandwidth_bytes_per_s: float | None = None
+
+
+class Communicator:
+    """Collectives, gossip and the wait-avoiding allreduce over an mpi4py communicator.
+
+    Args:
+        mpi_comm: an ``mpi4py.MPI.Comm`` (default ``COMM_WORLD``); it is duplicated, so the
+            layer's messages never mix with the caller's.
+        spin_us: how long the progress thread keeps polling after progress before it sleeps.
+        max_sleep_us: longest sleep between polls while an operation waits for remote data.
+        ring_threshold_bytes: allreduces of at least this many bytes use the ring algorithm,
+            smaller ones recursive doubling.
+    """
+
+    def __init__(
+        self,
+        mpi_comm: Any = None,
+        *,
+        spin_us: float = 50.0,
+        max_sleep_us: float = 200.0,
+        ring_threshold_bytes: int = 64 * 1024,
+        _native: Any = None,
+    ) -> None:
+        if _native is None:
+            from mpi4py import MPI  # noqa: PLC0415  (keeps import of this module cheap)
+
+            mpi_comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+            if mpi_comm == MPI.COMM_NULL:
+                raise CommError("cannot build a Communicator on MPI.COMM_NULL")
+            _native = _core.Comm(
+                MPI._handleof(mpi_comm),
+                spin_us=spin_us,
+                max_sleep_us=max_sleep_us,
+                ring_threshold_bytes=ring_threshold_bytes,
+            )
+            _live.add(self)
+        self._native = _native
+
+    # -- identity ---------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self._native.rank
+
+    @property
+    def size(self) -> int:
+        return self._native.size
+
+    @property
+    def world_ranks(self) -> list[int]:
+        """World rank of each member (identity for the world communicator)."""
+        return list(self._native.world_ranks)
+
+    @property
+    def closed(self) -> bool:
+        return self._native.closed
+
+    # -- collectives ------------------------------------------------------------------------
+    def iallreduce(self, buf: Any, op: str = "sum") -> _core.Handle:
+        """Start an in-place allreduce (``op``: ``"sum"`` or ``"mean"``) of a float32 buffer."""
+        return self._native.iallreduce(as_float32_buffer(buf, "allreduce buffer"), op)
+
+    def allreduce(self, buf: Any, op: str = "sum") -> None:
+        self.iallreduce(buf, op).wait()
+
+    def ibroadcast(self, buf: Any, root: int = 0) -> _core.Handle:
+        """Start an in-place broadcast of ``buf`` from member ``root``."""
+        return self._native.ibroadcast(as_float32_buffer(buf, "broadcast buffer"), root)
+
+    def broadcast(self, buf: Any, root: int = 0) -> None:
+        self.ibroadcast(buf, root).wait()
+
+    def ibarrier(self) -> _core.Handle:
+        return self._native.ibarrier()
+
+    def barrier(self) -> None:
+        self.ibarrier().wait()
+
+    # -- point to point ---------------------------------------------------------------------
+    def iexchange(self, send: Any, recv: Any, peer: int) -> _core.Handle:
+        """Start a symmetric exchange: ``send`` goes to ``peer``, ``peer``'s buffer lands in ``recv``.
+
+        Both sides must call it (pairwise gossip); exchanges between the same two ranks are
+        matched in the order they are posted.
+        """
+        return self._native.iexchange(
+            as_float32_buffer(send, "exchange send buffer"), as_float32_buffer(recv, "exchange receive buffer"), peer
+        )
+
+    def exchange(self, send: Any, recv: Any, peer: int) -> None:
+        self.iexchange(send, recv, peer).wait()
+
+    # -- groups and persistent operations ----------------------------------------------------
+    def subgroup(self, ranks: Sequence[int]) -> "Communicator":
+        """A communicator over ``ranks`` (world ranks) sharing this one's progress thread.
+
+        Collective over the members only; every member passes the same list.
+        """
+        return Communicator(_native=self._native.subgroup([int(r) for r in ranks]))
+
+    def push_channel(self, count: int) -> "PushChannel":
+        """A push-sum gossip channel for buffers of ``count`` floats (collective)."""
+        return PushChannel(self._native.push_channel(int(count)))
+
+    def wait_avoiding(
+        self,
+        initial: Any,
+        *,
+        phases: Sequence[Sequence[int]],
+        sync_every: int,
+        accumulate: bool = False,
+    ) -> "WaitAvoidingAllreduce":
+        """The externally triggerable group allreduce of WAGMA-SGD / eager-SGD (collective).
+
+        Args:
+            initial: the buffer published before round 0 (its length fixes the op's length).
+            phases: this rank's group (world ranks, itself included) per phase; round t uses
+                ``phases[t % len(phases)]`` (see ``harness.schedules.wagma_phases``).
+            sync_every: round t is a synchronous allreduce over all ranks when
+                ``t % sync_every == sync_every - 1`` (0: never).
+            accumulate: eager-SGD semantics: publishing adds to the send buffer and a
+                contribution takes the buffer and zeroes it. Default (WAGMA): publishing
+                overwrites and contributions leave the buffer as it is.
+        """
+        return WaitAvoidingAllreduce(
+            self._native.wait_avoiding(
+                as_float32_buffer(initial, "initial buffer"),
+                int(sync_every),
+                bool(accumulate),
+                [[int(r) for r in g] for g in phases],
+            )
+        )
+
+    # -- emulation and records ---------------------------------------------------------------
+    def set_links(self, links: Iterable[Link]) -> None:
+        """Emulate slow links: messages this rank sends to ``dst`` obey ``links`` with ``src == rank``.
+
+        A message of b bytes is handed to MPI no earlier than latency + b / bandwidth after its
+        link is free; a link carries one message after another. Replaces earlier settings.
+        """
+        table = []
+        me = self.world_ranks[self.rank]
+        for link in links:
+            if link.src != me:
+                continue
+            bw = float("inf") if link.bandwidth_bytes_per_s is None else float(link.bandwidth_bytes_per_s)
+            table.append((int(link.dst), float(link.latency_s), bw))
+        self._native.set_links(table)
+
+    def drain_records(self) -> list[OpRecord]:
+        """Finished operations since the last call (post, start, end times; bytes sent)."""
+        return [OpRecord(*r) for r in self._native.drain_records()]
+
+    # -- lifetime ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the progress thread (world communicator) and fail any operation still running."""
+        if not self._native.closed:
+            self._native.shutdown()
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class PushChannel:
+    """Push-sum gossip: send to out-peers; arrivals accumulate by themselves.
+
+    ``send`` snapshots the buffer (the caller may keep changing it). ``drain(out)`` adds what
+    arrived into ``out`` and clears the accumulator. ``flush()`` (collective, after waiting for
+    one's own sends) guarantees every message pushed before it has been accumulated, so the
+    total mass can be checked; ``close()`` does the same and ends the channel.
+    """
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+        self._sends: list[_core.Handle] = []
+
+    @property
+    def count(self) -> int:
+        return self._native.count
+
+    def send(self, buf: Any, peers: Sequence[int]) -> _core.Handle:
+        handle = self._native.send(as_float32_buffer(buf, "push buffer"), [int(p) for p in peers])
+        self._sends = [h for h in self._sends if not h.done()]
+        self._sends.append(handle)
+        return handle
+
+    def drain(self, out: Any, min_messages: int = 0, timeout: float | None = None) -> int:
+        """Add arrivals into ``out``; wait for at least ``min_messages`` first. Returns the count."""
+        return self._native.drain(as_float32_buffer(out, "drain target"), int(min_messages), timeout)
+
+    def pending(self) -> int:
+        return self._native.pending()
+
+    def _quiesce(self, close: bool) -> None:
+        for h in self._sends:
+            h.wait()
+        self._sends.clear()
+        self._native.flush(close)
+
+    def flush(self) -> None:
+        self._quiesce(close=False)
+
+    def close(self) -> None:
+        self._quiesce(close=True)
+
+
+class WaitAvoidingAllreduce:
+    """Rounds of the wait-avoiding group allreduce; each returns the group SUM and what happened.
+
+    ``round(buf, out)`` publishes ``buf``, arrives at the next round and writes the sum of the
+    round's contributions into ``out``; the returned dict says ``round``, ``sync``,
+    ``group_size``, ``staleness`` (rounds between the round and the buffer this rank
+    contributed) and ``joined_early`` (the progress thread contributed before the caller came).
+    """
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+
+    @property
+    def next_round(self) -> int:
+        return self._native.next_round
+
+    def is_sync_round(self, t: int) -> bool:
+        return self._native.is_sync_round(t)
+
+    def iround(self, buf: Any, out: Any, may_activate: bool = True) -> _core.RoundHandle:
+        return self._native.iround(as_float32_buffer(buf, "published buffer"), as_float32_buffer(out, "result buffer"), may_activate)
+
+    def round(self, buf: Any, out: Any, may_activate: bool = True) -> dict:
+        handle = self.iround(buf, out, may_activate)
+        handle.wait()
+        return handle.info()
+
+    def close(self) -> None:
+        """Collective: ends the op once every rank finished its rounds."""
+        self._native.close()

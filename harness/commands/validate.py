@@ -1,0 +1,60 @@
+"""``python -m harness validate FILE``: check a scenario file and summarize what it resolves to.
+
+Exit status 0 when the file is valid, 2 with one ``error:`` line per problem on stderr otherwise.
+
+Example::
+
+    python -m harness validate scenarios/straggler.yaml --ranks 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from harness.scenario import Scenario, ScenarioError, load_scenario
+from harness.scenario.network import link_table
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``validate`` command."""
+    parser = subparsers.add_parser("validate", help="check a scenario file and print what it resolves to")
+    parser.add_argument("file", help="scenario YAML file")
+    parser.add_argument("--ranks", type=int, help="override the rank count")
+    parser.add_argument("--iterations", type=int, help="override the iterations per algorithm")
+    parser.add_argument("--only", nargs="+", metavar="ALGORITHM", help="keep only these algorithms")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load ``args.file``; print its summary (0) or its errors (2)."""
+    overrides = {"ranks": args.ranks, "iterations": args.iterations, "only": args.only}
+    try:
+        scenario = load_scenario(args.file, overrides=overrides)
+    except ScenarioError as exc:
+        for line in str(exc).splitlines():
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+    print(summary(scenario))
+    return 0
+
+
+def summary(scenario: Scenario) -> str:
+    """A few lines: name, workload, algorithms with resolved parameters, injectors, links."""
+    w = scenario.workload
+    injectors = [(s.model_dump(exclude={"kind"}, exclude_defaults=True), s.kind) for s in scenario.imbalance]
+    compute = "real compute" if w.compute == "real" else f"emulated compute {w.compute.emulate_ms:g} ms"
+    lines = [
+        f"{scenario.name}: {scenario.ranks} ranks, seed {scenario.seed}",
+        f"workload: {w.model} on {w.dataset}, batch {w.batch_size}, {w.iterations} iterations, {compute}",
+        "algorithms:",
+        *(f"  {_entry(p.model_dump(exclude={'name'}), p.name)}" for p in scenario.algorithms),
+        "imbalance:" if scenario.imbalance else "imbalance: none",
+        *(f"  {_entry(fields, kind)}" for fields, kind in injectors),
+        f"network: {len(link_table(scenario))} emulated links",
+    ]
+    return "\n".join(lines)
+
+
+def _entry(fields: dict[str, object], name: str) -> str:
+    return " ".join([name, *(f"{k}={v}" for k, v in fields.items())])

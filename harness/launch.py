@@ -1,0 +1,91 @@
+"""Launching ranks: always with the venv's own ``mpiexec``, never whatever is first on PATH.
+
+The MPICH wheel installs ``mpiexec`` next to the interpreter; using that one guarantees that
+the launcher, the ``libmpi`` mpi4py loads and the one the native layer links are the same.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from collections.abc import Sequence
+
+
+class LaunchError(RuntimeError):
+    """The ranks could not be started or did not finish."""
+
+
+def mpiexec_path() -> Path:
+    """The ``mpiexec`` of the environment this interpreter runs in."""
+    path = Path(sys.executable).parent / "mpiexec"
+    if not path.exists():
+        raise LaunchError(
+            f"no mpiexec next to {sys.executable}: install the project (pip install -e .) "
+            "into this environment; it brings MPICH's mpiexec with the 'mpich' package"
+        )
+    return path
+
+
+def inside_mpi_job() -> int | None:
+    """World size of the MPI job this process was started in by a launcher, or None.
+
+    Looks at the variables MPICH's Hydra, Open MPI, Intel MPI and SLURM's srun set, without
+    initializing MPI (so a parent process can still launch its own job).
+    """
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"):
+        if var in os.environ:
+            return int(os.environ[var])
+    if "SLURM_STEP_ID" in os.environ and "SLURM_NTASKS" in os.environ and "SLURM_PROCID" in os.environ:
+        return int(os.environ["SLURM_NTASKS"])
+    return None
+
+
+def mpiexec_command(ranks: int, argv: Sequence[str]) -> list[str]:
+    """Command line running ``argv`` on ``ranks`` local processes.
+
+    ``-n`` larger than the core count is allowed (ranks usually outnumber cores here);
+    the native layer never busy-waits, so oversubscription only slows, never deadlocks.
+    """
+    if ranks < 1:
+        raise LaunchError(f"ranks must be >= 1 (got {ranks})")
+    return [str(mpiexec_path()), "-n", str(ranks), *argv]
+
+
+def run_ranks(ranks: int, argv: Sequence[str], *, timeout: float | None = None, env: dict | None = None,
+              capture: bool = False) -> subprocess.CompletedProcess:
+    """Run ``argv`` on ``ranks`` processes and wait; on timeout or Ctrl+C kill the whole job.
+
+    The launcher gets its own process group, so killing it takes every rank with it and
+    nothing is left running.
+    """
+    cmd = mpiexec_command(ranks, argv)
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE if capture else None,
+        stderr=subprocess.PIPE if capture else None,
+        text=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        _kill_group(proc)
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=3)
+            return
+        except subprocess.TimeoutExpired:
+            continue

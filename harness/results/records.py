@@ -1,0 +1,408 @@
+"""Record types, CSV column schemas and the run directory that collects a run's results.
+
+The schema of every file is documented in ``results/README.md``; the column tuples below are
+the single source of truth for column names and order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.results import atomic
+
+STEP_COLUMNS = (
+    "algorithm",
+    "rank",
+    "iteration",
+    "start_s",
+    "end_s",
+    "compute_s",
+    "injected_delay_s",
+    "comm_blocked_s",
+    "loss",
+    "bytes_sent",
+    "staleness",
+)
+EVAL_COLUMNS = (
+    "algorithm",
+    "iteration",
+    "time_s",
+    "model",
+    "test_loss",
+    "test_accuracy",
+    "consensus_distance",
+)
+COMM_OP_COLUMNS = ("algorithm", "rank", "op", "post_s", "start_s", "end_s", "bytes")
+SUMMARY_COLUMNS = (
+    "algorithm",
+    "ranks",
+    "iterations",
+    "batch_size",
+    "steps_recorded",
+    "wall_s",
+    "samples_per_s",
+    "iter_time_median_s",
+    "iter_time_p95_s",
+    "compute_fraction",
+    "wait_fraction",
+    "injected_fraction",
+    "bytes_sent_per_step",
+    "final_accuracy",
+    "final_test_loss",
+    "final_consensus_distance",
+    "complete",
+)
+
+EVAL_MODELS = ("average", "rank0")
+RUN_STATUSES = ("complete", "incomplete", "failed")
+NO_STALENESS = -1
+
+STEPS_FILE = "steps.csv"
+EVALS_FILE = "evals.csv"
+COMM_OPS_FILE = "comm_ops.csv"
+SUMMARY_FILE = "summary.csv"
+SUMMARY_TABLE_FILE = "summary.txt"
+TRACE_FILE = "trace.json"
+SCENARIO_FILE = "scenario.resolved.yaml"
+RUN_FILE = "run.json"
+PROVENANCE_DIR = "provenance"
+
+_INT = "int64"
+_FLOAT = "float64"
+_DTYPES: dict[str, str] = {
+    "rank": _INT,
+    "iteration": _INT,
+    "bytes_sent": _INT,
+    "staleness": _INT,
+    "bytes": _INT,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """One iteration of one rank; times in seconds since the run's t0 on a common clock."""
+
+    algorithm: str
+    rank: int
+    iteration: int
+    start_s: float
+    end_s: float
+    compute_s: float
+    injected_delay_s: float
+    comm_blocked_s: float
+    loss: float = math.nan
+    bytes_sent: int = 0
+    staleness: int = NO_STALENESS
+
+    def as_row(self) -> dict[str, Any]:
+        """The record as ``{column: value}`` in :data:`STEP_COLUMNS` order."""
+        return {name: getattr(self, name) for name in STEP_COLUMNS}
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalRecord:
+    """One evaluation of one model ("average" or "rank0") on the test set."""
+
+    algorithm: str
+    iteration: int
+    time_s: float
+    model: str
+    test_loss: float
+    test_accuracy: float
+    consensus_distance: float = math.nan
+
+    def __post_init__(self) -> None:
+        if self.model not in EVAL_MODELS:
+            raise ValueError(f"model must be one of {EVAL_MODELS}, got {self.model!r}")
+
+    def as_row(self) -> dict[str, Any]:
+        """The record as ``{column: value}`` in :data:`EVAL_COLUMNS` order."""
+        return {name: getattr(self, name) for name in EVAL_COLUMNS}
+
+
+@dataclasses.dataclass(frozen=True)
+class CommOpRecord:
+    """One operation of the native communication layer, as seen by one rank."""
+
+    algorithm: str
+    rank: int
+    op: str
+    post_s: float
+    start_s: float
+    end_s: float
+    bytes: int
+
+    def as_row(self) -> dict[str, Any]:
+        """The record as ``{column: value}`` in :data:`COMM_OP_COLUMNS` order."""
+        return {name: getattr(self, name) for name in COMM_OP_COLUMNS}
+
+
+def _typed(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """Reorder to ``columns`` and coerce dtypes: ints int64, text str, everything else float64."""
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ValueError(f"missing columns: {missing}")
+    frame = frame.loc[:, list(columns)].copy()
+    for name in columns:
+        if name in ("algorithm", "model", "op"):
+            frame[name] = frame[name].astype(str)
+        else:
+            frame[name] = frame[name].astype(_DTYPES.get(name, _FLOAT))
+    return frame.reset_index(drop=True)
+
+
+def to_frame(records: Iterable[Any] | pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """A typed DataFrame from records (anything with ``as_row()``) or an existing DataFrame."""
+    if isinstance(records, pd.DataFrame):
+        return _typed(records, columns)
+    rows = [r.as_row() for r in records]
+    frame = pd.DataFrame(rows, columns=list(columns))
+    return _typed(frame, columns)
+
+
+def read_frame(path: str | Path, columns: Sequence[str]) -> pd.DataFrame:
+    """Read one of the run's CSV files back with the schema's dtypes; empty if absent."""
+    path = Path(path)
+    if not path.exists():
+        return to_frame([], columns)
+    # keep_default_na=False so an op or algorithm named e.g. "NA" stays text.
+    frame = pd.read_csv(path, keep_default_na=False, na_values=[atomic.CSV_NA_REP])
+    return _typed(frame, columns)
+
+
+def _concat(frames: Iterable[pd.DataFrame], columns: Sequence[str]) -> pd.DataFrame:
+    # Empty frames are dropped: concatenating them changes dtypes and warns in pandas.
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return to_frame([], columns)
+    return _typed(pd.concat(frames, ignore_index=True), columns)
+
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def _check_name(kind: str, name: str) -> str:
+    # Names become path components, so keep them to one portable component.
+    if not _NAME_RE.match(name):
+        raise ValueError(f"{kind} {name!r} must match {_NAME_RE.pattern}")
+    return name
+
+
+def _utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class RunDirectory:
+    """``results/<scenario>/<run-id>/``: collects records per algorithm and writes every file.
+
+    All files are (re)written atomically, so an interrupted run leaves consistent files with
+    the algorithms finished so far.
+    """
+
+    def __init__(self, path: str | Path, scenario_name: str, run_id: str, started_at: str) -> None:
+        self.path = Path(path)
+        self.scenario_name = scenario_name
+        self.run_id = run_id
+        self.started_at = started_at
+        # Per-algorithm frames in the order the algorithms were appended.
+        self._steps: dict[str, pd.DataFrame] = {}
+        self._evals: dict[str, pd.DataFrame] = {}
+        self._comm_ops: dict[str, pd.DataFrame] = {}
+
+    @classmethod
+    def create(
+        cls, root: str | Path, scenario_name: str, run_id: str | None = None
+    ) -> RunDirectory:
+        """Create a fresh run directory under ``root/scenario_name``.
+
+        The default run id is the UTC start time ``YYYYmmdd-HHMMSS``, with a short random
+        suffix if that directory already exists. An explicit ``run_id`` that exists raises
+        ``FileExistsError`` rather than mixing two runs' files.
+        """
+        _check_name("scenario name", scenario_name)
+        started = _utc_now()
+        scenario_dir = Path(root) / scenario_name
+        scenario_dir.mkdir(parents=True, exist_ok=True)
+        if run_id is not None:
+            _check_name("run id", run_id)
+            (scenario_dir / run_id).mkdir()
+        else:
+            base = started.strftime("%Y%m%d-%H%M%S")
+            run_id = base
+            while True:
+                try:
+                    # mkdir without exist_ok claims the name even against a concurrent run.
+                    (scenario_dir / run_id).mkdir()
+                    break
+                except FileExistsError:
+                    run_id = f"{base}-{secrets.token_hex(2)}"
+        started_at = started.isoformat(timespec="seconds")
+        return cls(scenario_dir / run_id, scenario_name, run_id, started_at)
+
+    @classmethod
+    def open(cls, path: str | Path) -> RunDirectory:
+        """Load an existing run directory (its run.json and CSV files) for analysis or resuming."""
+        path = Path(path)
+        if not path.is_dir():
+            raise FileNotFoundError(f"no run directory at {path}")
+        meta: dict[str, Any] = {}
+        if (path / RUN_FILE).exists():
+            meta = json.loads((path / RUN_FILE).read_text(encoding="utf-8"))
+        run = cls(
+            path,
+            meta.get("scenario", path.parent.name),
+            meta.get("run_id", path.name),
+            meta.get("started_at", ""),
+        )
+        steps = read_frame(path / STEPS_FILE, STEP_COLUMNS)
+        evals = read_frame(path / EVALS_FILE, EVAL_COLUMNS)
+        comm_ops = read_frame(path / COMM_OPS_FILE, COMM_OP_COLUMNS)
+        names = dict.fromkeys([*steps["algorithm"], *evals["algorithm"], *comm_ops["algorithm"]])
+        for name in names:
+            run._steps[name] = _typed(steps[steps["algorithm"] == name], STEP_COLUMNS)
+            run._evals[name] = _typed(evals[evals["algorithm"] == name], EVAL_COLUMNS)
+            run._comm_ops[name] = _typed(comm_ops[comm_ops["algorithm"] == name], COMM_OP_COLUMNS)
+        return run
+
+    # --- What has been collected -----------------------------------------------------------
+
+    @property
+    def algorithms(self) -> list[str]:
+        """Names of the algorithms appended so far, in order."""
+        return list(self._steps)
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """All step records so far (:data:`STEP_COLUMNS`)."""
+        return _concat(self._steps.values(), STEP_COLUMNS)
+
+    @property
+    def evals(self) -> pd.DataFrame:
+        """All eval records so far (:data:`EVAL_COLUMNS`)."""
+        return _concat(self._evals.values(), EVAL_COLUMNS)
+
+    @property
+    def comm_ops(self) -> pd.DataFrame:
+        """All comm op records so far (:data:`COMM_OP_COLUMNS`)."""
+        return _concat(self._comm_ops.values(), COMM_OP_COLUMNS)
+
+    def provenance_dir(self) -> Path:
+        """The ``provenance/`` subfolder (created on first use) for models, shards, seeds."""
+        path = self.path / PROVENANCE_DIR
+        path.mkdir(exist_ok=True)
+        return path
+
+    # --- Writers ---------------------------------------------------------------------------
+
+    def write_resolved_scenario(self, scenario: Mapping[str, Any]) -> Path:
+        """Write the fully resolved scenario (defaults filled in) as YAML, keys in given order."""
+        import yaml  # lazy: only the writer needs it
+
+        text = yaml.safe_dump(_plain(scenario), sort_keys=False, default_flow_style=False)
+        return atomic.write_text(self.path / SCENARIO_FILE, text)
+
+    def append_algorithm(
+        self,
+        name: str,
+        steps: Iterable[StepRecord] | pd.DataFrame,
+        evals: Iterable[EvalRecord] | pd.DataFrame = (),
+        comm_ops: Iterable[CommOpRecord] | pd.DataFrame = (),
+    ) -> None:
+        """Add one algorithm's records (replacing any earlier ones of that name) and rewrite
+        steps.csv, evals.csv and comm_ops.csv with all rows so far."""
+        frames = {
+            "steps": to_frame(steps, STEP_COLUMNS),
+            "evals": to_frame(evals, EVAL_COLUMNS),
+            "comm_ops": to_frame(comm_ops, COMM_OP_COLUMNS),
+        }
+        for kind, frame in frames.items():
+            other = sorted(set(frame["algorithm"]) - {name})
+            if other:
+                raise ValueError(f"{kind} records for {other} passed to append_algorithm({name!r})")
+        self._steps[name] = frames["steps"]
+        self._evals[name] = frames["evals"]
+        self._comm_ops[name] = frames["comm_ops"]
+        atomic.write_csv(self.path / STEPS_FILE, self.steps)
+        atomic.write_csv(self.path / EVALS_FILE, self.evals)
+        atomic.write_csv(self.path / COMM_OPS_FILE, self.comm_ops)
+
+    def write_summary(
+        self,
+        batch_size: int | Mapping[str, int],
+        iterations: int | Mapping[str, int],
+        ranks: int | Mapping[str, int] | None = None,
+    ) -> pd.DataFrame:
+        """Write summary.csv and the readable summary.txt; return the summary frame."""
+        from harness.results.summary import format_table, summarize  # avoids an import cycle
+
+        summary = summarize(self.steps, self.evals, batch_size, iterations, ranks=ranks)
+        atomic.write_csv(self.path / SUMMARY_FILE, summary)
+        atomic.write_text(self.path / SUMMARY_TABLE_FILE, format_table(summary) + "\n")
+        return summary
+
+    def write_trace(self, include_comm_ops: bool = True) -> Path:
+        """Write trace.json (Chrome/Perfetto trace event format) from all records so far."""
+        from harness.results.trace import chrome_trace  # avoids an import cycle
+
+        trace = chrome_trace(self.steps, self.comm_ops if include_comm_ops else None)
+        trace["otherData"] = {"scenario": self.scenario_name, "run_id": self.run_id}
+        # Compact JSON: traces of long runs are large.
+        return atomic.write_json(self.path / TRACE_FILE, trace, indent=None)
+
+    def write_run_json(
+        self,
+        status: str,
+        finished: Sequence[str],
+        *,
+        ranks: int | None = None,
+        hosts: int = 1,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Path:
+        """Write run.json; ``ranks`` defaults to the most ranks seen in any algorithm's steps."""
+        from harness import __version__
+
+        if status not in RUN_STATUSES:
+            raise ValueError(f"status must be one of {RUN_STATUSES}, got {status!r}")
+        if ranks is None:
+            ranks = max((int(f["rank"].nunique()) for f in self._steps.values()), default=0)
+        meta = {
+            "run_id": self.run_id,
+            "scenario": self.scenario_name,
+            "started_at": self.started_at,
+            "updated_at": _utc_now().isoformat(timespec="seconds"),
+            "hosts": int(hosts),
+            "ranks": int(ranks),
+            "status": status,
+            "finished_algorithms": [str(a) for a in finished],
+            "harness_version": __version__,
+        }
+        if extra:
+            meta.update(_plain(dict(extra)))
+        return atomic.write_json(self.path / RUN_FILE, meta)
+
+
+def _plain(value: Any) -> Any:
+    """Convert numpy scalars/arrays, tuples and paths to plain YAML/JSON-able Python values."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _plain(value.tolist())
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    return value
+

@@ -1,0 +1,243 @@
+"""Read a scenario: YAML, then overrides, then validation; every failure is a short ScenarioError.
+
+Example::
+
+    scenario = load_scenario("scenarios/straggler.yaml", overrides={"ranks": 4, "only": ["local_sgd"]})
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+from pydantic_core import ErrorDetails
+
+from harness.scenario.schema import Scenario
+
+MAX_ERROR_LINES = 10
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
+OVERRIDES = ("ranks", "iterations", "only")
+
+
+class ScenarioError(Exception):
+    """A scenario cannot be used; the message names the file, the field path and the bad value."""
+
+
+class _Loader(yaml.SafeLoader):
+    """Safe YAML with YAML 1.2 floats (``1e-4``, ``25.6e6``) and duplicate keys refused."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (list, dict)):
+                continue  # unhashable: the base class reports it
+            if key in seen:
+                problem = f"found duplicate key {key!r}"
+                context = "while constructing a mapping"
+                raise yaml.constructor.ConstructorError(context, node.start_mark, problem, key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+# PyYAML follows YAML 1.1, where a float needs a dot and a signed exponent, so `1e-4` would be a
+# string; strict validation would then reject a perfectly good number.
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def load_scenario(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Scenario:
+    """Load and validate the scenario file at ``path``, applying ``overrides`` first.
+
+    ``overrides`` may set ``ranks``, ``iterations`` (of the workload) and ``only`` (a subset of the
+    file's algorithm names, kept in file order); they apply before validation, so the rank checks
+    see the overridden rank count. Raises ScenarioError.
+    """
+    return scenario_from_dict(read_yaml(path), source=str(path), overrides=overrides)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Parse a scenario file the way the loader does (YAML 1.2 floats, no duplicate keys)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        return yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader
+    except yaml.MarkedYAMLError as exc:
+        raise ScenarioError(f"{path}: {_yaml_problem(exc)}") from None
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{path}: invalid YAML: {exc}") from None
+
+
+def _yaml_problem(exc: yaml.MarkedYAMLError) -> str:
+    """``line L, column C: invalid YAML: problem (context at line K)``."""
+    mark = exc.problem_mark or exc.context_mark
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    text = f"{where}invalid YAML: {exc.problem or exc.context}"
+    if exc.problem and exc.context and exc.context_mark:
+        text += f" ({exc.context} at line {exc.context_mark.line + 1})"
+    return text
+
+
+def scenario_from_dict(data: Any, source: str = "<dict>", overrides: Mapping[str, Any] | None = None) -> Scenario:
+    """Validate already parsed scenario data; ``source`` names it in error messages."""
+    if data is None:
+        raise ScenarioError(f"{source}: empty scenario")
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source}: must be a mapping of scenario fields (got {_show(data)})")
+    data = _apply_overrides(data, overrides or {}, source)
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(_format(exc, data, source)) from None
+
+
+def _apply_overrides(data: dict[str, Any], overrides: Mapping[str, Any], source: str) -> dict[str, Any]:
+    unknown = sorted(set(overrides) - set(OVERRIDES))
+    if unknown:
+        raise ValueError(f"unknown scenario override {unknown[0]!r} (valid: {', '.join(OVERRIDES)})")
+    data = dict(data)
+    if overrides.get("ranks") is not None:
+        data["ranks"] = overrides["ranks"]
+    if overrides.get("iterations") is not None and isinstance(data.get("workload"), dict):
+        data["workload"] = {**data["workload"], "iterations": overrides["iterations"]}
+    if overrides.get("only") is not None and isinstance(data.get("algorithms"), list):
+        entries = data["algorithms"]
+        names = [_entry_name(e) for e in entries]
+        missing = [n for n in overrides["only"] if n not in names]
+        if missing:
+            available = ", ".join(str(n) for n in names)
+            reason = f"{missing[0]!r} is not among the algorithms (available: {available})"
+            raise ScenarioError(f"{source}: only: {reason}")
+        data["algorithms"] = [e for e, n in zip(entries, names) if n in overrides["only"]]
+    return data
+
+
+def _entry_name(entry: Any) -> Any:
+    return entry.get("name") if isinstance(entry, dict) else entry
+
+
+# ---------------------------------------------------------------------------------------------
+# pydantic's error list -> "file: path: reason (got value)" lines
+
+
+def _format(exc: ValidationError, data: dict[str, Any], source: str) -> str:
+    errors = exc.errors(include_url=False)
+    lines = [f"{source}: {_describe(err, data)}" for err in errors[:MAX_ERROR_LINES]]
+    if len(errors) > MAX_ERROR_LINES:
+        lines.append(f"{source}: ... and {len(errors) - MAX_ERROR_LINES} more errors")
+    return "\n".join(lines)
+
+
+_REASONS = {
+    "missing": "required field missing",
+    "int_type": "must be an integer",
+    "float_type": "must be a number",
+    "finite_number": "must be a finite number",
+    "bool_type": "must be true or false",
+    "string_type": "must be a string",
+    "list_type": "must be a list",
+    "dict_type": "must be a mapping",
+    "model_type": "must be a mapping",
+    "model_attributes_type": "must be a mapping",
+    "greater_than_equal": "must be >= {ge}",
+    "greater_than": "must be > {gt}",
+    "less_than_equal": "must be <= {le}",
+    "less_than": "must be < {lt}",
+    "literal_error": "must be {expected}",
+    "too_short": "must have at least {min_length} item(s)",
+    "too_long": "must have at most {max_length} item(s)",
+    "union_tag_invalid": "unknown {discriminator} (valid: {expected_tags})",
+    "union_tag_not_found": "required field missing",
+}
+
+
+def _describe(err: ErrorDetails, data: dict[str, Any]) -> str:
+    """One error as ``path: reason (got value)``."""
+    kind, ctx = err["type"], err.get("ctx", {})
+    path = _input_path(err["loc"], data, kind == "missing")
+    values: tuple[Any, ...] = (err["input"],)  # empty: say nothing about the value
+    note = ""
+    if kind == "field":  # a ParamError raised in a validator: it knows the rest of the path
+        path += tuple(ctx["path"])
+        reason, values, note = ctx["reason"], (ctx["value"],), ctx["note"]
+    else:
+        reason = _REASONS[kind].format(**_plain(ctx)) if kind in _REASONS else _lower_first(err["msg"])
+    if kind == "missing":
+        values = ()
+    elif kind.startswith("union_tag_"):  # the discriminator key is not in pydantic's loc
+        path += (_plain(ctx)["discriminator"],)
+        values = (ctx["tag"],) if kind == "union_tag_invalid" else ()
+    got = f" (got {_show(values[0])}{', ' + note if note else ''})" if values else ""
+    return f"{_path_text(path) or '(top level)'}: {reason}{got}"
+
+
+def _input_path(loc: tuple[Any, ...], data: Any, missing: bool) -> tuple[Any, ...]:
+    """The part of pydantic's ``loc`` that indexes the input; union tags and validator names go.
+
+    A missing field is not in the input, so the last element is kept for ``missing`` errors.
+    """
+    path: list[Any] = []
+    node, tag = data, None
+    for i, part in enumerate(loc):
+        if part == tag:  # a list entry's discriminator value comes first, even if also a key
+            tag = None
+            continue
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif not (missing and i == len(loc) - 1):
+            continue
+        path.append(part)
+        tag = _discriminator_value(node) if isinstance(part, int) else None
+    return tuple(path)
+
+
+def _discriminator_value(entry: Any) -> Any:
+    """What pydantic puts into ``loc`` after the index of a list entry of a discriminated union."""
+    if isinstance(entry, str):
+        return entry  # a bare algorithm name
+    if isinstance(entry, dict):
+        return entry.get("kind", entry.get("name"))
+    return None
+
+
+def _plain(ctx: dict[str, Any]) -> dict[str, Any]:
+    """Context values as a person writes them: ``0`` not ``0.0``, ``kind`` not ``'kind'``."""
+    out = dict(ctx)
+    for key, value in ctx.items():
+        if type(value) is float and value.is_integer():
+            out[key] = int(value)
+    if "discriminator" in ctx:
+        out["discriminator"] = ctx["discriminator"].strip("'")
+    return out
+
+
+def _path_text(path: tuple[Any, ...]) -> str:
+    text = ""
+    for part in path:
+        if isinstance(part, str) and _PLAIN_KEY.fullmatch(part):
+            text += f".{part}" if text else part
+        else:  # an index, or a key that needs quoting to stay on one line and be unambiguous
+            text += f"[{part!r}]"
+    return text
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:]

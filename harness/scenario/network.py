@@ -1,0 +1,49 @@
+"""The emulated network of a scenario as a table of directed links.
+
+Example::
+
+    for link in link_table(scenario):
+        print(link.src, link.dst, link.latency_s, link.bandwidth_bytes_per_s)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.scenario.schema import Scenario
+
+
+@dataclass(frozen=True)
+class Link:
+    """One directed link with emulated delay; bandwidth None means no emulated limit."""
+
+    src: int
+    dst: int
+    latency_s: float
+    bandwidth_bytes_per_s: float | None
+
+
+def link_table(scenario: Scenario) -> list[Link]:
+    """Every ordered link that differs from "no delay", sorted by (src, dst).
+
+    Starts from ``network.default`` for each pair src != dst, then applies ``network.links`` in
+    file order; an entry overrides only the fields it sets.
+    """
+    ranks, network = scenario.ranks, scenario.network
+    default = (network.default.latency_s, network.default.bandwidth_bytes_per_s)
+    named: dict[tuple[int, int], tuple[float, float | None]] = {}  # links some entry touches
+    for rule in network.links:
+        sets_latency = "latency_us" in rule.model_fields_set
+        sets_bandwidth = "bandwidth_gbps" in rule.model_fields_set
+        for pair in zip(*rule.pairs(ranks)):
+            latency, bandwidth = named.get(pair, default)
+            named[pair] = (
+                rule.latency_s if sets_latency else latency,
+                rule.bandwidth_bytes_per_s if sets_bandwidth else bandwidth,
+            )
+    if default != (0.0, None):  # every pair is emulated: the table is ranks * (ranks - 1) long
+        pairs = [(s, d) for s in range(ranks) for d in range(ranks) if s != d]
+    else:
+        pairs = sorted(named)
+    links = (Link(s, d, *named.get((s, d), default)) for s, d in pairs)
+    return [link for link in links if link.latency_s > 0 or link.bandwidth_bytes_per_s is not None]

@@ -1,0 +1,432 @@
+"""The scenario file's schema: frozen, strict models; every default of a scenario lives here.
+
+Checks that need the rank count (rank indices, ``count``, ``group_size``) run in ``Scenario``,
+the only model that knows ``ranks``; they raise errors that carry the field path, which the
+loader turns into one line per error.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, ClassVar, Literal, Union
+
+from pydantic import (
+    BeforeValidator,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+
+from harness.algorithms.params import AnyAlgorithmParams, ParamError, StrictModel
+
+Model = Literal["logreg", "mlp", "tiny_cnn", "mnist_cnn", "resnet20"]
+Dataset = Literal["mnist5k", "digits", "synthetic"]
+Device = Literal["cpu"]  # grows when a GPU path exists
+
+NonNegInt = Annotated[int, Field(ge=0)]
+PosInt = Annotated[int, Field(ge=1)]
+NonNegFloat = Annotated[float, Field(ge=0.0)]
+PosFloat = Annotated[float, Field(gt=0.0)]
+Rank = NonNegInt  # "< ranks" is checked by Scenario, which knows ranks
+MAX_RANKS = 1 << 16  # far beyond any run here; stops a typo from allocating per-rank tables
+
+_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _check_rank(path: str | tuple[str | int, ...], rank: int, ranks: int) -> None:
+    """Raise ParamError at ``path`` unless ``rank`` exists."""
+    if rank >= ranks:
+        raise ParamError(path, f"rank must be < ranks ({ranks})", rank)
+
+
+def _check_ranks(field: str, values: list[int], ranks: int) -> None:
+    """Raise ParamError at ``field[j]`` for a rank that does not exist or is listed twice."""
+    for j, rank in enumerate(values):
+        _check_rank((field, j), rank, ranks)
+        if rank in values[:j]:
+            raise ParamError((field, j), "rank listed twice", rank)
+
+
+def _check_each(items: list[Any], ranks: int, *prefix: str) -> None:
+    """Run ``check(ranks)`` on every item; an error's path gets ``prefix`` and the item index."""
+    for i, item in enumerate(items):
+        try:
+            item.check(ranks)
+        except ParamError as exc:
+            raise exc.within(*prefix, i) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# workload
+
+
+class EmulatedCompute(StrictModel):
+    """Sleep ``emulate_ms`` instead of forward/backward; ``jitter`` is the lognormal sigma."""
+
+    emulate_ms: NonNegFloat
+    jitter: NonNegFloat = 0.0
+
+
+def _compute_form(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "(real)"
+    if isinstance(value, (dict, EmulatedCompute)):
+        return "(emulated)"
+    return None
+
+
+Compute = Annotated[
+    Union[Annotated[Literal["real"], Tag("(real)")], Annotated[EmulatedCompute, Tag("(emulated)")]],
+    Discriminator(
+        _compute_form,
+        custom_error_type="compute_form",
+        custom_error_message="must be 'real' or a mapping {emulate_ms: MS, jitter: SIGMA}",
+    ),
+]
+
+
+class Workload(StrictModel):
+    """What each rank trains: model, data, batch, iterations per algorithm, real or emulated compute."""
+
+    model: Model
+    dataset: Dataset
+    batch_size: PosInt  # per rank
+    iterations: PosInt  # per algorithm
+    compute: Compute = "real"
+    params: PosInt | None = None  # emulated compute only: communicated size; None: the model's own
+    eval_every: PosInt  # default max(1, iterations // 6), filled in by _default_eval_every
+    device: Device = "cpu"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_eval_every(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "eval_every" not in data:
+            iterations = data.get("iterations")
+            # A bad `iterations` is reported on its own; 1 only keeps this field quiet meanwhile.
+            every = max(1, iterations // 6) if type(iterations) is int else 1
+            data = {**data, "eval_every": every}
+        return data
+
+    @field_validator("params", mode="before")
+    @classmethod
+    def _integral_float(cls, value: Any) -> Any:
+        # YAML has no integer exponent notation: `params: 25.6e6` arrives as a float.
+        if type(value) is float and value.is_integer():
+            return int(value)
+        return value
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _no_cuda_yet(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.startswith("cuda"):
+            reason = "not supported yet: the harness trains on CPU only (use device: cpu)"
+            raise ParamError((), reason, value).to_pydantic()
+        return value
+
+    @model_validator(mode="after")
+    def _params_need_emulation(self) -> Workload:
+        if self.params is not None and self.compute == "real":
+            raise ParamError(
+                "params", "only with emulated compute; real compute communicates the model itself", self.params
+            ).to_pydantic()
+        return self
+
+
+class Optimizer(StrictModel):
+    """Local momentum SGD: m <- mu*m + g + wd*x; x <- x - lr*m (optionally Nesterov)."""
+
+    lr: PosFloat = 0.05
+    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
+    nesterov: bool = False
+    weight_decay: NonNegFloat = 1e-4
+
+    @model_validator(mode="after")
+    def _nesterov_needs_momentum(self) -> Optimizer:
+        if self.nesterov and self.momentum == 0.0:
+            raise ParamError("nesterov", "needs momentum > 0", self.nesterov).to_pydantic()
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# imbalance
+
+
+class InjectorSpec(StrictModel):
+    """One imbalance entry; it acts on iterations in [start, stop) (stop None: to the end)."""
+
+    kind: str
+    start: NonNegInt = 0
+    stop: PosInt | None = None
+
+    @model_serializer(mode="wrap")
+    def _window_last(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)  # base fields come first; the kind's own parameters read better there
+        return {k: data[k] for k in sorted(data, key=lambda k: k in ("start", "stop"))}
+
+    @model_validator(mode="after")
+    def _window(self) -> InjectorSpec:
+        if self.stop is not None and self.stop <= self.start:
+            raise ParamError("stop", f"must be > start ({self.start})", self.stop).to_pydantic()
+        return self
+
+    def check(self, ranks: int) -> None:
+        """Raise ParamError if the entry names a rank that does not exist."""
+
+
+class RandomRanksSpec(InjectorSpec):
+    """Every iteration ``count`` ranks drawn at random (same draw everywhere) sleep ``delay_ms``."""
+
+    kind: Literal["random_ranks"]
+    count: PosInt
+    delay_ms: NonNegFloat
+
+    def check(self, ranks: int) -> None:
+        if self.count > ranks:
+            raise ParamError("count", f"must be <= ranks ({ranks})", self.count)
+
+
+class FixedSpec(InjectorSpec):
+    """The listed ranks sleep ``delay_ms`` every iteration."""
+
+    kind: Literal["fixed"]
+    ranks: Annotated[list[Rank], Field(min_length=1)]
+    delay_ms: NonNegFloat
+
+    def check(self, ranks: int) -> None:
+        _check_ranks("ranks", self.ranks, ranks)
+
+
+class LinearSpec(InjectorSpec):
+    """Rank i sleeps i * ``offset_ms`` every iteration."""
+
+    kind: Literal["linear"]
+    offset_ms: NonNegFloat
+
+
+class JitterSpec(InjectorSpec):
+    """Compute time of every rank is multiplied by exp(N(0, ``sigma``)), drawn per rank and iteration."""
+
+    kind: Literal["jitter"]
+    sigma: NonNegFloat
+
+
+class SlowdownSpec(InjectorSpec):
+    """Compute of the listed ranks takes ``factor`` times as long."""
+
+    kind: Literal["slowdown"]
+    ranks: Annotated[list[Rank], Field(min_length=1)]
+    factor: PosFloat
+
+    def check(self, ranks: int) -> None:
+        _check_ranks("ranks", self.ranks, ranks)
+
+
+AnyInjectorSpec = Annotated[
+    Union[RandomRanksSpec, FixedSpec, LinearSpec, JitterSpec, SlowdownSpec], Field(discriminator="kind")
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# network
+
+
+class LinkSettings(StrictModel):
+    """Latency and bandwidth of a link; ``latency_ms`` is accepted as input and kept in us."""
+
+    input_only_keys: ClassVar[tuple[str, ...]] = ("latency_ms",)
+
+    latency_us: NonNegFloat = 0.0
+    bandwidth_gbps: PosFloat | None = None  # gigabits per second; None: no emulated limit
+
+    @model_validator(mode="before")
+    @classmethod
+    def _latency_ms(cls, data: Any) -> Any:
+        if not (isinstance(data, dict) and "latency_ms" in data):
+            return data
+        data = dict(data)
+        ms = data.pop("latency_ms")
+        if "latency_us" in data:
+            raise ParamError("latency_ms", "give latency_us or latency_ms, not both", ms).to_pydantic()
+        if type(ms) not in (int, float) or not math.isfinite(ms) or ms < 0:
+            raise ParamError("latency_ms", "must be a number >= 0", ms).to_pydantic()
+        data["latency_us"] = ms * 1000.0
+        return data
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_us / 1e6
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float | None:
+        return None if self.bandwidth_gbps is None else self.bandwidth_gbps * 1e9 / 8
+
+
+class LinkRule(LinkSettings):
+    """A ``network.links`` entry: overrides only the fields it sets, on the links it names."""
+
+    @model_serializer(mode="wrap")
+    def _only_set_fields(self, handler: Any) -> dict[str, Any]:
+        # An unset field means "keep what earlier entries said"; writing the default would override.
+        data = handler(self)
+        settings = LinkSettings.model_fields
+        keys = sorted(data, key=lambda k: k in settings)  # the selector (between/from/rank) first
+        return {k: data[k] for k in keys if k not in settings or k in self.model_fields_set}
+
+    def pairs(self, ranks: int) -> tuple[list[int], list[int]]:
+        """The ordered (src, dst) links this entry names, as parallel lists."""
+        raise NotImplementedError
+
+
+class PairLink(LinkRule):
+    """``between: [a, b]``: both directions between a and b."""
+
+    between: Annotated[list[Rank], Field(min_length=2, max_length=2)]
+
+    def check(self, ranks: int) -> None:
+        _check_ranks("between", self.between, ranks)
+
+    def pairs(self, ranks: int) -> tuple[list[int], list[int]]:
+        a, b = self.between
+        return [a, b], [b, a]
+
+
+class DirectedLink(LinkRule):
+    """``from: a, to: b``: the one direction a -> b."""
+
+    src: Rank = Field(alias="from")
+    dst: Rank = Field(alias="to")
+
+    def check(self, ranks: int) -> None:
+        _check_rank("from", self.src, ranks)
+        _check_rank("to", self.dst, ranks)
+        if self.src == self.dst:
+            raise ParamError("to", "must differ from `from`", self.dst)
+
+    def pairs(self, ranks: int) -> tuple[list[int], list[int]]:
+        return [self.src], [self.dst]
+
+
+class RankLinks(LinkRule):
+    """``rank: r``: every link into and out of r."""
+
+    rank: Rank
+
+    def check(self, ranks: int) -> None:
+        _check_rank("rank", self.rank, ranks)
+
+    def pairs(self, ranks: int) -> tuple[list[int], list[int]]:
+        others = [r for r in range(ranks) if r != self.rank]
+        return [self.rank] * len(others) + others, others + [self.rank] * len(others)
+
+
+# Union tags show up in pydantic's error locations; in parentheses they cannot be mistaken for
+# input keys when the loader walks the input to recover the field path.
+_LINK_FORMS = {"(between)": ("between",), "(from/to)": ("from", "to"), "(rank)": ("rank",)}
+_LINK_TAGS = {PairLink: "(between)", DirectedLink: "(from/to)", RankLinks: "(rank)"}
+
+
+def _link_form(value: Any) -> str | None:
+    if isinstance(value, LinkRule):
+        return _LINK_TAGS[type(value)]
+    if not isinstance(value, dict):
+        return None
+    forms = [tag for tag, keys in _LINK_FORMS.items() if any(k in value for k in keys)]
+    return forms[0] if len(forms) == 1 else None
+
+
+AnyLinkRule = Annotated[
+    Union[
+        Annotated[PairLink, Tag("(between)")],
+        Annotated[DirectedLink, Tag("(from/to)")],
+        Annotated[RankLinks, Tag("(rank)")],
+    ],
+    Discriminator(
+        _link_form,
+        custom_error_type="link_form",
+        custom_error_message="needs exactly one of `between: [a, b]`, `from: a, to: b` or `rank: r`",
+    ),
+]
+
+
+class Network(StrictModel):
+    """Emulated links: ``default`` for every ordered pair, then ``links`` in file order."""
+
+    default: LinkSettings = LinkSettings()
+    links: list[AnyLinkRule] = []
+
+    def check(self, ranks: int) -> None:
+        _check_each(self.links, ranks, "links")
+
+
+# ---------------------------------------------------------------------------------------------
+# scenario
+
+
+def _fit_ranks(value: Any, info: ValidationInfo) -> Any:
+    """Check a list of entries (or one object) against the already validated ``ranks``."""
+    ranks = info.data.get("ranks")
+    if ranks is not None:
+        try:
+            if isinstance(value, list):
+                _check_each(value, ranks)
+            else:
+                value.check(ranks)
+        except ParamError as exc:
+            raise exc.to_pydantic() from None
+    return value
+
+
+def _name_to_mapping(value: Any) -> Any:
+    return {"name": value} if isinstance(value, str) else value
+
+
+AlgorithmEntry = Annotated[AnyAlgorithmParams, BeforeValidator(_name_to_mapping)]
+
+
+class Scenario(StrictModel):
+    """A whole experiment: ranks, workload, algorithms run in turn, injected imbalance, network."""
+
+    name: str
+    description: str = ""
+    ranks: Annotated[int, Field(ge=1, le=MAX_RANKS)]
+    seed: NonNegInt = 0
+    workload: Workload
+    optimizer: Optimizer = Optimizer()
+    algorithms: Annotated[list[AlgorithmEntry], Field(min_length=1)]
+    imbalance: list[AnyInjectorSpec] = []
+    network: Network = Network()
+
+    @field_validator("name")
+    @classmethod
+    def _name_chars(cls, value: str) -> str:
+        if not _NAME.fullmatch(value):
+            raise ParamError((), "must be letters, digits, '-' and '_' only", value).to_pydantic()
+        return value
+
+    # The validators below see `ranks` in info.data only when it was valid (fields validate in
+    # order); otherwise its own error is reported and the rank checks are skipped.
+
+    @field_validator("algorithms")
+    @classmethod
+    def _algorithms_fit(cls, value: list[Any], info: ValidationInfo) -> list[Any]:
+        first: dict[str, int] = {}
+        for i, params in enumerate(value):
+            if params.name in first:
+                reason = f"listed twice (first at algorithms[{first[params.name]}])"
+                raise ParamError((i, "name"), reason, params.name).to_pydantic()
+            first[params.name] = i
+        return _fit_ranks(value, info)
+
+    @field_validator("imbalance", "network")
+    @classmethod
+    def _parts_fit(cls, value: Any, info: ValidationInfo) -> Any:
+        return _fit_ranks(value, info)
+
+    def resolved_dict(self) -> dict[str, Any]:
+        """Plain data with every default filled in; ``yaml.safe_dump`` it, load it back, get an equal Scenario."""
+        return self.model_dump(mode="json", by_alias=True)

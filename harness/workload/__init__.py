@@ -1,0 +1,31 @@
+"""Workloads: offline datasets, sharding and batch order, models and flat parameter views."""
+
+from harness.workload.data import (
+    DATASET_NAMES,
+    Dataset,
+    batch_indices,
+    load_dataset,
+    make_synthetic,
+    shard_indices,
+)
+from harness.workload.models import (
+    MODEL_NAMES,
+    build_model,
+    configure_torch_threads,
+    flat_grads,
+    flat_params,
+)
+
+__all__ = [
+    "DATASET_NAMES",
+    "MODEL_NAMES",
+    "Dataset",
+    "batch_indices",
+    "build_model",
+    "configure_torch_threads",
+    "flat_grads",
+    "flat_params",
+    "load_dataset",
+    "make_synthetic",
+    "shard_indices",
+]

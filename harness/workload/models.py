@@ -1,0 +1,252 @@
+"""Model zoo for the workloads, with deterministic seeded initialization.
+
+Models: ``logreg``, ``mlp``, ``tiny_cnn`` (a few thousand parameters, a few ms per step on
+one core), ``mnist_cnn`` (the classic two-conv PyTorch MNIST example net) and ``resnet20``
+(the CIFAR ResNet-20 of He et al. 2016, option A shortcuts, global average pooling so it
+takes any input channels and size >= 4).
+
+Only ``resnet20`` uses BatchNorm. Its running mean/var are buffers, not parameters: they
+stay local to each rank and are never communicated (the flat parameter view holds
+parameters only), so after model averaging each rank keeps its own statistics.
+``mnist_cnn`` uses dropout, which draws from torch's global RNG (seed it per rank).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+MODEL_NAMES = ("logreg", "mlp", "tiny_cnn", "mnist_cnn", "resnet20")
+
+MLP_HIDDEN = (128, 128)
+
+
+def _logreg(shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    c, h, w = shape
+    return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, num_classes))
+
+
+def _mlp(shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    c, h, w = shape
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = c * h * w
+    for hidden in MLP_HIDDEN:
+        layers += [nn.Linear(width, hidden), nn.ReLU()]
+        width = hidden
+    layers.append(nn.Linear(width, num_classes))
+    return nn.Sequential(*layers)
+
+
+def _tiny_cnn(shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    # Two narrow 3x3 convs with 2x2 pooling: about 9k parameters on MNIST, 2.5k on digits.
+    c, h, w = shape
+    if min(h, w) < 4:
+        raise ValueError(f"tiny_cnn needs inputs of at least 4x4, got {h}x{w}")
+    return nn.Sequential(
+        nn.Conv2d(c, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(8, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(16 * (h // 4) * (w // 4), num_classes),
+    )
+
+
+def _mnist_cnn(shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    # pytorch/examples mnist: conv32-conv64-maxpool-dropout-fc128-dropout-fc.
+    c, h, w = shape
+    if min(h, w) < 6:
+        raise ValueError(f"mnist_cnn needs inputs of at least 6x6, got {h}x{w}")
+    return nn.Sequential(
+        nn.Conv2d(c, 32, 3),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 3),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Dropout(0.25),
+        nn.Flatten(),
+        nn.Linear(64 * ((h - 4) // 2) * ((w - 4) // 2), 128),
+        nn.ReLU(),
+        nn.Dropout(0.5),
+        nn.Linear(128, num_classes),
+    )
+
+
+class _BasicBlock(nn.Module):
+    """ResNet basic block; option A shortcut (strided identity, zero-padded channels)."""
+
+    def __init__(self, in_planes: int, planes: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.stride = stride
+        self.extra_channels = planes - in_planes
+
+    def _shortcut(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stride == 1 and self.extra_channels == 0:
+            return x
+        x = x[:, :, :: self.stride, :: self.stride]
+        half = self.extra_channels // 2
+        return F.pad(x, (0, 0, 0, 0, half, self.extra_channels - half))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + self._shortcut(x))
+
+
+class ResNet20(nn.Module):
+    """CIFAR-style ResNet-20: 3 stages of 3 basic blocks (16/32/64 channels), ~0.27M params."""
+
+    def __init__(self, in_channels: int, num_classes: int, blocks_per_stage: int = 3) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, 16, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(16)
+        stages = []
+        in_planes = 16
+        for planes, stride in ((16, 1), (32, 2), (64, 2)):
+            for i in range(blocks_per_stage):
+                stages.append(_BasicBlock(in_planes, planes, stride if i == 0 else 1))
+                in_planes = planes
+        self.stages = nn.Sequential(*stages)
+        # Adaptive pooling makes the head independent of the input size.
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(64, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn(self.conv(x)))
+        out = self.pool(self.stages(out))
+        return self.fc(torch.flatten(out, 1))
+
+
+def _resnet20(shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    c, h, w = shape
+    if min(h, w) < 4:
+        raise ValueError(f"resnet20 needs inputs of at least 4x4, got {h}x{w}")
+    model = ResNet20(c, num_classes)
+    for module in model.modules():
+        # Kaiming-normal convs and head as in the reference CIFAR implementations.
+        if isinstance(module, (nn.Conv2d, nn.Linear)):
+            nn.init.kaiming_normal_(module.weight)
+    return model
+
+
+_BUILDERS = {
+    "logreg": _logreg,
+    "mlp": _mlp,
+    "tiny_cnn": _tiny_cnn,
+    "mnist_cnn": _mnist_cnn,
+    "resnet20": _resnet20,
+}
+
+
+def build_model(
+    name: str, input_shape: tuple[int, ...], num_classes: int, seed: int
+) -> nn.Module:
+    """Build a float32 model whose initial parameters depend only on (name, shapes, seed).
+
+    Torch's global RNG state is left as it was, so building a model does not perturb other
+    seeded draws on the calling rank.
+    """
+    try:
+        builder = _BUILDERS[name]
+    except KeyError:
+        choices = ", ".join(MODEL_NAMES)
+        raise ValueError(f"unknown model {name!r}; choose one of {choices}") from None
+    shape = tuple(int(s) for s in input_shape)
+    if len(shape) != 3:
+        raise ValueError(f"input_shape must be (C, H, W), got {input_shape!r}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        model = builder(shape, int(num_classes))
+    return model.float()
+
+
+# --- Flat parameter and gradient buffers -----------------------------------------------------
+#
+# A communication layer wants the whole model (or gradient) as one contiguous buffer so that
+# one allreduce/send moves it zero-copy. The helpers below re-seat every parameter (and
+# gradient) as a view into one flat float32 tensor. In-place updates keep the views intact:
+# torch.optim.SGD steps, ``load_state_dict`` (copies in place) and autograd accumulation into
+# an existing ``.grad``. What breaks them is replacing the tensors: ``model.to(...)`` or
+# ``optimizer.zero_grad(set_to_none=True)`` (torch's default). Both helpers detect that and
+# re-seat the views, copying the current values in, so their result is always correct and
+# zero-copy in steady state; use ``zero_grad(set_to_none=False)`` to stay zero-copy.
+
+_FLAT_PARAMS_ATTR = "_harness_flat_params"
+_FLAT_GRADS_ATTR = "_harness_flat_grads"
+
+
+def _is_view(tensor: torch.Tensor | None, view: torch.Tensor) -> bool:
+    return (
+        tensor is not None
+        and tensor.data_ptr() == view.data_ptr()
+        and tensor.shape == view.shape
+        and tensor.stride() == view.stride()
+    )
+
+
+def _flat_buffer(model: nn.Module, attr: str, numel: int) -> torch.Tensor:
+    flat = model.__dict__.get(attr)
+    if not (isinstance(flat, torch.Tensor) and flat.numel() == numel):
+        flat = torch.zeros(numel, dtype=torch.float32)
+        model.__dict__[attr] = flat  # plain attribute: not a buffer, not in state_dict
+    return flat
+
+
+def _params(model: nn.Module) -> list[nn.Parameter]:
+    params = list(model.parameters())
+    for p in params:
+        if p.dtype != torch.float32 or p.device.type != "cpu":
+            raise TypeError("flat views need float32 CPU parameters")
+    return params
+
+
+def flat_params(model: nn.Module) -> torch.Tensor:
+    """One contiguous float32 1-D tensor that every parameter of ``model`` is a view into.
+
+    Writing to it changes the parameters and vice versa; order is ``model.parameters()``.
+    """
+    params = _params(model)
+    flat = _flat_buffer(model, _FLAT_PARAMS_ATTR, sum(p.numel() for p in params))
+    offset = 0
+    for p in params:
+        view = flat[offset : offset + p.numel()].view_as(p)
+        if not _is_view(p.data, view):
+            view.copy_(p.data)
+            p.data = view
+        offset += p.numel()
+    return flat
+
+
+def flat_grads(model: nn.Module) -> torch.Tensor:
+    """One contiguous float32 1-D tensor that every parameter's ``.grad`` is a view into.
+
+    Parameters without a gradient get zeros; the layout matches :func:`flat_params`.
+    """
+    params = _params(model)
+    flat = _flat_buffer(model, _FLAT_GRADS_ATTR, sum(p.numel() for p in params))
+    offset = 0
+    for p in params:
+        view = flat[offset : offset + p.numel()].view_as(p)
+        if not _is_view(p.grad, view):
+            if p.grad is None:
+                view.zero_()
+            else:
+                view.copy_(p.grad)
+            p.grad = view
+        offset += p.numel()
+    return flat
+
+
+def configure_torch_threads(n: int) -> int:
+    """Set torch's intra-op thread count (the runner uses 1 per rank) and return it."""
+    if n < 1:
+        raise ValueError(f"thread count must be >= 1, got {n}")
+    torch.set_num_threads(int(n))
+    return torch.get_num_threads()

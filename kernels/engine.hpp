@@ -1,0 +1,151 @@
+// The progress engine: one thread that owns all MPI traffic of the native layer.
+//
+// Callers (Python, GIL released) submit Op objects through a queue and get an OpState to wait
+// on. The progress thread advances every active op with non-blocking MPI calls. When nothing is
+// active it sleeps on a condition variable; while ops wait for remote data it polls with a short
+// spin window and then exponentially growing sleeps, because ranks usually outnumber cores and a
+// spinning progress thread would steal the compute threads' CPU.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <queue>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common.hpp"
+#include "link_emulator.hpp"
+
+namespace harness {
+
+class Engine;
+
+// One send, possibly held back by link emulation before it is handed to MPI.
+struct SendReq {
+  MPI_Request req = MPI_REQUEST_NULL;
+  bool posted = false;
+  bool complete = false;
+  bool cancelled = false;  // owner gone: drop it if still deferred
+};
+
+// Record of one finished operation, for traces and the simulator.
+struct OpRecord {
+  std::string op;
+  double post, start, end;
+  int64_t bytes;  // bytes this rank sent
+  int64_t round;  // round / sequence where meaningful, else -1
+};
+
+// Something the progress thread advances. Runs only on the progress thread.
+class Op {
+ public:
+  Op(std::string name, std::shared_ptr<OpState> state) : name_(std::move(name)), state_(std::move(state)) {}
+  virtual ~Op() = default;
+  // Advance as far as possible without blocking; true if anything happened.
+  virtual bool progress(Engine& engine) = 0;
+  virtual bool finished() const = 0;
+  // Passive ops (listeners) wait for messages that may never come; they don't keep the
+  // engine polling fast.
+  virtual bool passive() const { return false; }
+  // Give up: cancel what can be cancelled. The engine then finishes the state with `reason`.
+  virtual void abort(Engine& engine, const std::string& reason) { (void)engine; (void)reason; }
+  // Whether the engine should record this op in the trace when it finishes.
+  virtual bool traced() const { return true; }
+
+  const std::string& name() const { return name_; }
+  const std::shared_ptr<OpState>& state() const { return state_; }
+  int64_t bytes_sent = 0;
+  int64_t round = -1;
+
+ protected:
+  std::string name_;
+  std::shared_ptr<OpState> state_;
+};
+
+struct EngineOptions {
+  double spin_s = 50e-6;        // keep polling this long after the last progress before sleeping
+  double max_sleep_s = 200e-6;  // longest sleep while an active op waits
+  double passive_sleep_s = 1e-3;  // longest sleep while only listeners wait
+};
+
+class Engine {
+ public:
+  // Duplicates `parent` for its own traffic. Collective over `parent`.
+  Engine(MPI_Comm parent, EngineOptions options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  MPI_Comm comm() const { return comm_; }
+  int tag_ub() const { return tag_ub_; }
+  bool running() const { return !stopped_.load(); }
+
+  // Caller side --------------------------------------------------------------------------
+  std::shared_ptr<OpState> submit(std::unique_ptr<Op> op);
+  void wake();  // interrupt a sleeping progress thread (new work for a persistent op)
+  // Stops the thread; ops still running fail with `reason`. Idempotent.
+  void shutdown(const std::string& reason = "communicator was shut down");
+  LinkEmulator& links() { return links_; }
+  std::vector<OpRecord> drain_records();
+  void add_record(OpRecord rec);
+  // Duplicates the engine's communicator (collective); used by persistent ops that need a
+  // private tag space.
+  MPI_Comm dup_comm();
+  // Creates a communicator over `world_ranks` (collective over those ranks only).
+  MPI_Comm create_group_comm(const std::vector<int>& world_ranks);
+
+  // Progress-thread side -----------------------------------------------------------------
+  // Posts a send of `count` floats to `peer` of `comm`, whose world rank is `world_peer`
+  // (for link emulation). `synchronous` uses MPI_Issend (completes when matched).
+  std::shared_ptr<SendReq> isend(MPI_Comm comm, int peer, int world_peer, const void* buf, int count,
+                                 MPI_Datatype type, int tag, bool synchronous, int64_t* bytes_counter);
+  // True once the send completed.
+  bool test_send(SendReq& s);
+
+ private:
+  struct Deferred {
+    double release;
+    uint64_t seq;  // FIFO among equal release times keeps MPI's non-overtaking order
+    MPI_Comm comm;
+    int peer;
+    const void* buf;
+    int count;
+    MPI_Datatype type;
+    int tag;
+    bool synchronous;
+    std::shared_ptr<SendReq> send;
+    bool operator>(const Deferred& o) const { return release != o.release ? release > o.release : seq > o.seq; }
+  };
+
+  void run();
+  bool release_due_sends(double t);
+  void post_send(const Deferred& d);
+  void finish_op(Op& op, const std::string& error);
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1, tag_ub_ = 32767;
+  EngineOptions opt_;
+  LinkEmulator links_;
+
+  std::mutex qmu_;
+  std::condition_variable qcv_;
+  std::deque<std::unique_ptr<Op>> incoming_;
+  bool stop_requested_ = false;
+  bool woken_ = false;
+  std::string stop_reason_;
+  std::atomic<bool> stopped_{false};
+
+  std::vector<std::unique_ptr<Op>> active_;  // progress thread only
+  std::priority_queue<Deferred, std::vector<Deferred>, std::greater<Deferred>> deferred_;
+  uint64_t deferred_seq_ = 0;
+
+  std::mutex rec_mu_;
+  std::vector<OpRecord> records_;
+  std::thread thread_;
+};
+
+}  // namespace harness

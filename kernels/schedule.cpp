@@ -1,0 +1,212 @@
+#include "schedule.hpp"
+
+#include <climits>
+
+namespace harness {
+
+namespace {
+
+void add_into(float* __restrict dst, const float* __restrict src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+int64_t chunk_begin(int64_t n, int p, int k) {
+  int64_t base = n / p, extra = n % p;
+  return k * base + (k < extra ? k : extra);
+}
+
+}  // namespace
+
+Schedule rd_allreduce(int p, int me, float* buf, int64_t n) {
+  Schedule s;
+  s.result = buf;
+  s.count = n;
+  if (p == 1) return s;
+  s.scratch.reset(new float[n > 0 ? n : 1]);
+  float* tmp = s.scratch.get();
+  int pow2 = 1;
+  while (pow2 * 2 <= p) pow2 *= 2;
+  int rem = p - pow2;
+  int vme;  // my index among the pow2 participants, -1 if folded away
+  if (me < 2 * rem) {
+    if (me % 2 == 0) {
+      s.steps.push_back({{{me + 1, buf, n}}, {}, {}});
+      vme = -1;
+    } else {
+      s.steps.push_back({{}, {{me - 1, tmp, n}}, {{buf, tmp, n}}});
+      vme = me / 2;
+    }
+  } else {
+    vme = me - rem;
+  }
+  auto real = [rem](int v) { return v < rem ? 2 * v + 1 : v + rem; };
+  if (vme >= 0) {
+    for (int mask = 1; mask < pow2; mask <<= 1) {
+      int partner = real(vme ^ mask);
+      s.steps.push_back({{{partner, buf, n}}, {{partner, tmp, n}}, {{buf, tmp, n}}});
+    }
+  }
+  if (me < 2 * rem) {
+    if (me % 2 == 0)
+      s.steps.push_back({{}, {{me + 1, buf, n}}, {}});
+    else
+      s.steps.push_back({{{me - 1, buf, n}}, {}, {}});
+  }
+  return s;
+}
+
+Schedule ring_allreduce(int p, int me, float* buf, int64_t n) {
+  Schedule s;
+  s.result = buf;
+  s.count = n;
+  if (p == 1) return s;
+  int64_t max_chunk = n / p + 1;
+  s.scratch.reset(new float[max_chunk]);
+  float* tmp = s.scratch.get();
+  int right = (me + 1) % p, left = (me + p - 1) % p;
+  auto chunk = [&](int k) {
+    k = ((k % p) + p) % p;
+    int64_t b = chunk_begin(n, p, k);
+    return std::make_pair(buf + b, chunk_begin(n, p, k + 1) - b);
+  };
+  for (int st = 0; st < p - 1; ++st) {  // reduce-scatter
+    auto snd = chunk(me - st);
+    auto rcv = chunk(me - st - 1);
+    s.steps.push_back({{{right, snd.first, snd.second}}, {{left, tmp, rcv.second}}, {{rcv.first, tmp, rcv.second}}});
+  }
+  for (int st = 0; st < p - 1; ++st) {  // allgather
+    auto snd = chunk(me + 1 - st);
+    auto rcv = chunk(me - st);
+    s.steps.push_back({{{right, snd.first, snd.second}}, {{left, rcv.first, rcv.second}}, {}});
+  }
+  return s;
+}
+
+Schedule binomial_bcast(int p, int me, int root, float* buf, int64_t n) {
+  Schedule s;
+  s.count = n;
+  if (p == 1) return s;
+  int v = (me - root + p) % p;
+  auto real = [&](int vr) { return (vr + root) % p; };
+  int mask = 1;
+  while (mask < p) {
+    if (v & mask) {
+      s.steps.push_back({{}, {{real(v - mask), buf, n}}, {}});
+      break;
+    }
+    mask <<= 1;
+  }
+  Step sends;
+  for (mask >>= 1; mask > 0; mask >>= 1)
+    if (v + mask < p) sends.sends.push_back({real(v + mask), buf, n});
+  if (!sends.sends.empty()) s.steps.push_back(std::move(sends));
+  return s;
+}
+
+Schedule dissemination_barrier(int p, int me) {
+  Schedule s;
+  for (int d = 1; d < p; d <<= 1)
+    s.steps.push_back({{{(me + d) % p, nullptr, 0}}, {{(me - d % p + p) % p, nullptr, 0}}, {}});
+  return s;
+}
+
+Schedule allreduce_schedule(int p, int me, float* buf, int64_t n, int64_t ring_threshold_bytes) {
+  if (p > 2 && n >= p && n * static_cast<int64_t>(sizeof(float)) >= ring_threshold_bytes)
+    return ring_allreduce(p, me, buf, n);
+  return rd_allreduce(p, me, buf, n);
+}
+
+StepExecutor::StepExecutor(MPI_Comm comm, std::vector<int> members, std::vector<int> world, int tag,
+                           Schedule schedule, bool synchronous_sends)
+    : comm_(comm),
+      members_(std::move(members)),
+      world_(std::move(world)),
+      tag_(tag),
+      sched_(std::move(schedule)),
+      sync_sends_(synchronous_sends) {}
+
+void StepExecutor::post(Engine& engine, int64_t* bytes_sent) {
+  const Step& st = sched_.steps[cur_];
+  recvs_.assign(st.recvs.size(), MPI_REQUEST_NULL);
+  for (size_t k = 0; k < st.recvs.size(); ++k) {
+    const Xfer& x = st.recvs[k];
+    check_mpi(MPI_Irecv(x.buf, static_cast<int>(x.count), MPI_FLOAT, members_[x.peer], tag_, comm_, &recvs_[k]),
+              "MPI_Irecv");
+  }
+  sends_.clear();
+  for (const Xfer& x : st.sends)
+    sends_.push_back(engine.isend(comm_, members_[x.peer], world_[x.peer], x.buf, static_cast<int>(x.count),
+                                  MPI_FLOAT, tag_, sync_sends_, bytes_sent));
+  posted_ = true;
+}
+
+bool StepExecutor::complete(Engine& engine) {
+  const Step& st = sched_.steps[cur_];
+  if (!recvs_.empty()) {
+    int flag = 0;
+    std::vector<MPI_Status> statuses(recvs_.size());
+    int rc = MPI_Testall(static_cast<int>(recvs_.size()), recvs_.data(), &flag, statuses.data());
+    if (rc == MPI_ERR_IN_STATUS) {
+      for (size_t k = 0; k < statuses.size(); ++k)
+        if (statuses[k].MPI_ERROR != MPI_SUCCESS && statuses[k].MPI_ERROR != MPI_ERR_PENDING)
+          throw CommError("size mismatch: member " + std::to_string(st.recvs[k].peer) + " sent more than the " +
+                          std::to_string(st.recvs[k].count) + " floats this rank expects (buffer lengths differ)");
+    }
+    check_mpi(rc, "MPI_Testall");
+    if (!flag) return false;
+    for (size_t k = 0; k < statuses.size(); ++k) {
+      int got = 0;
+      MPI_Get_count(&statuses[k], MPI_FLOAT, &got);
+      if (got != st.recvs[k].count)
+        throw CommError("size mismatch: expected " + std::to_string(st.recvs[k].count) + " floats from member " +
+                        std::to_string(st.recvs[k].peer) + ", got " + std::to_string(got) +
+                        " (buffer lengths differ across ranks)");
+    }
+    recvs_.clear();
+  }
+  for (auto& s : sends_)
+    if (!engine.test_send(*s)) return false;
+  sends_.clear();
+  return true;
+}
+
+bool StepExecutor::progress(Engine& engine, int64_t* bytes_sent) {
+  bool any = false;
+  while (cur_ < sched_.steps.size()) {
+    if (!posted_) {
+      post(engine, bytes_sent);
+      any = true;
+    }
+    if (!complete(engine)) return any;
+    for (const Reduce& r : sched_.steps[cur_].reduces) add_into(r.dst, r.src, r.count);
+    ++cur_;
+    posted_ = false;
+    any = true;
+  }
+  if (!finalized_) {
+    if (sched_.divide_by > 1) {
+      float d = static_cast<float>(sched_.divide_by);
+      for (int64_t i = 0; i < sched_.count; ++i) sched_.result[i] /= d;
+    }
+    finalized_ = true;
+    any = true;
+  }
+  return any;
+}
+
+void StepExecutor::abort() {
+  for (auto& r : recvs_) {
+    if (r != MPI_REQUEST_NULL) {
+      MPI_Cancel(&r);
+      MPI_Request_free(&r);
+    }
+  }
+  recvs_.clear();
+  for (auto& s : sends_) {
+    s->cancelled = true;
+    if (s->posted && !s->complete && s->req != MPI_REQUEST_NULL) MPI_Request_free(&s->req);
+  }
+  sends_.clear();
+}
+
+}  // namespace harness

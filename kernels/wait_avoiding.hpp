@@ -1,0 +1,111 @@
+// The wait-avoiding, externally triggerable group allreduce of WAGMA-SGD (and the solo /
+// majority partial allreduce of eager-SGD, which is the same mechanism over one group).
+//
+// Round k at rank i:
+//  * The caller publishes its buffer (WAGMA: overwrite; eager-SGD: accumulate) and arrives.
+//  * Activation: a rank that arrives at a round nobody activated yet (and may activate:
+//    everyone in WAGMA and solo mode, only the round's initiator in majority mode) sends an
+//    activation message to every rank. A rank's progress thread that receives the activation
+//    of round k joins rounds up to k at once, even while the caller is still computing,
+//    contributing the last published buffer (stale; eager-SGD then zeroes it).
+//  * The group of round k (phases[k % L], computed by the Python schedule) sums the joined
+//    contributions by allreduce. A caller that arrives after its round completed gets the
+//    stored sum without waiting.
+//  * Synchronous rounds (k % sync_every == sync_every - 1) are never joined on a rank's
+//    behalf: they are an allreduce over all ranks of freshly published buffers, which bounds
+//    how far any progress thread can run ahead of its caller.
+// The op returns the group SUM and what the round was; the model-level rule (WAGMA's
+// (sum + x) / (S + 1), eager-SGD's gradient step) lives in Python.
+#pragma once
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "schedule.hpp"
+
+namespace harness {
+
+struct WaConfig {
+  int64_t count = 0;
+  int sync_every = 0;      // 0: never synchronous
+  bool accumulate = false;  // eager-SGD: publish adds, contribution consumes
+  std::vector<std::vector<int>> phases;  // this rank's group (world ranks, sorted) per phase
+  int64_t ring_threshold_bytes = 64 * 1024;
+};
+
+struct RoundInfo {
+  int64_t round = -1;
+  bool sync = false;
+  int group_size = 0;
+  int64_t staleness = 0;   // round minus the round of the buffer this rank contributed
+  bool joined_early = false;  // the progress thread joined before the caller arrived
+  double t_join = 0, t_done = 0;
+};
+
+struct WaShared {
+  std::mutex mu;
+  std::vector<float> published;
+  int64_t published_round = -1;
+  struct Arrival {
+    int64_t round;
+    bool may_activate;
+    float* out;
+    std::shared_ptr<OpState> state;
+    std::shared_ptr<RoundInfo> info;
+  };
+  std::deque<Arrival> arrivals;
+  bool close_requested = false;
+};
+
+inline bool wa_is_sync_round(int64_t k, int sync_every) {
+  return sync_every > 0 && k % sync_every == sync_every - 1;
+}
+
+class WaitAvoidingOp : public Op {
+ public:
+  WaitAvoidingOp(std::shared_ptr<OpState> st, MPI_Comm comm, int rank, int size, int tag_ub, WaConfig cfg,
+                 std::shared_ptr<WaShared> shared);
+  ~WaitAvoidingOp() override;
+  bool progress(Engine& e) override;
+  bool finished() const override { return finished_; }
+  bool passive() const override { return rounds_.empty() && act_sends_.empty() && !closing_; }
+  void abort(Engine& e, const std::string& reason) override;
+  bool traced() const override { return false; }
+
+ private:
+  struct Slot {
+    std::unique_ptr<float[]> work;
+    std::optional<StepExecutor> exec;
+    bool done = false;
+    RoundInfo info;
+    float* out = nullptr;
+    std::shared_ptr<OpState> state;
+    std::shared_ptr<RoundInfo> info_out;
+    int64_t bytes = 0;
+  };
+
+  void join(Engine& e, int64_t k);
+  void activate(Engine& e, int64_t k);
+  void on_activation(Engine& e, int64_t k);
+  bool deliver(Engine& e, int64_t k, Slot& slot);  // true if handed to the caller
+  void post_listener();
+  int tag_for(int64_t k) const { return 1 + static_cast<int>(k % (tag_ub_ - 1)); }
+
+  MPI_Comm comm_;
+  int rank_, size_, tag_ub_;
+  WaConfig cfg_;
+  std::shared_ptr<WaShared> shared_;
+  int64_t next_join_ = 0;
+  std::map<int64_t, Slot> rounds_;
+  int64_t act_buf_ = 0;
+  MPI_Request act_req_ = MPI_REQUEST_NULL;
+  std::vector<std::pair<std::shared_ptr<SendReq>, std::unique_ptr<int64_t>>> act_sends_;
+  bool closing_ = false;
+  MPI_Request barrier_req_ = MPI_REQUEST_NULL;
+  bool finished_ = false;
+};
+
+}  // namespace harness

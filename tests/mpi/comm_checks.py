@@ -1,0 +1,384 @@
+"""Multi-rank checks of the native collective layer, run once per rank count under mpiexec.
+
+Each check runs on every rank; rank 0 writes ``{name: {"status": ..., "detail": ...}}`` as JSON
+to the path given on the command line. Statuses: ``pass``, ``fail`` (detail says why, per
+rank) and ``skip`` (detail gives the reason: the rank count cannot show the property).
+torch is deliberately not imported here: it costs seconds per launch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+import traceback
+
+import numpy as np
+from mpi4py import MPI
+
+from harness.comm import CommError, Communicator, Link
+from harness.schedules import wagma_phases
+
+WORLD = MPI.COMM_WORLD
+RANK, SIZE = WORLD.rank, WORLD.size
+LENGTHS = (1, 7, 1000, 1_000_003)
+CHECKS = {}
+
+
+class Skip(Exception):
+    pass
+
+
+def check(fn):
+    CHECKS[fn.__name__] = fn
+    return fn
+
+
+def rank_data(n: int, seed: int, rank: int = RANK) -> np.ndarray:
+    return np.random.default_rng([seed, rank, n]).standard_normal(n).astype(np.float32)
+
+
+def all_equal_across_ranks(a: np.ndarray) -> bool:
+    digests = WORLD.allgather(hashlib.sha1(a.tobytes()).hexdigest())
+    return len(set(digests)) == 1
+
+
+@check
+def allreduce_sum_and_mean_match_mpi(comm: Communicator) -> None:
+    for threshold_comm in (comm, RING):
+        for n in LENGTHS:
+            x = rank_data(n, 1)
+            ref = np.empty_like(x)
+            WORLD.Allreduce(x, ref, op=MPI.SUM)
+            got = x.copy()
+            threshold_comm.allreduce(got, op="sum")
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * SIZE)
+            assert all_equal_across_ranks(got), f"sum of length {n} differs across ranks"
+            mean = x.copy()
+            threshold_comm.iallreduce(mean, op="mean").wait()
+            np.testing.assert_allclose(mean, ref / SIZE, rtol=1e-5, atol=1e-5)
+
+
+@check
+def allreduce_length_zero_and_many_outstanding(comm: Communicator) -> None:
+    empty = np.zeros(0, dtype=np.float32)
+    comm.allreduce(empty)
+    bufs = [np.full(n, RANK + 1, dtype=np.float32) for n in (3, 5000, 70000, 1, 100)]
+    handles = [comm.iallreduce(b) for b in bufs]
+    for h in handles:
+        h.wait()
+    for b in bufs:
+        assert np.all(b == SIZE * (SIZE + 1) / 2), b[:4]
+
+
+@check
+def broadcast_from_every_root(comm: Communicator) -> None:
+    for root in range(SIZE):
+        for n in (1, 7, 100_003):
+            x = rank_data(n, 2) if RANK != root else rank_data(n, 2, root)
+            comm.broadcast(x, root=root)
+            np.testing.assert_array_equal(x, rank_data(n, 2, root))
+
+
+@check
+def subgroup_allreduce_matches_mpi_split(comm: Communicator) -> None:
+    color = RANK % 2
+    members = [r for r in range(SIZE) if r % 2 == color]
+    sub = comm.subgroup(members)
+    split = WORLD.Split(color, RANK)
+    got, ref = [], []
+    for n in LENGTHS:
+        x = rank_data(n, 3)
+        r = np.empty_like(x)
+        split.Allreduce(x, r, op=MPI.SUM)
+        sub.allreduce(x)
+        got.append(x)
+        ref.append(r)
+    split.Free()
+    assert sub.size == len(members) and sub.world_ranks == members
+    for x, r in zip(got, ref):
+        np.testing.assert_allclose(x, r, rtol=1e-5, atol=1e-5 * SIZE)
+
+
+@check
+def exchange_with_partner(comm: Communicator) -> None:
+    if SIZE < 2:
+        raise Skip("needs 2 ranks")
+    got = []  # (received, from whom)
+    for n in (1, 7, 1_000_003):
+        partner = RANK ^ 1 if (RANK ^ 1) < SIZE else None
+        send = rank_data(n, 4)
+        if partner is not None:
+            recv = np.zeros_like(send)
+            comm.exchange(send, recv, partner)
+            got.append((recv, partner, n))
+        if SIZE % 2 == 1 and RANK in (0, SIZE - 1):  # odd rank count: the last rank pairs with 0 too
+            other = SIZE - 1 if RANK == 0 else 0
+            recv = np.zeros_like(send)
+            comm.exchange(send, recv, other)
+            got.append((recv, other, n))
+    for recv, peer, n in got:
+        np.testing.assert_array_equal(recv, rank_data(n, 4, peer))
+
+
+@check
+def push_sum_conserves_mass(comm: Communicator) -> None:
+    n = 1001
+    x = np.full(n + 1, 0.0, dtype=np.float32)
+    x[:n] = rank_data(n, 5)
+    x[n] = 1.0  # push-sum weight
+    total0 = np.empty_like(x)
+    WORLD.Allreduce(x.astype(np.float64).astype(np.float32), total0)
+    chan = comm.push_channel(n + 1)
+    expected_msgs = 0
+    received = 0
+    levels = max(1, (SIZE - 1).bit_length())
+    for t in range(30):
+        if SIZE > 1:
+            hop = 2 ** (t % levels)
+            peer = (RANK + hop) % SIZE
+            x *= 0.5
+            chan.send(x, [peer]).wait()
+            expected_msgs += 1  # the exponential graph is a permutation: one in-message per round
+        if t % 3 == 0:
+            received += chan.drain(x)
+    chan.flush()
+    received += chan.drain(x)
+    chan.close()
+    total = np.empty_like(x)
+    WORLD.Allreduce(x, total)
+    assert received == expected_msgs, f"received {received} messages, expected {expected_msgs}"
+    np.testing.assert_allclose(total, total0, rtol=1e-5, atol=1e-5)
+    assert abs(total[n] - SIZE) < 1e-5, f"push-sum weights sum to {total[n]}, expected {SIZE}"
+
+
+@check
+def push_arrives_without_receiver_posting(comm: Communicator) -> None:
+    if SIZE < 2:
+        raise Skip("needs 2 ranks")
+    chan = comm.push_channel(4)
+    if RANK == 0:
+        time.sleep(0.05)  # the receivers are already blocked in drain(), not in a receive call
+        handles = [chan.send(np.full(4, float(p), dtype=np.float32), [p]) for p in range(1, SIZE)]
+        for h in handles:
+            h.wait()
+        chan.close()
+    else:
+        out = np.zeros(4, dtype=np.float32)
+        count = chan.drain(out, min_messages=1, timeout=30)
+        chan.close()
+        assert count == 1 and np.all(out == RANK), (count, out)
+
+
+@check
+def link_emulation_delays_messages(comm: Communicator) -> None:
+    # Assertions come after every collective call: a rank that failed half-way would leave
+    # the others waiting in a collective it never joins.
+    if SIZE < 2:
+        raise Skip("needs 2 ranks")
+    n = 250_000  # 1 MB
+    buf = np.ones(n, dtype=np.float32)
+    recv = np.zeros_like(buf)
+    times = {}
+    # 10 MB/s on the 0 -> 1 link only: 1 MB is delivered >= 100 ms after rank 0 posts it.
+    # Then 50 ms latency only. Both ranks share the host's monotonic clock.
+    for case, link, n_send in (("bandwidth", Link(0, 1, 0.0, 10e6), n), ("latency", Link(0, 1, 0.05, None), 1)):
+        comm.set_links([link])
+        comm.barrier()
+        if RANK in (0, 1):
+            t0 = time.monotonic()
+            comm.exchange(buf[:n_send], recv[:n_send], 1 - RANK)
+            times[case] = (t0, time.monotonic())
+        comm.set_links([])
+        comm.barrier()
+    sent = WORLD.bcast(times, root=0)
+    if RANK == 1:
+        bw = times["bandwidth"][1] - sent["bandwidth"][0]
+        lat = times["latency"][1] - sent["latency"][0]
+        assert bw >= 0.1, f"1 MB over a 10 MB/s link arrived {bw:.3f} s after it was posted"
+        assert lat >= 0.05, f"a 50 ms latency link delivered after {lat:.3f} s"
+    if RANK == 0:
+        back = times["latency"][1] - times["latency"][0]
+        assert back < 0.5, f"the untouched 1 -> 0 direction took {back:.3f} s"
+
+
+def _run_wait_avoiding(comm, group_size, sync_every, rounds, slow_rank, sleep_s):
+    """Each rank publishes value 1000*rank + round; returns (durations, infos, results)."""
+    n = 17
+    phases = wagma_phases(RANK, SIZE, group_size)
+    wa = comm.wait_avoiding(np.full(n, -1.0, dtype=np.float32), phases=phases, sync_every=sync_every)
+    comm.barrier()
+    durations, infos, results = [], [], []
+    for k in range(rounds):
+        if RANK == slow_rank:
+            time.sleep(sleep_s)
+        buf = np.full(n, 1000.0 * RANK + k, dtype=np.float32)
+        out = np.zeros(n, dtype=np.float32)
+        t0 = time.monotonic()
+        info = wa.round(buf, out)
+        durations.append(time.monotonic() - t0)
+        infos.append(info)
+        results.append(out.copy())
+    wa.close()
+    return durations, infos, results, phases
+
+
+def _expected_sum(all_infos, k, members, sync):
+    total = 0.0
+    for j in members:
+        s = all_infos[j][k]["staleness"]
+        src_round = k - s
+        total += -1.0 if src_round < 0 else 1000.0 * j + src_round
+    return total
+
+
+@check
+def wait_avoiding_rounds_follow_the_rule(comm: Communicator) -> None:
+    sync_every, rounds, slow = 4, 10, SIZE - 1
+    durations, infos, results, phases = _run_wait_avoiding(comm, 2, sync_every, rounds, slow, 0.05)
+    all_infos = WORLD.allgather(infos)
+    for k in range(rounds):
+        sync = (k % sync_every) == sync_every - 1
+        members = list(range(SIZE)) if sync else phases[k % len(phases)]
+        assert infos[k]["sync"] == sync and infos[k]["group_size"] == len(members)
+        if sync:
+            assert all(all_infos[j][k]["staleness"] == 0 for j in range(SIZE)), "stale buffer in a sync round"
+        want = _expected_sum(all_infos, k, members, sync)
+        assert np.all(results[k] == np.float32(want)), f"round {k}: got {results[k][0]}, rule gives {want}"
+
+
+@check
+def wait_avoidance_fast_ranks_do_not_wait(comm: Communicator) -> None:
+    if SIZE < 2:
+        raise Skip("needs 2 ranks: one slow, one fast")
+    sync_every, rounds, slow, sleep_s = 4, 8, SIZE - 1, 0.3
+    durations, infos, _, _ = _run_wait_avoiding(comm, 2, sync_every, rounds, slow, sleep_s)
+    if RANK != slow:
+        for k, d in enumerate(durations):
+            if (k % sync_every) != sync_every - 1:
+                assert d < 0.2, f"fast rank waited {d:.3f} s in non-sync round {k} (slow rank sleeps {sleep_s} s)"
+        sync_waits = [d for k, d in enumerate(durations) if (k % sync_every) == sync_every - 1]
+        assert min(sync_waits) > 0.2, f"sync rounds did not wait for the slow rank: {sync_waits}"
+    else:
+        assert any(i["joined_early"] for i in infos), "the slow rank's progress thread never contributed for it"
+
+
+@check
+def eager_solo_and_majority_carry_every_gradient(comm: Communicator) -> None:
+    # eager-SGD: publishing adds, contributing consumes; what a late rank had not published yet
+    # goes into a later round. With a final synchronous round nothing is lost.
+    for majority in (False, True):
+        n, rounds, sync_every = 5, 9, 3
+        wa = comm.wait_avoiding(np.zeros(n, dtype=np.float32), phases=[list(range(SIZE))], sync_every=sync_every, accumulate=True)
+        total = np.zeros(n, dtype=np.float64)
+        for k in range(rounds):
+            if RANK == SIZE - 1:
+                time.sleep(0.02)
+            initiator = (k * 7 + 3) % SIZE  # shared by all ranks
+            out = np.zeros(n, dtype=np.float32)
+            wa.round(np.full(n, RANK + 1.0, dtype=np.float32), out, may_activate=(not majority) or RANK == initiator)
+            total += out
+        wa.close()
+        want = rounds * SIZE * (SIZE + 1) / 2
+        assert np.all(total == want), f"majority={majority}: applied {total[0]}, published {want}"
+        assert all_equal_across_ranks(total.astype(np.float32))
+
+
+@check
+def bad_calls_raise_comm_error(comm: Communicator) -> None:
+    cases = {
+        "float64": lambda: comm.allreduce(np.zeros(3)),
+        "non-contiguous": lambda: comm.allreduce(np.zeros(6, dtype=np.float32)[::2]),
+        "read-only": lambda: comm.allreduce(np.frombuffer(b"\0" * 8, dtype=np.float32)),
+        "bad op": lambda: comm.allreduce(np.zeros(3, dtype=np.float32), op="max"),
+        "root out of range": lambda: comm.broadcast(np.zeros(3, dtype=np.float32), root=SIZE),
+        "peer out of range": lambda: comm.exchange(np.zeros(3, dtype=np.float32), np.zeros(3, dtype=np.float32), SIZE),
+        "negative peer": lambda: comm.exchange(np.zeros(3, dtype=np.float32), np.zeros(3, dtype=np.float32), -1),
+        "exchange length": lambda: comm.exchange(np.zeros(3, dtype=np.float32), np.zeros(4, dtype=np.float32), 0),
+        "list": lambda: comm.allreduce([1.0, 2.0]),
+        "bad link": lambda: comm.set_links([Link(RANK, SIZE, 0.0, None)]),
+    }
+    for name, call in cases.items():
+        try:
+            call()
+        except CommError as exc:
+            assert str(exc), name
+        else:
+            raise AssertionError(f"{name}: no CommError")
+    chan = comm.push_channel(3)
+    for name, call in {
+        "push length": lambda: chan.send(np.zeros(4, dtype=np.float32), []),
+        "push to self": lambda: chan.send(np.zeros(3, dtype=np.float32), [RANK]),
+        "drain timeout": lambda: chan.drain(np.zeros(3, dtype=np.float32), min_messages=1, timeout=0.05),
+    }.items():
+        try:
+            call()
+        except CommError:
+            pass
+        else:
+            raise AssertionError(f"{name}: no CommError")
+    chan.close()
+
+
+@check
+def size_mismatch_is_an_error_not_a_hang(comm: Communicator) -> None:
+    if SIZE < 2:
+        raise Skip("needs 2 ranks")
+    own = Communicator(WORLD)  # a communicator of its own: this check leaves it unusable
+    x = np.ones(10 if RANK == 0 else 12, dtype=np.float32)
+    outcome = "ok"
+    try:
+        own.iallreduce(x).wait(timeout=3)
+    except CommError as exc:
+        outcome = "mismatch" if "size mismatch" in str(exc) else f"other: {exc}"
+    outcomes = WORLD.allgather(outcome)
+    own.close()
+    assert "mismatch" in outcomes, outcomes
+    assert not any(o.startswith("other") for o in outcomes if "did not complete" not in o), outcomes
+
+
+@check
+def use_after_close_raises(comm: Communicator) -> None:
+    c = Communicator(WORLD)
+    c.close()
+    try:
+        c.allreduce(np.zeros(2, dtype=np.float32))
+    except CommError as exc:
+        assert "shut down" in str(exc)
+    else:
+        raise AssertionError("no CommError after close")
+
+
+def main(out_path: str) -> int:
+    global RING
+    comm = Communicator(WORLD)
+    RING = Communicator(WORLD, ring_threshold_bytes=0)
+    results = {}
+    for name, fn in CHECKS.items():
+        status, detail = "pass", ""
+        if "-v" in sys.argv:
+            print(f"[{RANK}] {name}", flush=True)
+        try:
+            fn(comm)
+        except Skip as exc:
+            status, detail = "skip", str(exc)
+        except Exception:  # noqa: BLE001  any failure is reported, the run goes on
+            status, detail = "fail", traceback.format_exc(limit=4)
+        gathered = WORLD.gather((status, detail), root=0)
+        if RANK == 0:
+            statuses = {s for s, _ in gathered}
+            overall = "fail" if "fail" in statuses else ("skip" if statuses == {"skip"} else "pass")
+            details = "\n".join(f"rank {r}: {d}" for r, (s, d) in enumerate(gathered) if s == "fail") or gathered[0][1]
+            results[name] = {"status": overall, "detail": details}
+        WORLD.Barrier()
+    RING.close()
+    comm.close()
+    if RANK == 0:
+        with open(out_path, "w") as fh:
+            json.dump(results, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

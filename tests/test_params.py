@@ -1,0 +1,120 @@
+"""Algorithm parameter models: defaults, refused values, checks against the rank count."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+
+from harness.algorithms.params import ALGORITHM_PARAMS, ParamError, WAGMAParams, resolve_algorithm_params
+
+DEFAULTS = {
+    "allreduce_sgd": {},
+    "local_sgd": {"period": 2},
+    "overlap_local_sgd": {"period": 2, "alpha": 0.6, "beta": 0.7},
+    "easgd": {"period": 2, "alpha": 0.2, "overlap": False},
+    "cocod_sgd": {"period": 2},
+    "bmuf": {"period": 2, "block_momentum": 0.7, "block_lr": 1.0},
+    "sgp": {"peers": 1, "graph": "exponential"},
+    "osgp": {"peers": 1, "graph": "exponential", "synch_freq": 0},
+    "dpsgd": {"graph": "ring"},
+    "adpsgd": {},
+    "wagma": {"group_size": 8, "sync_period": 10},
+    "eager_sgd": {"mode": "solo", "sync_period": 33},
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEFAULTS))
+def test_defaults(name: str) -> None:
+    assert resolve_algorithm_params(name, {}, ranks=8) == DEFAULTS[name]
+
+
+def test_registry_covers_every_algorithm_with_a_documented_model() -> None:
+    assert set(ALGORITHM_PARAMS) == set(DEFAULTS)
+    for name, cls in ALGORITHM_PARAMS.items():
+        assert cls.__doc__ and cls.__doc__.strip(), name
+        assert cls().name == name
+
+
+def test_models_are_frozen() -> None:
+    params = WAGMAParams(group_size=4)
+    with pytest.raises(pydantic.ValidationError):
+        params.group_size = 2  # type: ignore[misc]
+
+
+def test_given_values_are_kept() -> None:
+    resolved = resolve_algorithm_params("overlap_local_sgd", {"period": 4, "alpha": 0.5}, ranks=16)
+    assert resolved == {"period": 4, "alpha": 0.5, "beta": 0.7}
+
+
+def test_unknown_algorithm_lists_the_valid_names() -> None:
+    with pytest.raises(ValueError, match="unknown algorithm") as info:
+        resolve_algorithm_params("hogwild", {}, ranks=4)
+    message = str(info.value)
+    assert "'hogwild'" in message
+    assert all(name in message for name in DEFAULTS)
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "field", "value"),
+    [
+        ("local_sgd", {"perid": 4}, "perid", "'perid'"),
+        ("local_sgd", {"period": 0}, "period", "0"),
+        ("local_sgd", {"period": "4"}, "period", "'4'"),
+        ("local_sgd", {"period": True}, "period", "True"),
+        ("overlap_local_sgd", {"alpha": 0.0}, "alpha", "0.0"),
+        ("overlap_local_sgd", {"beta": 1.0}, "beta", "1.0"),
+        ("easgd", {"overlap": 1}, "overlap", "1"),
+        ("bmuf", {"block_lr": -1.0}, "block_lr", "-1.0"),
+        ("eager_sgd", {"mode": "all"}, "mode", "'all'"),
+        ("dpsgd", {"graph": "torus"}, "graph", "'torus'"),
+        ("osgp", {"synch_freq": -1}, "synch_freq", "-1"),
+        ("wagma", {"group_size": 0}, "group_size", "0"),
+    ],
+)
+def test_bad_params_name_the_param_and_value(name: str, raw: dict, field: str, value: str) -> None:
+    with pytest.raises(ParamError) as info:
+        resolve_algorithm_params(name, raw, ranks=8)
+    assert info.value.path == (field,)
+    assert str(info.value).startswith(f"{field}: ")
+    assert f"(got {value})" in str(info.value)
+
+
+def test_unknown_param_lists_the_valid_ones() -> None:
+    with pytest.raises(ParamError, match=r"unknown key \(valid: name, period, alpha, beta\)"):
+        resolve_algorithm_params("overlap_local_sgd", {"tau": 2}, ranks=4)
+
+
+def test_param_error_is_a_value_error() -> None:
+    assert issubclass(ParamError, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "ranks", "match"),
+    [
+        ("wagma", {"group_size": 16}, 8, r"group_size: must be <= ranks \(8\) \(got 16\)"),
+        ("wagma", {}, 4, r"group_size: must be <= ranks \(4\) \(got 8, the default\)"),
+        ("wagma", {"group_size": 1}, 4, r"group_size: must be >= 2 when ranks > 1 \(got 1\)"),
+        ("sgp", {"peers": 3}, 4, r"peers: must be <= 2, .* with 4 ranks \(got 3\)"),
+        ("osgp", {"peers": 8}, 8, r"peers: must be <= 3"),
+        ("adpsgd", {}, 5, r"adpsgd needs an even number of ranks \(ranks is 5\)"),
+        ("dpsgd", {"graph": "bipartite_exponential"}, 3, r"needs an even number of ranks"),
+    ],
+)
+def test_cross_checks_with_ranks(name: str, raw: dict, ranks: int, match: str) -> None:
+    with pytest.raises(ParamError, match=match):
+        resolve_algorithm_params(name, raw, ranks=ranks)
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "ranks"),
+    [
+        ("wagma", {"group_size": 1}, 1),
+        ("wagma", {"group_size": 3}, 6),  # not a power of the group size: the schedule handles it
+        ("sgp", {"peers": 1}, 1),
+        ("sgp", {"peers": 3}, 8),
+        ("adpsgd", {}, 1),
+        ("dpsgd", {"graph": "ring"}, 3),
+    ],
+)
+def test_cross_checks_accept_edge_cases(name: str, raw: dict, ranks: int) -> None:
+    resolve_algorithm_params(name, raw, ranks=ranks)

@@ -1,0 +1,8 @@
+"""Micro-benchmarks of the native collective layer (``python -m harness bench <benchmark>``).
+
+One module per benchmark; each is a worker runnable under ``mpiexec`` as
+``python -m harness.bench.<benchmark>`` and keeps MPI imports out of module import time, so
+the launching parent (``harness.commands.bench``) never loads mpi4py.
+
+- ``collectives``: native allreduce / broadcast against the mpi4py baseline, nccl-tests style.
+"""

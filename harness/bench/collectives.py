@@ -1,0 +1,404 @@
+"""Native allreduce / broadcast against the mpi4py baseline, printed nccl-tests style.
+
+Launched by ``python -m harness bench collectives``; this module is the worker every rank
+runs. It can also be started directly under the venv's mpiexec::
+
+    mpiexec -n 4 python -m harness.bench.collectives --sizes 4K,1M,16M --iters 20 --json bench.json
+
+Per op and size (bytes; count = bytes / 4 float32 elements) the native op and MPI's
+(``Allreduce`` with ``MPI.SUM`` / ``Bcast`` from rank 0) run on the same buffers. Each timed
+iteration is: MPI barrier, t0, op, t1; an iteration's time is the slowest rank's, and the
+reported time is the median over iterations. Iterations are cut for sizes above 1 MiB
+(``iterations_for``) so a default run stays short on a small machine.
+
+Correctness: every rank fills its input with seeded normal data; the native result (of a check
+run before warm-up and of the last timed iteration) is compared with MPI's result for the same
+input. An element is wrong when ``|native - mpi| > 1e-5 * ranks * scale``, where scale is
+``sum over ranks of |x|`` for allreduce (the float error bound of a sum taken in another order,
+which stays meaningful where the sum cancels to ~0) and ``|x_root|`` for broadcast. ``#wrong``
+counts wrong elements over all ranks; the exit status is 1 when any is wrong.
+
+JSON (``--json``, written by rank 0): the header fields (``ranks``, ``warmup``, ``iters``,
+``sizes``, ``ops``, ``mpi_library``, ``comm_options``), ``rows`` with one entry per op and size
+using ``ROW_FIELDS`` (times in microseconds, bandwidths in GB/s = 1e9 B/s) and
+``min_allreduce_ratio_ge_1MiB``.
+
+mpi4py and the native layer are imported inside ``run_worker`` only, so the parent command can
+import this module (for its arguments and size parsing) without initializing MPI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+KIB = 1024
+MIB = 1024 * KIB
+GIB = 1024 * MIB
+DEFAULT_SIZES = "4K,64K,256K,1M,4M,16M"
+DEFAULT_ITERS = 20
+DEFAULT_WARMUP = 5
+MAX_SIZE = GIB  # each rank holds three buffers of the size
+ITER_BUDGET_BYTES = 64 * MIB  # sizes above 1 MiB run about this many bytes of iterations...
+MIN_LARGE_ITERS = 5  # ...but at least this many
+RTOL = 1e-5
+SEED = 1234
+ROW_FIELDS = (
+    "op", "size_bytes", "count", "iters", "warmup", "time_us", "algbw_gbs", "busbw_gbs", "wrong",
+    "mpi_time_us", "mpi_busbw_gbs", "ratio",
+)
+
+_SUFFIX = {"": 1, "K": KIB, "M": MIB, "G": GIB}
+_SIZE_RE = re.compile(r"(\d+)\s*([KMG]?)(?:I?B)?", re.IGNORECASE)
+
+
+class SizeError(ValueError):
+    """A size argument that is not a positive whole number of float32 elements."""
+
+
+def parse_bytes(text: str) -> int:
+    """A byte count with an optional binary suffix: ``4096``, ``4K``, ``1M``, ``1G`` (``KB``, ``KiB`` too)."""
+    match = _SIZE_RE.fullmatch(text.strip())
+    if match is None:
+        raise SizeError(f"bad size {text!r}: expected a byte count like 4096, 4K, 1M or 1G")
+    return int(match.group(1)) * _SUFFIX[match.group(2).upper()]
+
+
+def parse_size(text: str) -> int:
+    """A benchmark buffer size in bytes: positive, a multiple of 4 (float32), at most 1G.
+
+    >>> parse_size("64K")
+    65536
+    """
+    size = parse_bytes(text)
+    if size <= 0:
+        raise SizeError(f"bad size {text!r}: must be positive")
+    if size % 4:
+        raise SizeError(f"bad size {text!r}: {size} bytes is not a whole number of float32 elements (4 bytes each)")
+    if size > MAX_SIZE:
+        raise SizeError(f"bad size {text!r}: at most 1G per buffer")
+    return size
+
+
+def parse_sizes(text: str) -> list[int]:
+    """Comma-separated sizes (see ``parse_size``), ascending, duplicates dropped."""
+    parts = text.split(",")
+    if any(not p.strip() for p in parts):
+        raise SizeError(f"bad size list {text!r}: empty entry (write sizes like 4K,64K,1M)")
+    return sorted({parse_size(p) for p in parts})
+
+
+def format_size(size: int) -> str:
+    """The shortest exact spelling: 4K, 1M, 1536K, 100."""
+    for suffix, unit in (("G", GIB), ("M", MIB), ("K", KIB)):
+        if size % unit == 0:
+            return f"{size // unit}{suffix}"
+    return str(size)
+
+
+def iterations_for(size: int, iters: int, warmup: int) -> tuple[int, int]:
+    """(iters, warmup) for one size: as given up to 1 MiB, cut to ~ITER_BUDGET_BYTES above."""
+    if size <= MIB:
+        return iters, warmup
+    return min(iters, max(MIN_LARGE_ITERS, ITER_BUDGET_BYTES // size)), min(warmup, 2)
+
+
+# -- arguments (shared with harness.commands.bench) --------------------------------------------
+def _argtype(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = parse.__name__
+    return convert
+
+
+def _int_at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"expected a whole number, got {text!r}") from None
+        if value < low:
+            raise ValueError(f"must be >= {low} (got {value})")
+        return value
+
+    return _argtype(parse)
+
+
+def _nonnegative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected a number, got {text!r}") from None
+    if not value >= 0:
+        raise ValueError(f"must be >= 0 (got {text})")
+    return value
+
+
+def parse_ops(text: str) -> list[str]:
+    """Comma-separated op names out of ``OPS``, in the order given, duplicates dropped."""
+    names = [p.strip() for p in text.split(",")]
+    bad = [n for n in names if n not in OPS]
+    if bad:
+        raise ValueError(f"unknown op {bad[0]!r}: choose from {', '.join(OPS)}")
+    return list(dict.fromkeys(names))
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, ranks_default: int | None = None) -> None:
+    """The benchmark's options (the parent command and the worker take the same ones)."""
+    parser.add_argument("--ranks", type=_int_at_least(1), default=ranks_default,
+                        help="number of ranks (default 4, or the size of the MPI job already running)")
+    parser.add_argument("--sizes", type=_argtype(parse_sizes), default=parse_sizes(DEFAULT_SIZES),
+                        help=f"comma-separated buffer sizes in bytes, K/M/G = 2^10/2^20/2^30 (default {DEFAULT_SIZES})")
+    parser.add_argument("--iters", type=_int_at_least(1), default=DEFAULT_ITERS,
+                        help=f"timed iterations per size (default {DEFAULT_ITERS}; fewer above 1M)")
+    parser.add_argument("--warmup", type=_int_at_least(0), default=DEFAULT_WARMUP,
+                        help=f"untimed iterations before timing (default {DEFAULT_WARMUP}; at most 2 above 1M)")
+    parser.add_argument("--ops", type=_argtype(parse_ops), default=["allreduce", "broadcast"],
+                        help="comma-separated ops: allreduce, broadcast (default both)")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write all rows as JSON (rank 0)")
+    comm = parser.add_argument_group("native communicator options (default: the Communicator's)")
+    comm.add_argument("--spin-us", type=_argtype(_nonnegative_float), help="progress thread spin before sleeping")
+    comm.add_argument("--max-sleep-us", type=_argtype(_nonnegative_float), help="longest progress thread sleep")
+    comm.add_argument("--ring-threshold", type=_argtype(parse_bytes), metavar="BYTES",
+                      help="allreduces of at least this size use the ring algorithm")
+
+
+def to_argv(args: argparse.Namespace, ranks: int) -> list[str]:
+    """The worker's command-line arguments for parsed ``args``."""
+    argv = ["--ranks", str(ranks), "--sizes", ",".join(map(str, args.sizes)), "--iters", str(args.iters),
+            "--warmup", str(args.warmup), "--ops", ",".join(args.ops)]
+    if args.json is not None:
+        argv += ["--json", str(Path(args.json).absolute())]
+    for flag, value in (("--spin-us", args.spin_us), ("--max-sleep-us", args.max_sleep_us),
+                        ("--ring-threshold", args.ring_threshold)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def comm_options(args: argparse.Namespace) -> dict[str, Any]:
+    names = {"spin_us": args.spin_us, "max_sleep_us": args.max_sleep_us, "ring_threshold_bytes": args.ring_threshold}
+    return {k: v for k, v in names.items() if v is not None}
+
+
+# -- the ops ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Op:
+    """One benchmarked collective.
+
+    ``native(comm, buf)`` and ``mpi(world, inp, buf)`` leave the result in ``buf``; ``buf``
+    holds a copy of ``inp`` on entry. ``bus_factor(n)`` turns algbw into busbw (nccl-tests).
+    """
+
+    native: Callable[[Any, np.ndarray], None]
+    mpi: Callable[[Any, np.ndarray, np.ndarray], None]
+    bus_factor: Callable[[int], float]
+    scale: Callable[[Any, np.ndarray, np.ndarray], np.ndarray]  # (world, inp, expected) -> tolerance scale
+
+
+def _mpi_allreduce(world: Any, inp: np.ndarray, buf: np.ndarray) -> None:
+    from mpi4py import MPI  # noqa: PLC0415
+
+    world.Allreduce(inp, buf, op=MPI.SUM)
+
+
+def _abs_sum(world: Any, inp: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    from mpi4py import MPI  # noqa: PLC0415
+
+    out = np.empty_like(inp)
+    world.Allreduce(np.abs(inp), out, op=MPI.SUM)
+    return out
+
+
+OPS: dict[str, Op] = {
+    "allreduce": Op(
+        native=lambda comm, buf: comm.allreduce(buf, op="sum"),
+        mpi=_mpi_allreduce,
+        bus_factor=lambda n: 2 * (n - 1) / n,
+        scale=_abs_sum,
+    ),
+    "broadcast": Op(
+        native=lambda comm, buf: comm.broadcast(buf, root=0),
+        mpi=lambda world, inp, buf: world.Bcast(buf, root=0),
+        bus_factor=lambda n: 1.0,
+        scale=lambda world, inp, expected: np.abs(expected),
+    ),
+}
+
+
+# -- measuring ----------------------------------------------------------------------------------
+def _timed(world: Any, run: Callable[[], None], refill: Callable[[], None], iters: int, warmup: int) -> float:
+    """Median over iterations of the slowest rank's time of ``run`` (seconds)."""
+    from mpi4py import MPI  # noqa: PLC0415
+
+    for _ in range(warmup):
+        refill()
+        run()
+    times = np.empty(iters)
+    for i in range(iters):
+        refill()
+        world.Barrier()
+        t0 = time.perf_counter()
+        run()
+        times[i] = time.perf_counter() - t0
+    world.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+    return statistics.median(times.tolist())
+
+
+def measure(comm: Any, world: Any, name: str, size: int, iters: int, warmup: int) -> dict[str, Any]:
+    """One row: native and MPI timings of op ``name`` on ``size`` bytes, and the #wrong check."""
+    from mpi4py import MPI  # noqa: PLC0415
+
+    op, n, count = OPS[name], world.Get_size(), size // 4
+    iters, warmup = iterations_for(size, iters, warmup)
+    inp = np.random.default_rng([SEED, world.Get_rank(), size]).standard_normal(count, dtype=np.float32)
+    buf, expected = np.empty_like(inp), np.empty_like(inp)
+
+    np.copyto(expected, inp)
+    op.mpi(world, inp, expected)
+    tol = RTOL * n * op.scale(world, inp, expected)
+    wrong = np.zeros(count, dtype=bool)
+
+    def check() -> None:
+        wrong[...] |= ~(np.abs(buf - expected) <= tol)  # NaN counts as wrong
+
+    def refill() -> None:
+        np.copyto(buf, inp)
+
+    refill()
+    op.native(comm, buf)
+    check()
+    native_s = _timed(world, lambda: op.native(comm, buf), refill, iters, warmup)
+    check()
+    mpi_s = _timed(world, lambda: op.mpi(world, inp, buf), refill, iters, warmup)
+
+    n_wrong = world.allreduce(int(np.count_nonzero(wrong)), op=MPI.SUM)
+    algbw, mpi_algbw = size / native_s / 1e9, size / mpi_s / 1e9
+    return {
+        "op": name, "size_bytes": size, "count": count, "iters": iters, "warmup": warmup,
+        "time_us": native_s * 1e6, "algbw_gbs": algbw, "busbw_gbs": algbw * op.bus_factor(n), "wrong": n_wrong,
+        "mpi_time_us": mpi_s * 1e6, "mpi_busbw_gbs": mpi_algbw * op.bus_factor(n),
+        "ratio": mpi_s / native_s,  # = native busbw / mpi busbw, defined at 1 rank too
+    }
+
+
+# -- printing -----------------------------------------------------------------------------------
+_COLUMNS = (  # (header, width, format of the row value)
+    ("size(B)", 12, "{size_bytes:d}"), ("count(elems)", 13, "{count:d}"), ("time(us)", 10, "{time_us:.1f}"),
+    ("algbw(GB/s)", 12, "{algbw_gbs:.2f}"), ("busbw(GB/s)", 12, "{busbw_gbs:.2f}"), ("#wrong", 7, "{wrong:d}"),
+    ("mpi_time(us)", 14, "{mpi_time_us:.1f}"), ("mpi_busbw(GB/s)", 16, "{mpi_busbw_gbs:.2f}"),
+    ("ratio", 7, "{ratio:.2f}"),
+)
+
+
+def table_header() -> str:
+    return "#" + "".join(h.rjust(w) for h, w, _ in _COLUMNS)[1:]
+
+
+def table_row(row: dict[str, Any]) -> str:
+    return "".join(f.format(**row).rjust(w) for _, w, f in _COLUMNS)
+
+
+def min_large_ratio(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The allreduce row with the smallest ratio among sizes >= 1 MiB (None: no such row)."""
+    large = [r for r in rows if r["op"] == "allreduce" and r["size_bytes"] >= MIB]
+    return min(large, key=lambda r: r["ratio"]) if large else None
+
+
+def _say(line: str = "") -> None:
+    print(line, flush=True)
+
+
+# -- the worker ---------------------------------------------------------------------------------
+def run_worker(args: argparse.Namespace) -> int:
+    """Run the benchmark on this rank; rank 0 prints (and writes ``--json``). 0, or 1 if #wrong > 0."""
+    from mpi4py import MPI  # noqa: PLC0415
+
+    from harness.comm import Communicator  # noqa: PLC0415
+
+    world = MPI.COMM_WORLD
+    n, rank = world.Get_size(), world.Get_rank()
+    if args.ranks is not None and args.ranks != n:
+        if rank == 0:
+            print(f"error: --ranks {args.ranks} but this MPI job has {n} ranks", file=sys.stderr, flush=True)
+        return 2
+    library = MPI.Get_library_version().splitlines()[0].strip()
+    header = {"benchmark": "collectives", "ranks": n, "warmup": args.warmup, "iters": args.iters,
+              "sizes": args.sizes, "ops": args.ops, "mpi_library": library, "comm_options": comm_options(args)}
+    cuts = {s: iterations_for(s, args.iters, args.warmup) for s in args.sizes}
+    reduced = [f"{format_size(s)}: {i}+{w}" for s, (i, w) in cuts.items() if (i, w) != (args.iters, args.warmup)]
+    if rank == 0:
+        options = " ".join(f"{k}={v:g}" for k, v in header["comm_options"].items()) or "defaults"
+        _say(f"# collectives: {n} ranks, warmup {args.warmup}, iters {args.iters}"
+             + (f" (iters+warmup cut for {', '.join(reduced)})" if reduced else "")
+             + f"; time = median over iters of the slowest rank")
+        _say(f"# native: harness.comm.Communicator ({options}); baseline: mpi4py {library}")
+
+    rows: list[dict[str, Any]] = []
+    comm = Communicator(world, **comm_options(args))
+    try:
+        for name in args.ops:
+            if rank == 0:
+                _say("#")
+                _say(f"# {name} (float32{', sum' if name == 'allreduce' else ', root 0'})")
+                _say(table_header())
+            for size in args.sizes:
+                row = measure(comm, world, name, size, args.iters, args.warmup)
+                rows.append(row)
+                if rank == 0:
+                    _say(table_row(row))
+    finally:
+        comm.close()
+
+    total_wrong = sum(r["wrong"] for r in rows)
+    worst = min_large_ratio(rows)
+    if rank == 0:
+        _say("#")
+        _say(f"# #wrong total: {total_wrong}" + ("  OK" if total_wrong == 0 else "  FAILED"))
+        if worst is not None:
+            _say(f"# allreduce busbw ratio native/mpi, min over sizes >= 1M: {worst['ratio']:.2f}"
+                 f" (at {format_size(worst['size_bytes'])})")
+        elif "allreduce" in args.ops:
+            _say("# allreduce busbw ratio native/mpi, min over sizes >= 1M: n/a (no such size)")
+        if args.json is not None:
+            from harness.results.atomic import write_json  # noqa: PLC0415  (pandas; rank 0 only)
+
+            write_json(args.json, {**header, "rows": rows,
+                                   "min_allreduce_ratio_ge_1MiB": None if worst is None else worst["ratio"]})
+    return 1 if total_wrong else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.bench.collectives",
+                                     description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run_worker(args)
+    except BaseException:
+        # One rank failing must not leave the others waiting in a collective forever.
+        traceback.print_exc()
+        sys.stderr.flush()
+        from mpi4py import MPI  # noqa: PLC0415
+
+        if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+            MPI.COMM_WORLD.Abort(1)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""``python -m harness bench BENCHMARK``: micro-benchmarks of the native collective layer.
+
+Run from a plain shell, a benchmark launches its own job under the venv's mpiexec
+(``--ranks``, default 4) and exits with the job's status; run inside an MPI job
+(``mpiexec -n 4 python -m harness bench ...``), every rank runs the worker directly.
+The launching parent never imports mpi4py.
+
+Example::
+
+    python -m harness bench collectives --ranks 4 --sizes 4K,64K,1M,16M --json bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from harness.bench import collectives
+from harness.launch import LaunchError, inside_mpi_job, run_ranks
+
+DEFAULT_RANKS = 4
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``bench`` command and its benchmarks."""
+    parser = subparsers.add_parser("bench", help="micro-benchmarks of the native collective layer",
+                                   description=__doc__.splitlines()[0])
+    benchmarks = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
+    coll = benchmarks.add_parser(
+        "collectives", help="native allreduce/broadcast vs mpi4py, nccl-tests style",
+        description=collectives.__doc__.splitlines()[0],
+    )
+    collectives.add_arguments(coll)
+    coll.set_defaults(func=run_collectives)
+
+
+def run_collectives(args: argparse.Namespace) -> int:
+    """Run the collectives worker here (inside a job) or in a job of ``--ranks`` ranks; its status."""
+    job = inside_mpi_job()
+    if job is not None:
+        if args.ranks is not None and args.ranks != job:
+            return _error(f"--ranks {args.ranks} but this process runs in an MPI job of {job} ranks: "
+                          f"drop --ranks, or run it without mpiexec to launch {args.ranks} ranks")
+        return collectives.run_worker(args)
+    if args.json is not None and not args.json.absolute().parent.is_dir():
+        return _error(f"--json {args.json}: directory {args.json.absolute().parent} does not exist")
+    ranks = DEFAULT_RANKS if args.ranks is None else args.ranks
+    argv = [sys.executable, "-m", "harness.bench.collectives", *collectives.to_argv(args, ranks)]
+    try:
+        return run_ranks(ranks, argv).returncode
+    except LaunchError as exc:
+        return _error(str(exc))
+    except KeyboardInterrupt:  # run_ranks has already killed the job
+        return 130
+
+
+def _error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2

@@ -1,0 +1,50 @@
+"""Evaluation points: test loss and accuracy of the averaged model and of rank 0, and consensus.
+
+Collective: every rank calls ``evaluate`` at the same iterations. It uses the native layer
+(an allreduce of the flat model) and is not counted in the iteration times.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from harness.results.records import EvalRecord
+
+
+@torch.no_grad()
+def test_metrics(model: torch.nn.Module, flat: torch.Tensor, params: torch.Tensor, data) -> tuple[float, float]:
+    """Loss and accuracy on the test set of ``model`` with its flat parameters set to ``flat``."""
+    saved = params.clone()
+    params.copy_(flat)
+    was_training = model.training
+    model.eval()
+    logits = model(data.test_x)
+    loss = torch.nn.functional.cross_entropy(logits, data.test_y).item()
+    acc = (logits.argmax(1) == data.test_y).float().mean().item()
+    model.train(was_training)
+    params.copy_(saved)
+    return loss, acc
+
+
+def evaluate(comm, algorithm: str, iteration: int, time_s: float, local: torch.Tensor, state) -> list[EvalRecord]:
+    """Average the deployable models, measure consensus; rank 0 returns the records.
+
+    BatchNorm running statistics are local buffers, not communicated: the averaged model is
+    evaluated with rank 0's statistics.
+    """
+    avg = local.detach().clone()
+    comm.allreduce(avg, op="mean")
+    dist = torch.tensor([float(torch.sum((local - avg) ** 2))], dtype=torch.float32)
+    comm.allreduce(dist, op="mean")
+    if comm.rank != 0:
+        return []
+    consensus = float(dist[0])
+    if state.model is None:  # emulated compute: no model to test
+        return [EvalRecord(algorithm, iteration, time_s, "average", math.nan, math.nan, consensus)]
+    records = []
+    for which, flat in (("average", avg), ("rank0", local)):
+        loss, acc = test_metrics(state.model, flat, state.params, state.data)
+        records.append(EvalRecord(algorithm, iteration, time_s, which, loss, acc, consensus))
+    return records

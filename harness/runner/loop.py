@@ -1,0 +1,113 @@
+"""The one training loop. Every algorithm runs through it; algorithms plug in through hooks.
+
+Iteration t on rank r (times on ``time.monotonic()``, relative to the run's t0):
+    start -> before_forward -> injected sleep -> forward/backward (or emulated sleep), with
+    the injected compute factor -> after_backward -> optimizer step -> after_step ->
+    end_iteration -> end.
+``comm_blocked_s`` is the time spent inside the algorithm's hooks; ``compute_s`` the forward,
+backward and optimizer step (or the emulated sleep); ``injected_delay_s`` the injected sleep.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from harness.algorithms.base import Algorithm
+from harness.injection import InjectionPlan
+from harness.results.records import CommOpRecord, EvalRecord, StepRecord
+from harness.runner.evaluate import evaluate
+from harness.runner.workload_state import TrainState
+from harness.scenario.schema import Scenario
+
+
+def _lognormal(seed: int, iteration: int, rank: int, sigma: float) -> float:
+    # Emulated-compute jitter: a pure function of (seed, iteration, rank), like the injectors.
+    if sigma <= 0:
+        return 1.0
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0xC0, iteration, rank]))
+    return float(np.exp(rng.normal(0.0, sigma)))
+
+
+def train(
+    scenario: Scenario,
+    algorithm: Algorithm,
+    state: TrainState,
+    comm,
+    eval_comm,
+    plan: InjectionPlan,
+    t0: float,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[list[StepRecord], list[EvalRecord], list[CommOpRecord]]:
+    """Run ``scenario.workload.iterations`` iterations of ``algorithm`` on this rank.
+
+    ``eval_comm`` is a communicator of its own for evaluation, so evaluation traffic never
+    shows up in the algorithm's records and never crosses emulated slow links.
+    """
+    w = scenario.workload
+    rank, name = comm.rank, algorithm.name
+    steps: list[StepRecord] = []
+    evals: list[EvalRecord] = []
+    ops: list[CommOpRecord] = []
+    comm.drain_records()
+
+    def collect_ops() -> int:
+        sent = 0
+        for r in comm.drain_records():
+            sent += r.bytes
+            ops.append(CommOpRecord(name, rank, r.op, r.post_s - t0, r.start_s - t0, r.end_s - t0, r.bytes))
+        return sent
+
+    def hook(fn, t: int) -> float:
+        h0 = time.monotonic()
+        fn(t)
+        return time.monotonic() - h0
+
+    for t in range(w.iterations):
+        delays, factors = plan.at(t)
+        start = time.monotonic()
+        blocked = hook(algorithm.before_forward, t)
+        delay = float(delays[rank])
+        if delay > 0:
+            time.sleep(delay)
+        c0 = time.monotonic()
+        loss = math.nan
+        if state.model is None:
+            time.sleep(w.compute.emulate_ms / 1000.0 * factors[rank] * _lognormal(scenario.seed, t, rank, w.compute.jitter))
+        else:
+            x, y = state.batch(t, w.batch_size, scenario.seed, rank)
+            state.optimizer.zero_grad(set_to_none=False)  # keep .grad as views into the flat buffer
+            out = torch.nn.functional.cross_entropy(state.model(x), y)
+            out.backward()
+            loss = float(out.detach())
+        compute = time.monotonic() - c0
+        blocked += hook(algorithm.after_backward, t)
+        s0 = time.monotonic()
+        if state.optimizer is not None:
+            state.optimizer.step()
+        compute += time.monotonic() - s0
+        if factors[rank] != 1.0 and state.model is not None:
+            # Injected slowdown / jitter: stretch this rank's compute by the factor.
+            extra = compute * (float(factors[rank]) - 1.0)
+            if extra > 0:
+                time.sleep(extra)
+                compute += extra
+        blocked += hook(algorithm.after_step, t)
+        blocked += hook(algorithm.end_iteration, t)
+        end = time.monotonic()
+        steps.append(
+            StepRecord(name, rank, t, start - t0, end - t0, compute, delay, blocked, loss, collect_ops(),
+                       int(algorithm.staleness))
+        )
+        if progress is not None:
+            progress(t)
+        if (t + 1) % w.eval_every == 0 and t + 1 < w.iterations:
+            evals += evaluate(eval_comm, name, t + 1, time.monotonic() - t0, algorithm.eval_params(), state)
+    algorithm.finish()
+    collect_ops()
+    evals += evaluate(eval_comm, name, w.iterations, time.monotonic() - t0, algorithm.eval_params(), state)
+    return steps, evals, ops

@@ -1,0 +1,99 @@
+"""Per-rank entry point of a run: ``python -m harness.runner.worker RUN_DIR`` under mpiexec.
+
+Reads ``RUN_DIR/scenario.resolved.yaml`` (written by ``python -m harness run``), trains every
+algorithm in turn under the same injections and emulated links, and has rank 0 gather the
+records and write the results after each algorithm, so an interrupted run keeps what it
+finished.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def main(run_dir: str) -> int:
+    from mpi4py import MPI
+
+    import torch
+
+    from harness.algorithms import algorithm_class
+    from harness.algorithms.base import AlgorithmContext
+    from harness.comm import Communicator, Link
+    from harness.injection import InjectionPlan
+    from harness.results.atomic import save_torch
+    from harness.results.records import RunDirectory
+    from harness.results.summary import format_table
+    from harness.runner.loop import train
+    from harness.runner.workload_state import build_state, warm_up_torch
+    from harness.scenario import load_scenario
+    from harness.scenario.network import link_table
+    from harness.workload import configure_torch_threads, load_dataset
+
+    world = MPI.COMM_WORLD
+    rank = world.rank
+    run = RunDirectory.open(run_dir)
+    scenario = load_scenario(Path(run_dir) / "scenario.resolved.yaml")
+    if world.size != scenario.ranks:
+        raise SystemExit(f"error: scenario needs {scenario.ranks} ranks, this job has {world.size}")
+
+    configure_torch_threads(1)  # ranks outnumber cores: one compute thread each
+    warm_up_torch()
+    comm = Communicator(world)
+    eval_comm = Communicator(world)
+    comm.set_links(Link(l.src, l.dst, l.latency_s, l.bandwidth_bytes_per_s) for l in link_table(scenario))
+    plan = InjectionPlan.from_scenario(scenario)
+    dataset = load_dataset(scenario.workload.dataset, scenario.seed)
+
+    provenance = run.provenance_dir() if rank == 0 else None
+    shards = world.gather(build_state(scenario, rank, dataset).shard, root=0)
+    if rank == 0:
+        np.savez_compressed(provenance / "shards.npz", **{f"rank{r}": s for r, s in enumerate(shards)})
+        save_torch(provenance / "initial_model.pt", build_state(scenario, 0, dataset).params.clone())
+
+    finished: list[str] = []
+    for params in scenario.algorithms:
+        state = build_state(scenario, rank, dataset)
+        ctx = AlgorithmContext(comm, state.params, state.grads, state.optimizer, scenario.optimizer.lr,
+                               scenario.seed, scenario.workload.iterations)
+        algorithm = algorithm_class(params.name)(params, ctx)
+        bar = _progress_bar(params.name, scenario.workload.iterations) if rank == 0 else None
+        comm.barrier()
+        t0 = time.monotonic()  # common origin: every rank leaves the barrier at about the same time
+        steps, evals, ops = train(scenario, algorithm, state, comm, eval_comm, plan, t0,
+                                  progress=(lambda t: bar.update(1)) if bar else None)
+        if bar:
+            bar.close()
+        steps, evals, ops = (world.gather(x, root=0) for x in (steps, evals, ops))
+        finals = world.gather(algorithm.eval_params().detach().clone(), root=0)
+        if rank == 0:
+            run.append_algorithm(params.name, [s for r in steps for s in r], [e for r in evals for e in r],
+                                 [o for r in ops for o in r])
+            save_torch(provenance / f"final_models_{params.name}.pt", torch.stack(finals))
+            finished.append(params.name)
+            run.write_summary(scenario.workload.batch_size, scenario.workload.iterations, ranks=scenario.ranks)
+            run.write_trace()
+            done = len(finished) == len(scenario.algorithms)
+            run.write_run_json("complete" if done else "incomplete", finished, ranks=scenario.ranks)
+    if rank == 0:
+        print(format_table(run.write_summary(scenario.workload.batch_size, scenario.workload.iterations,
+                                             ranks=scenario.ranks)))
+        print(f"results: {run.path}")
+    eval_comm.close()
+    comm.close()
+    return 0
+
+
+def _progress_bar(name: str, total: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=f"{name:>16}", unit="it", file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: python -m harness.runner.worker RUN_DIR")
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,68 @@
+"""Per-rank training state: data shard, model, flat buffers and optimizer, built from a scenario.
+
+Everything derives from the scenario seed, so every rank starts from the same model and any
+rank's shard and batch order can be recomputed by independent code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from harness.scenario.schema import Scenario
+from harness.workload import batch_indices, build_model, flat_grads, flat_params, load_dataset, shard_indices
+
+
+@dataclass
+class TrainState:
+    """The model and data of one rank for one algorithm's run."""
+
+    model: torch.nn.Module | None  # None with emulated compute
+    params: torch.Tensor
+    grads: torch.Tensor
+    optimizer: torch.optim.Optimizer | None
+    shard: np.ndarray
+    data: Any  # harness.workload.Dataset or None
+
+    def batch(self, iteration: int, batch_size: int, seed: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.from_numpy(batch_indices(self.shard, batch_size, iteration, seed, rank))
+        return self.data.train_x[idx], self.data.train_y[idx]
+
+
+def emulated(scenario: Scenario) -> bool:
+    return scenario.workload.compute != "real"
+
+
+def build_state(scenario: Scenario, rank: int, dataset: Any) -> TrainState:
+    """Fresh model (same on every rank), flat buffers and optimizer for one algorithm."""
+    w = scenario.workload
+    shard = shard_indices(dataset.num_train, scenario.ranks, rank, scenario.seed)
+    if emulated(scenario):
+        # Only the communicated buffer matters: the model's real size unless ``params`` says
+        # otherwise (paper-scale models on a laptop).
+        n = w.params or model_size(scenario, dataset)
+        params = torch.zeros(n, dtype=torch.float32)
+        return TrainState(None, params, torch.zeros_like(params), None, shard, dataset)
+    model = build_model(w.model, tuple(dataset.input_shape), dataset.num_classes, scenario.seed)
+    params = flat_params(model)
+    grads = flat_grads(model)
+    opt = scenario.optimizer
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=opt.lr, momentum=opt.momentum, nesterov=opt.nesterov, weight_decay=opt.weight_decay
+    )
+    return TrainState(model, params, grads, optimizer, shard, dataset)
+
+
+def model_size(scenario: Scenario, dataset: Any) -> int:
+    model = build_model(scenario.workload.model, tuple(dataset.input_shape), dataset.num_classes, scenario.seed)
+    return sum(p.numel() for p in model.parameters())
+
+
+def warm_up_torch() -> None:
+    """The first optimizer step of a process imports torch internals (seconds); do it untimed."""
+    p = torch.nn.Parameter(torch.zeros(1))
+    p.grad = torch.zeros(1)
+    torch.optim.SGD([p], lr=0.0, momentum=0.9).step()

@@ -49,7 +49,7 @@ DEFAULT_SIZES = "4K,64K,256K,1M,4M,16M"
 DEFAULT_ITERS = 20
 DEFAULT_WARMUP = 5
 MAX_SIZE = GIB  # each rank holds three buffers of the size
-ITER_BUDGET_BYTES = 64 * MIB  # sizes above 1 MiB run about this many bytes of iterations...
+ITER_BUDGET_BYTES = 256 * MIB  # sizes above 1 MiB run about this many bytes of iterations...
 MIN_LARGE_ITERS = 5  # ...but at least this many
 RTOL = 1e-5
 SEED = 1234
@@ -110,7 +110,7 @@ def iterations_for(size: int, iters: int, warmup: int) -> tuple[int, int]:
     """(iters, warmup) for one size: as given up to 1 MiB, cut to ~ITER_BUDGET_BYTES above."""
     if size <= MIB:
         return iters, warmup
-    return min(iters, max(MIN_LARGE_ITERS, ITER_BUDGET_BYTES // size)), min(warmup, 2)
+    return min(iters, max(MIN_LARGE_ITERS, ITER_BUDGET_BYTES // size)), min(warmup, 3)
 
 
 # -- arguments (shared with harness.commands.bench) --------------------------------------------
@@ -166,7 +166,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, ranks_default: int | None 
     parser.add_argument("--iters", type=_int_at_least(1), default=DEFAULT_ITERS,
                         help=f"timed iterations per size (default {DEFAULT_ITERS}; fewer above 1M)")
     parser.add_argument("--warmup", type=_int_at_least(0), default=DEFAULT_WARMUP,
-                        help=f"untimed iterations before timing (default {DEFAULT_WARMUP}; at most 2 above 1M)")
+                        help=f"untimed iterations before timing (default {DEFAULT_WARMUP}; at most 3 above 1M)")
     parser.add_argument("--ops", type=_argtype(parse_ops), default=["allreduce", "broadcast"],
                         help="comma-separated ops: allreduce, broadcast (default both)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write all rows as JSON (rank 0)")
@@ -336,7 +336,7 @@ def run_worker(args: argparse.Namespace) -> int:
         if rank == 0:
             print(f"error: --ranks {args.ranks} but this MPI job has {n} ranks", file=sys.stderr, flush=True)
         return 2
-    library = MPI.Get_library_version().splitlines()[0].strip()
+    library = " ".join(MPI.Get_library_version().splitlines()[0].split())
     header = {"benchmark": "collectives", "ranks": n, "warmup": args.warmup, "iters": args.iters,
               "sizes": args.sizes, "ops": args.ops, "mpi_library": library, "comm_options": comm_options(args)}
     cuts = {s: iterations_for(s, args.iters, args.warmup) for s in args.sizes}

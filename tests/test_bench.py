@@ -1,0 +1,125 @@
+"""``python -m harness bench collectives``: size parsing, argument errors, and one real 2-rank run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from harness.bench.collectives import SizeError, format_size, iterations_for, parse_size, parse_sizes
+
+# A child must not believe it already runs inside an MPI job (pytest may itself run under one).
+_JOB_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS", "SLURM_STEP_ID")
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in _JOB_VARS}
+
+
+def _harness(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", *args], env=_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("4K", 4096), ("64k", 65536), ("1M", 1 << 20), ("16M", 16 << 20), ("1048576", 1048576), ("4", 4),
+     ("1G", 1 << 30), (" 8KB ", 8192), ("2KiB", 2048)],
+)
+def test_parse_size(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("", "expected a byte count"), ("4X", "expected a byte count"), ("1.5M", "expected a byte count"),
+     ("-4K", "expected a byte count"), ("K", "expected a byte count"), ("0", "must be positive"),
+     ("6", "not a whole number of float32 elements"), ("2G", "at most 1G")],
+)
+def test_parse_size_refuses(text, message):
+    with pytest.raises(SizeError, match=message):
+        parse_size(text)
+
+
+def test_parse_sizes_sorts_and_dedupes():
+    assert parse_sizes("1M,4K,4096,64K") == [4096, 65536, 1 << 20]
+    with pytest.raises(SizeError, match="empty entry"):
+        parse_sizes("4K,,1M")
+
+
+def test_format_size_and_iteration_cut():
+    assert [format_size(s) for s in (4096, 1 << 20, 1536 * 1024, 100)] == ["4K", "1M", "1536K", "100"]
+    assert iterations_for(1 << 20, 20, 5) == (20, 5)
+    iters, warmup = iterations_for(16 << 20, 20, 5)
+    assert 5 <= iters < 20 and 1 <= warmup < 5
+    assert iterations_for(1 << 30, 3, 0) == (3, 0)  # never more than asked
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--sizes", "4K,abc"], "argument --sizes: bad size 'abc'"),
+     (["--sizes", "6"], "not a whole number of float32 elements"),
+     (["--ranks", "0"], "argument --ranks: must be >= 1"),
+     (["--iters", "0"], "argument --iters: must be >= 1"),
+     (["--ops", "allreduce,reduce"], "unknown op 'reduce': choose from allreduce, broadcast")],
+)
+def test_bad_arguments_exit_2(args, message):
+    proc = _harness("bench", "collectives", *args)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_parent_launches_worker_without_importing_mpi4py():
+    script = textwrap.dedent("""
+        import json, subprocess, sys
+        import harness.commands.bench as bench
+        calls = []
+        def fake_run_ranks(n, argv, **kw):
+            calls.append([n, list(argv)])
+            return subprocess.CompletedProcess(argv, 3)
+        bench.run_ranks = fake_run_ranks
+        from harness.cli import main
+        rc = main(["bench", "collectives", "--sizes", "1M,4K", "--ops", "broadcast", "--spin-us", "10"])
+        print(json.dumps({"rc": rc, "calls": calls, "mpi4py": "mpi4py" in sys.modules}))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], env=_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["rc"] == 3  # the job's status is the command's
+    assert not out["mpi4py"]
+    [[ranks, argv]] = out["calls"]
+    assert ranks == 4
+    assert argv[:3] == [sys.executable, "-m", "harness.bench.collectives"]
+    assert argv[3:] == ["--ranks", "4", "--sizes", "4096,1048576", "--iters", "20", "--warmup", "5",
+                        "--ops", "broadcast", "--spin-us", "10.0"]
+
+
+@pytest.mark.mpi
+def test_collectives_two_ranks(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = _harness("bench", "collectives", "--ranks", "2", "--sizes", "4K,64K", "--iters", "3", "--warmup", "1",
+                    "--json", str(out), timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    header = "size(B) count(elems) time(us) algbw(GB/s) busbw(GB/s) #wrong mpi_time(us) mpi_busbw(GB/s) ratio"
+    tables = [line for line in proc.stdout.splitlines() if " ".join(line.split()[1:]) == header]
+    assert len(tables) == 2, proc.stdout
+    assert "2 ranks, warmup 1, iters 3" in proc.stdout
+    assert "# #wrong total: 0  OK" in proc.stdout
+
+    report = json.loads(out.read_text())
+    assert (report["ranks"], report["iters"], report["warmup"]) == (2, 3, 1)
+    rows = {(r["op"], r["size_bytes"]): r for r in report["rows"]}
+    assert set(rows) == {(op, s) for op in ("allreduce", "broadcast") for s in (4096, 65536)}
+    for (op, size), row in rows.items():
+        assert row["count"] == size // 4
+        assert row["wrong"] == 0, (op, size)
+        assert row["time_us"] > 0 and row["mpi_time_us"] > 0
+        assert row["ratio"] == pytest.approx(row["mpi_time_us"] / row["time_us"])
+    ar = rows["allreduce", 4096]
+    assert ar["busbw_gbs"] == pytest.approx(ar["algbw_gbs"] * 2 * (2 - 1) / 2)
+    assert report["min_allreduce_ratio_ge_1MiB"] is None  # no size >= 1M here

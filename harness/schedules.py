@@ -69,3 +69,56 @@ def is_sync_round(t: int, sync_every: int) -> bool:
     The native layer applies the same rule (``harness._core.is_sync_round``); a test pins them.
     """
     return sync_every > 0 and t % sync_every == sync_every - 1
+
+
+def exponential_levels(ranks: int) -> int:
+    """Number of distinct hops 1, 2, 4, ... of the exponential graph: floor(log2(P - 1)) + 1."""
+    return (ranks - 1).bit_length() if ranks > 1 else 0
+
+
+def exponential_out_peers(rank: int, ranks: int, t: int, peers: int = 1) -> list[int]:
+    """SGP's directed time-varying exponential graph: where ``rank`` pushes at iteration ``t``.
+
+    Peer j is ``rank + 2^((t + j) mod L)`` (mod P) with ``L = floor(log2(P - 1)) + 1``. Every
+    rank uses the same hops, so for each j the round is a permutation (one in-message each).
+    """
+    levels = exponential_levels(ranks)
+    if levels == 0:
+        return []
+    if not 1 <= peers <= levels:
+        raise ValueError(f"peers must be in [1, {levels}] for {ranks} ranks (got {peers})")
+    return [(rank + 2 ** ((t + j) % levels)) % ranks for j in range(peers)]
+
+
+def exponential_in_peers(rank: int, ranks: int, t: int, peers: int = 1) -> list[int]:
+    """Who pushes to ``rank`` at iteration ``t`` (the inverse of ``exponential_out_peers``)."""
+    levels = exponential_levels(ranks)
+    if levels == 0:
+        return []
+    return [(rank - 2 ** ((t + j) % levels)) % ranks for j in range(peers)]
+
+
+def ring_neighbors(rank: int, ranks: int) -> list[int]:
+    """D-PSGD ring: the distinct neighbours of ``rank`` (one for P = 2, none for P = 1)."""
+    return sorted({(rank - 1) % ranks, (rank + 1) % ranks} - {rank})
+
+
+def bipartite_peer(rank: int, ranks: int, t: int) -> int:
+    """Partner of ``rank`` at iteration ``t`` in the bipartite exponential graph (even P).
+
+    Even ranks are active, odd ranks passive; the offset ``2^(rho+1) - 1`` with
+    ``rho = t mod max(1, floor(log2 P))`` is odd, so every round is a perfect matching of the
+    even ranks onto the odd ones and the graph stays bipartite (AD-PSGD, bipartite D-PSGD).
+    """
+    if ranks % 2:
+        raise ValueError(f"the bipartite graph needs an even rank count (got {ranks})")
+    rho = t % max(1, ranks.bit_length() - 1)
+    offset = (2 ** (rho + 1) - 1) % ranks
+    return (rank + offset) % ranks if rank % 2 == 0 else (rank - offset) % ranks
+
+
+def majority_initiator(seed: int, t: int, ranks: int) -> int:
+    """eager-SGD majority mode: the rank that initiates round ``t`` (same draw on every rank)."""
+    import numpy as np  # local: keep this module import-light for the simulator
+
+    return int(np.random.default_rng(np.random.SeedSequence([seed, 0xEA6E, t])).integers(ranks))

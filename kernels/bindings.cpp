@@ -12,6 +12,7 @@
 #include <map>
 #include <optional>
 
+#include "async_pairwise.hpp"
 #include "push_channel.hpp"
 #include "wait_avoiding.hpp"
 
@@ -307,6 +308,100 @@ class WaitAvoiding {
   bool closed_ = false;
 };
 
+class PairwiseAverager {
+ public:
+  PairwiseAverager(std::shared_ptr<Engine> e, const float* initial, int64_t count, std::shared_ptr<Graveyard> g)
+      : engine_(std::move(e)), count_(count), graveyard_(std::move(g)) {
+    shared_ = std::make_shared<PairShared>();
+    shared_->published.assign(initial, initial + count);
+    shared_->correction.assign(static_cast<size_t>(count), 0.0f);
+    comm_ = engine_->dup_comm();
+    listener_ = engine_->submit(std::make_unique<PairListenerOp>(std::make_shared<OpState>(), comm_, count, shared_));
+  }
+
+  void publish(const py::object& buf) {
+    check_open();
+    FloatBuf b = checked(buf, false, "published model");
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    std::memcpy(shared_->published.data(), b.ptr, sizeof(float) * count_);
+  }
+
+  // Active side: send `buf` to `peer`, receive the peer's published model into `out`.
+  std::unique_ptr<Handle> request(const py::object& buf, const py::object& out, int peer) {
+    check_open();
+    FloatBuf b = checked(buf, false, "request model");
+    FloatBuf o = checked(out, true, "reply buffer");
+    if (peer < 0 || peer >= engine_->size() || peer == engine_->rank())
+      throw CommError("pairwise averaging peer " + std::to_string(peer) + " out of range: must be another rank in [0, " +
+                      std::to_string(engine_->size()) + ")");
+    if (b.ptr == o.ptr) throw CommError("request and reply buffers must not be the same memory");
+    Schedule s;
+    Step step;
+    step.sends.push_back({1, b.ptr, count_, kPairRequestTag});
+    step.recvs.push_back({1, o.ptr, count_, kPairReplyTag});
+    s.steps.push_back(std::move(step));
+    auto st = std::make_shared<OpState>();
+    int me = engine_->rank();
+    {
+      py::gil_scoped_release nogil;
+      engine_->submit(std::make_unique<ScheduleOp>(
+          "pair_request", st, StepExecutor(comm_, {me, peer}, {me, peer}, kPairRequestTag, std::move(s))));
+    }
+    return std::make_unique<Handle>(st, py::make_tuple(buf, out), graveyard_);
+  }
+
+  // Passive side: add the pending corrections into `out`; returns how many requests they hold.
+  int64_t drain(const py::object& out) {
+    FloatBuf o = checked(out, true, "drain target");
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    if (!shared_->error.empty()) throw CommError("pairwise averaging failed: " + shared_->error);
+    float* corr = shared_->correction.data();
+    for (int64_t i = 0; i < count_; ++i) {
+      o.ptr[i] += corr[i];
+      corr[i] = 0.0f;
+    }
+    int64_t n = shared_->answered;
+    shared_->answered = 0;
+    return n;
+  }
+
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    {
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      shared_->close_requested = true;
+    }
+    engine_->wake();
+    py::gil_scoped_release nogil;
+    listener_->wait(-1);
+    std::lock_guard<std::mutex> lock(listener_->mu);
+    if (!listener_->error.empty()) throw CommError(listener_->error);
+  }
+
+ private:
+  void check_open() {
+    if (closed_) throw CommError("pairwise averager is closed");
+    if (!engine_->running()) throw CommError("communicator is shut down");
+  }
+  FloatBuf checked(const py::object& obj, bool writable, const char* what) {
+    FloatBuf b = float_buffer(obj, writable, what);
+    if (b.count != count_)
+      throw CommError(std::string(what) + " has " + std::to_string(b.count) + " floats, the averager holds " +
+                      std::to_string(count_));
+    return b;
+  }
+  std::shared_ptr<Engine> engine_;
+  int64_t count_;
+  std::shared_ptr<Graveyard> graveyard_;
+  std::shared_ptr<PairShared> shared_;
+  MPI_Comm comm_;
+  std::shared_ptr<OpState> listener_;
+  bool closed_ = false;
+};
+
 class NativeComm {
  public:
   // World communicator over an mpi4py communicator handle.
@@ -443,6 +538,14 @@ class NativeComm {
     return std::make_unique<WaitAvoiding>(engine_, std::move(cfg), init.data(), graveyard_);
   }
 
+  std::unique_ptr<PairwiseAverager> pairwise_averager(const py::object& initial) {
+    check_open();
+    if (!is_world()) throw CommError("the pairwise averager runs on the world communicator");
+    FloatBuf b = float_buffer(initial, false, "initial model");
+    py::gil_scoped_release nogil;
+    return std::make_unique<PairwiseAverager>(engine_, b.ptr, b.count, graveyard_);
+  }
+
   // Outgoing links of this rank: (dst world rank, latency s, bandwidth B/s or inf).
   void set_links(const std::vector<std::tuple<int, double, double>>& links) {
     std::unordered_map<int, LinkParams> table;
@@ -546,6 +649,12 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("next_round", &WaitAvoiding::next_round)
       .def("is_sync_round", &WaitAvoiding::is_sync_round);
 
+  py::class_<PairwiseAverager>(m, "PairwiseAverager")
+      .def("publish", &PairwiseAverager::publish, py::arg("buf"))
+      .def("request", &PairwiseAverager::request, py::arg("buf"), py::arg("out"), py::arg("peer"))
+      .def("drain", &PairwiseAverager::drain, py::arg("out"))
+      .def("close", &PairwiseAverager::close);
+
   py::class_<NativeComm>(m, "Comm")
       .def(py::init<uintptr_t, double, double, int64_t>(), py::arg("handle"), py::arg("spin_us") = 50.0,
            py::arg("max_sleep_us") = 200.0, py::arg("ring_threshold_bytes") = 64 * 1024)
@@ -561,6 +670,7 @@ PYBIND11_MODULE(_core, m) {
       .def("push_channel", &NativeComm::push_channel, py::arg("count"))
       .def("wait_avoiding", &NativeComm::wait_avoiding, py::arg("initial"), py::arg("sync_every"),
            py::arg("accumulate"), py::arg("phases"))
+      .def("pairwise_averager", &NativeComm::pairwise_averager, py::arg("initial"))
       .def("set_links", &NativeComm::set_links, py::arg("links"))
       .def("drain_records", &NativeComm::drain_records)
       .def("shutdown", &NativeComm::shutdown);

@@ -130,13 +130,14 @@ void StepExecutor::post(Engine& engine, int64_t* bytes_sent) {
   recvs_.assign(st.recvs.size(), MPI_REQUEST_NULL);
   for (size_t k = 0; k < st.recvs.size(); ++k) {
     const Xfer& x = st.recvs[k];
-    check_mpi(MPI_Irecv(x.buf, static_cast<int>(x.count), MPI_FLOAT, members_[x.peer], tag_, comm_, &recvs_[k]),
+    check_mpi(MPI_Irecv(x.buf, static_cast<int>(x.count), MPI_FLOAT, members_[x.peer], x.tag < 0 ? tag_ : x.tag,
+                        comm_, &recvs_[k]),
               "MPI_Irecv");
   }
   sends_.clear();
   for (const Xfer& x : st.sends)
     sends_.push_back(engine.isend(comm_, members_[x.peer], world_[x.peer], x.buf, static_cast<int>(x.count),
-                                  MPI_FLOAT, tag_, sync_sends_, bytes_sent));
+                                  MPI_FLOAT, x.tag < 0 ? tag_ : x.tag, sync_sends_, bytes_sent));
   posted_ = true;
 }
 

@@ -17,6 +17,7 @@ struct Xfer {
   int peer;  // index into members
   float* buf;
   int64_t count;
+  int tag = -1;  // -1: the executor's tag
 };
 
 struct Reduce {

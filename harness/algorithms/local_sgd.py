@@ -5,7 +5,8 @@ averaged by a blocking allreduce. Momentum buffers stay local.
 
 Deliberate choice: the reference code averages when ``t != 0 and t % period == 0`` (first
 average after period + 1 steps). Here the first average comes after exactly ``period`` steps,
-so period 1 (without momentum) is exactly Allreduce-SGD.
+so period 1 (without momentum) is exactly Allreduce-SGD. ``periodic_sync`` is that rule, and
+every algorithm of the periodic family (Overlap Local SGD, EASGD, CoCoD-SGD, BMUF) uses it.
 """
 
 from __future__ import annotations
@@ -14,12 +15,24 @@ from harness.algorithms.base import Algorithm
 from harness.algorithms.params import LocalSGDParams
 
 
+def periodic_sync(t: int, period: int) -> bool:
+    """Whether iteration ``t`` (0-based) ends with a synchronization: ``(t + 1) % period == 0``.
+
+    The periodic family synchronizes after the optimizer step of such iterations, so the first
+    synchronization follows exactly ``period`` local steps.
+
+    >>> [t for t in range(8) if periodic_sync(t, 3)]
+    [2, 5]
+    """
+    return (t + 1) % period == 0
+
+
 class LocalSGD(Algorithm):
     name = "local_sgd"
     Params = LocalSGDParams
 
     def is_sync_step(self, t: int) -> bool:
-        return (t + 1) % self.params.period == 0
+        return periodic_sync(t, self.params.period)
 
     def after_step(self, t: int) -> None:
         if self.is_sync_step(t):

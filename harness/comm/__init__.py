@@ -7,7 +7,14 @@ All its errors are ``CommError``.
 from mpi4py import MPI as _MPI  # noqa: F401  loads libmpi (with RTLD_GLOBAL) before _core needs it
 
 from harness._core import CommError, Handle, RoundHandle, now
-from harness.comm.communicator import Communicator, Link, OpRecord, PushChannel, WaitAvoidingAllreduce
+from harness.comm.communicator import (
+    Communicator,
+    Link,
+    OpRecord,
+    PairwiseAverager,
+    PushChannel,
+    WaitAvoidingAllreduce,
+)
 
 __all__ = [
     "CommError",
@@ -15,6 +22,7 @@ __all__ = [
     "Handle",
     "Link",
     "OpRecord",
+    "PairwiseAverager",
     "PushChannel",
     "RoundHandle",
     "WaitAvoidingAllreduce",

@@ -190,6 +190,11 @@ class Communicator:
             )
         )
 
+    def pairwise_averager(self, initial: Any) -> "PairwiseAverager":
+        """AD-PSGD's asynchronous pairwise averaging, answered by passive ranks' progress threads
+        (collective)."""
+        return PairwiseAverager(self._native.pairwise_averager(as_float32_buffer(initial, "initial model")))
+
     # -- emulation and records ---------------------------------------------------------------
     def set_links(self, links: Iterable[Link]) -> None:
         """Emulate slow links: messages this rank sends to ``dst`` obey ``links`` with ``src == rank``.
@@ -295,4 +300,31 @@ class WaitAvoidingAllreduce:
 
     def close(self) -> None:
         """Collective: ends the op once every rank finished its rounds."""
+        self._native.close()
+
+
+class PairwiseAverager:
+    """Asynchronous pairwise model averaging (AD-PSGD, Lian et al. 2018).
+
+    Active side: ``irequest(x, out, peer)`` sends ``x`` to a passive ``peer`` and receives the
+    model that peer last ``publish``-ed into ``out``; the caller then moves half-way,
+    ``x += (out - x_sent) / 2``. Passive side: its progress thread answers at once, without its
+    caller, and records ``(x_active - published) / 2``; ``drain(x)`` adds those corrections to
+    the passive caller's current model and returns how many requests they hold. ``close()`` is
+    collective and leaves nothing in flight.
+    """
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+
+    def publish(self, buf: Any) -> None:
+        self._native.publish(as_float32_buffer(buf, "published model"))
+
+    def irequest(self, buf: Any, out: Any, peer: int) -> _core.Handle:
+        return self._native.request(as_float32_buffer(buf, "request model"), as_float32_buffer(out, "reply buffer"), int(peer))
+
+    def drain(self, out: Any) -> int:
+        return self._native.drain(as_float32_buffer(out, "drain target"))
+
+    def close(self) -> None:
         self._native.close()

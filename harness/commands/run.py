@@ -35,7 +35,7 @@ def _overrides(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.algorithms import ALGORITHMS
+    from harness.algorithms import implemented
     from harness.launch import LaunchError, inside_mpi_job, run_ranks
     from harness.results.records import RunDirectory
     from harness.scenario import ScenarioError, load_scenario
@@ -45,10 +45,10 @@ def run(args: argparse.Namespace) -> int:
     except ScenarioError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    missing = [a.name for a in scenario.algorithms if a.name not in ALGORITHMS]
+    missing = [a.name for a in scenario.algorithms if a.name not in implemented()]
     if missing:
         print(f"error: {args.scenario}: algorithms {', '.join(missing)} are valid but not implemented yet "
-              f"(available: {', '.join(ALGORITHMS)}); use --only", file=sys.stderr)
+              f"(available: {', '.join(implemented())}); use --only", file=sys.stderr)
         return 2
 
     in_job = inside_mpi_job()

@@ -286,6 +286,36 @@ def eager_solo_and_majority_carry_every_gradient(comm: Communicator) -> None:
 
 
 @check
+def pairwise_averaging_answers_without_the_passive_caller(comm: Communicator) -> None:
+    # AD-PSGD: even ranks ask odd ones; a passive rank sleeps (busy computing) through all of
+    # it, its progress thread answers. Checked after close(): both sides moved to the average.
+    if SIZE < 2 or SIZE % 2:
+        raise Skip("needs an even rank count (bipartite graph)")
+    n = 9
+    x = np.full(n, 10.0 * RANK, dtype=np.float32)
+    avg = comm.pairwise_averager(x)
+    peer = RANK + 1 if RANK % 2 == 0 else RANK - 1
+    elapsed = drained = 0.0
+    if RANK % 2 == 0:
+        out = np.zeros_like(x)
+        t0 = time.monotonic()
+        avg.irequest(x.copy(), out, peer).wait()
+        elapsed = time.monotonic() - t0
+        x += (out - x) / 2
+    else:
+        time.sleep(0.5)  # the caller is busy; its progress thread must answer meanwhile
+        drained = avg.drain(x)
+    avg.close()
+    got = WORLD.allgather(x.copy())
+    want = (10.0 * RANK + 10.0 * peer) / 2
+    assert np.all(got[RANK] == want), (RANK, got[RANK][0], want)
+    if RANK % 2 == 0:
+        assert elapsed < 0.4, f"active rank waited {elapsed:.3f} s for a passive rank that was sleeping"
+    else:
+        assert drained == 1, drained
+
+
+@check
 def bad_calls_raise_comm_error(comm: Communicator) -> None:
     cases = {
         "float64": lambda: comm.allreduce(np.zeros(3)),

@@ -1,0 +1,59 @@
+// Asynchronous pairwise averaging of AD-PSGD: active ranks ask, passive ranks' progress threads
+// answer, so a passive rank never stops computing to gossip.
+//
+// request(x, peer) (active side): x goes to the passive peer, whose progress thread replies at
+// once with the model its caller last published and records (x - published) / 2 as a pending
+// correction. The active side gets the peer's model and moves its own half-way there; the
+// passive caller adds the pending corrections whenever it drains them. Both end up at the
+// pairwise average, each applied to its current (possibly newer) model, as in Lian et al. 2018.
+//
+// close() is collective: active callers have waited for their requests (a request completes
+// only after its reply arrived, i.e. after the passive side matched it); replies are waited
+// for; an ibarrier; then the listener is cancelled, so nothing is left in flight.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "schedule.hpp"
+
+namespace harness {
+
+struct PairShared {
+  std::mutex mu;
+  std::vector<float> published;
+  std::vector<float> correction;  // sum of pending (x_active - published) / 2
+  int64_t answered = 0;           // requests answered since the last drain
+  std::string error;
+  bool close_requested = false;
+};
+
+constexpr int kPairRequestTag = 21;
+constexpr int kPairReplyTag = 22;
+
+class PairListenerOp : public Op {
+ public:
+  PairListenerOp(std::shared_ptr<OpState> st, MPI_Comm comm, int64_t count, std::shared_ptr<PairShared> shared);
+  ~PairListenerOp() override;
+  bool progress(Engine& e) override;
+  bool finished() const override { return finished_; }
+  bool passive() const override { return replies_.empty() && !closing_; }
+  void abort(Engine& e, const std::string& reason) override;
+  bool traced() const override { return false; }
+
+ private:
+  void post();
+
+  MPI_Comm comm_;
+  int64_t count_;
+  std::shared_ptr<PairShared> shared_;
+  std::unique_ptr<float[]> staging_;
+  MPI_Request req_ = MPI_REQUEST_NULL;
+  std::deque<std::pair<std::shared_ptr<SendReq>, std::unique_ptr<float[]>>> replies_;
+  bool closing_ = false;
+  MPI_Request barrier_ = MPI_REQUEST_NULL;
+  bool finished_ = false;
+};
+
+}  // namespace harness

@@ -42,11 +42,17 @@ bool PairListenerOp::progress(Engine& e) {
     std::unique_ptr<float[]> reply(new float[count_ > 0 ? count_ : 1]);
     {
       std::lock_guard<std::mutex> lock(shared_->mu);
-      const float* pub = shared_->published.data();
+      // The agent's view of this rank's model (`published`) moves to the pairwise average at
+      // once, so several requests between two publishes compose like sequential averagings.
+      float* pub = shared_->published.data();
       float* corr = shared_->correction.data();
       const float* in = staging_.get();
-      for (int64_t i = 0; i < count_; ++i) corr[i] += 0.5f * (in[i] - pub[i]);
       std::memcpy(reply.get(), pub, sizeof(float) * count_);
+      for (int64_t i = 0; i < count_; ++i) {
+        float half = 0.5f * (in[i] - pub[i]);
+        corr[i] += half;
+        pub[i] += half;
+      }
       shared_->answered += 1;
     }
     auto send = e.isend(comm_, status.MPI_SOURCE, status.MPI_SOURCE, reply.get(), static_cast<int>(count_), MPI_FLOAT,

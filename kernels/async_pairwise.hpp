@@ -2,8 +2,8 @@
 // answer, so a passive rank never stops computing to gossip.
 //
 // request(x, peer) (active side): x goes to the passive peer, whose progress thread replies at
-// once with the model its caller last published and records (x - published) / 2 as a pending
-// correction. The active side gets the peer's model and moves its own half-way there; the
+// once with its view of the passive model (last published plus corrections since), moves that
+// view to the pairwise average and records the move as a pending correction. The active side gets the peer's model and moves its own half-way there; the
 // passive caller adds the pending corrections whenever it drains them. Both end up at the
 // pairwise average, each applied to its current (possibly newer) model, as in Lian et al. 2018.
 //

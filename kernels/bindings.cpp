@@ -324,7 +324,10 @@ class PairwiseAverager {
     FloatBuf b = checked(buf, false, "published model");
     py::gil_scoped_release nogil;
     std::lock_guard<std::mutex> lock(shared_->mu);
-    std::memcpy(shared_->published.data(), b.ptr, sizeof(float) * count_);
+    // Corrections not drained yet are part of this rank's model as its agent sees it.
+    float* pub = shared_->published.data();
+    const float* corr = shared_->correction.data();
+    for (int64_t i = 0; i < count_; ++i) pub[i] = b.ptr[i] + corr[i];
   }
 
   // Active side: send `buf` to `peer`, receive the peer's published model into `out`.

@@ -4,12 +4,13 @@ Bipartite graph (``harness.schedules.bipartite_peer``): even ranks are active, o
 passive. At iteration t an active rank snapshots its model x_sent and asks its peer of
 iteration t for an average while it computes its gradient; the passive peer's progress thread
 (the communication agent) answers at once with the model its caller last published and records
-the correction (x_sent - x_pub) / 2, so passive ranks never wait. Both sides apply the
+the correction, so passive ranks never wait (several requests between two publishes compose
+like sequential averagings). Both sides apply the
 averaging to their current model: the gradient computed on the older model is applied to the
 averaged one, as in the paper.
 
     active:  x <- OPT(x, g(x_sent)) + (x_peer - x_sent) / 2
-    passive: x <- OPT(x, g(x_pub)) + sum of (x_active - x_pub) / 2 answered meanwhile
+    passive: x <- OPT(x, g(x_pub)) + the averaging moves its agent made meanwhile
 
 ``staleness``: averaging updates that landed between the model the gradient was computed at
 and the model it is applied to (1 for an active rank, the number of answered requests for a

@@ -307,10 +307,12 @@ class PairwiseAverager:
     """Asynchronous pairwise model averaging (AD-PSGD, Lian et al. 2018).
 
     Active side: ``irequest(x, out, peer)`` sends ``x`` to a passive ``peer`` and receives the
-    model that peer last ``publish``-ed into ``out``; the caller then moves half-way,
-    ``x += (out - x_sent) / 2``. Passive side: its progress thread answers at once, without its
-    caller, and records ``(x_active - published) / 2``; ``drain(x)`` adds those corrections to
-    the passive caller's current model and returns how many requests they hold. ``close()`` is
+    peer's model into ``out``; the caller then moves half-way, ``x += (out - x_sent) / 2``.
+    Passive side: its progress thread answers at once, without its caller, with its view of
+    the passive model (the last ``publish``-ed model plus corrections not drained yet), moves
+    that view to the pairwise average and records the move; ``drain(x)`` adds the recorded
+    corrections to the caller's current model and returns how many requests they hold, so
+    several requests compose like sequential averagings. ``close()`` is
     collective and leaves nothing in flight.
     """
 

@@ -316,6 +316,34 @@ def pairwise_averaging_answers_without_the_passive_caller(comm: Communicator) ->
 
 
 @check
+def pairwise_averaging_conserves_mass_with_concurrent_requests(comm: Communicator) -> None:
+    # Every active rank asks passive rank 1 at once: its agent must compose the averagings
+    # one after another (each reply is its current view), so the total is conserved exactly.
+    if SIZE < 4 or SIZE % 2:
+        raise Skip("needs an even rank count >= 4: several active ranks asking one passive rank")
+    n = 5
+    x = np.full(n, float(2 ** RANK), dtype=np.float32)
+    total0 = WORLD.allreduce(float(x[0]))
+    squares0 = WORLD.allreduce(float(x[0]) ** 2)
+    avg = comm.pairwise_averager(x)
+    if RANK % 2 == 0:
+        out = np.zeros_like(x)
+        sent = x.copy()
+        avg.irequest(sent, out, 1).wait()
+        x += (out - sent) / 2
+    else:
+        time.sleep(0.3)
+    avg.close()
+    if RANK % 2:
+        avg.drain(x)
+    total = WORLD.allreduce(float(x[0]))
+    squares = WORLD.allreduce(float(x[0]) ** 2)
+    assert total == total0, f"mass {total} after pairwise averaging, {total0} before"
+    # Averaging pairs one after another never spreads the models apart.
+    assert squares <= squares0, f"sum of squares grew from {squares0} to {squares}"
+
+
+@check
 def bad_calls_raise_comm_error(comm: Communicator) -> None:
     cases = {
         "float64": lambda: comm.allreduce(np.zeros(3)),

@@ -131,7 +131,6 @@ def test_runs_in_place_inside_an_mpi_job(tmp_path):
     [
         ({"ranks": 0}, [], "ranks"),
         ({"algorithms": ["nope"]}, [], "nope"),
-        ({"algorithms": ["dpsgd"]}, [], "not implemented yet"),
         ({}, ["--only", "sgp"], "sgp"),
         ({"imbalance": [{"kind": "fixed", "ranks": [3], "delay_ms": 1}]}, [], "imbalance[0].ranks[0]"),
     ],

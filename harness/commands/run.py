@@ -85,3 +85,21 @@ def _mark_failed(path: Path, why: str) -> None:
     meta = json.loads((path / "run.json").read_text())
     RunDirectory.open(path).write_run_json("failed", meta.get("finished_algorithms", []), ranks=meta.get("ranks"),
                                            extra={"error": why})
+def _run_in_place(scenario, args, job_size: int) -> int:
+    from mpi4py import MPI
+
+    from harness.results.records import RunDirectory
+    from harness.runner.worker import main as worker_main
+
+    if job_size != scenario.ranks:
+        print(f"error: {args.scenario}: the scenario needs {scenario.ranks} ranks but this MPI job has {job_size} "
+              "(use --ranks to override)", file=sys.stderr)
+        return 2
+    path = None
+    if MPI.COMM_WORLD.rank == 0:
+        run_dir = RunDirectory.create(args.out, scenario.name)
+        run_dir.write_resolved_scenario(scenario.resolved_dict())
+        run_dir.write_run_json("incomplete", [], ranks=scenario.ranks)
+        path = str(run_dir.path)
+    path = MPI.COMM_WORLD.bcast(path, root=0)
+    return worker_main(str(Path(path)))

@@ -85,6 +85,8 @@ def _mark_failed(path: Path, why: str) -> None:
     meta = json.loads((path / "run.json").read_text())
     RunDirectory.open(path).write_run_json("failed", meta.get("finished_algorithms", []), ranks=meta.get("ranks"),
                                            extra={"error": why})
+
+
 def _run_in_place(scenario, args, job_size: int) -> int:
     from mpi4py import MPI
 

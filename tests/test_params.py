@@ -118,3 +118,10 @@ def test_cross_checks_with_ranks(name: str, raw: dict, ranks: int, match: str) -
 )
 def test_cross_checks_accept_edge_cases(name: str, raw: dict, ranks: int) -> None:
     resolve_algorithm_params(name, raw, ranks=ranks)
+
+
+def test_easgd_alpha_must_keep_the_center_stable():
+    assert resolve_algorithm_params("easgd", {}, 8)["alpha"] == 0.2
+    with pytest.raises(ParamError, match=r"alpha: must be < 2 / \(ranks \+ 1\)"):
+        resolve_algorithm_params("easgd", {}, 10)
+    assert resolve_algorithm_params("easgd", {"alpha": 0.09}, 10)["alpha"] == 0.09

@@ -116,6 +116,13 @@ class EASGDParams(AlgorithmParams):
     alpha: Rate = 0.2
     overlap: bool = False  # True: the center is one round stale and its update is overlapped
 
+    def check(self, ranks: int) -> None:
+        # At each sync the gap between the mean worker and the center is multiplied by
+        # 1 - (P + 1) * alpha: it only shrinks when alpha < 2 / (P + 1) (the paper uses ~0.9/P).
+        if ranks > 1 and self.alpha * (ranks + 1) >= 2:
+            raise self._fail("alpha", f"must be < 2 / (ranks + 1) = {2 / (ranks + 1):.4g} with {ranks} ranks, "
+                             "or the center diverges (0.9 / ranks is a safe choice)")
+
 
 class CoCoDSGDParams(AlgorithmParams):
     """CoCoD-SGD: computation and communication decoupled (Shen et al., IJCAI 2019)."""

@@ -122,3 +122,19 @@ def majority_initiator(seed: int, t: int, ranks: int) -> int:
     import numpy as np  # local: keep this module import-light for the simulator
 
     return int(np.random.default_rng(np.random.SeedSequence([seed, 0xEA6E, t])).integers(ranks))
+
+
+def periodic_sync(t: int, period: int) -> bool:
+    """Whether iteration ``t`` (0-based) ends with a synchronization: ``(t + 1) % period == 0``.
+
+    The sync rule of Local SGD and the whole periodic family (Overlap Local SGD, EASGD,
+    CoCoD-SGD, BMUF); see ``harness/algorithms/local_sgd.py`` for why it deviates from the
+    reference code's ``t != 0 and t % period == 0``.
+
+    The periodic family synchronizes after the optimizer step of such iterations, so the first
+    synchronization follows exactly ``period`` local steps.
+
+    >>> [t for t in range(8) if periodic_sync(t, 3)]
+    [2, 5]
+    """
+    return (t + 1) % period == 0

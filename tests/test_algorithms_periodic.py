@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from conftest import MPI_DIR, assert_check, launch_checks
-from harness.algorithms.local_sgd import periodic_sync
+from harness.schedules import periodic_sync
 
 RANK_COUNTS = (1, 2, 3, 4)
 PERIODIC = ("overlap_local_sgd", "easgd", "cocod_sgd", "bmuf")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from harness.algorithms.base import Algorithm, AlgorithmContext
-from harness.algorithms.local_sgd import periodic_sync
+from harness.schedules import periodic_sync
 from harness.algorithms.params import BMUFParams
 
 

@@ -5,7 +5,7 @@ averaged by a blocking allreduce. Momentum buffers stay local.
 
 Deliberate choice: the reference code averages when ``t != 0 and t % period == 0`` (first
 average after period + 1 steps). Here the first average comes after exactly ``period`` steps,
-so period 1 (without momentum) is exactly Allreduce-SGD. ``periodic_sync`` is that rule, and
+so period 1 (without momentum) is exactly Allreduce-SGD. ``harness.schedules.periodic_sync`` is that rule, and
 every algorithm of the periodic family (Overlap Local SGD, EASGD, CoCoD-SGD, BMUF) uses it.
 """
 
@@ -13,18 +13,7 @@ from __future__ import annotations
 
 from harness.algorithms.base import Algorithm
 from harness.algorithms.params import LocalSGDParams
-
-
-def periodic_sync(t: int, period: int) -> bool:
-    """Whether iteration ``t`` (0-based) ends with a synchronization: ``(t + 1) % period == 0``.
-
-    The periodic family synchronizes after the optimizer step of such iterations, so the first
-    synchronization follows exactly ``period`` local steps.
-
-    >>> [t for t in range(8) if periodic_sync(t, 3)]
-    [2, 5]
-    """
-    return (t + 1) % period == 0
+from harness.schedules import periodic_sync
 
 
 class LocalSGD(Algorithm):

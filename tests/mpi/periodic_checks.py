@@ -23,7 +23,7 @@ from mpi4py import MPI
 
 from harness.algorithms import algorithm_class
 from harness.algorithms.base import AlgorithmContext
-from harness.algorithms.local_sgd import periodic_sync
+from harness.schedules import periodic_sync
 from harness.algorithms.params import ALGORITHM_PARAMS
 from harness.comm import Communicator, Link
 

@@ -19,13 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"harness.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"harness.commands.{name}":
-                continue  # command not built yet
-            raise
-        module.register(sub)
+        importlib.import_module(f"harness.commands.{name}").register(sub)
     return parser
 
 

@@ -16,7 +16,10 @@ COMMANDS = ("run", "validate", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m harness",
+        description="Decentralized and wait-avoiding distributed SGD under stragglers and slow links.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"harness.commands.{name}").register(sub)

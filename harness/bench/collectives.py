@@ -6,14 +6,16 @@ runs. It can also be started directly under the venv's mpiexec::
     mpiexec -n 4 python -m harness.bench.collectives --sizes 4K,1M,16M --iters 20 --json bench.json
 
 Per op and size (bytes; count = bytes / 4 float32 elements) the native op and MPI's
-(``Allreduce`` with ``MPI.SUM`` / ``Bcast`` from rank 0) run on the same buffers. Each timed
-iteration is: MPI barrier, t0, op, t1; an iteration's time is the slowest rank's, and the
-reported time is the median over iterations. Iterations are cut for sizes above 1 MiB
-(``iterations_for``) so a default run stays short on a small machine.
+(``Allreduce`` with ``MPI.SUM`` / ``Bcast`` from rank 0) run on the same buffers: warm-up and
+timed iterations of the native op, then the same for MPI's (each in its own loop, as
+nccl-tests and the OSU benchmarks do; interleaving them lets one disturb the other's timing on
+an oversubscribed machine). Each timed iteration is: refill the buffer, MPI barrier, t0, op, t1;
+an iteration's time is the slowest rank's, and the reported time is the median over iterations. Iterations are cut for
+sizes above 1 MiB (``iterations_for``) so a default run stays short on a small machine.
 
-Correctness: every rank fills its input with seeded normal data; the native result (of a check
-run before warm-up and of the last timed iteration) is compared with MPI's result for the same
-input. An element is wrong when ``|native - mpi| > 1e-5 * ranks * scale``, where scale is
+Correctness: every rank fills its input with seeded normal data; the native result of a check
+run before warm-up and that of the last timed iteration are compared with MPI's result for the
+same input (checking inside the timed loop would disturb the timings, see ``_timed``). An element is wrong when ``|native - mpi| > 1e-5 * ranks * scale``, where scale is
 ``sum over ranks of |x|`` for allreduce (the float error bound of a sum taken in another order,
 which stays meaningful where the sum cancels to ~0) and ``|x_root|`` for broadcast. ``#wrong``
 counts wrong elements over all ranks; the exit status is 1 when any is wrong.
@@ -48,7 +50,7 @@ GIB = 1024 * MIB
 DEFAULT_SIZES = "4K,64K,256K,1M,4M,16M"
 DEFAULT_ITERS = 20
 DEFAULT_WARMUP = 5
-MAX_SIZE = GIB  # each rank holds three buffers of the size
+MAX_SIZE = GIB  # each rank holds several buffers of the size (input, result, MPI result, tolerance)
 ITER_BUDGET_BYTES = 256 * MIB  # sizes above 1 MiB run about this many bytes of iterations...
 MIN_LARGE_ITERS = 5  # ...but at least this many
 RTOL = 1e-5
@@ -59,7 +61,7 @@ ROW_FIELDS = (
 )
 
 _SUFFIX = {"": 1, "K": KIB, "M": MIB, "G": GIB}
-_SIZE_RE = re.compile(r"(\d+)\s*([KMG]?)(?:I?B)?", re.IGNORECASE)
+_SIZE_RE = re.compile(r"(\d+)\s*(?:([KMG])I?)?B?", re.IGNORECASE)
 
 
 class SizeError(ValueError):
@@ -71,7 +73,7 @@ def parse_bytes(text: str) -> int:
     match = _SIZE_RE.fullmatch(text.strip())
     if match is None:
         raise SizeError(f"bad size {text!r}: expected a byte count like 4096, 4K, 1M or 1G")
-    return int(match.group(1)) * _SUFFIX[match.group(2).upper()]
+    return int(match.group(1)) * _SUFFIX[(match.group(2) or "").upper()]
 
 
 def parse_size(text: str) -> int:
@@ -242,19 +244,22 @@ OPS: dict[str, Op] = {
 
 # -- measuring ----------------------------------------------------------------------------------
 def _timed(world: Any, run: Callable[[], None], refill: Callable[[], None], iters: int, warmup: int) -> float:
-    """Median over iterations of the slowest rank's time of ``run`` (seconds)."""
+    """Median over iterations of the slowest rank's time of ``run`` (seconds).
+
+    Nothing but the refill runs between iterations: numpy work there (say, checking each
+    result) was measured to slow the next op by up to 2-3x on a 2-core machine.
+    """
     from mpi4py import MPI  # noqa: PLC0415
 
-    for _ in range(warmup):
-        refill()
-        run()
-    times = np.empty(iters)
-    for i in range(iters):
+    times = np.zeros(iters)
+    for i in range(-warmup, iters):
         refill()
         world.Barrier()
         t0 = time.perf_counter()
         run()
-        times[i] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        if i >= 0:
+            times[i] = t1 - t0
     world.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
     return statistics.median(times.tolist())
 
@@ -283,7 +288,7 @@ def measure(comm: Any, world: Any, name: str, size: int, iters: int, warmup: int
     op.native(comm, buf)
     check()
     native_s = _timed(world, lambda: op.native(comm, buf), refill, iters, warmup)
-    check()
+    check()  # the last timed iteration's result
     mpi_s = _timed(world, lambda: op.mpi(world, inp, buf), refill, iters, warmup)
 
     n_wrong = world.allreduce(int(np.count_nonzero(wrong)), op=MPI.SUM)

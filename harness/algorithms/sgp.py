@@ -1,0 +1,125 @@
+"""SGP: stochastic gradient push (Assran, Loizou, Ballas, Rabbat, ICML 2019).
+
+Push-sum gossip over the directed time-varying exponential graph
+(``harness.schedules.exponential_out_peers``, ``peers`` out-peers per round). Each rank holds a
+numerator x (``ctx.params``, which the optimizer updates) and a weight w (init 1); the model it
+deploys and computes gradients at is the de-biased z = x / w. Iteration t on rank i::
+
+    before_forward:  keep x aside, ctx.params <- z = x / w     (the gradient is taken at z)
+    after_backward:  ctx.params <- x                            (the step updates the numerator)
+    <optimizer step> x <- OPT(x, g(z))
+    after_step:      x, w <- x / (k+1), w / (k+1); push [x, w] to the k out-peers of round t
+                     (non-blocking); wait until the k messages of round t have arrived and add
+                     them: x += sum received, w += sum received
+
+The push channel (``Communicator.push_channel``) adds arrivals into an accumulator by itself;
+numerator and weight travel in one buffer of n+1 floats, so mass and weight stay together.
+Every rank pushes exactly one round per iteration and waits for its own previous push before
+the next (at most one in flight). Rounds are counted, not tagged: round t is complete once
+k*(t+1) messages have been absorbed in all (a fast in-peer's next-round message may stand in
+for a late one of this round; mass is conserved either way, and every message is absorbed by
+``finish()``). A rank only ever waits for messages of rounds that every rank at its iteration
+or later has already pushed, so the waits cannot deadlock, also not against a collective
+(evaluation, ``finish``) that other ranks entered at an iteration boundary. Invariants at
+quiescent points (after ``finish()``): sum_i w_i = P and sum_i x_i equals what a plain average
+would preserve.
+
+``staleness``: 0 (the gossip of iteration t is mixed in iteration t); -1 on a single rank. The
+overlap variant records iterations since it last mixed gossip (``harness.algorithms.osgp``).
+
+Example scenario entry: ``{name: sgp, peers: 1}``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.algorithms.base import Algorithm, AlgorithmContext
+from harness.algorithms.params import SGPParams
+from harness.schedules import exponential_out_peers
+
+
+class SGP(Algorithm):
+    name = "sgp"
+    Params = SGPParams
+
+    def __init__(self, params: SGPParams, ctx: AlgorithmContext) -> None:
+        super().__init__(params, ctx)
+        self.peers = params.peers if ctx.size > 1 else 0
+        self.weight = 1.0
+        n = ctx.params.numel()
+        self.numerator = torch.empty_like(ctx.params)  # x, kept aside while ctx.params holds z
+        self.message = torch.empty(n + 1, dtype=torch.float32)
+        self.inbox = torch.zeros(n + 1, dtype=torch.float32)
+        self.channel = ctx.comm.push_channel(n + 1) if self.peers else None  # collective
+        self.rounds = 0  # rounds pushed so far; every rank pushes rounds 0, 1, 2, ... in this order
+        self.received = 0  # messages absorbed so far
+        self.send = None  # handle of the newest push: at most one in flight
+        self.debiased = False
+        self.staleness = 0 if self.peers else -1
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def before_forward(self, t: int) -> None:
+        if self.weight != 1.0:
+            self.numerator.copy_(self.ctx.params)
+            self.ctx.params.div_(self.weight)
+            self.debiased = True
+
+    def after_backward(self, t: int) -> None:
+        if self.debiased:
+            # Copy back rather than multiply by w: the numerator stays bit-exact.
+            self.ctx.params.copy_(self.numerator)
+            self.debiased = False
+
+    def after_step(self, t: int) -> None:
+        if not self.peers:
+            return
+        self.push()  # round t
+        self.absorb(min_messages=self.missing())
+        self.staleness = 0
+
+    def finish(self) -> None:
+        if self.channel is None:
+            return
+        self.channel.flush()  # collective: every push of every rank is in its receiver's accumulator
+        self.absorb()
+        self.channel.close()
+        self.channel = None
+        self.send = None
+
+    def eval_params(self) -> torch.Tensor:
+        """The de-biased model z = x / w."""
+        return self.ctx.params if self.weight == 1.0 else self.ctx.params / self.weight
+
+    # -- push-sum ------------------------------------------------------------------------------
+    def push(self) -> None:
+        """Keep 1/(k+1) of [x, w]; push 1/(k+1) to each out-peer of the next round (``self.rounds``)."""
+        if self.send is not None:
+            self.send.wait()
+        keep = 1.0 / (self.peers + 1)
+        x = self.ctx.params
+        x.mul_(keep)
+        self.weight *= keep
+        n = x.numel()
+        self.message[:n].copy_(x)
+        self.message[n] = self.weight
+        out = exponential_out_peers(self.ctx.rank, self.ctx.size, self.rounds, self.peers)
+        self.send = self.channel.send(self.message, out)  # snapshots the message
+        self.rounds += 1
+
+    def missing(self) -> int:
+        """Messages addressed to this rank in rounds 0 .. rounds-1 that it has not absorbed yet."""
+        return max(0, self.peers * self.rounds - self.received)
+
+    def absorb(self, min_messages: int = 0) -> int:
+        """Add what has arrived into [x, w], waiting for at least ``min_messages`` messages."""
+        if not min_messages and not self.channel.pending():
+            return 0  # skip clearing and adding n floats of nothing
+        self.inbox.zero_()
+        got = self.channel.drain(self.inbox, min_messages=min_messages)
+        if got:
+            n = self.ctx.params.numel()
+            self.ctx.params.add_(self.inbox[:n])
+            self.weight += float(self.inbox[n])
+            self.received += got
+        return got

@@ -1,0 +1,325 @@
+"""The gossip family: SGP, Overlap-SGP and D-PSGD (ALGORITHMS.md, "Gossip family").
+
+What is proven here:
+- the schedules they use are what the spec says (each exponential-graph round a permutation,
+  each bipartite round a perfect matching between even and odd ranks);
+- D-PSGD's mixing matrix is symmetric and doubly stochastic for every P (ring: P = 1..9, with
+  the P = 2 and P = 3 edge cases; bipartite: even P);
+- under real mpiexec (tests/mpi/gossip_checks.py, 1-4 ranks): push-sum conserves mass and
+  weight at quiescent points, gradients are taken at the de-biased model, OSGP's staleness stays
+  within synch_freq + 1 and its end of run is deadlock-free, and D-PSGD's actual mixing is W;
+- end to end (``python -m harness run``): wait avoidance under a straggler, accuracy on digits
+  next to Allreduce-SGD, emulated compute, and parameter validation.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from conftest import MPI_DIR, assert_check, launch_checks
+from harness.algorithms.dpsgd import mixing_row
+from harness.schedules import (
+    bipartite_peer,
+    exponential_in_peers,
+    exponential_levels,
+    exponential_out_peers,
+    ring_neighbors,
+)
+from test_run import only_run_dir
+
+# --------------------------------------------------------------------------------------------
+# schedules and mixing matrices (pure)
+
+
+@pytest.mark.parametrize("ranks", range(2, 18))
+def test_exponential_rounds_are_permutations(ranks):
+    levels = exponential_levels(ranks)
+    assert levels == int(np.floor(np.log2(ranks - 1))) + 1
+    for peers in range(1, levels + 1):
+        for t in range(2 * levels + 1):
+            out = [exponential_out_peers(r, ranks, t, peers) for r in range(ranks)]
+            for j in range(peers):
+                targets = [o[j] for o in out]
+                assert sorted(targets) == list(range(ranks)), f"P={ranks} t={t} peer {j}: not a permutation"
+                assert all(o != r for r, o in enumerate(targets)), "a rank pushes to itself"
+            for r in range(ranks):
+                assert len(set(out[r])) == peers, "out-peers of one round must be distinct"
+                senders = sorted(s for s in range(ranks) if r in out[s])
+                assert senders == sorted(exponential_in_peers(r, ranks, t, peers))
+
+
+def test_exponential_hops_follow_the_spec():
+    # r + 2^(t mod (floor(log2(P-1)) + 1)) mod P; P = 8: hops 1, 2, 4.
+    assert [exponential_out_peers(5, 8, t) for t in range(4)] == [[6], [7], [1], [6]]
+    assert exponential_out_peers(0, 1, 3) == [] and exponential_levels(2) == 1
+
+
+@pytest.mark.parametrize("ranks", range(2, 21, 2))
+def test_bipartite_rounds_are_perfect_matchings(ranks):
+    for t in range(12):
+        partner = [bipartite_peer(r, ranks, t) for r in range(ranks)]
+        assert sorted(partner) == list(range(ranks))
+        for r, p in enumerate(partner):
+            assert partner[p] == r and p != r, f"P={ranks} t={t}: {r} -> {p} -> {partner[p]}"
+            assert (r - p) % 2 == 1, "partners must be one even, one odd rank"
+
+
+def mixing_matrix(ranks: int, t: int, graph: str) -> np.ndarray:
+    w = np.zeros((ranks, ranks))
+    for i in range(ranks):
+        for j, wij in mixing_row(i, ranks, t, graph).items():
+            w[i, j] += wij
+    return w
+
+
+def assert_doubly_stochastic(w: np.ndarray) -> None:
+    assert (w >= 0).all()
+    np.testing.assert_allclose(w.sum(axis=1), 1.0, atol=1e-12)
+    np.testing.assert_allclose(w.sum(axis=0), 1.0, atol=1e-12)
+    np.testing.assert_allclose(w, w.T, atol=1e-12)
+
+
+@pytest.mark.parametrize("ranks", range(1, 10))
+def test_ring_mixing_is_doubly_stochastic(ranks):
+    w = mixing_matrix(ranks, 0, "ring")
+    assert_doubly_stochastic(w)
+    for i in range(ranks):  # the support is exactly self plus the ring neighbours of the schedule
+        assert set(np.flatnonzero(w[i])) == {i, *ring_neighbors(i, ranks)}
+    if ranks >= 3:
+        np.testing.assert_allclose(w[w > 0], 1 / 3)
+    expected_small = {1: [[1.0]], 2: [[0.5, 0.5], [0.5, 0.5]], 3: np.full((3, 3), 1 / 3)}
+    if ranks in expected_small:
+        np.testing.assert_allclose(w, expected_small[ranks])
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4, 6, 8, 16])
+def test_bipartite_mixing_is_doubly_stochastic(ranks):
+    for t in range(8):
+        w = mixing_matrix(ranks, t, "bipartite_exponential")
+        assert_doubly_stochastic(w)
+        if ranks > 1:
+            assert set(np.unique(w[w > 0])) == {0.5}
+            for i in range(ranks):
+                assert w[i, bipartite_peer(i, ranks, t)] == 0.5
+
+
+def test_unknown_graph_is_refused():
+    with pytest.raises(ValueError, match="valid: ring, bipartite_exponential"):
+        mixing_row(0, 4, 0, "star")
+
+
+# --------------------------------------------------------------------------------------------
+# multi-rank checks on the hooks (tests/mpi/gossip_checks.py)
+
+RANK_COUNTS = (1, 2, 3, 4)
+
+
+def _check_names() -> list[str]:
+    tree = ast.parse((MPI_DIR / "gossip_checks.py").read_text())
+    return [n.name for n in tree.body if isinstance(n, ast.FunctionDef)
+            and any(getattr(d, "id", None) == "check" for d in n.decorator_list)]
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    cache: dict[int, dict] = {}
+
+    def get(ranks: int) -> dict:
+        if ranks not in cache:
+            cache[ranks] = launch_checks("gossip_checks.py", ranks, tmp_path_factory.mktemp(f"gossip{ranks}"))
+        return cache[ranks]
+
+    return get
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", RANK_COUNTS)
+@pytest.mark.parametrize("check", _check_names())
+def test_gossip(reports, ranks, check):
+    assert_check(reports(ranks), check)
+
+
+def test_check_names_found():
+    assert len(_check_names()) >= 6
+
+
+# --------------------------------------------------------------------------------------------
+# end to end
+
+
+def _scenario(tmp_path: Path, name: str, **fields) -> Path:
+    data = {"name": name, "seed": 7, "optimizer": {"lr": 0.05}, **fields}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _harness_run(scenario: Path, out: Path, timeout: float = 280) -> subprocess.CompletedProcess:
+    """``python -m harness run``; on timeout SIGINT it, so that it takes its mpiexec job down too."""
+    cmd = [sys.executable, "-m", "harness", "run", str(scenario), "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)  # the launcher kills the ranks' process group on Ctrl+C
+        try:
+            stdout, stderr = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        pytest.fail(f"{scenario.name} did not finish in {timeout} s (a deadlock?)\n{stderr[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def _run(tmp_path: Path, name: str, **fields):
+    proc = _harness_run(_scenario(tmp_path, name, **fields), tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = only_run_dir(tmp_path / "out", name)
+    return run, pd.read_csv(run / "steps.csv"), pd.read_csv(run / "evals.csv")
+
+
+DELAY_S = 0.2
+SLOW = 3
+SYNCH_FREQ = 4
+
+
+@pytest.fixture(scope="module")
+def straggler_run(tmp_path_factory):
+    """4 ranks, rank 3 sleeps 200 ms every iteration; logreg on digits, 20 iterations."""
+    return _run(
+        tmp_path_factory.mktemp("straggler"), "gossip_straggler", ranks=4,
+        workload={"model": "logreg", "dataset": "digits", "batch_size": 16, "iterations": 20, "eval_every": 20},
+        algorithms=[{"name": "osgp", "synch_freq": SYNCH_FREQ}, "sgp", "dpsgd"],
+        imbalance=[{"kind": "fixed", "ranks": [SLOW], "delay_ms": DELAY_S * 1000}],
+    )
+
+
+def _iteration_s(steps, algorithm):
+    s = steps[steps.algorithm == algorithm]
+    return s.assign(duration=s.end_s - s.start_s)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_osgp_fast_ranks_do_not_wait_for_the_straggler(straggler_run):
+    # OSGP blocks only when a rank has pushed fewer than t // (s+1) + 1 rounds by iteration t
+    # and its round in flight is incomplete. Rounds complete by message count, so the fast
+    # in-peers' messages keep the fast ranks' rounds going (the straggler's mass is absorbed
+    # whenever it arrives): with synch_freq 4 a fast rank blocks in at most one iteration out
+    # of 5, its median iteration stays far below the delay, and it finishes its 20 iterations
+    # long before the straggler finishes its own.
+    _, steps, _ = straggler_run
+    osgp = _iteration_s(steps, "osgp")
+    fast = osgp[osgp["rank"] != SLOW]
+    for rank, d in fast.groupby("rank"):
+        assert d.duration.median() < 0.4 * DELAY_S, f"osgp rank {rank}: median {d.duration.median():.3f} s"
+    slow_end = osgp[osgp["rank"] == SLOW].end_s.max()
+    assert fast.end_s.max() < 0.6 * slow_end, (fast.end_s.max(), slow_end)
+    # Staleness: iterations since the last completed round + 1; fast ranks run ahead of their
+    # gossip, but in the steady state by no more than synch_freq + 1.
+    assert (osgp.staleness >= 1).all()
+    assert fast.staleness.max() >= 2 and fast.staleness.median() <= SYNCH_FREQ + 1, fast.staleness.tolist()
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["dpsgd", "sgp"])
+def test_synchronous_gossip_follows_the_straggler(straggler_run, algorithm):
+    # D-PSGD (ring) and SGP block every iteration for this iteration's messages, so a rank can
+    # lead the straggler by at most its distance from it in the graph (ring on 4 ranks: 2
+    # iterations; exponential graph: about as many). So *every* rank, not only the straggler's
+    # neighbours, runs at the straggler's pace: its mean iteration time is close to the delay.
+    # The mean, not the median: a rank that is not the straggler's in-peer may alternate short
+    # and double-length iterations (SGP rank 2 hears from ranks 1 and 0 in turn and waits two
+    # straggler iterations every other iteration). D-PSGD's ring neighbours of the straggler
+    # wait in every iteration: their median is close to the delay and spent blocked in comm.
+    _, steps, _ = straggler_run
+    s = _iteration_s(steps, algorithm)
+    for rank, d in s[s["rank"] != SLOW].groupby("rank"):
+        assert d.duration.mean() >= 0.5 * DELAY_S, f"{algorithm} rank {rank}: mean {d.duration.mean():.3f} s"
+    if algorithm == "dpsgd":
+        neighbours = s[s["rank"].isin(ring_neighbors(SLOW, 4))]
+        for rank, d in neighbours.groupby("rank"):
+            assert d.duration.median() >= 0.5 * DELAY_S, f"rank {rank}: median {d.duration.median():.3f} s"
+            assert d.comm_blocked_s.median() >= 0.5 * DELAY_S, f"rank {rank}: blocked {d.comm_blocked_s.median():.3f} s"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """4 ranks, logreg on digits, 60 iterations: the baseline and the three gossip methods."""
+    tmp = tmp_path_factory.mktemp("train")
+    workload = {"model": "logreg", "dataset": "digits", "batch_size": 16, "iterations": 60, "eval_every": 30}
+    ring = _run(tmp, "gossip_train", ranks=4, workload=workload, algorithms=["allreduce_sgd", "sgp", "osgp", "dpsgd"])
+    variants = _run(tmp, "gossip_variants", ranks=4, workload=workload,
+                    algorithms=[{"name": "sgp", "peers": 2}, {"name": "osgp", "synch_freq": 2},
+                                {"name": "dpsgd", "graph": "bipartite_exponential"}])
+    return ring, variants
+
+
+def _final_average_accuracy(evals, algorithm) -> float:
+    e = evals[(evals.algorithm == algorithm) & (evals.model == "average")]
+    return float(e[e.iteration == e.iteration.max()].test_accuracy.iloc[0])
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", [0, 1])
+@pytest.mark.parametrize("algorithm", ["sgp", "osgp", "dpsgd"])
+def test_gossip_methods_train_like_allreduce(trained, scenario, algorithm):
+    baseline = _final_average_accuracy(trained[0][2], "allreduce_sgd")
+    run, steps, evals = trained[scenario]
+    acc = _final_average_accuracy(evals, algorithm)
+    assert acc > 0.80, f"{algorithm}: {acc:.3f}"
+    assert acc >= baseline - 0.04, f"{algorithm}: {acc:.3f} vs allreduce_sgd {baseline:.3f}"
+    finals = torch.load(run / "provenance" / f"final_models_{algorithm}.pt")
+    assert finals.shape[0] == 4 and torch.isfinite(finals).all()
+    # Gossip keeps the deployable models close but not identical.
+    spread = float((finals - finals.mean(0)).norm(dim=1).max() / finals.mean(0).norm())
+    assert spread < 0.2, spread
+
+
+@pytest.mark.mpi
+def test_emulated_compute_runs(tmp_path):
+    run, steps, _ = _run(tmp_path, "gossip_emulated", ranks=3,
+                         workload={"model": "logreg", "dataset": "digits", "batch_size": 8, "iterations": 6,
+                                   "eval_every": 6, "compute": {"emulate_ms": 2}, "params": 1000},
+                         algorithms=[{"name": "sgp", "peers": 2}, {"name": "osgp", "synch_freq": 1}, "dpsgd"])
+    assert len(steps) == 3 * 3 * 6
+    assert (steps.groupby("algorithm").bytes_sent.sum() > 0).all()
+    for algorithm in ("sgp", "osgp", "dpsgd"):
+        finals = torch.load(run / "provenance" / f"final_models_{algorithm}.pt")
+        assert finals.shape == (3, 1000) and torch.isfinite(finals).all()
+
+
+# --------------------------------------------------------------------------------------------
+# parameters
+
+
+@pytest.mark.parametrize(
+    "ranks, entry, message",
+    [
+        (4, {"name": "sgp", "peers": 3}, "algorithms[0].peers"),
+        (4, {"name": "osgp", "synch_freq": -1}, "algorithms[0].synch_freq"),
+        (3, {"name": "dpsgd", "graph": "bipartite_exponential"}, "even number of ranks"),
+        (4, {"name": "dpsgd", "graph": "star"}, "algorithms[0].graph"),
+    ],
+)
+def test_bad_params_exit_2(tmp_path, ranks, entry, message):
+    path = _scenario(tmp_path, "bad", ranks=ranks, algorithms=[entry],
+                     workload={"model": "logreg", "dataset": "digits", "batch_size": 8, "iterations": 4})
+    proc = subprocess.run([sys.executable, "-m", "harness", "validate", str(path)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr and proc.stderr.startswith("error:"), proc.stderr

@@ -138,3 +138,26 @@ def periodic_sync(t: int, period: int) -> bool:
     [2, 5]
     """
     return (t + 1) % period == 0
+
+
+def mixing_row(rank: int, ranks: int, t: int, graph: str) -> dict[int, float]:
+    """Row ``rank`` of D-PSGD's mixing matrix at iteration ``t``: {rank j: W_rank,j}, self included.
+
+    >>> mixing_row(0, 4, 0, "ring")
+    {0: 0.3333333333333333, 1: 0.3333333333333333, 3: 0.3333333333333333}
+    >>> mixing_row(1, 2, 5, "ring")
+    {1: 0.5, 0: 0.5}
+    """
+    if graph == "ring":
+        neighbours = ring_neighbors(rank, ranks)
+    elif graph == "bipartite_exponential":
+        neighbours = [bipartite_peer(rank, ranks, t)] if ranks > 1 else []
+    else:
+        raise ValueError(f"unknown D-PSGD graph {graph!r} (valid: ring, bipartite_exponential)")
+    weight = 1.0 / (len(neighbours) + 1)
+    return {rank: weight, **{j: weight for j in neighbours}}
+
+
+def osgp_rounds_due(t: int, synch_freq: int) -> int:
+    """Gossip rounds an OSGP rank must have pushed by the end of iteration ``t`` (pure schedule)."""
+    return t // (synch_freq + 1) + 1

@@ -28,7 +28,7 @@ import torch
 import yaml
 
 from conftest import MPI_DIR, assert_check, launch_checks
-from harness.algorithms.dpsgd import mixing_row
+from harness.schedules import mixing_row
 from harness.schedules import (
     bipartite_peer,
     exponential_in_peers,

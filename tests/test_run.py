@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -34,9 +35,17 @@ def write_scenario(tmp_path: Path, **changes) -> Path:
 
 
 def harness_run(*args: str, timeout: float = 240, cmd_prefix: list[str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m harness run ARGS``; on timeout interrupt it like Ctrl+C, so it stops its ranks."""
     cmd = [*(cmd_prefix or []), sys.executable, "-m", "harness", "run", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)  # the launcher kills its ranks' process group
+        out, err = proc.communicate(timeout=30)
+        pytest.fail(f"harness run {args} did not finish in {timeout} s\n{err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def only_run_dir(out: Path, name: str) -> Path:

@@ -31,25 +31,7 @@ import torch
 
 from harness.algorithms.base import Algorithm, AlgorithmContext
 from harness.algorithms.params import DPSGDParams
-from harness.schedules import bipartite_peer, ring_neighbors
-
-
-def mixing_row(rank: int, ranks: int, t: int, graph: str) -> dict[int, float]:
-    """Row ``rank`` of D-PSGD's mixing matrix at iteration ``t``: {rank j: W_rank,j}, self included.
-
-    >>> mixing_row(0, 4, 0, "ring")
-    {0: 0.3333333333333333, 1: 0.3333333333333333, 3: 0.3333333333333333}
-    >>> mixing_row(1, 2, 5, "ring")
-    {1: 0.5, 0: 0.5}
-    """
-    if graph == "ring":
-        neighbours = ring_neighbors(rank, ranks)
-    elif graph == "bipartite_exponential":
-        neighbours = [bipartite_peer(rank, ranks, t)] if ranks > 1 else []
-    else:
-        raise ValueError(f"unknown D-PSGD graph {graph!r} (valid: ring, bipartite_exponential)")
-    weight = 1.0 / (len(neighbours) + 1)
-    return {rank: weight, **{j: weight for j in neighbours}}
+from harness.schedules import mixing_row
 
 
 class DPSGD(Algorithm):

@@ -45,11 +45,7 @@ from __future__ import annotations
 
 from harness.algorithms.params import OSGPParams
 from harness.algorithms.sgp import SGP
-
-
-def osgp_rounds_due(t: int, synch_freq: int) -> int:
-    """Gossip rounds an OSGP rank must have pushed by the end of iteration ``t`` (pure schedule)."""
-    return t // (synch_freq + 1) + 1
+from harness.schedules import osgp_rounds_due
 
 
 class OSGP(SGP):

@@ -8,6 +8,7 @@ place. Nothing is launched and nothing is written when the scenario is invalid (
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -60,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
     run_dir.write_run_json("incomplete", [], ranks=scenario.ranks)
     print(f"{scenario.name}: {scenario.ranks} ranks, {len(scenario.algorithms)} algorithms -> {run_dir.path}",
           file=sys.stderr)
+    # A SIGTERM (batch system, timeout) stops the ranks like Ctrl+C instead of orphaning them.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         proc = run_ranks(scenario.ranks, [sys.executable, "-m", "harness.runner.worker", str(run_dir.path)])
     except LaunchError as exc:

@@ -18,8 +18,9 @@ import torch
 from mpi4py import MPI
 
 from harness.algorithms.base import AlgorithmContext
-from harness.algorithms.dpsgd import DPSGD, mixing_row
-from harness.algorithms.osgp import OSGP, osgp_rounds_due
+from harness.algorithms.dpsgd import DPSGD
+from harness.schedules import mixing_row, osgp_rounds_due
+from harness.algorithms.osgp import OSGP
 from harness.algorithms.params import DPSGDParams, OSGPParams, SGPParams
 from harness.algorithms.sgp import SGP
 from harness.comm import Communicator

@@ -9,30 +9,23 @@ torch is deliberately not imported here: it costs seconds per launch.
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 import time
-import traceback
 
 import numpy as np
 from mpi4py import MPI
 
+from checklib import Checks, Skip, run_checks
 from harness.comm import CommError, Communicator, Link
 from harness.schedules import wagma_phases
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.rank, WORLD.size
 LENGTHS = (1, 7, 1000, 1_000_003)
-CHECKS = {}
+CHECKS = check = Checks()
 
 
-class Skip(Exception):
-    pass
 
-
-def check(fn):
-    CHECKS[fn.__name__] = fn
-    return fn
 
 
 def rank_data(n: int, seed: int, rank: int = RANK) -> np.ndarray:
@@ -412,29 +405,9 @@ def main(out_path: str) -> int:
     global RING
     comm = Communicator(WORLD)
     RING = Communicator(WORLD, ring_threshold_bytes=0)
-    results = {}
-    for name, fn in CHECKS.items():
-        status, detail = "pass", ""
-        if "-v" in sys.argv:
-            print(f"[{RANK}] {name}", flush=True)
-        try:
-            fn(comm)
-        except Skip as exc:
-            status, detail = "skip", str(exc)
-        except Exception:  # noqa: BLE001  any failure is reported, the run goes on
-            status, detail = "fail", traceback.format_exc(limit=4)
-        gathered = WORLD.gather((status, detail), root=0)
-        if RANK == 0:
-            statuses = {s for s, _ in gathered}
-            overall = "fail" if "fail" in statuses else ("skip" if statuses == {"skip"} else "pass")
-            details = "\n".join(f"rank {r}: {d}" for r, (s, d) in enumerate(gathered) if s == "fail") or gathered[0][1]
-            results[name] = {"status": overall, "detail": details}
-        WORLD.Barrier()
+    run_checks(CHECKS, out_path, WORLD, comm)
     RING.close()
     comm.close()
-    if RANK == 0:
-        with open(out_path, "w") as fh:
-            json.dump(results, fh, indent=1)
     return 0
 
 

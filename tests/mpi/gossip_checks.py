@@ -8,15 +8,14 @@ applied by the check), so every expected value can be computed exactly. Rank 0 w
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-import traceback
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
+from checklib import Checks, Skip, run_checks
 from harness.algorithms.base import AlgorithmContext
 from harness.algorithms.dpsgd import DPSGD
 from harness.schedules import mixing_row, osgp_rounds_due
@@ -29,16 +28,10 @@ from harness.schedules import exponential_levels
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.rank, WORLD.size
 N = 33
-CHECKS = {}
+CHECKS = check = Checks()
 
 
-class Skip(Exception):
-    pass
 
-
-def check(fn):
-    CHECKS[fn.__name__] = fn
-    return fn
 
 
 def rank_vector(seed: int, rank: int = RANK, n: int = N) -> torch.Tensor:
@@ -245,28 +238,8 @@ def dpsgd_mixes_with_the_doubly_stochastic_matrix(comm: Communicator) -> None:
 
 def main(out_path: str) -> int:
     comm = Communicator(WORLD)
-    results = {}
-    for name, fn in CHECKS.items():
-        status, detail = "pass", ""
-        if "-v" in sys.argv:
-            print(f"[{RANK}] {name}", flush=True)
-        try:
-            fn(comm)
-        except Skip as exc:
-            status, detail = "skip", str(exc)
-        except Exception:  # noqa: BLE001  any failure is reported, the run goes on
-            status, detail = "fail", traceback.format_exc(limit=4)
-        gathered = WORLD.gather((status, detail), root=0)
-        if RANK == 0:
-            statuses = {s for s, _ in gathered}
-            overall = "fail" if "fail" in statuses else ("skip" if statuses == {"skip"} else "pass")
-            details = "\n".join(f"rank {r}: {d}" for r, (s, d) in enumerate(gathered) if s == "fail") or gathered[0][1]
-            results[name] = {"status": overall, "detail": details}
-        WORLD.Barrier()
+    run_checks(CHECKS, out_path, WORLD, comm)
     comm.close()
-    if RANK == 0:
-        with open(out_path, "w") as fh:
-            json.dump(results, fh, indent=1)
     return 0
 
 

@@ -11,16 +11,15 @@ on the command line (the format of comm_checks.py).
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 import time
-import traceback
 from collections.abc import Callable
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
+from checklib import Checks, Skip, run_checks
 from harness.algorithms import algorithm_class
 from harness.algorithms.base import AlgorithmContext
 from harness.schedules import periodic_sync
@@ -32,16 +31,10 @@ RANK, SIZE = WORLD.rank, WORLD.size
 LR = 0.1  # ctx.lr: the BMUF and Overlap Local SGD momentum is in units of lr
 ETA = 0.3  # synthetic step size
 LENGTHS = (7, 20_003)  # recursive doubling and ring allreduce
-CHECKS: dict[str, Callable[[Communicator], None]] = {}
+CHECKS = check = Checks()
 
 
-class Skip(Exception):
-    pass
 
-
-def check(fn):
-    CHECKS[fn.__name__] = fn
-    return fn
 
 
 # -- the fake loop ------------------------------------------------------------------------------
@@ -365,28 +358,8 @@ def overlap_variants_do_not_wait_at_sync_points(comm: Communicator) -> None:
 
 def main(out_path: str) -> int:
     comm = Communicator(WORLD)
-    results = {}
-    for name, fn in CHECKS.items():
-        status, detail = "pass", ""
-        if "-v" in sys.argv:
-            print(f"[{RANK}] {name}", flush=True)
-        try:
-            fn(comm)
-        except Skip as exc:
-            status, detail = "skip", str(exc)
-        except Exception:  # noqa: BLE001  any failure is reported, the run goes on
-            status, detail = "fail", traceback.format_exc(limit=4)
-        gathered_status = WORLD.gather((status, detail), root=0)
-        if RANK == 0:
-            statuses = {s for s, _ in gathered_status}
-            overall = "fail" if "fail" in statuses else ("skip" if statuses == {"skip"} else "pass")
-            details = "\n".join(f"rank {r}: {d}" for r, (s, d) in enumerate(gathered_status) if s == "fail")
-            results[name] = {"status": overall, "detail": details or gathered_status[0][1]}
-        WORLD.Barrier()
+    run_checks(CHECKS, out_path, WORLD, comm)
     comm.close()
-    if RANK == 0:
-        with open(out_path, "w") as fh:
-            json.dump(results, fh, indent=1)
     return 0
 
 

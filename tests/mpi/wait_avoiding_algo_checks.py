@@ -16,15 +16,14 @@ checks:
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 import time
-import traceback
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
+from checklib import Checks, Skip, run_checks
 from harness.algorithms.allreduce_sgd import AllreduceSGD
 from harness.algorithms.base import AlgorithmContext
 from harness.algorithms.eager_sgd import EagerSGD
@@ -42,19 +41,13 @@ from harness.workload import configure_torch_threads, load_dataset
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.rank, WORLD.size
 SLOW = SIZE - 1  # the late rank of the fake-context checks
-CHECKS = {}
+CHECKS = check = Checks()
 # 6 ranks with S = 4 give groups of 3, then 2 (mixed radix); fewer ranks use S = 2.
 GROUP_SIZE = 4 if SIZE >= 6 else min(2, SIZE)
 EVAL_COMM: Communicator | None = None
 
 
-class Skip(Exception):
-    pass
 
-
-def check(fn):
-    CHECKS[fn.__name__] = fn
-    return fn
 
 
 def same_on_all_ranks(t: torch.Tensor) -> bool:
@@ -333,31 +326,9 @@ def main(out_path: str) -> int:
     comm = Communicator(WORLD)
     EVAL_COMM = Communicator(WORLD)
     only = [a for a in sys.argv[2:] if not a.startswith("-")]
-    results = {}
-    for name, fn in CHECKS.items():
-        if only and name not in only:
-            continue
-        status, detail = "pass", ""
-        if "-v" in sys.argv:
-            print(f"[{RANK}] {name}", flush=True)
-        try:
-            detail = fn(comm) or ""  # a check may say what it saw
-        except Skip as exc:
-            status, detail = "skip", str(exc)
-        except Exception:  # noqa: BLE001  any failure is reported, the run goes on
-            status, detail = "fail", traceback.format_exc(limit=4)
-        gathered = WORLD.gather((status, detail), root=0)
-        if RANK == 0:
-            statuses = {s for s, _ in gathered}
-            overall = "fail" if "fail" in statuses else ("skip" if statuses == {"skip"} else "pass")
-            details = "\n".join(f"rank {r}: {d}" for r, (s, d) in enumerate(gathered) if s == "fail") or gathered[0][1]
-            results[name] = {"status": overall, "detail": details}
-        WORLD.Barrier()
+    run_checks(CHECKS, out_path, WORLD, comm, only=only)
     EVAL_COMM.close()
     comm.close()
-    if RANK == 0:
-        with open(out_path, "w") as fh:
-            json.dump(results, fh, indent=1)
     return 0
 
 

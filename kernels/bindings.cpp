@@ -659,8 +659,9 @@ PYBIND11_MODULE(_core, m) {
       .def("close", &PairwiseAverager::close);
 
   py::class_<NativeComm>(m, "Comm")
-      .def(py::init<uintptr_t, double, double, int64_t>(), py::arg("handle"), py::arg("spin_us") = 50.0,
-           py::arg("max_sleep_us") = 200.0, py::arg("ring_threshold_bytes") = 64 * 1024)
+      // No defaults here: harness.comm.Communicator holds them, in one place.
+      .def(py::init<uintptr_t, double, double, int64_t>(), py::arg("handle"), py::arg("spin_us"),
+           py::arg("max_sleep_us"), py::arg("ring_threshold_bytes"))
       .def_property_readonly("rank", &NativeComm::rank)
       .def_property_readonly("size", &NativeComm::size)
       .def_property_readonly("world_ranks", &NativeComm::world_ranks)

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import get_args
 
 import numpy as np
 import torch
 
-DATASET_NAMES = ("mnist5k", "digits", "synthetic")
+from harness.scenario.schema import Dataset as _DatasetName
+
+DATASET_NAMES: tuple[str, ...] = get_args(_DatasetName)  # the scenario schema names them, once
 
 TEST_FRACTION = 0.2
 

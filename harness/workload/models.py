@@ -13,11 +13,15 @@ parameters only), so after model averaging each rank keeps its own statistics.
 
 from __future__ import annotations
 
+from typing import get_args
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-MODEL_NAMES = ("logreg", "mlp", "tiny_cnn", "mnist_cnn", "resnet20")
+from harness.scenario.schema import Model as _ModelName
+
+MODEL_NAMES: tuple[str, ...] = get_args(_ModelName)  # the scenario schema names them, once
 
 MLP_HIDDEN = (128, 128)
 

@@ -425,3 +425,11 @@ else:
     @pytest.mark.skip(reason="hypothesis is not installed (pip install -e .[dev])")
     def test_hypothesis_mutations_raise_only_scenario_error() -> None:
         """Placeholder so the missing dependency shows up as a skip, not as silence."""
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parent.parent / "scenarios").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_scenarios_load_and_their_algorithms_exist(path: Path) -> None:
+    from harness.algorithms import implemented
+
+    scenario = load_scenario(path)
+    assert {a.name for a in scenario.algorithms} <= set(implemented())

@@ -1,13 +1,17 @@
-"""Shared fixtures: launching multi-rank check scripts under the venv's mpiexec."""
+"""Shared test helpers: the harness CLI as a subprocess, scenario runs, multi-rank check scripts."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+import yaml
 
 from harness.launch import run_ranks
 
@@ -34,3 +38,34 @@ def assert_check(report: dict, name: str) -> None:
     if result["status"] == "skip":
         pytest.skip(result["detail"])
     assert result["status"] == "pass", result["detail"]
+
+
+def harness_cli(*args: str, timeout: float = 300, prefix: Sequence[str] = ()) -> subprocess.CompletedProcess:
+    """``python -m harness ARGS`` (after ``prefix``, e.g. an mpiexec command line).
+
+    On timeout it is interrupted like Ctrl+C, so a run stops its ranks instead of orphaning them.
+    """
+    cmd = [*prefix, sys.executable, "-m", "harness", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)  # the launcher kills its ranks' process group
+        out, err = proc.communicate(timeout=30)
+        pytest.fail(f"harness {' '.join(args)} did not finish in {timeout} s\n{err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def write_scenario_file(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / f"{data['name']}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def run_scenario(tmp_path: Path, data: dict, timeout: float = 300) -> Path:
+    """Run scenario ``data`` with ``python -m harness run``; return its (only) run directory."""
+    proc = harness_cli("run", str(write_scenario_file(tmp_path, data)), "--out", str(tmp_path / "out"), timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = (tmp_path / "out" / data["name"]).iterdir()
+    return run

@@ -15,16 +15,13 @@ Two kinds of proof:
 from __future__ import annotations
 
 import ast
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
-from conftest import MPI_DIR, assert_check, launch_checks
+from conftest import MPI_DIR, assert_check, harness_cli as harness, launch_checks, run_scenario
 from harness.schedules import periodic_sync
 
 RANK_COUNTS = (1, 2, 3, 4)
@@ -53,21 +50,6 @@ SLOW_LINK = {"name": "periodic_slow_link", "ranks": 3, "seed": 7,
 EMULATED = {"name": "periodic_emulated", "ranks": 3, "seed": 7,
             "workload": {**WORKLOAD, "iterations": 12, "eval_every": 6, "compute": {"emulate_ms": 5}},
             "algorithms": list(PERIODIC)}
-
-
-def harness(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
-
-
-def run_scenario(tmp_path: Path, scenario: dict) -> Path:
-    """``python -m harness run`` on ``scenario``; the run directory."""
-    path = tmp_path / f"{scenario['name']}.yaml"
-    path.write_text(yaml.safe_dump(scenario))
-    proc = harness("run", str(path), "--out", str(tmp_path / "out"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run,) = (tmp_path / "out" / scenario["name"]).iterdir()
-    return run
 
 
 def final_models(run: Path, algorithm: str):

@@ -14,18 +14,14 @@
 from __future__ import annotations
 
 import ast
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-import yaml
 
-from conftest import MPI_DIR, assert_check, launch_checks
+from conftest import MPI_DIR, assert_check, harness_cli as harness, launch_checks, run_scenario
+from conftest import write_scenario_file as write_scenario
 from harness.algorithms import algorithm_class
 from harness.algorithms.base import AlgorithmContext
 from harness.algorithms.eager_sgd import EagerSGD
@@ -176,24 +172,6 @@ def test_check_names_found():
 
 
 # -- end to end ------------------------------------------------------------------------------------
-
-def harness(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
-
-
-def write_scenario(tmp_path: Path, data: dict) -> Path:
-    path = tmp_path / f"{data['name']}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
-def run_scenario(tmp_path: Path, data: dict) -> Path:
-    proc = harness("run", str(write_scenario(tmp_path, data)), "--out", str(tmp_path / "out"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run,) = (tmp_path / "out" / data["name"]).iterdir()
-    return run
-
 
 WORKLOAD = {"model": "logreg", "dataset": "digits", "batch_size": 16}
 DELAY_S, SLOW_RANK = 0.2, 2

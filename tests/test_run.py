@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
+from conftest import harness_cli
 from harness.launch import mpiexec_path
 from harness.results.records import COMM_OP_COLUMNS, EVAL_COLUMNS, STEP_COLUMNS
 
@@ -35,17 +33,7 @@ def write_scenario(tmp_path: Path, **changes) -> Path:
 
 
 def harness_run(*args: str, timeout: float = 240, cmd_prefix: list[str] | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -m harness run ARGS``; on timeout interrupt it like Ctrl+C, so it stops its ranks."""
-    cmd = [*(cmd_prefix or []), sys.executable, "-m", "harness", "run", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)  # the launcher kills its ranks' process group
-        out, err = proc.communicate(timeout=30)
-        pytest.fail(f"harness run {args} did not finish in {timeout} s\n{err[-3000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    return harness_cli("run", *args, timeout=timeout, prefix=cmd_prefix or ())
 
 
 def only_run_dir(out: Path, name: str) -> Path:

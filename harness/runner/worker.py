@@ -31,7 +31,7 @@ def main(run_dir: str) -> int:
     from harness.runner.workload_state import build_state, warm_up_torch
     from harness.scenario import load_scenario
     from harness.scenario.network import link_table
-    from harness.workload import configure_torch_threads, load_dataset
+    from harness.workload import configure_torch_threads, load_dataset, shard_indices
 
     world = MPI.COMM_WORLD
     rank = world.rank
@@ -49,7 +49,7 @@ def main(run_dir: str) -> int:
     dataset = load_dataset(scenario.workload.dataset, scenario.seed)
 
     provenance = run.provenance_dir() if rank == 0 else None
-    shards = world.gather(build_state(scenario, rank, dataset).shard, root=0)
+    shards = world.gather(shard_indices(dataset.num_train, scenario.ranks, rank, scenario.seed), root=0)
     if rank == 0:
         np.savez_compressed(provenance / "shards.npz", **{f"rank{r}": s for r, s in enumerate(shards)})
         save_torch(provenance / "initial_model.pt", build_state(scenario, 0, dataset).params.clone())

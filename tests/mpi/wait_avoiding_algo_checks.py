@@ -10,7 +10,7 @@ checks:
 * real loop: ``harness.runner.loop.train`` on digits / logreg, exactly as a run does, compared
   with another algorithm or with a serial reference of the spec that simulates every rank.
 
-    mpiexec -n 4 python tests/mpi/wait_avoiding_algo_checks.py /tmp/report.json -v
+    mpiexec -n 4 python tests/mpi/wait_avoiding_algo_checks.py report.json -v
 """
 
 from __future__ import annotations

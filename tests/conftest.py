@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,27 @@ def run_scenario(tmp_path: Path, data: dict, timeout: float = 300) -> Path:
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = (tmp_path / "out" / data["name"]).iterdir()
     return run
+
+
+def check_names(script: str) -> list[str]:
+    """Names of the ``@check`` functions of ``tests/mpi/<script>``, read without importing it
+    (importing would initialize MPI in the pytest process)."""
+    tree = ast.parse((MPI_DIR / script).read_text())
+    return [
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef) and any(getattr(d, "id", None) == "check" for d in node.decorator_list)
+    ]
+
+
+def report_cache(script: str, tmp_path_factory, timeout: float = 240) -> Callable[[int], dict]:
+    """``get(ranks)``: the report of one launch of ``script`` per rank count, launched on first use."""
+    cache: dict[int, dict] = {}
+
+    def get(ranks: int) -> dict:
+        if ranks not in cache:
+            tmp = tmp_path_factory.mktemp(f"{Path(script).stem}{ranks}")
+            cache[ranks] = launch_checks(script, ranks, tmp, timeout=timeout)
+        return cache[ranks]
+
+    return get

@@ -14,7 +14,6 @@ What is proven here:
 
 from __future__ import annotations
 
-import ast
 import os
 import signal
 import subprocess
@@ -27,7 +26,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import MPI_DIR, assert_check, launch_checks
+from conftest import assert_check, check_names, report_cache
 from harness.schedules import mixing_row
 from harness.schedules import (
     bipartite_peer,
@@ -126,21 +125,12 @@ RANK_COUNTS = (1, 2, 3, 4)
 
 
 def _check_names() -> list[str]:
-    tree = ast.parse((MPI_DIR / "gossip_checks.py").read_text())
-    return [n.name for n in tree.body if isinstance(n, ast.FunctionDef)
-            and any(getattr(d, "id", None) == "check" for d in n.decorator_list)]
+    return check_names("gossip_checks.py")
 
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
-    cache: dict[int, dict] = {}
-
-    def get(ranks: int) -> dict:
-        if ranks not in cache:
-            cache[ranks] = launch_checks("gossip_checks.py", ranks, tmp_path_factory.mktemp(f"gossip{ranks}"))
-        return cache[ranks]
-
-    return get
+    return report_cache("gossip_checks.py", tmp_path_factory)
 
 
 @pytest.mark.mpi

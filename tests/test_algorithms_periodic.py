@@ -14,14 +14,13 @@ Two kinds of proof:
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
-from conftest import MPI_DIR, assert_check, harness_cli as harness, launch_checks, run_scenario
+from conftest import assert_check, check_names, harness_cli as harness, report_cache, run_scenario
 from harness.schedules import periodic_sync
 
 RANK_COUNTS = (1, 2, 3, 4)
@@ -90,23 +89,12 @@ def test_periodic_sync_after_exactly_period_steps():
 
 
 def _check_names() -> list[str]:
-    # Read the names without importing the script (importing it would initialize MPI here).
-    tree = ast.parse((MPI_DIR / "periodic_checks.py").read_text())
-    return [node.name for node in tree.body if isinstance(node, ast.FunctionDef)
-            and any(getattr(d, "id", None) == "check" for d in node.decorator_list)]
+    return check_names("periodic_checks.py")
 
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
-    cache: dict[int, dict] = {}
-
-    def get(ranks: int) -> dict:
-        if ranks not in cache:
-            cache[ranks] = launch_checks("periodic_checks.py", ranks, tmp_path_factory.mktemp(f"periodic{ranks}"),
-                                         timeout=280)
-        return cache[ranks]
-
-    return get
+    return report_cache("periodic_checks.py", tmp_path_factory, timeout=280)
 
 
 @pytest.mark.mpi

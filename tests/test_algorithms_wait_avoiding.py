@@ -13,14 +13,13 @@
 
 from __future__ import annotations
 
-import ast
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
-from conftest import MPI_DIR, assert_check, harness_cli as harness, launch_checks, run_scenario
+from conftest import assert_check, check_names, harness_cli as harness, report_cache, run_scenario
 from conftest import write_scenario_file as write_scenario
 from harness.algorithms import algorithm_class
 from harness.algorithms.base import AlgorithmContext
@@ -143,21 +142,12 @@ def test_eager_wiring_publishes_g_over_p_and_applies_the_sum(mode):
 # -- exact rules under mpiexec --------------------------------------------------------------------
 
 def _check_names() -> list[str]:
-    tree = ast.parse((MPI_DIR / CHECKS_SCRIPT).read_text())
-    return [n.name for n in tree.body
-            if isinstance(n, ast.FunctionDef) and any(getattr(d, "id", None) == "check" for d in n.decorator_list)]
+    return check_names(CHECKS_SCRIPT)
 
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
-    cache: dict[int, dict] = {}
-
-    def get(ranks: int) -> dict:
-        if ranks not in cache:
-            cache[ranks] = launch_checks(CHECKS_SCRIPT, ranks, tmp_path_factory.mktemp(f"wa{ranks}"), timeout=280)
-        return cache[ranks]
-
-    return get
+    return report_cache(CHECKS_SCRIPT, tmp_path_factory, timeout=280)
 
 
 @pytest.mark.mpi

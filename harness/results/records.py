@@ -351,11 +351,18 @@ class RunDirectory:
         atomic.write_text(self.path / SUMMARY_TABLE_FILE, format_table(summary) + "\n")
         return summary
 
-    def write_trace(self, include_comm_ops: bool = True) -> Path:
-        """Write trace.json (Chrome/Perfetto trace event format) from all records so far."""
+    def write_trace(self, include_comm_ops: bool = True, max_ranks: int | None = None) -> Path:
+        """Write trace.json (Chrome/Perfetto trace event format) from all records so far.
+
+        ``max_ranks``: only ranks below it (a 1,024-rank simulation would make a huge trace).
+        """
         from harness.results.trace import chrome_trace  # avoids an import cycle
 
-        trace = chrome_trace(self.steps, self.comm_ops if include_comm_ops else None)
+        steps, ops = self.steps, self.comm_ops if include_comm_ops else None
+        if max_ranks is not None:
+            steps = steps[steps["rank"] < max_ranks]
+            ops = None if ops is None else ops[ops["rank"] < max_ranks]
+        trace = chrome_trace(steps, ops)
         trace["otherData"] = {"scenario": self.scenario_name, "run_id": self.run_id}
         # Compact JSON: traces of long runs are large.
         return atomic.write_json(self.path / TRACE_FILE, trace, indent=None)

@@ -14,23 +14,15 @@ import math
 import time
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from harness.algorithms.base import Algorithm
+from harness.compute_time import emulated_compute_s
 from harness.injection import InjectionPlan
 from harness.results.records import CommOpRecord, EvalRecord, StepRecord
 from harness.runner.evaluate import evaluate
 from harness.runner.workload_state import TrainState
 from harness.scenario.schema import Scenario
-
-
-def _lognormal(seed: int, iteration: int, rank: int, sigma: float) -> float:
-    # Emulated-compute jitter: a pure function of (seed, iteration, rank), like the injectors.
-    if sigma <= 0:
-        return 1.0
-    rng = np.random.default_rng(np.random.SeedSequence([seed, 0xC0, iteration, rank]))
-    return float(np.exp(rng.normal(0.0, sigma)))
 
 
 def train(
@@ -77,7 +69,8 @@ def train(
         c0 = time.monotonic()
         loss = math.nan
         if state.model is None:
-            time.sleep(w.compute.emulate_ms / 1000.0 * factors[rank] * _lognormal(scenario.seed, t, rank, w.compute.jitter))
+            time.sleep(emulated_compute_s(w.compute.emulate_ms, w.compute.jitter, scenario.seed, t, rank,
+                                          float(factors[rank])))
         else:
             x, y = state.batch(t, w.batch_size, scenario.seed, rank)
             state.optimizer.zero_grad(set_to_none=False)  # keep .grad as views into the flat buffer

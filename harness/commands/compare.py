@@ -1,0 +1,72 @@
+"""``python -m harness compare RUN_DIR``: real against simulated throughput of a finished run.
+
+Simulates the run's scenario trace-driven (the local work each rank measured) and predictive
+(calibrated compute only), prints measured and predicted time per iteration and throughput
+with the relative error per algorithm, and writes ``compare.csv``, ``compare.png`` and the
+simulated runs (``sim-trace/``, ``sim-predictive/``) into RUN_DIR.
+
+Example::
+
+    python -m harness compare results/straggler/20260101-120000
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="simulate a finished run and compare real and predicted throughput",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("run_dir", type=Path, help="a run directory written by `python -m harness run`")
+    p.add_argument("--calibration", type=Path, help="calibration file (default: results/calibration.json)")
+    p.add_argument("--mode", choices=("trace", "predictive", "both"), default="both",
+                   help="which simulation to compare with (default: both)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from tabulate import tabulate
+
+    from harness.results.records import RUN_FILE, SCENARIO_FILE, RunDirectory
+    from harness.scenario import ScenarioError, load_scenario
+    from harness.sim.calibration import DEFAULT_PATH, CalibrationError, load_calibration
+    from harness.sim.compare import COMPARE_FILE, COMPARE_PLOT, MODES, compare_run, error_summary
+    from harness.sim.timing import TimingError
+
+    run_dir: Path = args.run_dir
+    if not (run_dir / SCENARIO_FILE).is_file():
+        print(f"error: {run_dir}: not a run directory (no {SCENARIO_FILE})", file=sys.stderr)
+        return 2
+    if (run_dir / RUN_FILE).is_file() and json.loads((run_dir / RUN_FILE).read_text()).get("simulated"):
+        print(f"error: {run_dir}: is a simulated run; compare takes a real one", file=sys.stderr)
+        return 2
+    calibration_path = args.calibration or DEFAULT_PATH
+    try:
+        scenario = load_scenario(run_dir / SCENARIO_FILE)
+        calibration = load_calibration(calibration_path)
+        run = RunDirectory.open(run_dir)
+        modes = MODES if args.mode == "both" else (args.mode,)
+        table = compare_run(run, scenario, calibration, str(calibration_path), modes)
+    except (ScenarioError, CalibrationError, TimingError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    rows = [
+        [r.algorithm, r.mode, f"{r.measured_iter_s * 1e3:.2f}", f"{r.predicted_iter_s * 1e3:.2f}",
+         f"{r.measured_samples_per_s:,.1f}", f"{r.predicted_samples_per_s:,.1f}", f"{r.throughput_error * 100:+.1f}"]
+        for r in table.itertuples(index=False)
+    ]
+    print(tabulate(rows, headers=["algorithm", "mode", "measured ms/it", "predicted ms/it", "measured samples/s",
+                                  "predicted samples/s", "error %"],
+                   tablefmt="simple", disable_numparse=True, colalign=("left", "left") + ("right",) * 5))
+    errors = error_summary(table)
+    print()
+    print(tabulate([[mode, f"{e.median_abs_error * 100:.1f}", f"{e.worst_abs_error * 100:.1f}"]
+                    for mode, e in errors.iterrows()],
+                   headers=["mode", "median |error| %", "worst |error| %"], tablefmt="simple", disable_numparse=True))
+    print(f"wrote {run_dir / COMPARE_FILE} and {run_dir / COMPARE_PLOT}")
+    return 0

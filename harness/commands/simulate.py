@@ -1,0 +1,97 @@
+"""``python -m harness simulate FILE``: predict a scenario's run with the SimPy model.
+
+Needs neither MPI nor torch. The network (and, for real compute, the time per iteration) comes
+from the calibration file of ``python -m harness calibrate``; a scenario with emulated compute
+can also be simulated without one, on a default cluster network (README, "Simulation").
+Writes a run directory ``results/<scenario>/sim-<time>/`` with the real run's files and
+columns (no losses, no evaluations), and prints the summary with the simulator's speed.
+
+Example::
+
+    python -m harness simulate scenarios/straggler.yaml --ranks 1024 --iterations 1000 --only wagma
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from harness.commands.run import _overrides
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("simulate", help="predict a scenario's run with the discrete-event model (no MPI)",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("scenario", help="scenario YAML file")
+    p.add_argument("--out", default="results", help="results root (default: results/)")
+    p.add_argument("--only", help="comma-separated subset of the scenario's algorithms")
+    p.add_argument("--ranks", type=int, help="override the scenario's rank count")
+    p.add_argument("--iterations", type=int, help="override iterations per algorithm")
+    p.add_argument("--calibration", type=Path, help="calibration file (default: results/calibration.json)")
+    p.add_argument("--trace-ranks", type=int, default=None, metavar="N",
+                   help="write only ranks below N into trace.json (default: 64)")
+    p.set_defaults(func=run)
+
+
+def load_optional_calibration(path: Path | None):
+    """The calibration at ``path`` (must exist), or the default file if it exists, or None."""
+    from harness.sim.calibration import DEFAULT_PATH, load_calibration
+
+    if path is not None:
+        return load_calibration(path), str(path)
+    if DEFAULT_PATH.exists():
+        return load_calibration(DEFAULT_PATH), str(DEFAULT_PATH)
+    return None, None
+
+
+def run(args: argparse.Namespace) -> int:
+    from tabulate import tabulate
+
+    from harness.results.summary import format_table
+    from harness.scenario import ScenarioError, load_scenario
+    from harness.sim.calibration import CalibrationError
+    from harness.sim.runs import DEFAULT_TRACE_RANKS, calibration_entry, new_simulated_run_path, predict
+    from harness.sim.runs import write_simulated_run
+
+    if args.trace_ranks is not None and args.trace_ranks < 0:
+        print(f"error: --trace-ranks must be >= 0 (got {args.trace_ranks})", file=sys.stderr)
+        return 2
+    try:
+        scenario = load_scenario(args.scenario, overrides=_overrides(args))
+        calibration, calibration_name = load_optional_calibration(args.calibration)
+        entry = calibration_entry(scenario, calibration)
+    except (ScenarioError, CalibrationError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if calibration is None:
+        print("note: no calibration file: simulating on the default network (2 us, 12.5 GB/s)", file=sys.stderr)
+    elif entry.ranks != scenario.ranks:
+        print(f"note: no calibration for {scenario.ranks} ranks: using the one measured at {entry.ranks}",
+              file=sys.stderr)
+    print(f"{scenario.name}: simulating {scenario.ranks} ranks x {scenario.workload.iterations} iterations, "
+          f"{len(scenario.algorithms)} algorithms", file=sys.stderr)
+
+    def report(name, frame, stat) -> None:
+        print(f"  {name}: {stat.events:,} events in {stat.host_s:.2f} s ({stat.events_per_s:,.0f} events/s)",
+              file=sys.stderr)
+
+    try:
+        frames, stats = predict(scenario, entry, on_done=report)
+    except CalibrationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: nothing written", file=sys.stderr)
+        return 130
+    path = new_simulated_run_path(Path(args.out), scenario.name)
+    trace_ranks = DEFAULT_TRACE_RANKS if args.trace_ranks is None else args.trace_ranks
+    run_dir = write_simulated_run(path, scenario, frames, stats, "predictive", calibration_name, trace_ranks)
+    summary = run_dir.write_summary(scenario.workload.batch_size, scenario.workload.iterations, ranks=scenario.ranks)
+    print("simulated (predictive):")
+    print(format_table(summary))
+    total_events, total_s = sum(s.events for s in stats), sum(s.host_s for s in stats)
+    print(tabulate([[f"{total_events:,}", f"{total_s:.2f}", f"{total_events / max(total_s, 1e-9):,.0f}"]],
+                   headers=["events", "simulator s", "events/s"], tablefmt="simple", disable_numparse=True))
+    print(f"results: {run_dir.path}")
+    return 0

@@ -1,0 +1,188 @@
+"""The calibration file: what ``python -m harness calibrate`` measured and ``simulate`` uses.
+
+One JSON file (default ``results/calibration.json``) holds one entry per rank count that was
+calibrated, because on a machine with fewer cores than ranks every cost depends on how many
+ranks share the cores. An entry has:
+
+- ``network``: the alpha-beta point-to-point model fitted to one-way message times measured
+  through the native layer (``latency_s`` = alpha, ``bandwidth_bytes_per_s`` = 1 / beta), and
+  the measured points it was fitted to (``p2p``);
+- ``ops``: measured median time of native collectives at several sizes (for checking the
+  simulator's decomposition of collectives into point-to-point steps against reality);
+- ``compute``: the median local work per iteration (batch, forward, backward, optimizer step,
+  loop bookkeeping) of each (model, dataset, batch size) while all ranks compute at once;
+- ``evaluation``: the median time of one evaluation point on rank 0 (test metrics of the
+  averaged model and of rank 0's model) per (model, dataset);
+- ``loop_overhead_s``: per-iteration overhead of the loop beyond an emulated-compute sleep.
+
+The models validate the file on load, so a hand-edited or truncated file fails with one
+message naming the bad field.
+
+Example::
+
+    cal = load_calibration(Path("results/calibration.json"))
+    entry = cal.entry_for(8)
+    entry.network.latency_s, entry.compute_s("mlp", "mnist5k", 32)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+FORMAT_VERSION = 1
+DEFAULT_PATH = Path("results") / "calibration.json"
+
+PosFloat = Annotated[float, Field(gt=0.0)]
+NonNegFloat = Annotated[float, Field(ge=0.0)]
+
+
+class CalibrationError(Exception):
+    """A calibration file that is missing, malformed, or lacks what a simulation needs."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NetworkModel(_Strict):
+    """Alpha-beta point-to-point cost: a message of b bytes takes ``latency_s + b / bandwidth``.
+
+    ``progress_s`` is the extra delay before a message held on an emulated slow link is handed
+    over once it is due: the sending rank's progress thread has to wake up for it, which on a
+    machine with more ranks than cores takes a scheduler time slice or more (0: no such delay).
+    """
+
+    latency_s: NonNegFloat
+    bandwidth_bytes_per_s: PosFloat
+    progress_s: NonNegFloat = 0.0
+
+    def message_s(self, nbytes: float) -> float:
+        return self.latency_s + nbytes / self.bandwidth_bytes_per_s
+
+
+class P2PPoint(_Strict):
+    bytes: Annotated[int, Field(ge=0)]
+    one_way_s: NonNegFloat  # median over repetitions: half a ping-pong round trip
+
+
+class OpPoint(_Strict):
+    op: str  # e.g. "allreduce", "barrier"
+    bytes: Annotated[int, Field(ge=0)]  # payload per rank
+    median_s: NonNegFloat
+
+
+class ComputePoint(_Strict):
+    model: str
+    dataset: str
+    batch_size: Annotated[int, Field(ge=1)]
+    median_s: NonNegFloat
+    p95_s: NonNegFloat
+    samples: Annotated[int, Field(ge=1)]
+
+
+class EvalPoint(_Strict):
+    model: str
+    dataset: str
+    median_s: NonNegFloat
+
+
+class CalibrationEntry(_Strict):
+    ranks: Annotated[int, Field(ge=1)]
+    network: NetworkModel
+    p2p: list[P2PPoint] = []
+    ops: list[OpPoint] = []
+    compute: list[ComputePoint] = []
+    evaluation: list[EvalPoint] = []
+    loop_overhead_s: NonNegFloat = 0.0
+
+    def compute_s(self, model: str, dataset: str, batch_size: int) -> float | None:
+        """Median local work per iteration of this workload, or None if it was not calibrated."""
+        for point in self.compute:
+            if (point.model, point.dataset, point.batch_size) == (model, dataset, batch_size):
+                return point.median_s
+        return None
+
+    def evaluation_s(self, model: str, dataset: str) -> float | None:
+        for point in self.evaluation:
+            if (point.model, point.dataset) == (model, dataset):
+                return point.median_s
+        return None
+
+
+class Calibration(_Strict):
+    format: Annotated[int, Field(ge=1, le=FORMAT_VERSION)] = FORMAT_VERSION
+    created_at: str
+    harness_version: str
+    cpus: Annotated[int, Field(ge=1)]  # logical CPUs of the machine that was measured
+    entries: list[CalibrationEntry]
+
+    def entry_for(self, ranks: int) -> CalibrationEntry:
+        """The entry measured at ``ranks``; otherwise the one measured with the most ranks that
+        did not oversubscribe the cores (the cluster-like per-rank cost), else the smallest."""
+        if not self.entries:
+            raise CalibrationError("the calibration file has no entries: run `python -m harness calibrate`")
+        for entry in self.entries:
+            if entry.ranks == ranks:
+                return entry
+        uncontended = [e for e in self.entries if e.ranks <= self.cpus]
+        if uncontended:
+            return max(uncontended, key=lambda e: e.ranks)
+        return min(self.entries, key=lambda e: e.ranks)
+
+    def with_entry(self, entry: CalibrationEntry) -> Calibration:
+        """A copy with ``entry`` replacing any entry of the same rank count (sorted by ranks)."""
+        kept = [e for e in self.entries if e.ranks != entry.ranks]
+        return self.model_copy(update={"entries": sorted([*kept, entry], key=lambda e: e.ranks)})
+
+
+def fit_alpha_beta(points: list[P2PPoint]) -> NetworkModel:
+    """Least-squares fit of ``one_way_s = alpha + bytes * beta`` (alpha, beta clipped at >= 0).
+
+    Relative errors are minimised (each point weighted by 1 / its time), so the small-message
+    latency is not drowned by the large messages' absolute times.
+    """
+    if len(points) < 2:
+        raise CalibrationError(f"need at least 2 point-to-point sizes to fit alpha-beta (got {len(points)})")
+    b = np.array([p.bytes for p in points], dtype=float)
+    t = np.array([p.one_way_s for p in points], dtype=float)
+    w = 1.0 / np.maximum(t, 1e-9)
+    design = np.stack([np.ones_like(b), b], axis=1) * w[:, None]
+    (alpha, beta), *_ = np.linalg.lstsq(design, t * w, rcond=None)
+    alpha = max(float(alpha), 0.0)
+    beta = max(float(beta), 1e-15)  # no negative or zero per-byte time: bandwidth stays finite
+    return NetworkModel(latency_s=alpha, bandwidth_bytes_per_s=1.0 / beta)
+
+
+def load_calibration(path: Path) -> Calibration:
+    """Read and validate a calibration file; CalibrationError names what is wrong."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise CalibrationError(
+            f"{path}: no calibration file; run `python -m harness calibrate` first (or pass --calibration FILE)"
+        ) from None
+    except OSError as exc:
+        raise CalibrationError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CalibrationError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    try:
+        return Calibration.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        raise CalibrationError(f"{path}: {where}: {first['msg']}") from None
+
+
+def save_calibration(calibration: Calibration, path: Path) -> None:
+    """Write atomically (a reader never sees half a file)."""
+    from harness.results import atomic
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic.write_text(path, calibration.model_dump_json(indent=2) + "\n")

@@ -1,0 +1,136 @@
+"""Real versus simulated: simulate a finished real run's scenario and measure the error.
+
+Two modes:
+
+- ``trace``: trace-driven. Every rank's local work per iteration (and the loop's bookkeeping
+  between iterations, and the time after each evaluation point) is replayed from the run's
+  steps.csv; the simulator predicts only the communication and the waiting.
+- ``predictive``: the calibrated compute model only; nothing is taken from the run.
+
+Both use the calibrated network of the run's rank count and the scenario's injection plan.
+Per algorithm and mode, ``compare.csv`` (columns :data:`COMPARE_COLUMNS`) holds measured and
+predicted time per iteration (``wall_s / iterations``) and throughput, and the relative
+throughput error ``predicted / measured - 1``. ``compare.png`` plots predicted against measured
+throughput. The simulated runs themselves are written next to them (``sim-trace/``,
+``sim-predictive/``) so their traces can be opened beside the real one.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harness.results import atomic
+from harness.results.records import RunDirectory
+from harness.results.summary import summarize
+from harness.scenario.schema import Scenario
+from harness.sim.calibration import Calibration
+from harness.sim.runs import predict, replay, write_simulated_run
+
+MODES = ("trace", "predictive")
+COMPARE_FILE = "compare.csv"
+COMPARE_PLOT = "compare.png"
+COMPARE_COLUMNS = (
+    "algorithm",
+    "mode",
+    "measured_iter_s",
+    "predicted_iter_s",
+    "measured_samples_per_s",
+    "predicted_samples_per_s",
+    "throughput_error",
+    "measured_wait_fraction",
+    "predicted_wait_fraction",
+)
+
+
+def compare_run(run: RunDirectory, scenario: Scenario, calibration: Calibration, calibration_name: str,
+                modes: tuple[str, ...] = MODES) -> pd.DataFrame:
+    """Simulate ``run``'s finished algorithms in each mode; write and return the comparison."""
+    finished = [a for a in run.algorithms if a in {p.name for p in scenario.algorithms}]
+    if not finished:
+        raise ValueError(f"{run.path}: the run has no finished algorithm to compare")
+    scenario = scenario.model_copy(update={"algorithms": [p for p in scenario.algorithms if p.name in finished]})
+    w = scenario.workload
+    entry = calibration.entry_for(scenario.ranks)
+    measured = summarize(run.steps, run.evals, w.batch_size, w.iterations, ranks=scenario.ranks)
+    rows = []
+    for mode in modes:
+        if mode == "trace":
+            frames, stats = replay(scenario, run.steps, entry.network)
+        elif mode == "predictive":
+            frames, stats = predict(scenario, entry)
+        else:
+            raise ValueError(f"unknown mode {mode!r} (valid: {', '.join(MODES)})")
+        _replace_dir(run.path / f"sim-{mode}", lambda path, frames=frames, stats=stats, mode=mode: write_simulated_run(
+            path, scenario, frames, stats, mode, calibration_name, run_id=f"sim-{mode}"))
+        predicted = summarize(pd.concat(frames.values()), None, w.batch_size, w.iterations, ranks=scenario.ranks)
+        both = measured.merge(predicted, on="algorithm", suffixes=("_measured", "_predicted"))
+        for row in both.itertuples(index=False):
+            rows.append({
+                "algorithm": row.algorithm,
+                "mode": mode,
+                "measured_iter_s": row.wall_s_measured / w.iterations,
+                "predicted_iter_s": row.wall_s_predicted / w.iterations,
+                "measured_samples_per_s": row.samples_per_s_measured,
+                "predicted_samples_per_s": row.samples_per_s_predicted,
+                "throughput_error": row.samples_per_s_predicted / row.samples_per_s_measured - 1.0,
+                "measured_wait_fraction": row.wait_fraction_measured,
+                "predicted_wait_fraction": row.wait_fraction_predicted,
+            })
+    table = pd.DataFrame(rows, columns=list(COMPARE_COLUMNS))
+    atomic.write_csv(run.path / COMPARE_FILE, table)
+    plot_comparison(table, run.path / COMPARE_PLOT, title=f"{scenario.name} ({scenario.ranks} ranks)")
+    return table
+
+
+def error_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Per mode: median and worst |throughput error| over the algorithms."""
+    grouped = table.assign(abs_error=table["throughput_error"].abs()).groupby("mode", sort=False)["abs_error"]
+    return pd.DataFrame({"median_abs_error": grouped.median(), "worst_abs_error": grouped.max()})
+
+
+def plot_comparison(table: pd.DataFrame, path: Path, title: str) -> None:
+    """Predicted versus measured throughput, one marker per algorithm and mode, with +-10% bands."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 6))
+    values = table[["measured_samples_per_s", "predicted_samples_per_s"]].to_numpy()
+    low, high = float(np.nanmin(values)) * 0.8, float(np.nanmax(values)) * 1.2
+    line = np.array([low, high])
+    ax.plot(line, line, color="black", linewidth=1, label="exact")
+    ax.fill_between(line, line * 0.9, line * 1.1, color="grey", alpha=0.2, label="±10%")
+    for mode, marker in zip(MODES, ("o", "s")):
+        part = table[table["mode"] == mode]
+        if part.empty:
+            continue
+        ax.scatter(part["measured_samples_per_s"], part["predicted_samples_per_s"], marker=marker, label=mode)
+        for row in part.itertuples(index=False):
+            ax.annotate(row.algorithm, (row.measured_samples_per_s, row.predicted_samples_per_s), fontsize=7,
+                        xytext=(3, 3), textcoords="offset points")
+    ax.set_xlim(low, high)
+    ax.set_ylim(low, high)
+    ax.set_xlabel("measured throughput (samples/s)")
+    ax.set_ylabel("simulated throughput (samples/s)")
+    ax.set_title(title)
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    with atomic.atomic_open(path, "wb") as handle:
+        fig.savefig(handle, format="png", dpi=120)
+    plt.close(fig)
+
+
+def _replace_dir(path: Path, write) -> None:
+    """Write a directory through ``write(tmp_path)`` next to ``path``, then swap it in."""
+    tmp = path.with_name(path.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    write(tmp)
+    if path.exists():
+        shutil.rmtree(path)
+    tmp.rename(path)

@@ -1,0 +1,227 @@
+"""The simulated network: per-message alpha-beta cost, emulated slow links, collective schedules.
+
+A message of b bytes posted at time t from src to dst:
+
+1. On an emulated link (the scenario's ``network``) it is held exactly as the native layer's
+   link emulator holds it (``kernels/link_emulator.hpp``): it starts when the link is free,
+   ``start = max(t, free_at)``, occupies the link for ``b / bandwidth`` and is released at
+   ``start + latency + b / bandwidth``. Other links release it at t.
+2. From its release it takes the calibrated base cost ``alpha + b / base_bandwidth`` to arrive.
+
+A send completes (its buffer may be reused, the next schedule step may start) at its release:
+the native layer hands it to MPI then, and MPI's shared-memory sends complete locally.
+
+Collectives are decomposed into the point-to-point steps the native layer performs
+(``kernels/schedule.cpp``): recursive doubling below ``ring_threshold_bytes`` (with the same
+fold/unfold of the ranks beyond the largest power of two), ring reduce-scatter + allgather
+above it. :func:`run_schedule` computes every member's completion time from the members' join
+times, step by step, as max-plus algebra over numpy vectors: a member starts step i when it
+finished step i-1, posts its send then, and finishes step i when its send is released and the
+message it receives in step i has arrived.
+
+Approximation (documented): emulated links reserve their transmission slot in the order the
+simulator computes the messages; a collective's messages are computed when its last member
+joins, so a later-computed message that was posted earlier may queue behind it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from harness.scenario.network import Link
+from harness.sim.calibration import NetworkModel
+
+FLOAT_BYTES = 4
+DEFAULT_RING_THRESHOLD_BYTES = 64 * 1024  # harness.comm.Communicator's default
+_MATRIX_MAX_RANKS = 4096  # emulated-link lookup by a dense boolean matrix up to this size
+
+
+class SimNetwork:
+    """Message timing for ``ranks`` ranks: base alpha-beta plus the scenario's emulated links."""
+
+    def __init__(self, ranks: int, base: NetworkModel, links: list[Link] = (),
+                 ring_threshold_bytes: int = DEFAULT_RING_THRESHOLD_BYTES) -> None:
+        self.ranks = ranks
+        self.alpha = base.latency_s
+        self.inv_bandwidth = 1.0 / base.bandwidth_bytes_per_s
+        self.progress = base.progress_s
+        self.ring_threshold_bytes = ring_threshold_bytes
+        self._links: dict[tuple[int, int], tuple[float, float]] = {}
+        for link in links:
+            if not (0 <= link.src < ranks and 0 <= link.dst < ranks):
+                raise ValueError(f"link {link.src}->{link.dst} outside ranks 0..{ranks - 1}")
+            bandwidth = link.bandwidth_bytes_per_s
+            self._links[(link.src, link.dst)] = (link.latency_s, 0.0 if bandwidth is None else 1.0 / bandwidth)
+        self._free_at: dict[tuple[int, int], float] = {}
+        self._matrix = None
+        if self._links and ranks <= _MATRIX_MAX_RANKS:
+            self._matrix = np.zeros((ranks, ranks), dtype=bool)
+            for src, dst in self._links:
+                self._matrix[src, dst] = True
+
+    @property
+    def emulated(self) -> bool:
+        return bool(self._links)
+
+    def _hold(self, src: int, dst: int, nbytes: float, post: float) -> float:
+        """Release time of a message on an emulated link (reserves the link), as the native layer."""
+        latency, inv_bw = self._links[(src, dst)]
+        start = max(post, self._free_at.get((src, dst), post))
+        transfer = nbytes * inv_bw
+        self._free_at[(src, dst)] = start + transfer
+        return start + latency + transfer + self.progress
+
+    def message(self, src: int, dst: int, nbytes: float, post: float) -> tuple[float, float]:
+        """(release, arrival) of one message posted at ``post``."""
+        release = self._hold(src, dst, nbytes, post) if (src, dst) in self._links else post
+        return release, release + self.alpha + nbytes * self.inv_bandwidth
+
+    def messages(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray,
+                 post: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Vectorised :meth:`message` for many messages (emulated ones in order of posting)."""
+        release = post.copy()
+        if self._links:
+            if self._matrix is not None:
+                held = np.flatnonzero(self._matrix[src, dst])
+            else:
+                held = np.array([i for i in range(len(src)) if (int(src[i]), int(dst[i])) in self._links], dtype=int)
+            for i in held[np.argsort(post[held], kind="stable")]:
+                release[i] = self._hold(int(src[i]), int(dst[i]), float(nbytes[i]), float(post[i]))
+        return release, release + self.alpha + nbytes * self.inv_bandwidth
+
+    def allreduce_schedule(self, members: int, count: int) -> "Schedule":
+        """The native layer's allreduce schedule for ``members`` ranks and ``count`` floats."""
+        return allreduce_schedule(members, count, self.ring_threshold_bytes)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A collective as aligned steps over its members (indices 0..p-1 into the member list).
+
+    ``send_to[i, m]`` is the member that m sends to in step i (-1: none), ``send_bytes[i, m]``
+    its size, ``recv_from[i, m]`` the member m receives from (-1: none). Each member sends and
+    receives at most one message per step; the message m receives in step i is the one its
+    source sends in step i. ``bytes_sent[m]``: what m sends over the whole collective.
+    """
+
+    send_to: np.ndarray
+    send_bytes: np.ndarray
+    recv_from: np.ndarray
+    bytes_sent: np.ndarray = field(init=False)
+    compiled: tuple = field(init=False, repr=False)  # per step: senders, their dst and bytes, receivers, their src
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bytes_sent", np.where(self.send_to >= 0, self.send_bytes, 0).sum(axis=0))
+        steps = []
+        for i in range(self.send_to.shape[0]):
+            senders = np.flatnonzero(self.send_to[i] >= 0)
+            receivers = np.flatnonzero(self.recv_from[i] >= 0)
+            sources = self.recv_from[i, receivers]
+            steps.append((senders, self.send_to[i, senders], self.send_bytes[i, senders], receivers, sources,
+                          self.send_bytes[i, sources]))
+        object.__setattr__(self, "compiled", tuple(steps))
+
+    @property
+    def steps(self) -> int:
+        return self.send_to.shape[0]
+
+
+def _schedule(steps: list[tuple[list[int], list[int], list[int]]], p: int) -> Schedule:
+    if not steps:
+        empty = np.zeros((0, p), dtype=np.int64)
+        return Schedule(empty, empty.astype(float), empty)
+    send_to = np.array([s[0] for s in steps], dtype=np.int64)
+    send_bytes = np.array([s[1] for s in steps], dtype=float)
+    recv_from = np.array([s[2] for s in steps], dtype=np.int64)
+    for array in (send_to, send_bytes, recv_from):
+        array.setflags(write=False)
+    return Schedule(send_to, send_bytes, recv_from)
+
+
+def _rd_steps(p: int, count: int) -> list[tuple[list[int], list[int], list[int]]]:
+    """Recursive doubling as ``rd_allreduce`` in kernels/schedule.cpp (fold, exchanges, unfold)."""
+    nbytes = count * FLOAT_BYTES
+    pow2 = 1 << (p.bit_length() - 1)
+    rem = p - pow2
+    steps = []
+    if rem:
+        send = [m + 1 if m < 2 * rem and m % 2 == 0 else -1 for m in range(p)]
+        recv = [m - 1 if m < 2 * rem and m % 2 == 1 else -1 for m in range(p)]
+        steps.append((send, [nbytes] * p, recv))
+
+    def real(v: int) -> int:
+        return 2 * v + 1 if v < rem else v + rem
+
+    virtual = [(-1 if m % 2 == 0 else m // 2) if m < 2 * rem else m - rem for m in range(p)]
+    mask = 1
+    while mask < pow2:
+        partner = [real(v ^ mask) if v >= 0 else -1 for v in virtual]
+        steps.append((partner, [nbytes] * p, partner))
+        mask <<= 1
+    if rem:
+        send = [m - 1 if m < 2 * rem and m % 2 == 1 else -1 for m in range(p)]
+        recv = [m + 1 if m < 2 * rem and m % 2 == 0 else -1 for m in range(p)]
+        steps.append((send, [nbytes] * p, recv))
+    return steps
+
+
+def _ring_steps(p: int, count: int) -> list[tuple[list[int], list[int], list[int]]]:
+    """Ring reduce-scatter then allgather as ``ring_allreduce`` in kernels/schedule.cpp."""
+    base, extra = divmod(count, p)
+    sizes = [(base + (1 if k < extra else 0)) * FLOAT_BYTES for k in range(p)]
+    right = [(m + 1) % p for m in range(p)]
+    left = [(m - 1) % p for m in range(p)]
+    steps = []
+    for st in range(p - 1):  # reduce-scatter: send chunk (me - st)
+        steps.append((right, [sizes[(m - st) % p] for m in range(p)], left))
+    for st in range(p - 1):  # allgather: send chunk (me + 1 - st)
+        steps.append((right, [sizes[(m + 1 - st) % p] for m in range(p)], left))
+    return steps
+
+
+@lru_cache(maxsize=256)
+def allreduce_schedule(p: int, count: int, ring_threshold_bytes: int = DEFAULT_RING_THRESHOLD_BYTES) -> Schedule:
+    """Same choice as the native ``allreduce_schedule``: ring for p > 2, count >= p and at least
+    ``ring_threshold_bytes``; recursive doubling otherwise; nothing for p == 1."""
+    if p < 1 or count < 0:
+        raise ValueError(f"allreduce of {count} floats over {p} members")
+    if p == 1:
+        return _schedule([], 1)
+    if p > 2 and count >= p and count * FLOAT_BYTES >= ring_threshold_bytes:
+        return _schedule(_ring_steps(p, count), p)
+    return _schedule(_rd_steps(p, count), p)
+
+
+def run_schedule(schedule: Schedule, world: np.ndarray, join: np.ndarray, network: SimNetwork) -> np.ndarray:
+    """Completion time of every member of a collective that member m joined at ``join[m]``.
+
+    ``world[m]`` is member m's rank (for link lookup). Max-plus over the aligned steps; see the
+    module docstring.
+    """
+    t = np.array(join, dtype=float)
+    alpha, inv_bw = network.alpha, network.inv_bandwidth
+    for senders, dst, nbytes, receivers, sources, source_bytes in schedule.compiled:
+        if not network.emulated:  # releases are the posts: only arrivals move the receivers
+            arrival = t[sources] + (alpha + source_bytes * inv_bw)
+            t[receivers] = np.maximum(t[receivers], arrival)
+            continue
+        arrival_at = np.full(len(t), -np.inf)
+        if len(senders):
+            release, arrival = network.messages(world[senders], world[dst], nbytes, t[senders])
+            arrival_at[dst] = arrival
+            t[senders] = np.maximum(t[senders], release)
+        t[receivers] = np.maximum(t[receivers], arrival_at[receivers])
+    return t
+
+
+def predict_allreduce_s(ranks: int, nbytes: int, base: NetworkModel,
+                        ring_threshold_bytes: int = DEFAULT_RING_THRESHOLD_BYTES) -> float:
+    """Predicted time of a blocking allreduce of ``nbytes`` per rank that all ranks join at once
+    (no emulated links): the slowest member's completion."""
+    network = SimNetwork(ranks, base, ring_threshold_bytes=ring_threshold_bytes)
+    schedule = network.allreduce_schedule(ranks, max(0, nbytes // FLOAT_BYTES))
+    done = run_schedule(schedule, np.arange(ranks), np.zeros(ranks), network)
+    return float(done.max()) if ranks else 0.0

@@ -1,0 +1,103 @@
+"""Where a simulated rank's local time comes from: a calibrated model, or a real run's records.
+
+A timing source answers, per (iteration t, rank r):
+
+- ``compute(t, r)``: the local work of the iteration (forward, backward, optimizer step, loop
+  bookkeeping inside the iteration), without the injected sleep and without communication;
+- ``between(t, r)``: time from the end of iteration t to the start of t + 1 on a rank that does
+  not evaluate there (the loop's per-iteration bookkeeping after ``end_s``);
+- ``start_offset(r)``: when rank r starts iteration 0, relative to the earliest rank;
+- evaluation points: :class:`PredictiveTiming` models them as the real loop runs them (an
+  allreduce of the model, one of one float, then rank 0 alone tests two models);
+  :class:`TraceTiming` replays ``after_eval(t, r)``, the measured time from the moment the last
+  rank reached the evaluation until rank r started iteration t + 1.
+
+Injected delays and compute factors never come from here: both sources take them from the
+scenario's :class:`harness.injection.InjectionPlan` (the same pure function the real run used).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from harness.compute_time import emulated_compute_s
+from harness.scenario.schema import Scenario
+from harness.sim.calibration import CalibrationEntry, CalibrationError
+
+
+class TimingError(ValueError):
+    """A timing source that cannot serve this scenario (missing calibration or trace rows)."""
+
+
+class PredictiveTiming:
+    """Local work from the calibration: a per-workload median, times the injected factor."""
+
+    trace_driven = False
+
+    def __init__(self, scenario: Scenario, entry: CalibrationEntry, factors: np.ndarray) -> None:
+        w = scenario.workload
+        self.factors = factors  # [iterations, ranks] injected compute factors
+        self.between_s = 0.0  # the calibrated median already spans iteration to iteration
+        if w.compute == "real":
+            median = entry.compute_s(w.model, w.dataset, w.batch_size)
+            if median is None:
+                raise CalibrationError(
+                    f"the calibration for {entry.ranks} ranks has no compute time for model {w.model}, dataset "
+                    f"{w.dataset}, batch {w.batch_size}: run `python -m harness calibrate --scenario FILE`"
+                )
+            self.local = median * factors
+            self.eval_s = entry.evaluation_s(w.model, w.dataset) or 0.0
+        else:
+            ranks = factors.shape[1]
+            self.local = np.array([
+                [emulated_compute_s(w.compute.emulate_ms, w.compute.jitter, scenario.seed, t, r, float(factors[t, r]))
+                 for r in range(ranks)]
+                for t in range(factors.shape[0])
+            ]) + entry.loop_overhead_s
+            self.eval_s = 0.0
+
+    def start_offset(self, r: int) -> float:
+        return 0.0
+
+    def compute(self, t: int, r: int) -> float:
+        return float(self.local[t, r])
+
+    def between(self, t: int, r: int) -> float:
+        return self.between_s
+
+
+class TraceTiming:
+    """Local work replayed from one algorithm's rows of a real run's steps.csv."""
+
+    trace_driven = True
+
+    def __init__(self, steps: pd.DataFrame, ranks: int, iterations: int) -> None:
+        if len(steps) != ranks * iterations:
+            raise TimingError(f"the real run recorded {len(steps)} steps, a replay needs all "
+                              f"{ranks} x {iterations}: the run is incomplete")
+        frame = steps.sort_values(["iteration", "rank"])
+        shape = (iterations, ranks)
+        start = frame["start_s"].to_numpy(float).reshape(shape)
+        end = frame["end_s"].to_numpy(float).reshape(shape)
+        injected = frame["injected_delay_s"].to_numpy(float).reshape(shape)
+        blocked = frame["comm_blocked_s"].to_numpy(float).reshape(shape)
+        self.local = np.maximum(end - start - injected - blocked, 0.0)
+        self.gap = np.zeros(shape)
+        self.gap[:-1] = np.maximum(start[1:] - end[:-1], 0.0)
+        last_arrival = end.max(axis=1, keepdims=True)
+        self.eval_gap = np.zeros(shape)
+        self.eval_gap[:-1] = np.maximum(start[1:] - last_arrival[:-1], 0.0)
+        self.offset = start[0] - start[0].min()
+
+    def start_offset(self, r: int) -> float:
+        return float(self.offset[r])
+
+    def compute(self, t: int, r: int) -> float:
+        return float(self.local[t, r])
+
+    def between(self, t: int, r: int) -> float:
+        return float(self.gap[t, r])
+
+    def after_eval(self, t: int, r: int) -> float:
+        return float(self.eval_gap[t, r])

@@ -41,13 +41,14 @@ def assert_check(report: dict, name: str) -> None:
     assert result["status"] == "pass", result["detail"]
 
 
-def harness_cli(*args: str, timeout: float = 300, prefix: Sequence[str] = ()) -> subprocess.CompletedProcess:
-    """``python -m harness ARGS`` (after ``prefix``, e.g. an mpiexec command line).
+def harness_cli(*args: str, timeout: float = 300, prefix: Sequence[str] = (),
+                cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``python -m harness ARGS`` (after ``prefix``, e.g. an mpiexec command line), in ``cwd``.
 
     On timeout it is interrupted like Ctrl+C, so a run stops its ranks instead of orphaning them.
     """
     cmd = [*prefix, sys.executable, "-m", "harness", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
         out, err = proc.communicate(timeout=timeout)

@@ -69,8 +69,9 @@ def train(
         c0 = time.monotonic()
         loss = math.nan
         if state.model is None:
-            time.sleep(emulated_compute_s(w.compute.emulate_ms, w.compute.jitter, scenario.seed, t, rank,
-                                          float(factors[rank])))
+            sleeps = emulated_compute_s(w.compute.emulate_ms, w.compute.jitter, scenario.seed, t, scenario.ranks,
+                                        factors)
+            time.sleep(float(sleeps[rank]))
         else:
             x, y = state.batch(t, w.batch_size, scenario.seed, rank)
             state.optimizer.zero_grad(set_to_none=False)  # keep .grad as views into the flat buffer

@@ -26,6 +26,7 @@ joins, so a later-computed message that was posted earlier may queue behind it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -112,6 +113,7 @@ class Schedule:
     recv_from: np.ndarray
     bytes_sent: np.ndarray = field(init=False)
     compiled: tuple = field(init=False, repr=False)  # per step: senders, their dst and bytes, receivers, their src
+    compiled_lists: tuple = field(init=False, repr=False)  # per step, as lists: receivers, sources, source bytes
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bytes_sent", np.where(self.send_to >= 0, self.send_bytes, 0).sum(axis=0))
@@ -123,6 +125,7 @@ class Schedule:
             steps.append((senders, self.send_to[i, senders], self.send_bytes[i, senders], receivers, sources,
                           self.send_bytes[i, sources]))
         object.__setattr__(self, "compiled", tuple(steps))
+        object.__setattr__(self, "compiled_lists", tuple((r.tolist(), s.tolist(), b.tolist()) for _, _, _, r, s, b in steps))
 
     @property
     def steps(self) -> int:
@@ -195,13 +198,20 @@ def allreduce_schedule(p: int, count: int, ring_threshold_bytes: int = DEFAULT_R
     return _schedule(_rd_steps(p, count), p)
 
 
-def run_schedule(schedule: Schedule, world: np.ndarray, join: np.ndarray, network: SimNetwork) -> np.ndarray:
+_PYTHON_MAX_MEMBERS = 32  # below this, plain Python beats numpy's per-call overhead
+
+
+def run_schedule(schedule: Schedule, world: Sequence[int], join: Sequence[float], network: SimNetwork) -> list[float]:
     """Completion time of every member of a collective that member m joined at ``join[m]``.
 
     ``world[m]`` is member m's rank (for link lookup). Max-plus over the aligned steps; see the
-    module docstring.
+    module docstring. Small collectives on the base network run in plain Python (the common
+    case of WAGMA groups), everything else vectorised; both compute the same times.
     """
+    if not network.emulated and len(join) <= _PYTHON_MAX_MEMBERS:
+        return _run_small(schedule, list(join), network)
     t = np.array(join, dtype=float)
+    world = np.asarray(world)
     alpha, inv_bw = network.alpha, network.inv_bandwidth
     for senders, dst, nbytes, receivers, sources, source_bytes in schedule.compiled:
         if not network.emulated:  # releases are the posts: only arrivals move the receivers
@@ -214,6 +224,17 @@ def run_schedule(schedule: Schedule, world: np.ndarray, join: np.ndarray, networ
             arrival_at[dst] = arrival
             t[senders] = np.maximum(t[senders], release)
         t[receivers] = np.maximum(t[receivers], arrival_at[receivers])
+    return t.tolist()
+
+
+def _run_small(schedule: Schedule, t: list[float], network: SimNetwork) -> list[float]:
+    alpha, inv_bw = network.alpha, network.inv_bandwidth
+    for receivers, sources, source_bytes in schedule.compiled_lists:
+        before = t[:]
+        for m, src, nbytes in zip(receivers, sources, source_bytes):
+            arrival = before[src] + alpha + nbytes * inv_bw
+            if arrival > t[m]:
+                t[m] = arrival
     return t
 
 
@@ -223,5 +244,5 @@ def predict_allreduce_s(ranks: int, nbytes: int, base: NetworkModel,
     (no emulated links): the slowest member's completion."""
     network = SimNetwork(ranks, base, ring_threshold_bytes=ring_threshold_bytes)
     schedule = network.allreduce_schedule(ranks, max(0, nbytes // FLOAT_BYTES))
-    done = run_schedule(schedule, np.arange(ranks), np.zeros(ranks), network)
-    return float(done.max()) if ranks else 0.0
+    done = run_schedule(schedule, range(ranks), [0.0] * ranks, network)
+    return max(done) if ranks else 0.0

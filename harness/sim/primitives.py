@@ -51,37 +51,38 @@ class Collective:
     """An allreduce of ``count`` floats over ``members`` (ranks, in the schedule's order)."""
 
     __slots__ = ("env", "network", "members", "index", "count", "join_at", "joined", "done_at", "complete",
-                 "bytes_sent")
+                 "schedule")
 
     def __init__(self, env: simpy.Environment, network: SimNetwork, members: Sequence[int], count: int) -> None:
         self.env = env
         self.network = network
-        self.members = np.asarray(members, dtype=np.int64)
-        self.index = {int(r): i for i, r in enumerate(self.members)}
+        self.members = tuple(members)
+        self.index = dict(zip(self.members, range(len(self.members))))
         self.count = count
-        self.join_at = np.zeros(len(self.members))
+        self.join_at = [0.0] * len(self.members)
         self.joined = 0
-        self.done_at: np.ndarray | None = None
+        self.done_at: list[float] | None = None
         self.complete = env.event()
-        self.bytes_sent = network.allreduce_schedule(len(self.members), count).bytes_sent
+        self.schedule = network.allreduce_schedule(len(self.members), count)
 
     def join(self, rank: int) -> None:
         """``rank`` contributes now (its own call, or its progress thread on its behalf)."""
         self.join_at[self.index[rank]] = self.env.now
         self.joined += 1
         if self.joined == len(self.members):
-            schedule = self.network.allreduce_schedule(len(self.members), self.count)
-            self.done_at = run_schedule(schedule, self.members, self.join_at, self.network)
+            self.done_at = run_schedule(self.schedule, self.members, self.join_at, self.network)
             self.complete.succeed()
 
     def wait(self, rank: int) -> Generator:
         """Block ``rank`` until its part of the collective has completed."""
         if self.done_at is None:
             yield self.complete
-        yield from wait_until(self.env, float(self.done_at[self.index[rank]]))
+        done = self.done_at[self.index[rank]]
+        if done > self.env.now:
+            yield self.env.timeout(done - self.env.now)
 
     def sent_by(self, rank: int) -> int:
-        return int(self.bytes_sent[self.index[rank]])
+        return int(self.schedule.bytes_sent[self.index[rank]])
 
 
 class Mailboxes:

@@ -27,7 +27,7 @@ import pandas as pd
 from harness.injection import InjectionPlan
 from harness.scenario.network import link_table
 from harness.scenario.schema import Scenario
-from harness.sim.algorithms import MODELS, SimContext
+from harness.sim.algorithms import MODELS, SimAlgorithm, SimContext
 from harness.sim.calibration import NetworkModel
 from harness.sim.network import SimNetwork
 from harness.sim.primitives import Collective, CountingEnvironment, wait_until
@@ -81,7 +81,7 @@ class _Evaluation:
             barrier.join(r)
             if barrier.done_at is None:
                 yield barrier.complete
-            yield from wait_until(self.env, float(barrier.join_at.max()) + self.timing.after_eval(t, r))
+            yield from wait_until(self.env, max(barrier.join_at) + self.timing.after_eval(t, r))
             return
         for part, count in ((0, self.count), (1, 1)):  # the averaged model, then the consensus distance
             op = self._collective(t, part, count)
@@ -104,34 +104,37 @@ def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
     ctx = SimContext(env, network, ranks, count, scenario.seed, iterations)
     model = MODELS[params.name](params, ctx)
     evaluation = _Evaluation(env, ranks, count, base, timing)
-    shape = (iterations, ranks)
-    start, end = np.zeros(shape), np.zeros(shape)
-    compute, blocked = np.zeros(shape), np.zeros(shape)
-    sent = np.zeros(shape, dtype=np.int64)
-    staleness = np.zeros(shape, dtype=np.int64)
-
+    rows: list[list[tuple]] = [[] for _ in range(ranks)]  # per rank: (start, end, compute, blocked, sent, staleness)
+    delay_of = delays.T.tolist()  # plain lists: numpy scalar indexing would dominate the inner loop
+    base_hooks = SimAlgorithm
+    before_forward = model.before_forward if type(model).before_forward is not base_hooks.before_forward else None
+    after_backward = model.after_backward if type(model).after_backward is not base_hooks.after_backward else None
+    after_step = model.after_step if type(model).after_step is not base_hooks.after_step else None
     finished = [0]
 
     def rank_process(r: int):
         offset = timing.start_offset(r)
         if offset > 0:
             yield env.timeout(offset)
+        record, my_delays, bytes_sent, staleness = rows[r].append, delay_of[r], model.bytes_sent, model.staleness
         for t in range(iterations):
             t_start = env.now
-            yield from model.before_forward(r, t)
+            if before_forward is not None:
+                yield from before_forward(r, t)
             waited = env.now - t_start
-            delay = delays[t, r]
+            delay = my_delays[t]
             if delay > 0:
                 yield env.timeout(delay)
             local = timing.compute(t, r)
             yield env.timeout(local)
             h0 = env.now
-            yield from model.after_backward(r, t)
-            yield from model.after_step(r, t)
-            start[t, r], end[t, r] = t_start, env.now
-            compute[t, r], blocked[t, r] = local, waited + env.now - h0
-            sent[t, r], staleness[t, r] = model.bytes_sent[r], model.staleness[r]
-            model.bytes_sent[r] = 0
+            if after_backward is not None:
+                yield from after_backward(r, t)
+            if after_step is not None:
+                yield from after_step(r, t)
+            now = env.now
+            record((t_start, now, local, waited + now - h0, bytes_sent[r], staleness[r]))
+            bytes_sent[r] = 0
             if t + 1 < iterations:
                 if (t + 1) % eval_every == 0:
                     yield from evaluation.run(r, t)
@@ -149,6 +152,9 @@ def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
     unfinished = ranks - finished[0]
     if unfinished:
         raise RuntimeError(f"simulation of {params.name} deadlocked: {unfinished} ranks did not finish")
+    table = np.array(rows, dtype=float).reshape(ranks, iterations, 6).transpose(1, 0, 2)  # [t, r, field]
+    start, end, compute, blocked = (table[:, :, i] for i in range(4))
+    sent, staleness = table[:, :, 4].astype(np.int64), table[:, :, 5].astype(np.int64)
     frame = pd.DataFrame({
         "algorithm": params.name,
         "rank": np.tile(np.arange(ranks), iterations),

@@ -51,17 +51,17 @@ class PredictiveTiming:
         else:
             ranks = factors.shape[1]
             self.local = np.array([
-                [emulated_compute_s(w.compute.emulate_ms, w.compute.jitter, scenario.seed, t, r, float(factors[t, r]))
-                 for r in range(ranks)]
+                emulated_compute_s(w.compute.emulate_ms, w.compute.jitter, scenario.seed, t, ranks, factors[t])
                 for t in range(factors.shape[0])
             ]) + entry.loop_overhead_s
             self.eval_s = 0.0
+        self._local = self.local.tolist()  # plain lists: fast indexing in the simulator's inner loop
 
     def start_offset(self, r: int) -> float:
         return 0.0
 
     def compute(self, t: int, r: int) -> float:
-        return float(self.local[t, r])
+        return self._local[t][r]
 
     def between(self, t: int, r: int) -> float:
         return self.between_s
@@ -89,15 +89,16 @@ class TraceTiming:
         self.eval_gap = np.zeros(shape)
         self.eval_gap[:-1] = np.maximum(start[1:] - last_arrival[:-1], 0.0)
         self.offset = start[0] - start[0].min()
+        self._local, self._gap, self._eval_gap = self.local.tolist(), self.gap.tolist(), self.eval_gap.tolist()
 
     def start_offset(self, r: int) -> float:
         return float(self.offset[r])
 
     def compute(self, t: int, r: int) -> float:
-        return float(self.local[t, r])
+        return self._local[t][r]
 
     def between(self, t: int, r: int) -> float:
-        return float(self.gap[t, r])
+        return self._gap[t][r]
 
     def after_eval(self, t: int, r: int) -> float:
-        return float(self.eval_gap[t, r])
+        return self._eval_gap[t][r]

@@ -1,0 +1,231 @@
+"""The SimPy model: exact event times on cases small enough to compute by hand.
+
+Network in these tests: alpha = 1 ms, 1 MB/s, so a message of b bytes takes 1 ms + b us.
+Emulated compute (sleep ``emulate_ms``, no jitter) gives exact local work; the predictive
+timing adds the calibrated loop overhead (0 here).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+import harness.schedules
+from harness.scenario.loader import scenario_from_dict
+from harness.scenario.network import Link
+from harness.sim import algorithms as sim_algorithms
+from harness.sim.calibration import CalibrationEntry, NetworkModel
+from harness.sim.network import SimNetwork, allreduce_schedule, run_schedule
+from harness.sim.runs import predict
+
+ALPHA, BANDWIDTH = 1e-3, 1e6
+NET = NetworkModel(latency_s=ALPHA, bandwidth_bytes_per_s=BANDWIDTH)
+
+
+def msg(nbytes: float) -> float:
+    return ALPHA + nbytes / BANDWIDTH
+
+
+def scenario(ranks: int, algorithms: list, iterations: int = 2, emulate_ms: float = 10.0, params: int = 250,
+             imbalance: list | None = None, links: list | None = None):
+    data = {
+        "name": "hand",
+        "ranks": ranks,
+        "seed": 7,
+        "workload": {"model": "mlp", "dataset": "mnist5k", "batch_size": 4, "iterations": iterations,
+                     "eval_every": 1000, "compute": {"emulate_ms": emulate_ms}, "params": params},
+        "algorithms": algorithms,
+        "imbalance": imbalance or [],
+    }
+    if links:
+        data["network"] = {"links": links}
+    return scenario_from_dict(data, source="test")
+
+
+def simulate(sc):
+    frames, _ = predict(sc, CalibrationEntry(ranks=sc.ranks, network=NET))
+    return {name: frame.set_index(["iteration", "rank"]) for name, frame in frames.items()}
+
+
+# --- network -------------------------------------------------------------------------------
+
+def test_base_message_is_alpha_plus_size_over_bandwidth() -> None:
+    net = SimNetwork(2, NET)
+    assert net.message(0, 1, 1000, post=2.0) == (2.0, pytest.approx(2.0 + msg(1000)))
+
+
+def test_emulated_link_serialises_like_the_native_emulator() -> None:
+    # 5 ms latency, 1 kB/ms: two 1 kB messages posted together; the second starts when the
+    # first has left the link (1 ms later), then both need the progress delay and the base cost.
+    base = NetworkModel(latency_s=ALPHA, bandwidth_bytes_per_s=BANDWIDTH, progress_s=0.5e-3)
+    net = SimNetwork(2, base, [Link(0, 1, 5e-3, 1e6)])
+    first = net.message(0, 1, 1000, post=0.0)
+    second = net.message(0, 1, 1000, post=0.0)
+    assert first[0] == pytest.approx(1e-3 + 5e-3 + 0.5e-3)
+    assert second[0] == pytest.approx(2e-3 + 5e-3 + 0.5e-3)
+    assert second[1] == pytest.approx(second[0] + msg(1000))
+    assert net.message(1, 0, 1000, post=0.0)[0] == 0.0  # the reverse link is not emulated
+
+
+def test_two_member_allreduce_waits_for_the_later_join() -> None:
+    net = SimNetwork(2, NET)
+    schedule = allreduce_schedule(2, 100)  # recursive doubling: one exchange of 400 bytes
+    done = run_schedule(schedule, [0, 1], [0.0, 0.010], net)
+    assert done == pytest.approx([0.010 + msg(400), max(0.010, msg(400))])
+
+
+def test_three_member_recursive_doubling_folds_the_extra_rank() -> None:
+    # p=3: member 0 folds into 1; 1 and 2 exchange; 1 unfolds to 0 (kernels/schedule.cpp).
+    net = SimNetwork(3, NET)
+    c = msg(400)
+    assert run_schedule(allreduce_schedule(3, 100), [0, 1, 2], [0.0] * 3, net) == pytest.approx([2 * c, c, 2 * c])
+
+
+def test_ring_is_chosen_and_sends_what_the_native_ring_sends() -> None:
+    # 118,282 floats over 8 ranks: the byte counts the native layer recorded in a real run.
+    schedule = allreduce_schedule(8, 118_282, 64 * 1024)
+    assert schedule.steps == 14
+    assert schedule.bytes_sent[0] == 827_972 and schedule.bytes_sent[1] == 827_976
+    assert schedule.bytes_sent[7] == 827_968
+    assert allreduce_schedule(8, 100, 64 * 1024).steps == 3  # small: recursive doubling
+
+
+@pytest.mark.parametrize("p,count", [(5, 10), (6, 70_000), (40, 100), (40, 70_000)])
+def test_python_and_numpy_paths_agree(p: int, count: int) -> None:
+    rng = random.Random(p)
+    joins = [rng.uniform(0, 0.01) for _ in range(p)]
+    net = SimNetwork(p, NET)
+    schedule = allreduce_schedule(p, count)
+    fast = run_schedule(schedule, list(range(p)), joins, net)
+    # The same schedule through the vectorised path: an emulated link that adds nothing.
+    slow_net = SimNetwork(p, NET, [Link(0, 1, 0.0, 1e30)])
+    slow = run_schedule(schedule, list(range(p)), joins, slow_net)
+    assert fast == pytest.approx(slow, rel=1e-9)
+
+
+# --- algorithms ------------------------------------------------------------------------------
+
+def test_blocking_allreduce_waits_for_the_straggler() -> None:
+    # Rank 1 sleeps 20 ms in iteration 0; both compute 10 ms; 250 floats = 1 kB.
+    sc = scenario(2, ["allreduce_sgd"], imbalance=[{"kind": "fixed", "ranks": [1], "delay_ms": 20, "stop": 1}])
+    steps = simulate(sc)["allreduce_sgd"]
+    c = msg(1000)
+    # Iteration 0: rank 0 waits for the straggler's message; the straggler finds rank 0's there.
+    assert steps.loc[(0, 0), "end_s"] == pytest.approx(0.030 + c)
+    assert steps.loc[(0, 0), "comm_blocked_s"] == pytest.approx(0.020 + c)
+    assert steps.loc[(0, 1), "end_s"] == pytest.approx(0.030)
+    assert steps.loc[(0, 1), "comm_blocked_s"] == pytest.approx(0.0)
+    # Iteration 1: rank 1 now starts 2 ms earlier and waits for rank 0's message.
+    assert steps.loc[(1, 0), "end_s"] == pytest.approx(0.040 + c)
+    assert steps.loc[(1, 1), "end_s"] == pytest.approx(0.040 + c + c)
+    assert steps.loc[(0, 0), "bytes_sent"] == 1000
+
+
+def test_wagma_late_member_contributes_stale_and_does_not_wait() -> None:
+    # Two ranks, one group of 2, no synchronous round within 2 iterations (sync_period 5).
+    # Rank 0 arrives at 10 ms and activates round 0; the activation (8 bytes) reaches rank 1's
+    # progress thread at 10 ms + msg(8), which joins with its stale buffer; the group sum is done
+    # for rank 0 one exchange later. Rank 1 arrives at 30 ms and takes the finished sum at once.
+    sc = scenario(2, [{"name": "wagma", "group_size": 2, "sync_period": 5}],
+                  imbalance=[{"kind": "fixed", "ranks": [1], "delay_ms": 20, "stop": 1}])
+    steps = simulate(sc)["wagma"]
+    join1 = 0.010 + msg(8)
+    assert steps.loc[(0, 0), "end_s"] == pytest.approx(join1 + msg(1000))
+    assert steps.loc[(0, 0), "staleness"] == 0
+    assert steps.loc[(0, 1), "end_s"] == pytest.approx(0.030)
+    assert steps.loc[(0, 1), "comm_blocked_s"] == pytest.approx(0.0)
+    assert steps.loc[(0, 1), "staleness"] == 1
+    assert steps.loc[(0, 0), "bytes_sent"] == 1000 + 8
+
+
+def test_push_sum_waits_for_the_in_peer_push() -> None:
+    # SGP on 2 ranks: each pushes 251 floats (model + weight) and waits for the other's push.
+    sc = scenario(2, ["sgp"], iterations=1, imbalance=[{"kind": "fixed", "ranks": [1], "delay_ms": 20}])
+    steps = simulate(sc)["sgp"]
+    push = msg(251 * 4)
+    assert steps.loc[(0, 0), "end_s"] == pytest.approx(0.030 + push)
+    assert steps.loc[(0, 0), "comm_blocked_s"] == pytest.approx(0.020 + push)
+    # Rank 1's own push must complete (arrive) before... it only waits for rank 0's, long there.
+    assert steps.loc[(0, 1), "end_s"] == pytest.approx(0.030)
+    assert steps.loc[(0, 0), "bytes_sent"] == 251 * 4
+
+
+def test_overlapped_allreduce_is_waited_for_one_period_later() -> None:
+    # CoCoD-SGD, period 1: the allreduce started after iteration 0 is waited for after iteration 1.
+    sc = scenario(2, [{"name": "cocod_sgd", "period": 1}], iterations=2)
+    steps = simulate(sc)["cocod_sgd"]
+    assert steps.loc[(0, 0), "comm_blocked_s"] == pytest.approx(0.0)
+    assert steps.loc[(1, 0), "end_s"] == pytest.approx(0.020)  # msg(1000) = 2 ms < 10 ms of compute
+    assert steps.loc[(1, 0), "comm_blocked_s"] == pytest.approx(0.0)
+
+
+def test_adpsgd_passive_ranks_never_wait() -> None:
+    sc = scenario(4, ["adpsgd"], iterations=3, imbalance=[{"kind": "fixed", "ranks": [1, 3], "delay_ms": 30}])
+    steps = simulate(sc)["adpsgd"]
+    passive = steps.xs(1, level="rank")
+    assert (passive["comm_blocked_s"] == 0).all()
+    active = steps.loc[(0, 0)]
+    assert active["comm_blocked_s"] == pytest.approx(0.0)  # request and reply (2 x 2 ms) fit in 10 ms
+
+
+# --- one source of truth -------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["wagma_group", "exponential_out_peers", "bipartite_peer", "mixing_row",
+                                  "majority_initiator", "periodic_sync", "osgp_rounds_due"])
+def test_models_use_the_real_schedule_functions(name: str) -> None:
+    assert getattr(sim_algorithms, name) is getattr(harness.schedules, name)
+
+
+def test_sgp_model_takes_its_peers_from_the_schedule(monkeypatch) -> None:
+    calls = []
+    real = harness.schedules.exponential_out_peers
+
+    def spy(rank, ranks, t, peers=1):
+        calls.append((rank, ranks, t, peers))
+        return real(rank, ranks, t, peers)
+
+    monkeypatch.setattr(sim_algorithms, "exponential_out_peers", spy)
+    simulate(scenario(4, ["sgp"], iterations=3))
+    assert sorted(calls) == sorted((r, 4, t, 1) for r in range(4) for t in range(3))
+
+
+# --- every algorithm at several rank counts ---------------------------------------------------
+
+ALL = ["allreduce_sgd", {"name": "local_sgd", "period": 2}, {"name": "overlap_local_sgd", "period": 2},
+       {"name": "easgd", "period": 2, "alpha": 0.1}, {"name": "easgd", "period": 2, "alpha": 0.1, "overlap": True},
+       {"name": "cocod_sgd", "period": 2}, {"name": "bmuf", "period": 2}, "sgp", "osgp", "dpsgd",
+       {"name": "wagma", "group_size": 2, "sync_period": 2}, {"name": "eager_sgd", "mode": "solo"},
+       {"name": "eager_sgd", "mode": "majority"}]
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("entry", ALL, ids=lambda e: e if isinstance(e, str) else "-".join(map(str, e.values())))
+def test_every_model_finishes_with_complete_records(ranks: int, entry) -> None:
+    if isinstance(entry, dict) and entry["name"] == "easgd" and entry["alpha"] >= 2 / (ranks + 1):
+        entry = {**entry, "alpha": 1 / (ranks + 2)}
+    if isinstance(entry, dict) and entry["name"] == "wagma":
+        entry = {**entry, "group_size": min(entry["group_size"], ranks)}
+    sc = scenario(ranks, [entry], iterations=12,
+                  imbalance=[{"kind": "random_ranks", "count": 1, "delay_ms": 15}])
+    (steps,) = simulate(sc).values()
+    assert len(steps) == ranks * 12
+    durations = steps["end_s"] - steps["start_s"]
+    assert (durations >= steps["compute_s"] + steps["injected_delay_s"] - 1e-12).all()
+    assert (steps["comm_blocked_s"] >= -1e-12).all()
+    assert not math.isnan(steps["end_s"].max())
+
+
+def test_adpsgd_even_rank_counts() -> None:
+    for ranks in (2, 4, 6):
+        (steps,) = simulate(scenario(ranks, ["adpsgd"], iterations=10)).values()
+        assert len(steps) == ranks * 10
+
+
+def test_a_thousand_ranks() -> None:
+    sc = scenario(1024, [{"name": "wagma", "group_size": 8, "sync_period": 2}], iterations=4,
+                  imbalance=[{"kind": "random_ranks", "count": 2, "delay_ms": 50}])
+    (steps,) = simulate(sc).values()
+    assert len(steps) == 1024 * 4
+    assert steps["end_s"].max() > 0.05

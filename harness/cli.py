@@ -13,7 +13,7 @@ import importlib
 import os
 import sys
 
-COMMANDS = ("run", "validate", "bench")
+COMMANDS = ("run", "validate", "bench", "calibrate", "simulate", "compare")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,6 @@
-"""``python -m harness bench BENCHMARK``: micro-benchmarks of the native collective layer.
+"""``python -m harness bench BENCHMARK``: benchmarks of the native collective layer and the simulator.
+
+``collectives`` and ``simulator`` are described below and in their modules.
 
 Run from a plain shell, a benchmark launches its own job under the venv's mpiexec
 (``--ranks``, default 4) and exits with the job's status; run inside an MPI job
@@ -8,6 +10,7 @@ The launching parent never imports mpi4py.
 Example::
 
     python -m harness bench collectives --ranks 4 --sizes 4K,64K,1M,16M --json bench.json
+    python -m harness bench simulator --ranks 1024 --iterations 1000
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from harness.bench import collectives
+from harness.bench import collectives, simulator
 from harness.launch import LaunchError, inside_mpi_job, run_ranks
 
 DEFAULT_RANKS = 4
@@ -23,7 +26,7 @@ DEFAULT_RANKS = 4
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``bench`` command and its benchmarks."""
-    parser = subparsers.add_parser("bench", help="micro-benchmarks of the native collective layer",
+    parser = subparsers.add_parser("bench", help="benchmarks: native collectives, simulator speed",
                                    description=__doc__.splitlines()[0])
     benchmarks = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
     coll = benchmarks.add_parser(
@@ -32,6 +35,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     collectives.add_arguments(coll)
     coll.set_defaults(func=run_collectives)
+    sim = benchmarks.add_parser(
+        "simulator", help="speed of the SimPy model (1,024 ranks x 1,000 WAGMA-SGD iterations by default)",
+        description=simulator.__doc__.splitlines()[0],
+    )
+    simulator.add_arguments(sim)
+    sim.set_defaults(func=simulator.run)
 
 
 def run_collectives(args: argparse.Namespace) -> int:

@@ -55,11 +55,16 @@ class NetworkModel(_Strict):
     ``progress_s`` is the extra delay before a message held on an emulated slow link is handed
     over once it is due: the sending rank's progress thread has to wake up for it, which on a
     machine with more ranks than cores takes a scheduler time slice or more (0: no such delay).
+
+    ``shared_cores``: when the ranks share this many cores (more ranks than cores on one
+    machine), message costs grow with the number of ranks computing at the time, k, by
+    ``max(1, k / shared_cores)``: progress threads wait for a core. None: every rank has its own.
     """
 
     latency_s: NonNegFloat
     bandwidth_bytes_per_s: PosFloat
     progress_s: NonNegFloat = 0.0
+    shared_cores: Annotated[int, Field(ge=1)] | None = None
 
     def message_s(self, nbytes: float) -> float:
         return self.latency_s + nbytes / self.bandwidth_bytes_per_s

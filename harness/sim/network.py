@@ -49,6 +49,8 @@ class SimNetwork:
         self.alpha = base.latency_s
         self.inv_bandwidth = 1.0 / base.bandwidth_bytes_per_s
         self.progress = base.progress_s
+        self.shared_cores = base.shared_cores
+        self.computing = 0  # ranks whose main thread is computing now (kept by the simulator)
         self.ring_threshold_bytes = ring_threshold_bytes
         self._links: dict[tuple[int, int], tuple[float, float]] = {}
         for link in links:
@@ -67,18 +69,29 @@ class SimNetwork:
     def emulated(self) -> bool:
         return bool(self._links)
 
+    def load_factor(self) -> float:
+        """How much slower the progress threads are now: ``computing / shared_cores``, at least 1.
+
+        With more ranks than cores, a message hop needs the receiving progress thread to get a
+        core; while k ranks compute on C shared cores it waits for a time slice about k / C
+        times as long (README, "Simulation"). 1 when the cores are not shared.
+        """
+        if not self.shared_cores or self.computing <= self.shared_cores:
+            return 1.0
+        return self.computing / self.shared_cores
+
     def _hold(self, src: int, dst: int, nbytes: float, post: float) -> float:
         """Release time of a message on an emulated link (reserves the link), as the native layer."""
         latency, inv_bw = self._links[(src, dst)]
         start = max(post, self._free_at.get((src, dst), post))
         transfer = nbytes * inv_bw
         self._free_at[(src, dst)] = start + transfer
-        return start + latency + transfer + self.progress
+        return start + latency + transfer + self.progress * self.load_factor()
 
     def message(self, src: int, dst: int, nbytes: float, post: float) -> tuple[float, float]:
         """(release, arrival) of one message posted at ``post``."""
         release = self._hold(src, dst, nbytes, post) if (src, dst) in self._links else post
-        return release, release + self.alpha + nbytes * self.inv_bandwidth
+        return release, release + (self.alpha + nbytes * self.inv_bandwidth) * self.load_factor()
 
     def messages(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray,
                  post: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -91,7 +104,7 @@ class SimNetwork:
                 held = np.array([i for i in range(len(src)) if (int(src[i]), int(dst[i])) in self._links], dtype=int)
             for i in held[np.argsort(post[held], kind="stable")]:
                 release[i] = self._hold(int(src[i]), int(dst[i]), float(nbytes[i]), float(post[i]))
-        return release, release + self.alpha + nbytes * self.inv_bandwidth
+        return release, release + (self.alpha + nbytes * self.inv_bandwidth) * self.load_factor()
 
     def allreduce_schedule(self, members: int, count: int) -> "Schedule":
         """The native layer's allreduce schedule for ``members`` ranks and ``count`` floats."""
@@ -212,7 +225,8 @@ def run_schedule(schedule: Schedule, world: Sequence[int], join: Sequence[float]
         return _run_small(schedule, list(join), network)
     t = np.array(join, dtype=float)
     world = np.asarray(world)
-    alpha, inv_bw = network.alpha, network.inv_bandwidth
+    load = network.load_factor()  # the load when the collective is computed holds for all its steps
+    alpha, inv_bw = network.alpha * load, network.inv_bandwidth * load
     for senders, dst, nbytes, receivers, sources, source_bytes in schedule.compiled:
         if not network.emulated:  # releases are the posts: only arrivals move the receivers
             arrival = t[sources] + (alpha + source_bytes * inv_bw)
@@ -228,7 +242,8 @@ def run_schedule(schedule: Schedule, world: Sequence[int], join: Sequence[float]
 
 
 def _run_small(schedule: Schedule, t: list[float], network: SimNetwork) -> list[float]:
-    alpha, inv_bw = network.alpha, network.inv_bandwidth
+    load = network.load_factor()
+    alpha, inv_bw = network.alpha * load, network.inv_bandwidth * load
     for receivers, sources, source_bytes in schedule.compiled_lists:
         before = t[:]
         for m, src, nbytes in zip(receivers, sources, source_bytes):
@@ -246,3 +261,32 @@ def predict_allreduce_s(ranks: int, nbytes: int, base: NetworkModel,
     schedule = network.allreduce_schedule(ranks, max(0, nbytes // FLOAT_BYTES))
     done = run_schedule(schedule, range(ranks), [0.0] * ranks, network)
     return max(done) if ranks else 0.0
+
+
+def fit_to_allreduce(points: Sequence[tuple[int, int, float]],
+                     ring_threshold_bytes: int = DEFAULT_RING_THRESHOLD_BYTES) -> NetworkModel:
+    """The alpha-beta model under which simulated allreduces take the measured times.
+
+    ``points``: (ranks, bytes per rank, measured seconds) of allreduces that all ranks joined at
+    once. With simultaneous joins and no emulated links, the simulated time is exactly
+    ``alpha * S + beta * B`` (S: messages on the critical path, B: their bytes), so a
+    least-squares fit of the measured times (relative errors, as ``fit_alpha_beta``) gives the
+    per-message cost that the decomposed collectives really see, contention included.
+    """
+    rows, times = [], []
+    for ranks, nbytes, seconds in points:
+        if ranks < 2:
+            continue
+        count = max(0, int(nbytes) // FLOAT_BYTES)
+        unit_alpha = predict_allreduce_s(ranks, count * FLOAT_BYTES, NetworkModel(latency_s=1.0, bandwidth_bytes_per_s=1e300),
+                                         ring_threshold_bytes)
+        unit_beta = predict_allreduce_s(ranks, count * FLOAT_BYTES, NetworkModel(latency_s=0.0, bandwidth_bytes_per_s=1.0),
+                                        ring_threshold_bytes)
+        rows.append((unit_alpha, unit_beta))
+        times.append(seconds)
+    if len(rows) < 2:
+        raise ValueError(f"need allreduce times at 2 or more sizes to fit the network (got {len(rows)})")
+    design, t = np.array(rows), np.array(times)
+    w = 1.0 / np.maximum(t, 1e-9)
+    (alpha, beta), *_ = np.linalg.lstsq(design * w[:, None], t * w, rcond=None)
+    return NetworkModel(latency_s=max(float(alpha), 0.0), bandwidth_bytes_per_s=1.0 / max(float(beta), 1e-15))

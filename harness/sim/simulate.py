@@ -126,7 +126,9 @@ def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
             if delay > 0:
                 yield env.timeout(delay)
             local = timing.compute(t, r)
+            network.computing += 1
             yield env.timeout(local)
+            network.computing -= 1
             h0 = env.now
             if after_backward is not None:
                 yield from after_backward(r, t)

@@ -1,0 +1,256 @@
+"""Pure helpers of ``python -m harness calibrate``: what to measure, how often, and the table.
+
+Nothing here imports mpi4py or torch: the launching parent uses this module to turn scenario
+files into a ``Plan`` (the JSON spec each calibration job reads), and rank 0 of the job uses
+the statistics helpers to turn raw timings into a ``CalibrationEntry``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+KIB = 1024
+MIB = 1024 * KIB
+
+#: Point-to-point message sizes (bytes, float32 buffers): 2 floats, 1 KiB, 64 KiB, 1 MiB, 4 MiB.
+P2P_SIZES = (8, KIB, 64 * KIB, MIB, 4 * MIB)
+#: Allreduce sizes always measured; each workload's model size (4 bytes per parameter) is added.
+ALLREDUCE_SIZES = (4, 64 * KIB, MIB)
+#: Larger model sizes are not measured (memory and time on an oversubscribed machine); the
+#: simulator's alpha-beta decomposition covers them.
+MAX_OP_BYTES = 64 * MIB
+#: Compute times are averaged over windows of consecutive iterations at least this long: with
+#: more ranks than cores the scheduler runs a rank for a few ms slices at a time, so single
+#: iterations are either uncontended or hold a whole wait for the core (median ~ uncontended,
+#: far below the real rate); windows of several slices see the shared core.
+WINDOW_S = 0.025
+#: Nominal sleep per iteration of the emulated-compute loop that measures ``loop_overhead_s``.
+OVERHEAD_SLEEP_S = 0.001
+MIN_RANKS = 2  # the point-to-point measurement needs two ranks
+
+
+@dataclass(frozen=True)
+class Effort:
+    """Repetitions of each measurement (``FULL`` by default, ``QUICK`` with ``--quick``)."""
+
+    p2p_reps: int  # timed exchanges per size, up to 64 KiB (fewer above, see ``reps_for``)
+    rounds: int  # point-to-point sizes and ops are measured in this many interleaved rounds
+    op_reps: int  # timed back-to-back ops per size
+    warmup: int  # untimed repetitions before each size
+    byte_budget: int  # sizes above 64 KiB run about this many bytes of repetitions...
+    min_reps: int  # ...but at least this many
+    compute_warmup: int  # untimed training iterations per workload
+    compute_min_iters: int  # timed iterations per workload: as many as fit in compute_budget_s,
+    compute_max_iters: int  # clamped to [min, max]
+    compute_budget_s: float
+    eval_reps: int  # timed evaluation points per (model, dataset)
+    overhead_iters: int  # iterations of the emulated-compute loop
+
+    def reps_for(self, size: int, reps: int) -> tuple[int, int]:
+        """(timed, warm-up) repetitions for a message of ``size`` bytes."""
+        if size <= 64 * KIB:
+            return reps, self.warmup
+        return min(reps, max(self.min_reps, self.byte_budget // size)), min(self.warmup, 3)
+
+
+FULL = Effort(p2p_reps=400, rounds=8, op_reps=64, warmup=10, byte_budget=256 * MIB, min_reps=5, compute_warmup=10,
+              compute_min_iters=30, compute_max_iters=300, compute_budget_s=8.0, eval_reps=10,
+              overhead_iters=300)
+QUICK = Effort(p2p_reps=20, rounds=2, op_reps=10, warmup=3, byte_budget=16 * MIB, min_reps=3, compute_warmup=2,
+               compute_min_iters=5, compute_max_iters=20, compute_budget_s=1.0, eval_reps=2,
+               overhead_iters=40)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One real-compute workload to time: what a rank trains, with the scenario's seed and optimizer."""
+
+    model: str
+    dataset: str
+    batch_size: int
+    seed: int = 0
+    optimizer: dict[str, Any] = field(default_factory=dict)  # Optimizer fields; {} = defaults
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return self.model, self.dataset, self.batch_size
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything one calibration job measures; serialized as the worker's JSON spec.
+
+    ``op_models`` are (model, dataset, seed) whose parameter count (times 4 bytes) is added to
+    the allreduce sizes by the worker, which can build models; ``op_bytes`` are sizes known
+    without building one (emulated compute with an explicit ``params``).
+    """
+
+    ranks: int
+    quick: bool = False
+    workloads: tuple[Workload, ...] = ()
+    op_models: tuple[tuple[str, str, int], ...] = ()
+    op_bytes: tuple[int, ...] = ()
+
+    @property
+    def effort(self) -> Effort:
+        return QUICK if self.quick else FULL
+
+    def with_ranks(self, ranks: int) -> Plan:
+        return Plan(ranks, self.quick, self.workloads, self.op_models, self.op_bytes)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Plan:
+        return cls(
+            ranks=int(data["ranks"]),
+            quick=bool(data["quick"]),
+            workloads=tuple(Workload(**w) for w in data["workloads"]),
+            op_models=tuple((str(m), str(d), int(s)) for m, d, s in data["op_models"]),
+            op_bytes=tuple(int(b) for b in data["op_bytes"]),
+        )
+
+
+def plan_from_scenarios(scenarios: Iterable[Any], quick: bool = False) -> Plan:
+    """The workloads and allreduce sizes of ``scenarios`` (``harness.scenario.Scenario``s).
+
+    Every distinct real-compute (model, dataset, batch size) is one workload (the first
+    scenario naming it gives the seed and optimizer); emulated-compute scenarios add no
+    workload, only their communicated size to the allreduce sizes. ``ranks`` is left 0.
+    """
+    workloads: dict[tuple[str, str, int], Workload] = {}
+    op_models: dict[tuple[str, str], tuple[str, str, int]] = {}
+    op_bytes: set[int] = set()
+    for s in scenarios:
+        w = s.workload
+        if w.compute == "real":
+            wl = Workload(w.model, w.dataset, w.batch_size, s.seed, s.optimizer.model_dump())
+            workloads.setdefault(wl.key, wl)
+        if w.compute == "real" or w.params is None:
+            op_models.setdefault((w.model, w.dataset), (w.model, w.dataset, s.seed))
+        else:
+            op_bytes.add(4 * w.params)
+    return Plan(0, quick, tuple(workloads.values()), tuple(op_models.values()), tuple(sorted(op_bytes)))
+
+
+def allreduce_sizes(model_bytes: Iterable[int]) -> list[int]:
+    """``ALLREDUCE_SIZES`` plus the given model sizes up to ``MAX_OP_BYTES``, ascending, distinct."""
+    return sorted({*ALLREDUCE_SIZES, *(b for b in model_bytes if 0 < b <= MAX_OP_BYTES)})
+
+
+def parse_ranks(text: str) -> list[int]:
+    """Comma-separated rank counts, each >= 2: ``"2,8"`` -> ``[2, 8]`` (ascending, distinct)."""
+    parts = [p.strip() for p in text.split(",")]
+    if not text.strip() or any(not p for p in parts):
+        raise ValueError(f"bad rank list {text!r}: write rank counts like 2,8")
+    counts = []
+    for p in parts:
+        try:
+            n = int(p)
+        except ValueError:
+            raise ValueError(f"bad rank count {p!r}: expected a whole number") from None
+        if n < MIN_RANKS:
+            raise ValueError(f"rank counts must be >= {MIN_RANKS}: the point-to-point measurement needs two "
+                             f"ranks (got {n})")
+        counts.append(n)
+    return sorted(set(counts))
+
+
+# -- statistics ---------------------------------------------------------------------------------
+def median(values: Sequence[float]) -> float:
+    return float(np.median(np.asarray(values, dtype=float)))
+
+
+def p95(values: Sequence[float]) -> float:
+    return float(np.percentile(np.asarray(values, dtype=float), 95))
+
+
+def per_rep_mean_median(times_by_rank: Sequence[Sequence[float]]) -> float:
+    """Median over repetitions of the mean over ranks of each repetition's time.
+
+    In back-to-back blocking operations the ranks' entry times alternate around each other;
+    the mean over ranks of one repetition cancels that skew, the median drops outliers.
+    """
+    arr = np.asarray(times_by_rank, dtype=float)
+    return float(np.median(arr.mean(axis=0)))
+
+
+def iteration_times(starts: Sequence[float]) -> list[float]:
+    """Per-iteration times of one rank from its iterations' start times (consecutive differences)."""
+    s = np.asarray(starts, dtype=float)
+    return np.diff(s).tolist()
+
+
+def window_means(times_by_rank: Sequence[Sequence[float]], window_s: float = WINDOW_S) -> list[float]:
+    """Mean iteration time of each window of ``k`` consecutive iterations of each rank.
+
+    ``k`` is the smallest count whose mean total (over all ranks' iterations) reaches
+    ``window_s`` (1 for iterations longer than that); a rank's last incomplete window is
+    dropped unless it has no complete one.
+    """
+    lists = [np.asarray(t, dtype=float) for t in times_by_rank if len(t)]
+    if not lists:
+        raise ValueError("no iteration times")
+    mean = float(np.mean(np.concatenate(lists)))
+    k = max(1, math.ceil(window_s / mean)) if mean > 0 else 1
+    out: list[float] = []
+    for t in lists:
+        full = len(t) // k * k
+        out += t[:full].reshape(-1, k).mean(axis=1).tolist() if full else [float(t.mean())]
+    return out
+
+
+def timed_iterations(per_iter_s: float, effort: Effort) -> int:
+    """How many timed iterations of a workload fit ``effort.compute_budget_s`` (clamped)."""
+    if not math.isfinite(per_iter_s) or per_iter_s <= 0:
+        return effort.compute_max_iters
+    n = int(effort.compute_budget_s / per_iter_s)
+    return max(effort.compute_min_iters, min(effort.compute_max_iters, n))
+
+
+# -- the table ----------------------------------------------------------------------------------
+def _bytes_label(n: int) -> str:
+    for suffix, unit in (("MiB", MIB), ("KiB", KIB)):
+        if n >= unit and n % unit == 0:
+            return f"{n // unit} {suffix}"
+    return f"{n} B"
+
+
+def format_table(calibration: Any, measured: Iterable[int] = ()) -> str:
+    """The calibration's entries side by side: one column per rank count, one row per quantity.
+
+    Columns of entries not in ``measured`` (kept from an earlier calibration) say ``(kept)``.
+    """
+    from tabulate import tabulate  # noqa: PLC0415
+
+    measured = set(measured)
+    entries = list(calibration.entries)
+    rows: dict[str, list[str]] = {}
+
+    def put(label: str, col: int, text: str) -> None:
+        rows.setdefault(label, [""] * len(entries))[col] = text
+
+    for col, e in enumerate(entries):
+        put("alpha (us)", col, f"{e.network.latency_s * 1e6:.1f}")
+        put("bandwidth (GB/s)", col, f"{e.network.bandwidth_bytes_per_s / 1e9:.2f}")
+        for p in e.p2p:
+            put(f"one-way {_bytes_label(p.bytes)} (us)", col, f"{p.one_way_s * 1e6:.1f}")
+        for op in e.ops:
+            label = op.op if op.op == "barrier" else f"{op.op} {_bytes_label(op.bytes)}"
+            put(f"{label} (us)", col, f"{op.median_s * 1e6:.1f}")
+        for c in e.compute:
+            put(f"compute {c.model}/{c.dataset}/b{c.batch_size} median (ms)", col, f"{c.median_s * 1e3:.2f}")
+            put(f"compute {c.model}/{c.dataset}/b{c.batch_size} p95 (ms)", col, f"{c.p95_s * 1e3:.2f}")
+        for ev in e.evaluation:
+            put(f"eval {ev.model}/{ev.dataset} (ms)", col, f"{ev.median_s * 1e3:.2f}")
+        put("loop overhead (us)", col, f"{e.loop_overhead_s * 1e6:.1f}")
+    headers = ["", *(f"{e.ranks} ranks" + ("" if e.ranks in measured or not measured else " (kept)")
+                     for e in entries)]
+    body = [[label, *values] for label, values in rows.items()]
+    return tabulate(body, headers=headers, tablefmt="simple", stralign="right", disable_numparse=True)

@@ -1,0 +1,332 @@
+"""The per-rank program of one calibration job: ``python -m harness.calibrate.worker SPEC OUT``.
+
+Launched by ``python -m harness calibrate`` under the venv's mpiexec, one job per rank count.
+``SPEC`` is a JSON ``harness.calibrate.measure.Plan``; rank 0 writes the measured
+``CalibrationEntry`` as JSON to ``OUT`` (atomically) and every rank exits 0. All measured
+communication goes through the native layer (``harness.comm.Communicator``); mpi4py only
+gathers the timings to rank 0 and keeps idle ranks waiting without spinning (a non-blocking
+barrier polled every millisecond).
+
+What is measured, in this order (times on ``time.perf_counter`` / ``time.monotonic``):
+
+1. ``p2p``: ranks 0 and 1 run back-to-back blocking ``exchange``s of float32 buffers of each
+   size (``P2PPoint.bytes`` = bytes sent one way) while the other ranks wait; both post at
+   about the same time and an exchange completes when the peer's message has arrived, so
+   the time of one exchange in the chain is one one-way message time: post -> hand-off to
+   the progress thread -> MPI transfer -> arrival -> the caller woken (a ping-pong's half
+   round trip, with both directions in flight at once). ``one_way_s`` = median over
+   repetitions (in interleaved rounds over all sizes) of the mean of the two ranks' times.
+   No emulated links. ``network`` is ``fit_alpha_beta`` of these points; its ``progress_s``
+   (the wake-up delay of a message held on an emulated link) is not measured and stays 0.
+2. ``ops``: all ranks time native ``barrier`` and ``allreduce`` (sum, float32) of each size
+   (``bytes`` = buffer bytes per rank), each repetition started right after a native
+   barrier, i.e. from an (almost) synchronized start, in interleaved rounds over all
+   cases; ``median_s`` = median over repetitions of the mean over ranks of the op's time
+   (post -> completion). On a common clock that mean matched "last rank posts -> last rank
+   completes" within a few percent. (Back-to-back ops without the barrier, every core busy
+   with callers and progress threads, ran 3-5x slower at 8 ranks on 2 cores.)
+3. ``compute``: per workload, every rank runs the real training loop
+   (``harness.runner.loop.train``) at once with an algorithm whose hooks do nothing, so an
+   iteration is exactly the loop's local work: batch, zero_grad, forward, cross-entropy,
+   backward, optimizer step and the loop's bookkeeping. An iteration's time is the
+   difference of consecutive iteration start times (``samples`` = how many, all ranks,
+   after untimed warm-up iterations). ``median_s`` / ``p95_s`` are the median / 95th
+   percentile over windows of consecutive iterations (``measure.WINDOW_S``, 25 ms or one
+   iteration) of the window's mean iteration time: with more ranks than cores single
+   iterations are either uncontended or hold a whole wait for the core (their median is the
+   uncontended time, 4x too fast at 8 ranks on 2 cores), windows show the shared core.
+4. ``evaluation``: rank 0 times one evaluation point's local work, ``test_metrics`` of the
+   averaged model and of its own (two calls, as ``evaluate`` makes), while the other ranks
+   wait; median over repetitions. The two allreduces ``evaluate`` adds are not included.
+5. ``loop_overhead_s``: every rank runs the training loop at once with emulated compute
+   (sleep ``OVERHEAD_SLEEP_S`` per iteration, no-op hooks); the mean excess of an iteration
+   over the nominal sleep (sleep overshoot included), averaged over ranks, floored at 0.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.calibrate import measure
+from harness.calibrate.measure import Plan, Workload
+
+
+def _say(rank: int, text: str) -> None:
+    if rank == 0:
+        print(text, file=sys.stderr, flush=True)
+
+
+def quiet_barrier(world: Any, poll_s: float = 0.001) -> None:
+    """An MPI barrier that sleeps while it waits (MPICH's blocking Barrier spins a core)."""
+    req = world.Ibarrier()
+    while not req.Test():
+        time.sleep(poll_s)
+
+
+# -- 1. point to point ----------------------------------------------------------------------------
+def measure_p2p(comm: Any, world: Any, effort: measure.Effort) -> list[Any]:
+    """One-way times of exchanges between ranks 0 and 1 (rank 0 returns the points).
+
+    The sizes are measured in ``effort.rounds`` interleaved rounds (a block of repetitions of
+    every size per round): how the scheduler happens to place the two ranks' threads on the
+    cores changes the time several-fold and persists for a while, so rounds spread each
+    size over several placements; the median is then taken over all repetitions.
+    """
+    from harness.sim.calibration import P2PPoint  # noqa: PLC0415
+
+    rank = comm.rank
+    times: dict[int, list[float]] = {size: [] for size in measure.P2P_SIZES}
+    if rank < 2:
+        peer = 1 - rank
+        buffers = {}
+        for size in measure.P2P_SIZES:
+            send = np.full(size // 4, rank + 1, dtype=np.float32)
+            buffers[size] = (send, np.zeros_like(send))
+        for rnd in range(effort.rounds):
+            for size in measure.P2P_SIZES:
+                reps, warmup = effort.reps_for(size, effort.p2p_reps)
+                per_round = -(-reps // effort.rounds)
+                send, recv = buffers[size]
+                t = np.empty(per_round)
+                for i in range(-(warmup if rnd == 0 else 1), per_round):
+                    t0 = time.perf_counter()
+                    comm.exchange(send, recv, peer)
+                    t1 = time.perf_counter()
+                    if i >= 0:
+                        t[i] = t1 - t0
+                times[size] += t.tolist()
+        for size, (_, recv) in buffers.items():
+            if not np.all(recv == peer + 1):
+                raise RuntimeError(f"exchange of {size} bytes delivered wrong data")
+    quiet_barrier(world)
+    gathered = world.gather(times, root=0)
+    comm.drain_records()
+    if rank != 0:
+        return []
+    return [P2PPoint(bytes=size, one_way_s=measure.per_rep_mean_median([gathered[0][size], gathered[1][size]]))
+            for size in measure.P2P_SIZES]
+
+
+# -- 2. collectives -------------------------------------------------------------------------------
+def measure_ops(comm: Any, world: Any, effort: measure.Effort, sizes: list[int]) -> list[Any]:
+    """Time of native barrier and allreduce from a synchronized start (rank 0 returns the points).
+
+    Like the point-to-point sizes, the cases run in ``effort.rounds`` interleaved rounds, so
+    a passing disturbance (another process, a scheduler hiccup) spreads over all of them.
+    """
+    from harness.sim.calibration import OpPoint  # noqa: PLC0415
+
+    cases = [("barrier", 0), *(("allreduce", s) for s in sizes)]
+    buffers = [np.zeros(max(size // 4, 1), dtype=np.float32) for _, size in cases]  # zeros: sums stay finite
+    times: list[list[float]] = [[] for _ in cases]
+    for rnd in range(effort.rounds):
+        for j, (op, size) in enumerate(cases):
+            reps, warmup = effort.reps_for(size, effort.op_reps)
+            per_round = -(-reps // effort.rounds)
+            buf = buffers[j]
+            t = np.empty(per_round)
+            for i in range(-(warmup if rnd == 0 else 1), per_round):
+                comm.barrier()
+                t0 = time.perf_counter()
+                if op == "barrier":
+                    comm.barrier()
+                else:
+                    comm.allreduce(buf, op="sum")
+                t1 = time.perf_counter()
+                if i >= 0:
+                    t[i] = t1 - t0
+            times[j] += t.tolist()
+        comm.drain_records()
+    gathered = world.gather(times, root=0)
+    if comm.rank != 0:
+        return []
+    return [OpPoint(op=op, bytes=size, median_s=measure.per_rep_mean_median([g[j] for g in gathered]))
+            for j, (op, size) in enumerate(cases)]
+
+
+# -- 3-5. the training loop -----------------------------------------------------------------------
+def _scenario(ranks: int, seed: int, workload: dict[str, Any], iterations: int, optimizer: dict[str, Any]) -> Any:
+    from harness.scenario import scenario_from_dict  # noqa: PLC0415
+
+    return scenario_from_dict({
+        "name": "calibrate", "ranks": ranks, "seed": seed,
+        "workload": {**workload, "iterations": iterations, "eval_every": iterations},
+        "optimizer": optimizer, "algorithms": ["allreduce_sgd"],
+    }, source="<calibration>")
+
+
+def _run_loop(comm: Any, scenario: Any, state: Any) -> list[float]:
+    """Run ``train`` on every rank at once with no-op hooks; this rank's iteration start times."""
+    from harness.algorithms.base import Algorithm, AlgorithmContext  # noqa: PLC0415
+    from harness.injection import InjectionPlan  # noqa: PLC0415
+    from harness.runner.loop import train  # noqa: PLC0415
+
+    class Idle(Algorithm):
+        name = "calibrate"
+
+    ctx = AlgorithmContext(comm, state.params, state.grads, state.optimizer, scenario.optimizer.lr, scenario.seed,
+                           scenario.workload.iterations)
+    comm.barrier()
+    steps, _, _ = train(scenario, Idle(None, ctx), state, comm, comm, InjectionPlan.from_scenario(scenario),
+                        time.monotonic())
+    comm.drain_records()
+    return [s.start_s for s in steps]
+
+
+def measure_compute(comm: Any, world: Any, effort: measure.Effort, workload: Workload, dataset: Any) -> Any:
+    """Per-iteration time of ``workload`` with all ranks training at once; (ComputePoint, state) on rank 0."""
+    from mpi4py import MPI  # noqa: PLC0415
+
+    from harness.runner.workload_state import build_state  # noqa: PLC0415
+    from harness.sim.calibration import ComputePoint  # noqa: PLC0415
+
+    spec = {"model": workload.model, "dataset": workload.dataset, "batch_size": workload.batch_size}
+    n = comm.size
+    warm = _scenario(n, workload.seed, spec, effort.compute_warmup + 1, workload.optimizer)
+    state = build_state(warm, comm.rank, dataset)
+    starts = _run_loop(comm, warm, state)
+    per_iter = max(measure.iteration_times(starts) or [float("nan")])
+    per_iter = world.allreduce(per_iter, op=MPI.MAX)
+    iters = measure.timed_iterations(per_iter, effort) + 1  # +1: n iterations give n-1 differences
+    timed = _scenario(n, workload.seed, spec, iters, workload.optimizer)
+    samples = measure.iteration_times(_run_loop(comm, timed, state))
+    gathered = world.gather(samples, root=0)
+    if comm.rank != 0:
+        return None, state
+    windows = measure.window_means(gathered)
+    return ComputePoint(model=workload.model, dataset=workload.dataset, batch_size=workload.batch_size,
+                        median_s=measure.median(windows), p95_s=measure.p95(windows),
+                        samples=sum(len(g) for g in gathered)), state
+
+
+def measure_evaluation(comm: Any, world: Any, effort: measure.Effort, workload: Workload, state: Any) -> Any:
+    """Rank 0's time of one evaluation point's test metrics (average and rank0 models)."""
+    from harness.runner.evaluate import test_metrics  # noqa: PLC0415
+    from harness.sim.calibration import EvalPoint  # noqa: PLC0415
+
+    point = None
+    if comm.rank == 0:
+        avg = state.params.detach().clone()
+        local = state.params
+        times = []
+        for i in range(-1, effort.eval_reps):
+            t0 = time.perf_counter()
+            for flat in (avg, local):
+                test_metrics(state.model, flat, state.params, state.data)
+            if i >= 0:
+                times.append(time.perf_counter() - t0)
+        point = EvalPoint(model=workload.model, dataset=workload.dataset, median_s=measure.median(times))
+    quiet_barrier(world)
+    return point
+
+
+def measure_loop_overhead(comm: Any, world: Any, effort: measure.Effort) -> float:
+    """Mean excess of an emulated-compute iteration over its nominal sleep (rank 0 returns it)."""
+    from harness.runner.workload_state import build_state  # noqa: PLC0415
+    from harness.workload import load_dataset  # noqa: PLC0415
+
+    spec = {"model": "logreg", "dataset": "synthetic", "batch_size": 1, "params": 1,
+            "compute": {"emulate_ms": measure.OVERHEAD_SLEEP_S * 1e3}}
+    scenario = _scenario(comm.size, 0, spec, effort.overhead_iters, {})
+    state = build_state(scenario, comm.rank, load_dataset("synthetic", 0))
+    starts = _run_loop(comm, scenario, state)
+    excess = (starts[-1] - starts[0]) / (len(starts) - 1) - measure.OVERHEAD_SLEEP_S
+    gathered = world.gather(excess, root=0)
+    return max(0.0, float(np.mean(gathered))) if comm.rank == 0 else 0.0
+
+
+# -- the job --------------------------------------------------------------------------------------
+def run_worker(plan: Plan) -> Any:
+    """Measure everything of ``plan`` on this rank; rank 0 returns the CalibrationEntry, others None."""
+    from mpi4py import MPI  # noqa: PLC0415
+
+    from harness.comm import Communicator  # noqa: PLC0415
+    from harness.runner.workload_state import warm_up_torch  # noqa: PLC0415
+    from harness.sim.calibration import CalibrationEntry, fit_alpha_beta  # noqa: PLC0415
+    from harness.workload import build_model, configure_torch_threads, load_dataset  # noqa: PLC0415
+
+    world = MPI.COMM_WORLD
+    n, rank = world.Get_size(), world.Get_rank()
+    if n != plan.ranks:
+        raise RuntimeError(f"the plan is for {plan.ranks} ranks but this MPI job has {n}")
+    if n < measure.MIN_RANKS:
+        raise RuntimeError(f"calibration needs at least {measure.MIN_RANKS} ranks (got {n})")
+    effort = plan.effort
+    configure_torch_threads(1)  # as the runner: ranks outnumber cores, one compute thread each
+    warm_up_torch()
+    # Rank 0 loads the datasets and counts the models' parameters while the others sleep, then
+    # sends them: parsing MNIST on every rank at once took most of a job's start-up.
+    datasets: dict[tuple[str, int], Any] = {}
+    model_bytes: list[int] = []
+    if rank == 0:
+        for ds, seed in sorted({(w.dataset, w.seed) for w in plan.workloads} | {(d, s) for _, d, s in plan.op_models}):
+            datasets[ds, seed] = load_dataset(ds, seed)
+        for model, ds, seed in plan.op_models:
+            data = datasets[ds, seed]
+            net = build_model(model, tuple(data.input_shape), data.num_classes, seed)
+            model_bytes.append(4 * sum(p.numel() for p in net.parameters()))
+    quiet_barrier(world)
+    datasets, model_bytes = world.bcast((datasets, model_bytes), root=0)
+    sizes = measure.allreduce_sizes([*model_bytes, *plan.op_bytes])
+
+    comm = Communicator(world)
+    try:
+        t = time.monotonic()
+        p2p = measure_p2p(comm, world, effort)
+        _say(rank, f"[{n} ranks] point-to-point: {time.monotonic() - t:.1f} s")
+        t = time.monotonic()
+        ops = measure_ops(comm, world, effort, sizes)
+        _say(rank, f"[{n} ranks] collectives: {time.monotonic() - t:.1f} s")
+        compute, evaluation, evaluated = [], [], set()
+        for w in plan.workloads:
+            t = time.monotonic()
+            point, state = measure_compute(comm, world, effort, w, datasets[w.dataset, w.seed])
+            compute.append(point)
+            if (w.model, w.dataset) not in evaluated:
+                evaluated.add((w.model, w.dataset))
+                evaluation.append(measure_evaluation(comm, world, effort, w, state))
+            _say(rank, f"[{n} ranks] compute {w.model}/{w.dataset}/b{w.batch_size}: {time.monotonic() - t:.1f} s")
+        t = time.monotonic()
+        overhead = measure_loop_overhead(comm, world, effort)
+        _say(rank, f"[{n} ranks] loop overhead: {time.monotonic() - t:.1f} s")
+    finally:
+        comm.close()
+    if rank != 0:
+        return None
+    return CalibrationEntry(ranks=n, network=fit_alpha_beta(p2p), p2p=p2p, ops=ops, compute=compute,
+                            evaluation=evaluation, loop_overhead_s=overhead)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m harness.calibrate.worker SPEC.json OUT.json", file=sys.stderr)
+        return 2
+    try:
+        plan = Plan.from_json(json.loads(Path(argv[0]).read_text()))
+        entry = run_worker(plan)
+        if entry is not None:
+            from harness.results.atomic import write_text  # noqa: PLC0415
+
+            write_text(Path(argv[1]), entry.model_dump_json(indent=2) + "\n")
+        return 0
+    except BaseException:
+        # One rank failing must not leave the others waiting in a collective forever.
+        traceback.print_exc()
+        sys.stderr.flush()
+        from mpi4py import MPI  # noqa: PLC0415
+
+        if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+            MPI.COMM_WORLD.Abort(1)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

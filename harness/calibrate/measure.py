@@ -44,6 +44,7 @@ class Effort:
     warmup: int  # untimed repetitions before each size
     byte_budget: int  # sizes above 64 KiB run about this many bytes of repetitions...
     min_reps: int  # ...but at least this many
+    reference_iters: int  # iterations of each reference training the network is fitted to
     compute_warmup: int  # untimed training iterations per workload
     compute_min_iters: int  # timed iterations per workload: as many as fit in compute_budget_s,
     compute_max_iters: int  # clamped to [min, max]
@@ -58,10 +59,12 @@ class Effort:
         return min(reps, max(self.min_reps, self.byte_budget // size)), min(self.warmup, 3)
 
 
-FULL = Effort(p2p_reps=400, rounds=8, op_reps=64, warmup=10, byte_budget=256 * MIB, min_reps=5, compute_warmup=10,
+FULL = Effort(p2p_reps=400, rounds=8, op_reps=64, warmup=10, byte_budget=256 * MIB, min_reps=5,
+              reference_iters=60, compute_warmup=10,
               compute_min_iters=30, compute_max_iters=300, compute_budget_s=8.0, eval_reps=10,
               overhead_iters=300)
-QUICK = Effort(p2p_reps=20, rounds=2, op_reps=10, warmup=3, byte_budget=16 * MIB, min_reps=3, compute_warmup=2,
+QUICK = Effort(p2p_reps=20, rounds=2, op_reps=10, warmup=3, byte_budget=16 * MIB, min_reps=3,
+               reference_iters=12, compute_warmup=2,
                compute_min_iters=5, compute_max_iters=20, compute_budget_s=1.0, eval_reps=2,
                overhead_iters=40)
 
@@ -237,8 +240,15 @@ def format_table(calibration: Any, measured: Iterable[int] = ()) -> str:
         rows.setdefault(label, [""] * len(entries))[col] = text
 
     for col, e in enumerate(entries):
-        put("alpha (us)", col, f"{e.network.latency_s * 1e6:.1f}")
-        put("bandwidth (GB/s)", col, f"{e.network.bandwidth_bytes_per_s / 1e9:.2f}")
+        put("simulated network from", col, e.network_source)
+        put("  alpha (us)", col, f"{e.network.latency_s * 1e6:.1f}")
+        put("  bandwidth (GB/s)", col, f"{e.network.bandwidth_bytes_per_s / 1e9:.3f}")
+        put("  shared cores", col, str(e.network.shared_cores or "-"))
+        if e.network_fit_error is not None:
+            put("  rms error of the fit (%)", col, f"{e.network_fit_error * 100:.1f}")
+        if e.p2p_network is not None:
+            put("quiet point-to-point alpha (us)", col, f"{e.p2p_network.latency_s * 1e6:.1f}")
+            put("quiet point-to-point bandwidth (GB/s)", col, f"{e.p2p_network.bandwidth_bytes_per_s / 1e9:.2f}")
         for p in e.p2p:
             put(f"one-way {_bytes_label(p.bytes)} (us)", col, f"{p.one_way_s * 1e6:.1f}")
         for op in e.ops:

@@ -152,13 +152,14 @@ def measure_ops(comm: Any, world: Any, effort: measure.Effort, sizes: list[int])
 
 
 # -- 3-5. the training loop -----------------------------------------------------------------------
-def _scenario(ranks: int, seed: int, workload: dict[str, Any], iterations: int, optimizer: dict[str, Any]) -> Any:
+def _scenario(ranks: int, seed: int, workload: dict[str, Any], iterations: int, optimizer: dict[str, Any],
+              algorithm: str = "allreduce_sgd") -> Any:
     from harness.scenario import scenario_from_dict  # noqa: PLC0415
 
     return scenario_from_dict({
         "name": "calibrate", "ranks": ranks, "seed": seed,
         "workload": {**workload, "iterations": iterations, "eval_every": iterations},
-        "optimizer": optimizer, "algorithms": ["allreduce_sgd"],
+        "optimizer": optimizer, "algorithms": [algorithm],
     }, source="<calibration>")
 
 
@@ -242,6 +243,43 @@ def measure_loop_overhead(comm: Any, world: Any, effort: measure.Effort) -> floa
     return max(0.0, float(np.mean(gathered))) if comm.rank == 0 else 0.0
 
 
+# -- 6. the network under training load ----------------------------------------------------------
+REFERENCE_ALGORITHMS = ("allreduce_sgd", "dpsgd", "sgp", "wagma")  # collective, exchange, push, group round
+
+
+def measure_reference_runs(comm: Any, world: Any, effort: measure.Effort, workload: Workload,
+                           dataset: Any) -> list[tuple[Any, Any]]:
+    """Short real trainings of ``workload`` with each reference algorithm on all ranks.
+
+    Returns, on rank 0, (scenario, steps frame) pairs for ``harness.sim.fit``; [] elsewhere.
+    """
+    from harness.algorithms import algorithm_class  # noqa: PLC0415
+    from harness.algorithms.base import AlgorithmContext  # noqa: PLC0415
+    from harness.injection import InjectionPlan  # noqa: PLC0415
+    from harness.results.records import STEP_COLUMNS, to_frame  # noqa: PLC0415
+    from harness.runner.loop import train  # noqa: PLC0415
+    from harness.runner.workload_state import build_state  # noqa: PLC0415
+
+    spec = {"model": workload.model, "dataset": workload.dataset, "batch_size": workload.batch_size}
+    references = []
+    for name in REFERENCE_ALGORITHMS:
+        scenario = _scenario(comm.size, workload.seed, spec, effort.reference_iters, workload.optimizer, name)
+        state = build_state(scenario, comm.rank, dataset)
+        params = scenario.algorithms[0]
+        ctx = AlgorithmContext(comm, state.params, state.grads, state.optimizer, scenario.optimizer.lr,
+                               scenario.seed, scenario.workload.iterations)
+        algorithm = algorithm_class(name)(params, ctx)
+        comm.barrier()
+        steps, _, _ = train(scenario, algorithm, state, comm, comm, InjectionPlan.from_scenario(scenario),
+                            time.monotonic())
+        algorithm.finish()
+        comm.drain_records()
+        gathered = world.gather(steps, root=0)
+        if comm.rank == 0:
+            references.append((scenario, to_frame([s for part in gathered for s in part], STEP_COLUMNS)))
+    return references
+
+
 # -- the job --------------------------------------------------------------------------------------
 def run_worker(plan: Plan) -> Any:
     """Measure everything of ``plan`` on this rank; rank 0 returns the CalibrationEntry, others None."""
@@ -296,12 +334,46 @@ def run_worker(plan: Plan) -> Any:
         t = time.monotonic()
         overhead = measure_loop_overhead(comm, world, effort)
         _say(rank, f"[{n} ranks] loop overhead: {time.monotonic() - t:.1f} s")
+        references = []
+        if plan.workloads:
+            t = time.monotonic()
+            w = plan.workloads[0]
+            references = measure_reference_runs(comm, world, effort, w, datasets[w.dataset, w.seed])
+            _say(rank, f"[{n} ranks] reference trainings: {time.monotonic() - t:.1f} s")
     finally:
         comm.close()
     if rank != 0:
         return None
-    return CalibrationEntry(ranks=n, network=fit_alpha_beta(p2p), p2p=p2p, ops=ops, compute=compute,
-                            evaluation=evaluation, loop_overhead_s=overhead)
+    return CalibrationEntry(ranks=n, p2p=p2p, ops=ops, compute=compute, evaluation=evaluation,
+                            loop_overhead_s=overhead, **network_fields(n, p2p, ops, references))
+
+
+def network_fields(ranks: int, p2p: list[Any], ops: list[Any], references: list[tuple[Any, Any]]) -> dict[str, Any]:
+    """The entry's ``network`` (what ``simulate`` uses) and how it was obtained.
+
+    Preferred: fitted to the reference trainings under load (``harness.sim.fit``), with the
+    cores shared when ranks outnumber them. Without a real-compute workload to train: fitted to
+    the quiet allreduce times (``fit_to_allreduce``).
+    """
+    import os  # noqa: PLC0415
+
+    from harness.sim.calibration import fit_alpha_beta  # noqa: PLC0415
+    from harness.sim.fit import fit_loaded_network  # noqa: PLC0415
+    from harness.sim.network import fit_to_allreduce  # noqa: PLC0415
+
+    cpus = os.cpu_count() or 1
+    shared = cpus if ranks > cpus else None
+    fields: dict[str, Any] = {"p2p_network": fit_alpha_beta(p2p)}
+    if references:
+        t = time.monotonic()
+        network, error = fit_loaded_network(references, shared)
+        _say(0, f"[{ranks} ranks] network fit to the reference trainings: {time.monotonic() - t:.1f} s")
+        fields.update(network=network, network_source="reference trainings", network_fit_error=error)
+    else:
+        points = [(ranks, o.bytes, o.median_s) for o in ops if o.op == "allreduce"]
+        fields.update(network=fit_to_allreduce(points).model_copy(update={"shared_cores": shared}),
+                      network_source="quiet allreduce times")
+    return fields
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -98,7 +98,10 @@ class EvalPoint(_Strict):
 
 class CalibrationEntry(_Strict):
     ranks: Annotated[int, Field(ge=1)]
-    network: NetworkModel
+    network: NetworkModel  # what simulate uses
+    network_source: str = "given"  # how ``network`` was obtained (README, "Calibration")
+    network_fit_error: NonNegFloat | None = None  # rms relative error left on what it was fitted to
+    p2p_network: NetworkModel | None = None  # alpha-beta fit of the quiet point-to-point times
     p2p: list[P2PPoint] = []
     ops: list[OpPoint] = []
     compute: list[ComputePoint] = []

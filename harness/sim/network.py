@@ -19,13 +19,16 @@ times, step by step, as max-plus algebra over numpy vectors: a member starts ste
 finished step i-1, posts its send then, and finishes step i when its send is released and the
 message it receives in step i has arrived.
 
-Approximation (documented): emulated links reserve their transmission slot in the order the
-simulator computes the messages; a collective's messages are computed when its last member
-joins, so a later-computed message that was posted earlier may queue behind it.
+Approximation (documented): a collective's messages are computed when its last member joins,
+so a link's slots are not reserved strictly in posting order; a message takes the first gap on
+its link at or after its post time, which is FIFO except where a later-posted message was
+computed first and left no gap.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -58,7 +61,7 @@ class SimNetwork:
                 raise ValueError(f"link {link.src}->{link.dst} outside ranks 0..{ranks - 1}")
             bandwidth = link.bandwidth_bytes_per_s
             self._links[(link.src, link.dst)] = (link.latency_s, 0.0 if bandwidth is None else 1.0 / bandwidth)
-        self._free_at: dict[tuple[int, int], float] = {}
+        self._busy: dict[tuple[int, int], list[tuple[float, float]]] = {}  # per link: busy intervals
         self._matrix = None
         if self._links and ranks <= _MATRIX_MAX_RANKS:
             self._matrix = np.zeros((ranks, ranks), dtype=bool)
@@ -81,11 +84,28 @@ class SimNetwork:
         return self.computing / self.shared_cores
 
     def _hold(self, src: int, dst: int, nbytes: float, post: float) -> float:
-        """Release time of a message on an emulated link (reserves the link), as the native layer."""
+        """Release time of a message on an emulated link (reserves the link), as the native layer.
+
+        The link's busy intervals are kept in time order and the message takes the first gap
+        at or after its post time that fits its transfer: the simulator computes a collective's
+        later steps (posted in the future) when its last member joins, and a message posted
+        before those must not queue behind them.
+        """
         latency, inv_bw = self._links[(src, dst)]
-        start = max(post, self._free_at.get((src, dst), post))
         transfer = nbytes * inv_bw
-        self._free_at[(src, dst)] = start + transfer
+        start = post
+        if transfer > 0:
+            busy = self._busy.setdefault((src, dst), [])
+            i = bisect.bisect_right(busy, (post, math.inf)) - 1  # the interval starting at or before post
+            i = max(i, 0)
+            while i < len(busy) and busy[i][0] < start + transfer:
+                if busy[i][1] > start:
+                    start = busy[i][1]
+                i += 1
+            busy.insert(i, (start, start + transfer))
+            if len(busy) > 256:  # forget intervals long past: messages are posted near "now"
+                horizon = post - 10.0
+                busy[:] = [iv for iv in busy if iv[1] >= horizon]
         return start + latency + transfer + self.progress * self.load_factor()
 
     def message(self, src: int, dst: int, nbytes: float, post: float) -> tuple[float, float]:

@@ -240,3 +240,4 @@ class WaitAvoiding:
         sent = op.sent_by(rank) + self.activation_bytes[rank]
         self.activation_bytes[rank] = 0
         return staleness, sent
+

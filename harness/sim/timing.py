@@ -31,7 +31,11 @@ class TimingError(ValueError):
 
 
 class PredictiveTiming:
-    """Local work from the calibration: a per-workload median, times the injected factor."""
+    """Local work from the calibration: a per-workload median, times the injected factor.
+
+    The median was measured with every rank computing at once, so on a machine with more ranks
+    than cores it holds the contention of a fully loaded machine (README, "Simulation").
+    """
 
     trace_driven = False
 

@@ -89,3 +89,17 @@ def _kill_group(proc: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def abort_job_after_error() -> int:
+    """In a rank's worker, after an exception: print it and abort the whole MPI job, so no other
+    rank waits in a collective forever. Returns the exit status 1."""
+    import traceback
+
+    traceback.print_exc()
+    sys.stderr.flush()
+    from mpi4py import MPI  # only ranks call this; the launching parent never imports mpi4py
+
+    if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+        MPI.COMM_WORLD.Abort(1)
+    return 1

@@ -10,6 +10,8 @@ import textwrap
 
 import pytest
 
+from conftest import harness_cli
+
 from harness.bench.collectives import SizeError, format_size, iterations_for, parse_size, parse_sizes
 
 # A child must not believe it already runs inside an MPI job (pytest may itself run under one).
@@ -123,3 +125,12 @@ def test_collectives_two_ranks(tmp_path):
     ar = rows["allreduce", 4096]
     assert ar["busbw_gbs"] == pytest.approx(ar["algbw_gbs"] * 2 * (2 - 1) / 2)
     assert report["min_allreduce_ratio_ge_1MiB"] is None  # no size >= 1M here
+
+
+def test_simulator_benchmark_prints_its_speed() -> None:
+    proc = harness_cli("bench", "simulator", "--ranks", "16", "--iterations", "5", "--repeat", "2", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "events/s" in proc.stdout and "wagma" in proc.stdout
+    assert proc.stdout.count("repetition") == 2
+    bad = harness_cli("bench", "simulator", "--ranks", "16", "--algorithm", "{name: wagma, group_size: 32}")
+    assert bad.returncode == 2 and "group_size" in bad.stderr

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -141,3 +143,17 @@ def test_compare_rejects_what_it_cannot_compare(real_run, tmp_path) -> None:
     assert proc.returncode == 2 and "simulated run" in proc.stderr
     proc = harness_cli("compare", str(real_run), "--calibration", str(tmp_path / "nothing.json"))
     assert proc.returncode == 2 and "nothing.json" in proc.stderr
+
+
+def test_simulate_imports_neither_torch_nor_mpi(tmp_path) -> None:
+    scenario = write_scenario_file(tmp_path, SMALL)
+    code = (
+        "import sys\n"
+        "from harness.cli import main\n"
+        f"status = main(['simulate', {str(scenario)!r}, '--out', {str(tmp_path / 'out')!r}])\n"
+        "loaded = [m for m in ('torch', 'mpi4py', 'harness._core') if m in sys.modules]\n"
+        "print('loaded:', loaded)\n"
+        "sys.exit(status or (3 if loaded else 0))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

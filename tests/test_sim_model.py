@@ -69,6 +69,15 @@ def test_emulated_link_serialises_like_the_native_emulator() -> None:
     assert net.message(1, 0, 1000, post=0.0)[0] == 0.0  # the reverse link is not emulated
 
 
+def test_emulated_link_slots_go_by_post_time_not_by_computation_order() -> None:
+    # The simulator may compute a message posted in the future first (a collective's later
+    # steps); one posted earlier but computed afterwards takes the gap before it.
+    net = SimNetwork(2, NET, [Link(0, 1, 0.0, 1e6)])  # 1 kB occupies the link for 1 ms
+    assert net.message(0, 1, 1000, post=0.010)[0] == pytest.approx(0.011)
+    assert net.message(0, 1, 1000, post=0.0)[0] == pytest.approx(0.001)
+    assert net.message(0, 1, 1000, post=0.0095)[0] == pytest.approx(0.012)  # no gap fits before 11 ms
+
+
 def test_two_member_allreduce_waits_for_the_later_join() -> None:
     net = SimNetwork(2, NET)
     schedule = allreduce_schedule(2, 100)  # recursive doubling: one exchange of 400 bytes

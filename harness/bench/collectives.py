@@ -36,7 +36,6 @@ import re
 import statistics
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -395,14 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run_worker(args)
     except BaseException:
-        # One rank failing must not leave the others waiting in a collective forever.
-        traceback.print_exc()
-        sys.stderr.flush()
-        from mpi4py import MPI  # noqa: PLC0415
+        from harness.launch import abort_job_after_error  # noqa: PLC0415
 
-        if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
-            MPI.COMM_WORLD.Abort(1)
-        return 1
+        return abort_job_after_error()
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
 from tabulate import tabulate
@@ -58,12 +59,12 @@ def run(args: argparse.Namespace) -> int:
     from harness.sim.timing import PredictiveTiming
 
     if args.repeat < 1:
-        print(f"error: --repeat must be >= 1 (got {args.repeat})")
+        print(f"error: --repeat must be >= 1 (got {args.repeat})", file=sys.stderr)
         return 2
     try:
         scenario = benchmark_scenario(args.ranks, args.iterations, args.algorithm)
     except ScenarioError as exc:
-        print(f"error: {exc}")
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     (params,) = scenario.algorithms
     entry = CalibrationEntry(ranks=scenario.ranks, network=DEFAULT_NETWORK)

@@ -44,7 +44,8 @@ class Effort:
     warmup: int  # untimed repetitions before each size
     byte_budget: int  # sizes above 64 KiB run about this many bytes of repetitions...
     min_reps: int  # ...but at least this many
-    reference_iters: int  # iterations of each reference training the network is fitted to
+    reference_min_iters: int  # iterations of each reference training the network is fitted to:
+    reference_budget_s: float  # as many as take about this long at the measured compute time
     compute_warmup: int  # untimed training iterations per workload
     compute_min_iters: int  # timed iterations per workload: as many as fit in compute_budget_s,
     compute_max_iters: int  # clamped to [min, max]
@@ -60,11 +61,11 @@ class Effort:
 
 
 FULL = Effort(p2p_reps=400, rounds=8, op_reps=64, warmup=10, byte_budget=256 * MIB, min_reps=5,
-              reference_iters=60, compute_warmup=10,
+              reference_min_iters=40, reference_budget_s=1.0, compute_warmup=10,
               compute_min_iters=30, compute_max_iters=300, compute_budget_s=8.0, eval_reps=10,
               overhead_iters=300)
 QUICK = Effort(p2p_reps=20, rounds=2, op_reps=10, warmup=3, byte_budget=16 * MIB, min_reps=3,
-               reference_iters=12, compute_warmup=2,
+               reference_min_iters=12, reference_budget_s=0.2, compute_warmup=2,
                compute_min_iters=5, compute_max_iters=20, compute_budget_s=1.0, eval_reps=2,
                overhead_iters=40)
 

@@ -48,7 +48,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +152,7 @@ def measure_ops(comm: Any, world: Any, effort: measure.Effort, sizes: list[int])
 
 # -- 3-5. the training loop -----------------------------------------------------------------------
 def _scenario(ranks: int, seed: int, workload: dict[str, Any], iterations: int, optimizer: dict[str, Any],
-              algorithm: str = "allreduce_sgd") -> Any:
+              algorithm: str | dict[str, Any] = "allreduce_sgd") -> Any:
     from harness.scenario import scenario_from_dict  # noqa: PLC0415
 
     return scenario_from_dict({
@@ -244,12 +243,18 @@ def measure_loop_overhead(comm: Any, world: Any, effort: measure.Effort) -> floa
 
 
 # -- 6. the network under training load ----------------------------------------------------------
-REFERENCE_ALGORITHMS = ("allreduce_sgd", "dpsgd", "sgp", "wagma")  # collective, exchange, push, group round
+def reference_algorithms(ranks: int) -> list[str | dict[str, Any]]:
+    """The reference trainings' algorithms: a collective per iteration, whole-model exchanges,
+    push-sum gossip and wait-avoiding group rounds (groups of up to 4, as in the scenarios)."""
+    return ["allreduce_sgd", "dpsgd", "sgp", {"name": "wagma", "group_size": min(4, ranks), "sync_period": 10}]
 
 
 def measure_reference_runs(comm: Any, world: Any, effort: measure.Effort, workload: Workload,
-                           dataset: Any) -> list[tuple[Any, Any]]:
+                           dataset: Any, compute_s: float) -> list[tuple[Any, Any]]:
     """Short real trainings of ``workload`` with each reference algorithm on all ranks.
+
+    Each lasts about ``effort.reference_budget_s`` of compute (``compute_s`` per iteration,
+    the same on every rank), at least ``effort.reference_min_iters`` iterations.
 
     Returns, on rank 0, (scenario, steps frame) pairs for ``harness.sim.fit``; [] elsewhere.
     """
@@ -261,11 +266,13 @@ def measure_reference_runs(comm: Any, world: Any, effort: measure.Effort, worklo
     from harness.runner.workload_state import build_state  # noqa: PLC0415
 
     spec = {"model": workload.model, "dataset": workload.dataset, "batch_size": workload.batch_size}
+    iterations = max(effort.reference_min_iters, min(200, int(effort.reference_budget_s / max(compute_s, 1e-4))))
     references = []
-    for name in REFERENCE_ALGORITHMS:
-        scenario = _scenario(comm.size, workload.seed, spec, effort.reference_iters, workload.optimizer, name)
+    for entry in reference_algorithms(comm.size):
+        scenario = _scenario(comm.size, workload.seed, spec, iterations, workload.optimizer, entry)
         state = build_state(scenario, comm.rank, dataset)
         params = scenario.algorithms[0]
+        name = params.name
         ctx = AlgorithmContext(comm, state.params, state.grads, state.optimizer, scenario.optimizer.lr,
                                scenario.seed, scenario.workload.iterations)
         algorithm = algorithm_class(name)(params, ctx)
@@ -338,7 +345,8 @@ def run_worker(plan: Plan) -> Any:
         if plan.workloads:
             t = time.monotonic()
             w = plan.workloads[0]
-            references = measure_reference_runs(comm, world, effort, w, datasets[w.dataset, w.seed])
+            compute_s = world.bcast(compute[0].median_s if rank == 0 else None, root=0)
+            references = measure_reference_runs(comm, world, effort, w, datasets[w.dataset, w.seed], compute_s)
             _say(rank, f"[{n} ranks] reference trainings: {time.monotonic() - t:.1f} s")
     finally:
         comm.close()
@@ -390,14 +398,9 @@ def main(argv: list[str] | None = None) -> int:
             write_text(Path(argv[1]), entry.model_dump_json(indent=2) + "\n")
         return 0
     except BaseException:
-        # One rank failing must not leave the others waiting in a collective forever.
-        traceback.print_exc()
-        sys.stderr.flush()
-        from mpi4py import MPI  # noqa: PLC0415
+        from harness.launch import abort_job_after_error  # noqa: PLC0415
 
-        if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
-            MPI.COMM_WORLD.Abort(1)
-        return 1
+        return abort_job_after_error()
 
 
 if __name__ == "__main__":

@@ -16,12 +16,17 @@ from pathlib import Path
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="train every algorithm of a scenario on real MPI ranks",
                        description=__doc__.splitlines()[0])
+    add_scenario_arguments(p)
+    p.set_defaults(func=run)
+
+
+def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
+    """The scenario file, the results root and the overrides (``run`` and ``simulate``)."""
     p.add_argument("scenario", help="scenario YAML file")
     p.add_argument("--out", default="results", help="results root (default: results/)")
     p.add_argument("--only", help="comma-separated subset of the scenario's algorithms")
     p.add_argument("--ranks", type=int, help="override the scenario's rank count")
     p.add_argument("--iterations", type=int, help="override iterations per algorithm")
-    p.set_defaults(func=run)
 
 
 def _overrides(args: argparse.Namespace) -> dict:

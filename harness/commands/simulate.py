@@ -17,17 +17,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.commands.run import _overrides
+from harness.commands.run import _overrides, add_scenario_arguments
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="predict a scenario's run with the discrete-event model (no MPI)",
                        description=__doc__.splitlines()[0])
-    p.add_argument("scenario", help="scenario YAML file")
-    p.add_argument("--out", default="results", help="results root (default: results/)")
-    p.add_argument("--only", help="comma-separated subset of the scenario's algorithms")
-    p.add_argument("--ranks", type=int, help="override the scenario's rank count")
-    p.add_argument("--iterations", type=int, help="override iterations per algorithm")
+    add_scenario_arguments(p)
     p.add_argument("--calibration", type=Path, help="calibration file (default: results/calibration.json)")
     p.add_argument("--trace-ranks", type=int, default=None, metavar="N",
                    help="write only ranks below N into trace.json (default: 64)")

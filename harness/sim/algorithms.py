@@ -19,7 +19,6 @@ from typing import ClassVar
 from harness.schedules import (
     bipartite_peer,
     exponential_out_peers,
-    is_sync_round,
     majority_initiator,
     mixing_row,
     osgp_rounds_due,
@@ -33,13 +32,12 @@ from harness.sim.primitives import Collective, Mailboxes, WaitAvoiding, wait_unt
 class SimContext:
     """What a model may use: the SimPy env, the network, mailboxes and the run's constants."""
 
-    def __init__(self, env, network, ranks: int, count: int, seed: int, iterations: int) -> None:
+    def __init__(self, env, network, ranks: int, count: int, seed: int) -> None:
         self.env = env
         self.network = network
         self.ranks = ranks
         self.count = count  # floats in the model (the communicated buffer)
         self.seed = seed
-        self.iterations = iterations
         self.mail = Mailboxes(env, network, ranks)
 
     def collective(self, members=None, count: int | None = None) -> Collective:
@@ -87,6 +85,12 @@ class _GlobalRounds:
         op.join(r)
         return op
 
+    def blocking(self, r: int, index: int, bytes_sent: list[int]) -> Generator:
+        """Join allreduce ``index`` and wait for it, counting ``r``'s bytes."""
+        op = self.join(r, index)
+        bytes_sent[r] += op.sent_by(r)
+        yield from op.wait(r)
+
 
 class AllreduceSGD(SimAlgorithm):
     """Blocking allreduce of the gradient every iteration."""
@@ -98,9 +102,7 @@ class AllreduceSGD(SimAlgorithm):
         self.rounds = _GlobalRounds(ctx)
 
     def after_backward(self, r, t):
-        op = self.rounds.join(r, t)
-        self.bytes_sent[r] += op.sent_by(r)
-        yield from op.wait(r)
+        return self.rounds.blocking(r, t, self.bytes_sent)
 
 
 class LocalSGD(SimAlgorithm):
@@ -114,9 +116,7 @@ class LocalSGD(SimAlgorithm):
 
     def after_step(self, r, t):
         if periodic_sync(t, self.params.period):
-            op = self.rounds.join(r, t)
-            self.bytes_sent[r] += op.sent_by(r)
-            yield from op.wait(r)
+            yield from self.rounds.blocking(r, t, self.bytes_sent)
 
 
 class BMUF(LocalSGD):
@@ -312,5 +312,3 @@ MODELS: dict[str, type[SimAlgorithm]] = {
     for cls in (AllreduceSGD, LocalSGD, OverlapLocalSGD, EASGD, CoCoDSGD, BMUF, SGP, OSGP, DPSGD, ADPSGD,
                 WAGMA, EagerSGD)
 }
-
-__all__ = ["MODELS", "SimAlgorithm", "SimContext", "is_sync_round"]

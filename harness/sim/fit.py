@@ -26,8 +26,8 @@ from harness.sim.calibration import NetworkModel
 from harness.sim.simulate import simulate_algorithm
 from harness.sim.timing import TraceTiming
 
-ALPHAS = np.geomspace(5e-6, 3e-3, 16)  # seconds per message hop
-BANDWIDTHS = np.geomspace(2e7, 2e10, 13)  # bytes per second
+ALPHAS = np.geomspace(5e-6, 3e-3, 12)  # seconds per message hop
+BANDWIDTHS = np.geomspace(2e7, 2e10, 10)  # bytes per second
 
 
 def _wall(frame: pd.DataFrame) -> float:

@@ -20,11 +20,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Generator, Sequence
 
-import numpy as np
 import simpy
 
 from harness.schedules import is_sync_round
-from harness.sim.network import FLOAT_BYTES, SimNetwork, run_schedule
+from harness.sim.network import SimNetwork, run_schedule
 
 ACTIVATION_BYTES = 8  # one int64 round number
 

@@ -101,7 +101,7 @@ def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
     count = communicated_floats(scenario)
     env = CountingEnvironment()
     network = SimNetwork(ranks, base, link_table(scenario))
-    ctx = SimContext(env, network, ranks, count, scenario.seed, iterations)
+    ctx = SimContext(env, network, ranks, count, scenario.seed)
     model = MODELS[params.name](params, ctx)
     evaluation = _Evaluation(env, ranks, count, base, timing)
     rows: list[list[tuple]] = [[] for _ in range(ranks)]  # per rank: (start, end, compute, blocked, sent, staleness)

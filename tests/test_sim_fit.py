@@ -1,0 +1,52 @@
+"""Fitting the simulated network to reference runs, and choosing a calibration entry."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.scenario.loader import scenario_from_dict
+from harness.sim.calibration import Calibration, CalibrationEntry, CalibrationError, NetworkModel
+from harness.sim.fit import ALPHAS, BANDWIDTHS, fit_loaded_network
+from harness.sim.runs import predict
+
+
+def _scenario(algorithm):
+    return scenario_from_dict({
+        "name": "ref", "ranks": 4, "seed": 5,
+        "workload": {"model": "mlp", "dataset": "digits", "batch_size": 4, "iterations": 20, "eval_every": 20,
+                     "compute": {"emulate_ms": 3, "jitter": 0.2}, "params": 50_000},
+        "algorithms": [algorithm],
+    }, source="test")
+
+
+def test_fit_recovers_the_network_that_produced_the_references() -> None:
+    truth = NetworkModel(latency_s=float(ALPHAS[6]), bandwidth_bytes_per_s=float(BANDWIDTHS[3]),
+                         progress_s=float(ALPHAS[6]))
+    references = []
+    for algorithm in ("allreduce_sgd", "sgp"):
+        sc = _scenario(algorithm)
+        frames, _ = predict(sc, CalibrationEntry(ranks=4, network=truth))
+        references.append((sc, frames[algorithm]))
+    fitted, error = fit_loaded_network(references, shared_cores=None)
+    assert fitted.latency_s == pytest.approx(truth.latency_s)
+    assert fitted.bandwidth_bytes_per_s == pytest.approx(truth.bandwidth_bytes_per_s)
+    assert error == pytest.approx(0.0, abs=1e-9)
+
+
+def test_fit_needs_references() -> None:
+    with pytest.raises(ValueError, match="no reference runs"):
+        fit_loaded_network([], shared_cores=None)
+
+
+def _entry(ranks: int) -> CalibrationEntry:
+    return CalibrationEntry(ranks=ranks, network=NetworkModel(latency_s=ranks * 1e-6, bandwidth_bytes_per_s=1e9))
+
+
+def test_entry_for_prefers_the_rank_count_then_the_uncontended_one() -> None:
+    cal = Calibration(created_at="x", harness_version="x", cpus=2, entries=[_entry(1), _entry(2), _entry(8)])
+    assert cal.entry_for(8).ranks == 8
+    assert cal.entry_for(1024).ranks == 2  # the most ranks that did not share cores
+    only_contended = Calibration(created_at="x", harness_version="x", cpus=2, entries=[_entry(8), _entry(4)])
+    assert only_contended.entry_for(16).ranks == 4
+    with pytest.raises(CalibrationError, match="no entries"):
+        Calibration(created_at="x", harness_version="x", cpus=2, entries=[]).entry_for(8)

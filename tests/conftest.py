@@ -95,3 +95,43 @@ def report_cache(script: str, tmp_path_factory, timeout: float = 240) -> Callabl
         return cache[ranks]
 
     return get
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def quick_figure_scenario(name: str) -> dict:
+    """``scenarios/<name>.yaml`` made small for tests: 4 ranks, 12 iterations, an evaluation every
+    4, injected sleeps of 30 ms (every algorithm of the file kept; WAGMA groups of 2)."""
+    data = yaml.safe_load((REPO / "scenarios" / f"{name}.yaml").read_text())
+    data["ranks"] = 4
+    data["workload"] = {**data["workload"], "iterations": 12, "eval_every": 4}
+    data["imbalance"] = [{**entry, "delay_ms": 30} for entry in data.get("imbalance", [])]
+    data["algorithms"] = [
+        {**entry, "group_size": 2} if isinstance(entry, dict) and entry.get("name") == "wagma" else entry
+        for entry in data["algorithms"]
+    ]
+    return data
+
+
+@pytest.fixture(scope="session")
+def figure_results(tmp_path_factory) -> dict[str, Path]:
+    """Quick real runs of the straggler and slow-link scenarios (see ``quick_figure_scenario``),
+    each with ``compare`` applied (a fixed calibration: 0.3 ms, 1 GB/s, 3 ms of compute): the
+    results the figure scripts read. Maps scenario name to run directory."""
+    from harness.sim.calibration import Calibration, CalibrationEntry, ComputePoint, NetworkModel, save_calibration
+
+    root = tmp_path_factory.mktemp("figure_results")
+    calibration = root / "calibration.json"
+    save_calibration(Calibration(created_at="2026-01-01T00:00:00+00:00", harness_version="test", cpus=2, entries=[
+        CalibrationEntry(ranks=4, network=NetworkModel(latency_s=3e-4, bandwidth_bytes_per_s=1e9),
+                         compute=[ComputePoint(model="mlp", dataset="mnist5k", batch_size=32, median_s=0.003,
+                                               p95_s=0.004, samples=10)])]), calibration)
+    runs = {}
+    for name in ("straggler", "slow_link"):
+        (root / name).mkdir()
+        run = run_scenario(root / name, quick_figure_scenario(name))
+        proc = harness_cli("compare", str(run), "--calibration", str(calibration))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = run
+    return runs

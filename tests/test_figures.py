@@ -1,0 +1,78 @@
+"""``python -m harness figures`` and the real-vs-simulated figure, on quick real runs."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import harness_cli
+from harness.commands import figures as figures_command
+from paper_figs import fig5_real_vs_sim, manifest, style
+
+
+def assert_draws_its_table(fig, table: pd.DataFrame) -> None:
+    drawn = style.plotted(fig).sort_values(["panel", "series", "x", "y"]).reset_index(drop=True)
+    expected = table[["panel", "series", "x", "y"]].sort_values(["panel", "series", "x", "y"]).reset_index(drop=True)
+    assert len(drawn) == len(expected) > 0
+    assert (drawn["panel"].to_numpy() == expected["panel"].to_numpy()).all()
+    assert (drawn["series"].to_numpy() == expected["series"].to_numpy()).all()
+    np.testing.assert_allclose(drawn[["x", "y"]].to_numpy(float), expected[["x", "y"]].to_numpy(float), rtol=1e-9)
+
+
+def test_real_vs_sim_figure_plots_every_compared_algorithm(figure_results, tmp_path) -> None:
+    fig, table = fig5_real_vs_sim.draw(figure_results)
+    assert_draws_its_table(fig, table)
+    compared = sum(len(pd.read_csv(run / "compare.csv")) for run in figure_results.values())
+    assert len(table) == compared  # one point per (mode, algorithm) of every run
+    png, csv = style.save(fig, table, tmp_path, fig5_real_vs_sim.NAME)
+    assert png.stat().st_size > 10_000
+    pd.testing.assert_frame_equal(pd.read_csv(csv), table, check_dtype=False)
+
+
+def test_real_vs_sim_figure_names_a_run_without_compare(figure_results, tmp_path) -> None:
+    with pytest.raises(ValueError, match="no compare.csv"):
+        fig5_real_vs_sim.draw({"empty": tmp_path})
+
+
+def test_every_manifest_figure_has_a_module_and_known_inputs() -> None:
+    import importlib
+
+    for figure in manifest.FIGURES:
+        module = importlib.import_module(f"paper_figs.{figure.module}")
+        assert module.NAME == figure.module and callable(module.draw)
+        assert set(figure.inputs) <= set(manifest.EXPERIMENTS)
+
+
+def test_figures_command_refuses_unknown_names() -> None:
+    proc = harness_cli("figures", "--only", "fig99_nothing")
+    assert proc.returncode == 2 and "fig99_nothing" in proc.stderr
+
+
+def test_figures_command_runs_what_is_missing_then_reuses_it(figure_results, tmp_path, monkeypatch) -> None:
+    # A tiny scenario stands in for the manifest's: the command must run it (real ranks), compare
+    # it (with the calibration file it finds), draw, and reuse everything the second time.
+    data = {"name": "tiny_fig", "ranks": 2, "seed": 1,
+            "workload": {"model": "mlp", "dataset": "mnist5k", "batch_size": 32, "iterations": 6, "eval_every": 3},
+            "algorithms": ["allreduce_sgd", "sgp"]}
+    scenario = tmp_path / "tiny_fig.yaml"
+    scenario.write_text(yaml.safe_dump(data))
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "calibration.json").write_bytes((figure_results["straggler"].parent.parent.parent.parent
+                                                / "calibration.json").read_bytes())
+    monkeypatch.chdir(tmp_path)  # results/calibration.json is looked up here
+    monkeypatch.setattr(manifest, "EXPERIMENTS", {"tiny": manifest.RealRun(str(scenario), quick_iterations=4,
+                                                                           compare=True)})
+    monkeypatch.setattr(manifest, "FIGURES", [manifest.Figure("fig5_real_vs_sim", ("tiny",))])
+    args = argparse.Namespace(quick=True, only=None, results=results, out=tmp_path / "out", rerun=False)
+    assert figures_command.run(args) == 0
+    (run,) = (results / "tiny_fig").iterdir()
+    assert (run / "compare.csv").is_file()
+    assert (tmp_path / "out" / "fig5_real_vs_sim.png").stat().st_size > 0
+    assert yaml.safe_load((run / "scenario.resolved.yaml").read_text())["workload"]["iterations"] == 4
+    assert figures_command.run(args) == 0  # everything reused: still one run
+    assert len(list((results / "tiny_fig").iterdir())) == 1

@@ -42,5 +42,7 @@ EXPERIMENTS: dict[str, RealRun | Sweep] = {
 }
 
 FIGURES: list[Figure] = [
+    Figure("fig3_overlap_local_sgd", ("slow_link",)),
     Figure("fig5_real_vs_sim", ("straggler", "slow_link", "balanced")),
+    Figure("fig6_timeline", ("straggler",)),
 ]

@@ -39,10 +39,16 @@ EXPERIMENTS: dict[str, RealRun | Sweep] = {
     "straggler": RealRun("scenarios/straggler.yaml", quick_iterations=20, compare=True),
     "slow_link": RealRun("scenarios/slow_link.yaml", quick_iterations=20, compare=True),
     "balanced": RealRun("scenarios/balanced.yaml", quick_iterations=20, compare=True),
+    "wagma_scaling": Sweep("wagma_scaling"),
+    "sgp_scaling": Sweep("sgp_scaling"),
+    "imbalance_sweep": Sweep("imbalance_sweep"),
 }
 
 FIGURES: list[Figure] = [
+    Figure("fig1_wagma_throughput", ("wagma_scaling", "straggler")),
+    Figure("fig2_sgp_scaling", ("sgp_scaling", "slow_link")),
     Figure("fig3_overlap_local_sgd", ("slow_link",)),
+    Figure("fig4_imbalance_sweep", ("imbalance_sweep",)),
     Figure("fig5_real_vs_sim", ("straggler", "slow_link", "balanced")),
     Figure("fig6_timeline", ("straggler",)),
 ]

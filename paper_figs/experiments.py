@@ -1,0 +1,178 @@
+"""Simulated parameter sweeps behind the paper figures (``manifest.Sweep``).
+
+Each public function ``<name>(quick: bool, **overrides) -> pandas.DataFrame`` runs the SimPy
+simulator in-process (no MPI, no torch) over a grid of scenarios and returns a tidy table, which
+``python -m harness figures`` saves as ``<results>/figures/<name>.csv``. The keyword overrides
+(rank counts, iterations, delays) exist so that tests can run a sweep at a tiny size.
+
+Common choices:
+
+- Compute is emulated (a lognormal-jittered sleep, ``harness.compute_time``), never real: the
+  sweeps model GPU clusters this machine does not have. The communicated buffer is ResNet-50
+  sized (``params: 25_557_032`` floats, 102 MB); ``workload.model`` is only a valid placeholder.
+- Every series is simulated in its own single-algorithm scenario with the same seed, so all
+  series see the same injected delays and compute jitter (and one algorithm can appear twice
+  with different parameters: a scenario lists each algorithm name once).
+- Throughput and time per iteration come from ``harness.results.summary.summarize``:
+  ``iter_time_s`` is ``wall_s / iterations`` (makespan over all ranks, per iteration).
+- The network is the alpha-beta model of ``harness.sim.calibration.NetworkModel`` without
+  ``shared_cores``: one host per rank, a cluster. The simulator has no notion of a node with
+  several workers behind one NIC (no intra-node links, no NIC sharing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+
+from harness.results.summary import summarize
+from harness.scenario.loader import scenario_from_dict
+from harness.sim.calibration import CalibrationEntry, NetworkModel
+from harness.sim.runs import DEFAULT_NETWORK, predict
+
+RESNET50_PARAMS = 25_557_032  # ResNet-50's parameter count: the buffer every algorithm communicates
+SEED = 1234
+
+# Series key -> algorithm entry of a scenario. Keys are the names paper_figs.style knows.
+WAGMA_SERIES: dict[str, Any] = {
+    "allreduce_sgd": "allreduce_sgd",
+    "local_sgd": {"name": "local_sgd", "period": 4},
+    "dpsgd": "dpsgd",
+    "adpsgd": "adpsgd",
+    "sgp": "sgp",
+    "eager_sgd": {"name": "eager_sgd", "mode": "majority"},
+    "wagma": {"name": "wagma", "group_size": 8, "sync_period": 10},
+}
+SGP_SERIES: dict[str, Any] = {
+    "allreduce_sgd": "allreduce_sgd",
+    "dpsgd": "dpsgd",
+    "sgp": "sgp",
+    "osgp": {"name": "osgp", "synch_freq": 0},  # 1-OSGP
+}
+IMBALANCE_SERIES: dict[str, Any] = {
+    "allreduce_sgd": "allreduce_sgd",
+    "eager_sgd_solo": {"name": "eager_sgd", "mode": "solo"},
+    "eager_sgd_majority": {"name": "eager_sgd", "mode": "majority"},
+    "wagma": {"name": "wagma", "group_size": 8, "sync_period": 10},
+}
+
+# The SGP paper's two networks (Assran et al., ICML'19: 10 Gb/s Ethernet vs 100 Gb/s InfiniBand).
+# Bandwidths are the line rates (10 Gb/s = 1.25e9 B/s, 100 Gb/s = 12.5e9 B/s): an upper bound,
+# large messages reach 85-95% of them. Latencies are typical small-message MPI figures: about
+# 20 us through the kernel TCP stack over 10 GbE, about 2 us with RDMA over EDR InfiniBand (the
+# same as the harness's default cluster network).
+SGP_NETWORKS: dict[str, NetworkModel] = {
+    "10 GbE": NetworkModel(latency_s=20e-6, bandwidth_bytes_per_s=1.25e9),
+    "100 Gb InfiniBand": NetworkModel(latency_s=2e-6, bandwidth_bytes_per_s=12.5e9),
+}
+
+
+def _scenario(name: str, ranks: int, algorithm: Any, iterations: int, batch_size: int, compute_ms: float,
+              imbalance: list[dict]) -> dict:
+    return {
+        "name": name,
+        "ranks": ranks,
+        "seed": SEED,
+        "workload": {
+            "model": "resnet20",  # placeholder: the communicated size is `params`
+            "dataset": "synthetic",
+            "batch_size": batch_size,
+            "iterations": iterations,
+            "eval_every": iterations,
+            "compute": {"emulate_ms": compute_ms, "jitter": 0.1},
+            "params": RESNET50_PARAMS,
+        },
+        "algorithms": [algorithm],
+        "imbalance": imbalance,
+    }
+
+
+def _simulate(name: str, ranks: int, algorithm: Any, iterations: int, batch_size: int, compute_ms: float,
+              imbalance: list[dict], network: NetworkModel) -> dict:
+    """One single-algorithm scenario, simulated: its summary row (samples_per_s, wall_s, ...)."""
+    scenario = scenario_from_dict(_scenario(name, ranks, algorithm, iterations, batch_size, compute_ms, imbalance))
+    frames, _ = predict(scenario, CalibrationEntry(ranks=ranks, network=network))
+    (frame,) = frames.values()
+    row = summarize(frame, None, batch_size, iterations, ranks=ranks).iloc[0].to_dict()
+    if not row["complete"]:
+        raise RuntimeError(f"{name}: simulation of {algorithm!r} on {ranks} ranks is incomplete")
+    return row
+
+
+def wagma_scaling(quick: bool, ranks: Sequence[int] | None = None, iterations: int | None = None,
+                  delay_ms: float = 320.0, compute_ms: float = 250.0, batch_size: int = 64) -> pd.DataFrame:
+    """WAGMA-SGD paper: throughput vs number of workers under injected stragglers.
+
+    Every iteration 2 random ranks sleep ``delay_ms`` (320 ms, the paper's ImageNet injection).
+    Compute: 250 ms +- 10% (lognormal jitter 0.1) per iteration at batch 64, about a ResNet-50
+    forward+backward pass of 64 images on a V100 with fp32. Network: the default cluster network
+    (2 us, 12.5 GB/s, InfiniBand class). Iterations: 100 (quick: 22, two WAGMA sync cycles).
+
+    Columns: algorithm, ranks, iterations, samples_per_s, iter_time_s, relative_to_allreduce
+    (samples_per_s over Allreduce-SGD's at the same rank count).
+    """
+    ranks = tuple(ranks or ((16, 64, 256) if quick else (16, 32, 64, 128, 256, 512, 1024)))
+    iterations = iterations or (22 if quick else 100)
+    imbalance = [{"kind": "random_ranks", "count": 2, "delay_ms": delay_ms}]
+    rows = []
+    for p in ranks:
+        for key, algorithm in WAGMA_SERIES.items():
+            row = _simulate("wagma_scaling", p, algorithm, iterations, batch_size, compute_ms, imbalance, DEFAULT_NETWORK)
+            rows.append({"algorithm": key, "ranks": p, "iterations": iterations,
+                         "samples_per_s": row["samples_per_s"], "iter_time_s": row["wall_s"] / iterations})
+    table = pd.DataFrame(rows)
+    base = table[table["algorithm"] == "allreduce_sgd"].set_index("ranks")["samples_per_s"]
+    table["relative_to_allreduce"] = table["samples_per_s"] / table["ranks"].map(base)
+    return table
+
+
+def sgp_scaling(quick: bool, nodes: Sequence[int] | None = None, iterations: int | None = None,
+                workers_per_node: int = 8, compute_ms: float = 200.0, batch_size: int = 32) -> pd.DataFrame:
+    """SGP paper: time per iteration vs nodes (of 8 workers) on 10 GbE and 100 Gb InfiniBand.
+
+    No injection; ResNet-50 buffer; compute 200 ms +- 10% at batch 32 per worker. Ranks are
+    ``workers_per_node x nodes``; the simulator treats every rank as its own host (no intra-node
+    vs inter-node distinction, no NIC shared by a node's 8 GPUs), so "nodes" is only a rank
+    count here and the per-rank links are the network's full bandwidth: this flatters every
+    method against the paper's testbed, Allreduce-SGD (ring allreduce, bandwidth term nearly
+    independent of the rank count) most. Iterations: 60 (quick: 12).
+
+    Columns: algorithm, network, nodes, ranks, iterations, iter_time_s, samples_per_s.
+    """
+    nodes = tuple(nodes or ((4, 32) if quick else (4, 8, 16, 32)))
+    iterations = iterations or (12 if quick else 60)
+    rows = []
+    for network_name, network in SGP_NETWORKS.items():
+        for n in nodes:
+            p = workers_per_node * n
+            for key, algorithm in SGP_SERIES.items():
+                row = _simulate("sgp_scaling", p, algorithm, iterations, batch_size, compute_ms, [], network)
+                rows.append({"algorithm": key, "network": network_name, "nodes": n, "ranks": p,
+                             "iterations": iterations, "iter_time_s": row["wall_s"] / iterations,
+                             "samples_per_s": row["samples_per_s"]})
+    return pd.DataFrame(rows)
+
+
+def imbalance_sweep(quick: bool, delays_ms: Sequence[float] | None = None, ranks: int = 64,
+                    iterations: int | None = None, compute_ms: float = 250.0, batch_size: int = 64) -> pd.DataFrame:
+    """Time per iteration vs injected delay: 2 random ranks of 64 sleep ``delay_ms`` per iteration.
+
+    Allreduce-SGD, eager-SGD solo and majority (sync every 33 rounds), WAGMA-SGD (groups of 8,
+    sync period 10); compute and network as in :func:`wagma_scaling`. Iterations: 100 (quick: 33).
+
+    Columns: algorithm (series key: ``eager_sgd_solo`` / ``eager_sgd_majority`` for the two
+    eager modes), delay_ms, ranks, iterations, iter_time_s, samples_per_s.
+    """
+    delays = tuple(delays_ms if delays_ms is not None else ((0, 160, 640) if quick else (0, 40, 80, 160, 320, 640)))
+    iterations = iterations or (33 if quick else 100)
+    rows = []
+    for delay in delays:
+        imbalance = [{"kind": "random_ranks", "count": 2, "delay_ms": float(delay)}] if delay > 0 else []
+        for key, algorithm in IMBALANCE_SERIES.items():
+            row = _simulate("imbalance_sweep", ranks, algorithm, iterations, batch_size, compute_ms, imbalance,
+                            DEFAULT_NETWORK)
+            rows.append({"algorithm": key, "delay_ms": float(delay), "ranks": ranks, "iterations": iterations,
+                         "iter_time_s": row["wall_s"] / iterations, "samples_per_s": row["samples_per_s"]})
+    return pd.DataFrame(rows)

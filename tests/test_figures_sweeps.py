@@ -1,0 +1,139 @@
+"""The simulated sweeps of ``paper_figs.experiments`` and the figures drawn from them
+(fig1_wagma_throughput, fig2_sgp_scaling, fig4_imbalance_sweep): tiny sweeps, the quick real runs
+of the ``figure_results`` fixture, and the check that each figure's table is what it draws."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from paper_figs import experiments, fig1_wagma_throughput, fig2_sgp_scaling, fig4_imbalance_sweep, style
+
+
+@pytest.fixture(scope="module")
+def tiny_sweeps(tmp_path_factory) -> dict[str, pd.DataFrame]:
+    return {
+        "wagma_scaling": experiments.wagma_scaling(True, ranks=(8, 16), iterations=4),
+        "sgp_scaling": experiments.sgp_scaling(True, nodes=(1, 2), iterations=3),
+        "imbalance_sweep": experiments.imbalance_sweep(True, delays_ms=(0, 100), ranks=16, iterations=4),
+    }
+
+
+def _sane(table: pd.DataFrame, columns: list[str]) -> None:
+    assert set(columns) <= set(table.columns), list(table.columns)
+    assert len(table) > 0
+    assert table[[c for c in columns if c not in ("algorithm", "network")]].notna().all().all()
+    assert (table["iter_time_s"] > 0).all()
+
+
+def test_wagma_scaling_table(tiny_sweeps):
+    table = tiny_sweeps["wagma_scaling"]
+    _sane(table, ["algorithm", "ranks", "samples_per_s", "iter_time_s", "relative_to_allreduce"])
+    assert set(table["algorithm"]) == set(experiments.WAGMA_SERIES)
+    assert sorted(table["ranks"].unique()) == [8, 16]
+    assert len(table) == 2 * len(experiments.WAGMA_SERIES)
+    base = table[table["algorithm"] == "allreduce_sgd"]
+    assert np.allclose(base["relative_to_allreduce"], 1.0)
+    # compute is 250 ms, a straggler sleeps 320 ms: Allreduce-SGD waits for it every iteration
+    assert (base["iter_time_s"] > 0.25 + 0.32).all()
+    assert (table["iter_time_s"] > 0.2).all() and (table["iter_time_s"] < 2.0).all()
+    # samples_per_s = ranks * batch 64 / iter_time_s
+    assert np.allclose(table["samples_per_s"], table["ranks"] * 64 / table["iter_time_s"])
+    # wait-avoiding and decentralized methods lose less to the stragglers
+    assert (table.loc[table["algorithm"] != "allreduce_sgd", "relative_to_allreduce"] > 1.0).all()
+
+
+def test_sgp_scaling_table(tiny_sweeps):
+    table = tiny_sweeps["sgp_scaling"]
+    _sane(table, ["algorithm", "network", "nodes", "ranks", "iter_time_s"])
+    assert set(table["algorithm"]) == set(experiments.SGP_SERIES)
+    assert set(table["network"]) == set(experiments.SGP_NETWORKS)
+    assert (table["ranks"] == 8 * table["nodes"]).all()
+    assert len(table) == 2 * 2 * len(experiments.SGP_SERIES)
+    assert (table["iter_time_s"] > 0.15).all() and (table["iter_time_s"] < 2.0).all()
+    t = table.set_index(["network", "nodes", "algorithm"])["iter_time_s"]
+    for nodes in (1, 2):  # a slower network never makes an iteration faster
+        for algorithm in experiments.SGP_SERIES:
+            assert t[("10 GbE", nodes, algorithm)] >= t[("100 Gb InfiniBand", nodes, algorithm)] - 1e-9
+        # over 10 GbE the 102 MB allreduce costs more than one push of the model
+        assert t[("10 GbE", nodes, "allreduce_sgd")] > t[("10 GbE", nodes, "sgp")]
+
+
+def test_imbalance_sweep_table(tiny_sweeps):
+    table = tiny_sweeps["imbalance_sweep"]
+    _sane(table, ["algorithm", "delay_ms", "iter_time_s"])
+    assert set(table["algorithm"]) == {"allreduce_sgd", "eager_sgd_solo", "eager_sgd_majority", "wagma"}
+    assert set(table["delay_ms"]) == {0.0, 100.0}
+    assert len(table) == 2 * 4
+    t = table.set_index(["algorithm", "delay_ms"])["iter_time_s"]
+    # Allreduce-SGD waits for a straggler's 250 ms (+-10%) + 100 ms every iteration; without
+    # delays it already waits for the slowest jittered compute (about +15% over 16 ranks)
+    assert t[("allreduce_sgd", 100.0)] > max(0.33, t[("allreduce_sgd", 0.0)] + 0.03)
+    for algorithm in ("eager_sgd_solo", "eager_sgd_majority", "wagma"):
+        assert t[(algorithm, 100.0)] < t[("allreduce_sgd", 100.0)]
+
+
+def test_sweeps_accept_quick_flag_only():
+    """The figures command calls ``function(quick)``: every sweep takes it positionally."""
+    import inspect
+
+    for name in ("wagma_scaling", "sgp_scaling", "imbalance_sweep"):
+        params = list(inspect.signature(getattr(experiments, name)).parameters.values())
+        assert params[0].name == "quick"
+        assert all(p.default is not inspect.Parameter.empty for p in params[1:])
+
+
+def _rows(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[["panel", "series", "x", "y"]].astype({"panel": int, "series": str, "x": float, "y": float}) \
+        .sort_values(["panel", "series", "x", "y"]).reset_index(drop=True)
+
+
+def _check_figure(module, inputs, tmp_path, panels: int) -> pd.DataFrame:
+    fig, table = module.draw(inputs)
+    assert len(fig.axes) == panels
+    drawn, expected = _rows(style.plotted(fig)), _rows(table)
+    assert len(drawn) > 0
+    pd.testing.assert_frame_equal(drawn[["panel", "series"]], expected[["panel", "series"]])
+    assert np.allclose(drawn[["x", "y"]].to_numpy(), expected[["x", "y"]].to_numpy(), rtol=1e-9, atol=1e-12)
+    for ax in fig.axes:
+        if ax.has_data():
+            assert ax.get_xlabel() and ax.get_ylabel() and ax.get_title()
+    png, csv = style.save(fig, table, tmp_path / "out", module.NAME)
+    assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    back = pd.read_csv(csv)
+    pd.testing.assert_frame_equal(back, table.reset_index(drop=True), check_dtype=False)
+    return table
+
+
+def test_fig1_wagma_throughput(tiny_sweeps, figure_results, tmp_path):
+    sweep = tmp_path / "wagma_scaling.csv"
+    tiny_sweeps["wagma_scaling"].to_csv(sweep, index=False)
+    table = _check_figure(fig1_wagma_throughput, {"wagma_scaling": sweep, "straggler": figure_results["straggler"]},
+                          tmp_path, panels=2)
+    sim = table[(table["panel"] == 0) & (table["source"] == "simulated")]
+    assert len(sim) == len(tiny_sweeps["wagma_scaling"])
+    real = table[(table["panel"] == 0) & (table["source"] != "simulated")]
+    assert len(real) >= 2 and (real["x"] == 4).all()  # the fixture's runs have 4 ranks
+    assert np.isclose(real.loc[real["algorithm"] == "allreduce_sgd", "y"], 1.0).all()
+    acc = table[table["panel"] == 1]
+    assert len(acc) > 0 and acc["y"].between(0, 1).all() and (acc["x"] > 0).all()
+
+
+def test_fig2_sgp_scaling(tiny_sweeps, figure_results, tmp_path):
+    sweep = tmp_path / "sgp_scaling.csv"
+    tiny_sweeps["sgp_scaling"].to_csv(sweep, index=False)
+    table = _check_figure(fig2_sgp_scaling, {"sgp_scaling": sweep, "slow_link": figure_results["slow_link"]},
+                          tmp_path, panels=3)
+    assert set(table.loc[table["panel"] < 2, "network"]) == set(experiments.SGP_NETWORKS)
+    err = table[table["panel"] == 2]
+    assert set(err["algorithm"]) == {"allreduce_sgd", "dpsgd", "sgp", "osgp"}
+    assert err["y"].between(0, 1).all()
+
+
+def test_fig4_imbalance_sweep(tiny_sweeps, tmp_path):
+    sweep = tmp_path / "imbalance_sweep.csv"
+    tiny_sweeps["imbalance_sweep"].to_csv(sweep, index=False)
+    table = _check_figure(fig4_imbalance_sweep, {"imbalance_sweep": sweep}, tmp_path, panels=1)
+    assert set(table["series"]) == {style.label(a) for a in ("allreduce_sgd", "eager_sgd_solo", "eager_sgd_majority",
+                                                             "wagma")}

@@ -6,12 +6,14 @@ different times, the early ones' progress threads have gone to sleep, and with m
 cores every message hop waits for a time slice. On 8 ranks sharing 2 cores a 473 KB ring
 allreduce took 0.9 ms after a barrier and about 10 ms inside Allreduce-SGD.
 
-So ``calibrate`` also runs two short reference trainings on all ranks (Allreduce-SGD: a
-collective every iteration; D-PSGD: point-to-point exchanges of the whole model) and
+So ``calibrate`` also runs four short reference trainings on all ranks, one per communication
+pattern (``harness.calibrate.worker.reference_algorithms``: Allreduce-SGD's collective every
+iteration, D-PSGD's whole-model exchanges, SGP's pushes, WAGMA-SGD's group rounds), and
 :func:`fit_loaded_network` picks the alpha-beta model (with ``progress_s = alpha``: waking up
-for a held message costs one hop) under which the trace-driven simulation of those runs
-reproduces their measured wall time. The reference runs are not the scenarios that
-``compare`` reports on: the fit is calibration, the comparison is validation.
+for a held message costs one hop; shared cores as given) under which the trace-driven
+simulation of those runs reproduces their measured wall times best (squared log error). The
+reference runs are not the runs ``compare`` reports on: the fit is calibration, the comparison
+is validation (though a reference training is close to the ``balanced`` scenario).
 """
 
 from __future__ import annotations

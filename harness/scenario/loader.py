@@ -8,6 +8,7 @@ Example::
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,18 @@ class ScenarioError(Exception):
 class _Loader(yaml.SafeLoader):
     """Safe YAML with YAML 1.2 floats (``1e-4``, ``25.6e6``) and duplicate keys refused."""
 
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        # PyYAML's scalar constructors leak plain exceptions for bad values of a known tag
+        # (`2020-02-30`, `!!int abc`, `!!bool x`, `!!float ''`, an int of over 4300 digits).
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+            problem = f"cannot read this {node.tag.rsplit(':', 1)[-1]} ({exc})"
+            raise yaml.constructor.ConstructorError(None, None, problem, node.start_mark) from None
+
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if not isinstance(node, yaml.MappingNode):  # `!!set [1]`: the base class reports it
+            return super().construct_mapping(node, deep=deep)
         seen = set()
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
@@ -77,6 +89,8 @@ def read_yaml(path: str | Path) -> Any:
         raise ScenarioError(f"{path}: {_yaml_problem(exc)}") from None
     except yaml.YAMLError as exc:
         raise ScenarioError(f"{path}: invalid YAML: {exc}") from None
+    except RecursionError:  # PyYAML's composer recurses once per nesting level
+        raise ScenarioError(f"{path}: invalid YAML: nested too deeply") from None
 
 
 def _yaml_problem(exc: yaml.MarkedYAMLError) -> str:
@@ -96,6 +110,10 @@ def scenario_from_dict(data: Any, source: str = "<dict>", overrides: Mapping[str
     if not isinstance(data, dict):
         raise ScenarioError(f"{source}: must be a mapping of scenario fields (got {_show(data)})")
     data = _apply_overrides(data, overrides or {}, source)
+    huge = _unprintable_int(data, (), set())
+    if huge is not None:  # pydantic-core would print "Exception ignored" tracebacks failing to repr() it
+        where = _path_text(huge) or "(top level)"
+        raise ScenarioError(f"{source}: {where}: integer too large (over {sys.get_int_max_str_digits()} digits)")
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:
@@ -121,6 +139,26 @@ def _apply_overrides(data: dict[str, Any], overrides: Mapping[str, Any], source:
             raise ScenarioError(f"{source}: only: {reason}")
         data["algorithms"] = [e for e, n in zip(entries, names) if n in overrides["only"]]
     return data
+
+
+def _unprintable_int(node: Any, path: tuple[Any, ...], seen: set[int]) -> tuple[Any, ...] | None:
+    """The path of the first int (value or key) that repr() refuses: over sys.get_int_max_str_digits()."""
+    if isinstance(node, int):
+        try:
+            repr(node)
+        except ValueError:
+            return path
+        return None
+    if not isinstance(node, (dict, list)) or id(node) in seen:  # YAML anchors can make cycles
+        return None
+    seen.add(id(node))
+    for key, child in node.items() if isinstance(node, dict) else enumerate(node):
+        if isinstance(key, int) and _unprintable_int(key, path, seen) is not None:
+            return path
+        found = _unprintable_int(child, (*path, key), seen)
+        if found is not None:
+            return found
+    return None
 
 
 def _entry_name(entry: Any) -> Any:
@@ -235,7 +273,10 @@ def _path_text(path: tuple[Any, ...]) -> str:
 
 
 def _show(value: Any, limit: int = 60) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int beyond sys.get_int_max_str_digits() (4300 digits)
+        text = f"<{type(value).__name__} too large to show>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -252,7 +252,11 @@ class LinkSettings(StrictModel):
         ms = data.pop("latency_ms")
         if "latency_us" in data:
             raise ParamError("latency_ms", "give latency_us or latency_ms, not both", ms).to_pydantic()
-        if type(ms) not in (int, float) or not math.isfinite(ms) or ms < 0:
+        try:  # an int too large for a float overflows; a huge float gives inf
+            finite = type(ms) in (int, float) and math.isfinite(ms * 1000.0)
+        except OverflowError:
+            finite = False
+        if not finite or ms < 0:
             raise ParamError("latency_ms", "must be a number >= 0", ms).to_pydantic()
         data["latency_us"] = ms * 1000.0
         return data

@@ -13,6 +13,11 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+RING_THRESHOLD_BYTES = 64 * 1024
+"""Allreduces of at least this many bytes per rank use the ring algorithm, smaller ones recursive
+doubling (with more than 2 ranks and at least one float per rank; ``kernels/schedule.cpp``).
+The communicator's default and the simulator's decomposition both take it from here."""
+
 
 @lru_cache(maxsize=None)
 def wagma_radices(ranks: int, group_size: int) -> list[int]:

@@ -21,15 +21,10 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paper_figs import style
+from paper_figs import readers, style
 
 NAME = "fig1_wagma_throughput"
 PAPER_RATIO = 2.1  # WAGMA-SGD vs state-of-the-art decentralized SGD, 1,024 GPUs (TPDS'21)
-
-
-def _order(algorithms) -> list[str]:
-    known = [a for a in style.ALGORITHMS if a in set(algorithms)]
-    return known + sorted(set(algorithms) - set(known))
 
 
 def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
@@ -37,12 +32,11 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
     sweep = pd.read_csv(inputs["wagma_scaling"])
     run = Path(inputs["straggler"])
     summary = pd.read_csv(run / "summary.csv")
-    evals = pd.read_csv(run / "evals.csv")
-    steps = pd.read_csv(run / "steps.csv", usecols=["algorithm", "start_s"])
+    accuracy = readers.accuracy_over_time(run)
 
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(13, 5))
     rows: list[dict] = []
-    sim_algorithms = _order(sweep["algorithm"].unique())
+    sim_algorithms = style.ordered(sweep["algorithm"].unique())
 
     # Panel 0: simulated scaling.
     for algorithm in sim_algorithms:
@@ -83,12 +77,9 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
     ax0.legend(loc="best")
 
     # Panel 1: accuracy vs wall-clock in the real run.
-    averaged = evals[evals["model"] == "average"]
-    for algorithm in _order(set(averaged["algorithm"]) & set(sim_algorithms)):
-        part = averaged[averaged["algorithm"] == algorithm].sort_values(["iteration", "time_s"])
-        part = part.dropna(subset=["test_accuracy"])
-        t0 = steps.loc[steps["algorithm"] == algorithm, "start_s"].min()
-        x = part["time_s"] - t0
+    for algorithm in style.ordered(set(accuracy["algorithm"]) & set(sim_algorithms)):
+        part = accuracy[accuracy["algorithm"] == algorithm]
+        x = part["elapsed_s"]
         name = style.label(algorithm)
         ax1.plot(x, part["test_accuracy"], color=style.color(algorithm), marker=style.marker(algorithm), label=name)
         rows += [{"panel": 1, "series": name, "x": float(a), "y": float(b), "algorithm": algorithm,

@@ -17,24 +17,19 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paper_figs import style
+from paper_figs import readers, style
 
 NAME = "fig2_sgp_scaling"
 NETWORKS = ("10 GbE", "100 Gb InfiniBand")
 REAL_ALGORITHMS = ("allreduce_sgd", "dpsgd", "sgp", "osgp")
 
 
-def _order(algorithms) -> list[str]:
-    known = [a for a in style.ALGORITHMS if a in set(algorithms)]
-    return known + sorted(set(algorithms) - set(known))
-
-
 def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
     style.setup()
     sweep = pd.read_csv(inputs["sgp_scaling"])
     run = Path(inputs["slow_link"])
-    evals = pd.read_csv(run / "evals.csv")
-    steps = pd.read_csv(run / "steps.csv", usecols=["algorithm", "rank", "start_s"])
+    summary = pd.read_csv(run / "summary.csv")
+    ranks = int(summary["ranks"].iloc[0]) if len(summary) else 0
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 5))
     rows: list[dict] = []
@@ -42,7 +37,7 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
     for panel, network in enumerate(networks[:2]):
         ax = axes[panel]
         part_net = sweep[sweep["network"] == network]
-        for algorithm in _order(part_net["algorithm"].unique()):
+        for algorithm in style.ordered(part_net["algorithm"].unique()):
             part = part_net[part_net["algorithm"] == algorithm].sort_values("nodes").dropna(subset=["iter_time_s"])
             name = style.label(algorithm)
             ax.plot(part["nodes"], part["iter_time_s"], color=style.color(algorithm), marker=style.marker(algorithm),
@@ -63,13 +58,10 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
         ax.set_title("(no data)")
 
     ax = axes[2]
-    averaged = evals[evals["model"] == "average"]
-    ranks = steps["rank"].nunique()
-    for algorithm in _order(set(averaged["algorithm"]) & set(REAL_ALGORITHMS)):
-        part = averaged[averaged["algorithm"] == algorithm].sort_values(["iteration", "time_s"])
-        part = part.dropna(subset=["test_accuracy"])
-        t0 = steps.loc[steps["algorithm"] == algorithm, "start_s"].min()
-        x, y = part["time_s"] - t0, 1.0 - part["test_accuracy"]
+    accuracy = readers.accuracy_over_time(run)
+    for algorithm in style.ordered(set(accuracy["algorithm"]) & set(REAL_ALGORITHMS)):
+        part = accuracy[accuracy["algorithm"] == algorithm]
+        x, y = part["elapsed_s"], 1.0 - part["test_accuracy"]
         name = style.label(algorithm)
         ax.plot(x, y, color=style.color(algorithm), marker=style.marker(algorithm), label=name)
         rows += [{"panel": 2, "series": name, "x": float(a), "y": float(b), "algorithm": algorithm,

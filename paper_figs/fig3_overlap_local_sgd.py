@@ -31,8 +31,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from harness.results.records import RunDirectory
-from paper_figs import style
+from paper_figs import readers, style
 
 NAME = "fig3_overlap_local_sgd"
 INPUT = "slow_link"
@@ -68,24 +67,20 @@ def _sizes(path: Path, algorithm: str) -> tuple[int, int]:
 
 def table(path: Path) -> pd.DataFrame:
     """The plotted data of the run at ``path`` (see the module docstring)."""
-    run = RunDirectory.open(path)
-    steps, evals = run.steps, run.evals
-    evals = evals[evals["model"] == "average"]
-    present = [a for a in ALGORITHMS if a in set(evals["algorithm"]) and a in set(steps["algorithm"])]
+    accuracy = readers.accuracy_over_time(path)
+    present = [a for a in ALGORITHMS if a in set(accuracy["algorithm"])]
     if not present:
         raise ValueError(f"{NAME}: run {path} has no 'average' evaluations of any of {', '.join(ALGORITHMS)}")
     train = _train_samples(path)
     rows = []
     for algorithm in present:
-        t0 = float(steps.loc[steps["algorithm"] == algorithm, "start_s"].min())
         ranks, batch = _sizes(path, algorithm)
-        ev = evals[evals["algorithm"] == algorithm].sort_values(["iteration", "time_s"])
-        for rec in ev.itertuples(index=False):
+        for rec in accuracy[accuracy["algorithm"] == algorithm].itertuples(index=False):
             samples = int(rec.iteration) * ranks * batch
             rows.append({
                 "algorithm": algorithm,
                 "iteration": int(rec.iteration),
-                "time_s": float(rec.time_s) - t0,
+                "time_s": float(rec.elapsed_s),
                 "epochs": samples / train if train else float("nan"),
                 "samples": samples,
                 "test_accuracy": float(rec.test_accuracy),

@@ -64,6 +64,13 @@ _LABELS = {
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p", "d", "8")
 
 
+def ordered(algorithms) -> list[str]:
+    """``algorithms`` in the fixed order of :data:`ALGORITHMS`, unknown names last (sorted)."""
+    present = set(algorithms)
+    known = [a for a in ALGORITHMS if a in present]
+    return known + sorted(present - set(known))
+
+
 def color(algorithm: str) -> str:
     """The algorithm's colour (grey for a name not in :data:`ALGORITHMS`)."""
     return _COLORS.get(algorithm, "#bcbd22")

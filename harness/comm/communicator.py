@@ -26,6 +26,7 @@ from typing import Any
 from harness import _core
 from harness._core import CommError
 from harness.comm.buffers import as_float32_buffer
+from harness.schedules import RING_THRESHOLD_BYTES
 
 _live: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
 
@@ -81,7 +82,7 @@ class Communicator:
         *,
         spin_us: float = 500.0,
         max_sleep_us: float = 200.0,
-        ring_threshold_bytes: int = 64 * 1024,
+        ring_threshold_bytes: int = RING_THRESHOLD_BYTES,
         _native: Any = None,
     ) -> None:
         if _native is None:

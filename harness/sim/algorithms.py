@@ -40,9 +40,9 @@ class SimContext:
         self.seed = seed
         self.mail = Mailboxes(env, network, ranks)
 
-    def collective(self, members=None, count: int | None = None) -> Collective:
-        members = range(self.ranks) if members is None else members
-        return Collective(self.env, self.network, list(members), self.count if count is None else count)
+    def collective(self) -> Collective:
+        """An allreduce of the model over all ranks."""
+        return Collective(self.env, self.network, range(self.ranks), self.count)
 
 
 def _nothing() -> Generator:

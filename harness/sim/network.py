@@ -36,10 +36,10 @@ from functools import lru_cache
 import numpy as np
 
 from harness.scenario.network import Link
+from harness.schedules import RING_THRESHOLD_BYTES
 from harness.sim.calibration import NetworkModel
 
 FLOAT_BYTES = 4
-DEFAULT_RING_THRESHOLD_BYTES = 64 * 1024  # harness.comm.Communicator's default
 _MATRIX_MAX_RANKS = 4096  # emulated-link lookup by a dense boolean matrix up to this size
 
 
@@ -47,7 +47,7 @@ class SimNetwork:
     """Message timing for ``ranks`` ranks: base alpha-beta plus the scenario's emulated links."""
 
     def __init__(self, ranks: int, base: NetworkModel, links: list[Link] = (),
-                 ring_threshold_bytes: int = DEFAULT_RING_THRESHOLD_BYTES) -> None:
+                 ring_threshold_bytes: int = RING_THRESHOLD_BYTES) -> None:
         self.ranks = ranks
         self.alpha = base.latency_s
         self.inv_bandwidth = 1.0 / base.bandwidth_bytes_per_s
@@ -219,7 +219,7 @@ def _ring_steps(p: int, count: int) -> list[tuple[list[int], list[int], list[int
 
 
 @lru_cache(maxsize=256)
-def allreduce_schedule(p: int, count: int, ring_threshold_bytes: int = DEFAULT_RING_THRESHOLD_BYTES) -> Schedule:
+def allreduce_schedule(p: int, count: int, ring_threshold_bytes: int = RING_THRESHOLD_BYTES) -> Schedule:
     """Same choice as the native ``allreduce_schedule``: ring for p > 2, count >= p and at least
     ``ring_threshold_bytes``; recursive doubling otherwise; nothing for p == 1."""
     if p < 1 or count < 0:
@@ -274,7 +274,7 @@ def _run_small(schedule: Schedule, t: list[float], network: SimNetwork) -> list[
 
 
 def predict_allreduce_s(ranks: int, nbytes: int, base: NetworkModel,
-                        ring_threshold_bytes: int = DEFAULT_RING_THRESHOLD_BYTES) -> float:
+                        ring_threshold_bytes: int = RING_THRESHOLD_BYTES) -> float:
     """Predicted time of a blocking allreduce of ``nbytes`` per rank that all ranks join at once
     (no emulated links): the slowest member's completion."""
     network = SimNetwork(ranks, base, ring_threshold_bytes=ring_threshold_bytes)
@@ -284,7 +284,7 @@ def predict_allreduce_s(ranks: int, nbytes: int, base: NetworkModel,
 
 
 def fit_to_allreduce(points: Sequence[tuple[int, int, float]],
-                     ring_threshold_bytes: int = DEFAULT_RING_THRESHOLD_BYTES) -> NetworkModel:
+                     ring_threshold_bytes: int = RING_THRESHOLD_BYTES) -> NetworkModel:
     """The alpha-beta model under which simulated allreduces take the measured times.
 
     ``points``: (ranks, bytes per rank, measured seconds) of allreduces that all ranks joined at

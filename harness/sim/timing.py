@@ -41,8 +41,6 @@ class PredictiveTiming:
 
     def __init__(self, scenario: Scenario, entry: CalibrationEntry, factors: np.ndarray) -> None:
         w = scenario.workload
-        self.factors = factors  # [iterations, ranks] injected compute factors
-        self.between_s = 0.0  # the calibrated median already spans iteration to iteration
         if w.compute == "real":
             median = entry.compute_s(w.model, w.dataset, w.batch_size)
             if median is None:
@@ -50,16 +48,16 @@ class PredictiveTiming:
                     f"the calibration for {entry.ranks} ranks has no compute time for model {w.model}, dataset "
                     f"{w.dataset}, batch {w.batch_size}: run `python -m harness calibrate --scenario FILE`"
                 )
-            self.local = median * factors
+            local = median * factors
             self.eval_s = entry.evaluation_s(w.model, w.dataset) or 0.0
         else:
             ranks = factors.shape[1]
-            self.local = np.array([
+            local = np.array([
                 emulated_compute_s(w.compute.emulate_ms, w.compute.jitter, scenario.seed, t, ranks, factors[t])
                 for t in range(factors.shape[0])
             ]) + entry.loop_overhead_s
             self.eval_s = 0.0
-        self._local = self.local.tolist()  # plain lists: fast indexing in the simulator's inner loop
+        self._local = local.tolist()  # plain lists: fast indexing in the simulator's inner loop
 
     def start_offset(self, r: int) -> float:
         return 0.0
@@ -68,7 +66,7 @@ class PredictiveTiming:
         return self._local[t][r]
 
     def between(self, t: int, r: int) -> float:
-        return self.between_s
+        return 0.0  # the calibrated median already spans iteration start to iteration start
 
 
 class TraceTiming:
@@ -86,17 +84,16 @@ class TraceTiming:
         end = frame["end_s"].to_numpy(float).reshape(shape)
         injected = frame["injected_delay_s"].to_numpy(float).reshape(shape)
         blocked = frame["comm_blocked_s"].to_numpy(float).reshape(shape)
-        self.local = np.maximum(end - start - injected - blocked, 0.0)
-        self.gap = np.zeros(shape)
-        self.gap[:-1] = np.maximum(start[1:] - end[:-1], 0.0)
-        last_arrival = end.max(axis=1, keepdims=True)
-        self.eval_gap = np.zeros(shape)
-        self.eval_gap[:-1] = np.maximum(start[1:] - last_arrival[:-1], 0.0)
-        self.offset = start[0] - start[0].min()
-        self._local, self._gap, self._eval_gap = self.local.tolist(), self.gap.tolist(), self.eval_gap.tolist()
+        gap, eval_gap = np.zeros(shape), np.zeros(shape)
+        gap[:-1] = np.maximum(start[1:] - end[:-1], 0.0)
+        eval_gap[:-1] = np.maximum(start[1:] - end.max(axis=1, keepdims=True)[:-1], 0.0)  # after the last arrival
+        # Plain lists: fast indexing in the simulator's inner loop.
+        self._local = np.maximum(end - start - injected - blocked, 0.0).tolist()
+        self._gap, self._eval_gap = gap.tolist(), eval_gap.tolist()
+        self._offset = (start[0] - start[0].min()).tolist()
 
     def start_offset(self, r: int) -> float:
-        return float(self.offset[r])
+        return self._offset[r]
 
     def compute(self, t: int, r: int) -> float:
         return self._local[t][r]

@@ -54,31 +54,39 @@ def mpiexec_command(ranks: int, argv: Sequence[str]) -> list[str]:
     return [str(mpiexec_path()), "-n", str(ranks), *argv]
 
 
-def run_ranks(ranks: int, argv: Sequence[str], *, timeout: float | None = None, env: dict | None = None,
-              capture: bool = False) -> subprocess.CompletedProcess:
-    """Run ``argv`` on ``ranks`` processes and wait; on timeout or Ctrl+C kill the whole job.
+def start_ranks(ranks: int, argv: Sequence[str], *, env: dict | None = None,
+                capture: bool = False) -> subprocess.Popen:
+    """Start ``argv`` on ``ranks`` processes and return the launcher; end it with :func:`stop_job`.
 
-    The launcher gets its own process group, so killing it takes every rank with it and
-    nothing is left running.
+    The launcher gets its own process group, so stopping the group takes every rank with it
+    and nothing is left running.
     """
-    cmd = mpiexec_command(ranks, argv)
-    proc = subprocess.Popen(
-        cmd,
+    return subprocess.Popen(
+        mpiexec_command(ranks, argv),
         env=env,
         start_new_session=True,
         stdout=subprocess.PIPE if capture else None,
         stderr=subprocess.PIPE if capture else None,
         text=True,
     )
+
+
+def run_ranks(ranks: int, argv: Sequence[str], *, timeout: float | None = None, env: dict | None = None,
+              capture: bool = False) -> subprocess.CompletedProcess:
+    """Run ``argv`` on ``ranks`` processes and wait; on timeout or Ctrl+C stop the whole job."""
+    proc = start_ranks(ranks, argv, env=env, capture=capture)
     try:
         out, err = proc.communicate(timeout=timeout)
     except BaseException:
-        _kill_group(proc)
+        stop_job(proc)
         raise
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def stop_job(proc: subprocess.Popen) -> None:
+    """End the launcher's whole process group: SIGINT (MPICH's launcher forwards it and cleans
+    up), then SIGTERM, then SIGKILL, giving each a few seconds; finally SIGKILL whatever of
+    the group outlived the launcher."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
@@ -86,9 +94,13 @@ def _kill_group(proc: subprocess.Popen) -> None:
             return
         try:
             proc.wait(timeout=3)
-            return
+            break
         except subprocess.TimeoutExpired:
             continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def abort_job_after_error() -> int:

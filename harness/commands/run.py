@@ -1,28 +1,39 @@
-"""``python -m harness run FILE``: validate, create the run directory, launch the ranks.
+"""``python -m harness run FILE``: validate, create the run directory, launch and watch the ranks.
 
-Outside an MPI job it starts the venv's mpiexec with the scenario's rank count; inside a job
-of the right size (``mpiexec -n 8 python -m harness run FILE`` or ``srun ...``) it runs in
-place. Nothing is launched and nothing is written when the scenario is invalid (exit 2).
+Outside an MPI job it starts the venv's mpiexec with the scenario's rank count and watches the
+ranks (``harness.runner.watchdog``): a rank that dies, raises, or stops making progress ends
+the job with a message naming it; inside a job of the right size (``mpiexec -n 8 python -m
+harness run FILE`` or ``srun ...``) it runs in place, and the launcher's own limits apply.
+``--resume RUN_DIR`` trains the algorithms an interrupted or failed run did not finish.
+Nothing is launched and nothing is written when the scenario is invalid (exit 2).
+
+Exit status: 0 done, 1 the job failed (finished algorithms are kept), 2 bad input, 130
+interrupted (Ctrl+C or SIGTERM; finished algorithms are kept).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="train every algorithm of a scenario on real MPI ranks",
                        description=__doc__.splitlines()[0])
-    add_scenario_arguments(p)
+    add_scenario_arguments(p, scenario_optional=True)
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="finish the algorithms this run did not (no FILE; faults are not injected again)")
     p.set_defaults(func=run)
 
 
-def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
+def add_scenario_arguments(p: argparse.ArgumentParser, scenario_optional: bool = False) -> None:
     """The scenario file, the results root and the overrides (``run`` and ``simulate``)."""
-    p.add_argument("scenario", help="scenario YAML file")
+    p.add_argument("scenario", nargs="?" if scenario_optional else None, help="scenario YAML file")
     p.add_argument("--out", default="results", help="results root (default: results/)")
     p.add_argument("--only", help="comma-separated subset of the scenario's algorithms")
     p.add_argument("--ranks", type=int, help="override the scenario's rank count")
@@ -40,76 +51,172 @@ def _overrides(args: argparse.Namespace) -> dict:
     return out
 
 
+def _error(message: str, status: int) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return status
+
+
 def run(args: argparse.Namespace) -> int:
     from harness.algorithms import implemented
-    from harness.launch import LaunchError, inside_mpi_job, run_ranks
-    from harness.results.records import RunDirectory
+    from harness.launch import inside_mpi_job
     from harness.scenario import ScenarioError, load_scenario
 
-    try:
-        scenario = load_scenario(args.scenario, overrides=_overrides(args))
-    except ScenarioError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    in_job = inside_mpi_job()
+    if args.resume is not None:
+        if args.scenario is not None or _overrides(args):
+            return _error("--resume takes only the run directory: the scenario and its settings are the run's own "
+                          "(RUN_DIR/scenario.resolved.yaml)", 2)
+        try:
+            # In a job the user launched, every rank gets here; only rank 0 may write run.json.
+            scenario, run_dir = _open_for_resume(Path(args.resume), mark=in_job is None or _world_rank() == 0)
+        except ValueError as exc:
+            return _error(str(exc), 2)
+        if scenario is None:
+            print(f"nothing to resume: every algorithm of {run_dir.path} is finished", file=sys.stderr)
+            return 0
+    else:
+        if args.scenario is None:
+            return _error("give a scenario FILE, or --resume RUN_DIR", 2)
+        try:
+            scenario = load_scenario(args.scenario, overrides=_overrides(args))
+        except ScenarioError as exc:
+            return _error(str(exc), 2)
+        run_dir = None
+    source = args.resume or args.scenario
     missing = [a.name for a in scenario.algorithms if a.name not in implemented()]
     if missing:
-        print(f"error: {args.scenario}: algorithms {', '.join(missing)} are valid but not implemented yet "
-              f"(available: {', '.join(implemented())}); use --only", file=sys.stderr)
-        return 2
+        return _error(f"{source}: algorithms {', '.join(missing)} are valid but not implemented yet "
+                      f"(available: {', '.join(implemented())}); use --only", 2)
 
-    in_job = inside_mpi_job()
     if in_job is not None:
-        return _run_in_place(scenario, args, in_job)
+        return _run_in_place(scenario, args, in_job, run_dir)
+    if run_dir is None:
+        run_dir = _create_run_dir(scenario, args.out)
+    return _launch(scenario, run_dir, resume=args.resume is not None)
 
-    run_dir = RunDirectory.create(args.out, scenario.name)
+
+def _create_run_dir(scenario, out: str):
+    from harness.results.records import RunDirectory
+
+    run_dir = RunDirectory.create(out, scenario.name)
     run_dir.write_resolved_scenario(scenario.resolved_dict())
     run_dir.write_run_json("incomplete", [], ranks=scenario.ranks)
-    print(f"{scenario.name}: {scenario.ranks} ranks, {len(scenario.algorithms)} algorithms -> {run_dir.path}",
-          file=sys.stderr)
-    # A SIGTERM (batch system, timeout) stops the ranks like Ctrl+C instead of orphaning them.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        proc = run_ranks(scenario.ranks, [sys.executable, "-m", "harness.runner.worker", str(run_dir.path)])
-    except LaunchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"interrupted: finished algorithms are kept in {run_dir.path}", file=sys.stderr)
-        return 130
-    if proc.returncode != 0:
-        _mark_failed(run_dir.path, f"ranks exited with status {proc.returncode}")
-        print(f"error: the ranks exited with status {proc.returncode}; finished algorithms are kept in "
-              f"{run_dir.path} (run.json says which)", file=sys.stderr)
-        return 1
-    return 0
+    return run_dir
 
 
-def _mark_failed(path: Path, why: str) -> None:
-    """Record in run.json that the run stopped on an error, keeping what it finished."""
-    import json
-
-    from harness.results.records import RunDirectory
-
-    meta = json.loads((path / "run.json").read_text())
-    RunDirectory.open(path).write_run_json("failed", meta.get("finished_algorithms", []), ranks=meta.get("ranks"),
-                                           extra={"error": why})
-
-
-def _run_in_place(scenario, args, job_size: int) -> int:
+def _world_rank() -> int:
     from mpi4py import MPI
 
+    return MPI.COMM_WORLD.rank
+
+
+def _open_for_resume(path: Path, mark: bool = True):
+    """(scenario, run directory) of a run to resume, (None, run directory) when it is complete;
+    ValueError saying what is wrong otherwise. ``mark``: clean up and record the resumption."""
+    from harness.results.atomic import remove_partial_files
+    from harness.results.records import RUN_FILE, SCENARIO_FILE, RunDirectory
+    from harness.scenario import ScenarioError, load_scenario
+
+    if not (path / SCENARIO_FILE).is_file() or not (path / RUN_FILE).is_file():
+        raise ValueError(f"--resume {path}: not a run directory (it needs {SCENARIO_FILE} and {RUN_FILE})")
+    try:
+        scenario = load_scenario(path / SCENARIO_FILE)
+    except ScenarioError as exc:
+        raise ValueError(f"--resume: {exc}") from None
+    import json
+
+    meta = json.loads((path / RUN_FILE).read_text(encoding="utf-8"))
+    if meta.get("simulated"):
+        raise ValueError(f"--resume {path}: a simulated run; run `python -m harness simulate` again instead")
+    if meta.get("ranks") not in (None, scenario.ranks):
+        raise ValueError(f"--resume {path}: run.json says {meta.get('ranks')} ranks, the scenario {scenario.ranks}")
+    if mark:
+        remove_partial_files(path)  # what a killed writer left; nothing runs there now
+    run_dir = RunDirectory.open(path)
+    unknown = [a for a in run_dir.finished_algorithms if a not in [p.name for p in scenario.algorithms]]
+    if unknown:
+        raise ValueError(f"--resume {path}: run.json lists finished algorithms {unknown} the scenario does not have")
+    if len(run_dir.finished_algorithms) == len(scenario.algorithms):
+        return None, run_dir
+    if mark:
+        run_dir.mark_resumed()
+        run_dir.write_run_json("incomplete", run_dir.finished_algorithms, ranks=scenario.ranks)
+    return scenario, run_dir
+
+
+def _launch(scenario, run_dir, resume: bool) -> int:
+    """Start the ranks under the venv's mpiexec and watch them until they end."""
+    from harness.launch import LaunchError, start_ranks, stop_job
+    from harness.results.atomic import remove_partial_files
+    from harness.runner import heartbeat
+    from harness.runner.watchdog import Watchdog, supervise
+
+    todo = [a.name for a in scenario.algorithms if a.name not in run_dir.finished_algorithms]
+    verb = "resuming" if resume else "running"
+    print(f"{scenario.name}: {scenario.ranks} ranks, {verb} {len(todo)} algorithm{'s' * (len(todo) != 1)} "
+          f"-> {run_dir.path}", file=sys.stderr)
+    fd, table_path = tempfile.mkstemp(prefix="harness-heartbeat-")
+    os.close(fd)
+    table = heartbeat.create_table(table_path, scenario.ranks)
+    env = dict(os.environ, **{heartbeat.ENV_VAR: table_path})
+    argv = [sys.executable, "-m", "harness.runner.worker", str(run_dir.path), *(["--resume"] if resume else [])]
+    # A SIGTERM (batch system, timeout) stops the ranks like Ctrl+C instead of orphaning them.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    proc = None
+    try:
+        proc = start_ranks(scenario.ranks, argv, env=env)
+        rc, verdict = supervise(proc, table, Watchdog(scenario, time.monotonic(), faults_enabled=not resume),
+                                stop_job)
+    except LaunchError as exc:
+        return _error(str(exc), 1)
+    except KeyboardInterrupt:
+        if proc is not None:
+            stop_job(proc)
+        remove_partial_files(run_dir.path)
+        _mark_stopped(run_dir.path, "incomplete", {"stopped": "interrupted (Ctrl+C or SIGTERM)"})
+        print(f"interrupted: finished algorithms are kept in {run_dir.path}; "
+              f"python -m harness run --resume {run_dir.path} finishes the others", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        del table
+        Path(table_path).unlink(missing_ok=True)
+    remove_partial_files(run_dir.path)
+    if rc == 0:
+        return 0
+    why = verdict.message if verdict is not None else f"the ranks exited with status {rc}"
+    _mark_stopped(run_dir.path, "failed", {"error": why, **({"fault": verdict.as_json()} if verdict else {})})
+    print(f"\nerror: {why}\nstopped all ranks; finished algorithms are kept in {run_dir.path} (run.json says which); "
+          f"python -m harness run --resume {run_dir.path} finishes the others", file=sys.stderr)
+    return 1
+
+
+def _mark_stopped(path: Path, status: str, extra: dict) -> None:
+    """Record in run.json how the run stopped, keeping what it finished."""
     from harness.results.records import RunDirectory
+
+    run_dir = RunDirectory.open(path)
+    run_dir.write_run_json(status, run_dir.finished_algorithms, ranks=_ranks_of(path), extra=extra)
+
+
+def _ranks_of(path: Path) -> int | None:
+    import json
+
+    from harness.results.records import RUN_FILE
+
+    return json.loads((path / RUN_FILE).read_text(encoding="utf-8")).get("ranks")
+
+
+def _run_in_place(scenario, args, job_size: int, run_dir) -> int:
+    from mpi4py import MPI
+
     from harness.runner.worker import main as worker_main
 
     if job_size != scenario.ranks:
-        print(f"error: {args.scenario}: the scenario needs {scenario.ranks} ranks but this MPI job has {job_size} "
-              "(use --ranks to override)", file=sys.stderr)
-        return 2
+        return _error(f"{args.resume or args.scenario}: the scenario needs {scenario.ranks} ranks but this MPI job "
+                      f"has {job_size}" + ("" if args.resume else " (use --ranks to override)"), 2)
     path = None
     if MPI.COMM_WORLD.rank == 0:
-        run_dir = RunDirectory.create(args.out, scenario.name)
-        run_dir.write_resolved_scenario(scenario.resolved_dict())
-        run_dir.write_run_json("incomplete", [], ranks=scenario.ranks)
-        path = str(run_dir.path)
+        path = str((run_dir or _create_run_dir(scenario, args.out)).path)
     path = MPI.COMM_WORLD.bcast(path, root=0)
-    return worker_main(str(Path(path)))
+    return worker_main(path, resume=args.resume is not None)

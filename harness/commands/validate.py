@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def summary(scenario: Scenario) -> str:
-    """A few lines: name, workload, algorithms with resolved parameters, injectors, links."""
+    """A few lines: name, workload, algorithms with resolved parameters, injectors, links, faults."""
     w = scenario.workload
     injectors = [(s.model_dump(exclude={"kind"}, exclude_defaults=True), s.kind) for s in scenario.imbalance]
     compute = "real compute" if w.compute == "real" else f"emulated compute {w.compute.emulate_ms:g} ms"
@@ -52,6 +52,8 @@ def summary(scenario: Scenario) -> str:
         "imbalance:" if scenario.imbalance else "imbalance: none",
         *(f"  {_entry(fields, kind)}" for fields, kind in injectors),
         f"network: {len(link_table(scenario))} emulated links",
+        "faults:" if scenario.faults else "faults: none",
+        *(f"  {_entry(f.model_dump(exclude={'kind'}, exclude_defaults=True), f.kind)}" for f in scenario.faults),
     ]
     return "\n".join(lines)
 

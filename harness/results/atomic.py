@@ -3,7 +3,9 @@
 Each writer fills a temporary file in the destination directory (same filesystem, so the
 rename is atomic), flushes and fsyncs it, then ``os.replace``s it over the destination and
 fsyncs the directory. If anything raises, the temporary file is removed and the previous
-destination file, if any, is left untouched.
+destination file, if any, is left untouched. A writer killed outright (SIGKILL) cannot
+remove its temporary file; :func:`remove_partial_files` does, and the launcher calls it when
+the ranks have ended, so a results directory never holds a half-written file.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
+
+# Temporary files are ".<name>.<random>.partial": hidden, and recognisable as unfinished.
+PARTIAL_SUFFIX = ".partial"
 
 # How NaN is spelled in CSV files; pandas.read_csv parses it back to NaN.
 CSV_NA_REP = "NaN"
@@ -48,7 +53,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", **open_kwargs: Any) -
     path = Path(path)
     directory = path.parent
     directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=PARTIAL_SUFFIX)
     try:
         handle = os.fdopen(fd, mode, **open_kwargs)
     except BaseException:
@@ -67,6 +72,18 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", **open_kwargs: Any) -
             os.unlink(tmp_name)
         raise
     _fsync_directory(directory)
+
+
+def remove_partial_files(directory: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files writers killed mid-write left under ``directory``; returns
+    them. Only call it when no writer is running there."""
+    removed = []
+    for path in Path(directory).rglob(f".*{PARTIAL_SUFFIX}"):
+        if path.is_file():
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            removed.append(path)
+    return removed
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> Path:

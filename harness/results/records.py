@@ -219,6 +219,9 @@ class RunDirectory:
         self._steps: dict[str, pd.DataFrame] = {}
         self._evals: dict[str, pd.DataFrame] = {}
         self._comm_ops: dict[str, pd.DataFrame] = {}
+        # From run.json when opened: what a resumed run starts from and keeps.
+        self.finished_algorithms: list[str] = []
+        self.resumed_at: list[str] = []
 
     @classmethod
     def create(
@@ -265,6 +268,8 @@ class RunDirectory:
             meta.get("run_id", path.name),
             meta.get("started_at", ""),
         )
+        run.finished_algorithms = [str(a) for a in meta.get("finished_algorithms", [])]
+        run.resumed_at = [str(t) for t in meta.get("resumed_at", [])]
         steps = read_frame(path / STEPS_FILE, STEP_COLUMNS)
         evals = read_frame(path / EVALS_FILE, EVAL_COLUMNS)
         comm_ops = read_frame(path / COMM_OPS_FILE, COMM_OP_COLUMNS)
@@ -296,6 +301,10 @@ class RunDirectory:
     def comm_ops(self) -> pd.DataFrame:
         """All comm op records so far (:data:`COMM_OP_COLUMNS`)."""
         return _concat(self._comm_ops.values(), COMM_OP_COLUMNS)
+
+    def mark_resumed(self) -> None:
+        """Record that the run is resumed now (kept in run.json's ``resumed_at``)."""
+        self.resumed_at.append(_utc_now().isoformat(timespec="seconds"))
 
     def provenance_dir(self) -> Path:
         """The ``provenance/`` subfolder (created on first use) for models, shards, seeds."""
@@ -394,6 +403,8 @@ class RunDirectory:
             "finished_algorithms": [str(a) for a in finished],
             "harness_version": __version__,
         }
+        if self.resumed_at:
+            meta["resumed_at"] = list(self.resumed_at)
         if extra:
             meta.update(_plain(dict(extra)))
         return atomic.write_json(self.path / RUN_FILE, meta)

@@ -6,6 +6,7 @@ Iteration t on rank r (times on ``time.monotonic()``, relative to the run's t0):
     end_iteration -> end.
 ``comm_blocked_s`` is the time spent inside the algorithm's hooks; ``compute_s`` the forward,
 backward and optimizer step (or the emulated sleep); ``injected_delay_s`` the injected sleep.
+Injected faults strike at ``start``; the heartbeat tells the watchdog where the rank is.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import torch
 
 from harness.algorithms.base import Algorithm
 from harness.compute_time import emulated_compute_s
+from harness.faults import FaultPlan
 from harness.injection import InjectionPlan
 from harness.results.records import CommOpRecord, EvalRecord, StepRecord
 from harness.runner.evaluate import evaluate
+from harness.runner.heartbeat import Heartbeat, Phase
 from harness.runner.workload_state import TrainState
 from harness.scenario.schema import Scenario
 
@@ -34,6 +37,8 @@ def train(
     plan: InjectionPlan,
     t0: float,
     progress: Callable[[int], None] | None = None,
+    heartbeat: Heartbeat | None = None,
+    faults: FaultPlan | None = None,
 ) -> tuple[list[StepRecord], list[EvalRecord], list[CommOpRecord]]:
     """Run ``scenario.workload.iterations`` iterations of ``algorithm`` on this rank.
 
@@ -42,6 +47,7 @@ def train(
     """
     w = scenario.workload
     rank, name = comm.rank, algorithm.name
+    beat = heartbeat if heartbeat is not None else Heartbeat(None, rank)
     steps: list[StepRecord] = []
     evals: list[EvalRecord] = []
     ops: list[CommOpRecord] = []
@@ -56,10 +62,15 @@ def train(
 
     def hook(fn, t: int) -> float:
         h0 = time.monotonic()
+        beat.phase(Phase.COMMUNICATING)
         fn(t)
+        beat.phase(Phase.LOCAL)
         return time.monotonic() - h0
 
     for t in range(w.iterations):
+        beat.iteration(t)
+        if faults:
+            faults.at_iteration(name, t)
         delays, factors = plan.at(t)
         start = time.monotonic()
         blocked = hook(algorithm.before_forward, t)
@@ -93,6 +104,7 @@ def train(
         blocked += hook(algorithm.after_step, t)
         blocked += hook(algorithm.end_iteration, t)
         end = time.monotonic()
+        beat.iteration_done(end - start)
         steps.append(
             StepRecord(name, rank, t, start - t0, end - t0, compute, delay, blocked, loss, collect_ops(),
                        int(algorithm.staleness))
@@ -100,8 +112,11 @@ def train(
         if progress is not None:
             progress(t)
         if (t + 1) % w.eval_every == 0 and t + 1 < w.iterations:
+            beat.stage(Phase.EVALUATING)
             evals += evaluate(eval_comm, name, t + 1, time.monotonic() - t0, algorithm.eval_params(), state)
+    beat.phase(Phase.COMMUNICATING)
     algorithm.finish()
     collect_ops()
+    beat.stage(Phase.EVALUATING)
     evals += evaluate(eval_comm, name, w.iterations, time.monotonic() - t0, algorithm.eval_params(), state)
     return steps, evals, ops

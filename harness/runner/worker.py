@@ -3,7 +3,9 @@
 Reads ``RUN_DIR/scenario.resolved.yaml`` (written by ``python -m harness run``), trains every
 algorithm in turn under the same injections and emulated links, and has rank 0 gather the
 records and write the results after each algorithm, so an interrupted run keeps what it
-finished.
+finished. Algorithms that ``run.json`` already lists as finished are skipped: that is how
+``python -m harness run --resume RUN_DIR`` finishes an interrupted run (without injecting the
+scenario's faults again).
 """
 
 from __future__ import annotations
@@ -15,23 +17,13 @@ from pathlib import Path
 import numpy as np
 
 
-def main(run_dir: str) -> int:
+def main(run_dir: str, resume: bool = False) -> int:
     from mpi4py import MPI
 
-    import torch
-
-    from harness.algorithms import algorithm_class
-    from harness.algorithms.base import AlgorithmContext
-    from harness.comm import Communicator, Link
-    from harness.injection import InjectionPlan
-    from harness.results.atomic import save_torch
+    from harness.faults import FaultPlan
     from harness.results.records import RunDirectory
-    from harness.results.summary import format_table
-    from harness.runner.loop import train
-    from harness.runner.workload_state import build_state, warm_up_torch
+    from harness.runner.heartbeat import Heartbeat, Phase
     from harness.scenario import load_scenario
-    from harness.scenario.network import link_table
-    from harness.workload import configure_torch_threads, load_dataset, shard_indices
 
     world = MPI.COMM_WORLD
     rank = world.rank
@@ -39,7 +31,36 @@ def main(run_dir: str) -> int:
     scenario = load_scenario(Path(run_dir) / "scenario.resolved.yaml")
     if world.size != scenario.ranks:
         raise SystemExit(f"error: scenario needs {scenario.ranks} ranks, this job has {world.size}")
+    faults = FaultPlan(scenario, rank, enabled=not resume)
+    faults.delay_start()
+    beat = Heartbeat.from_env(rank)
+    beat.report_in()
+    try:
+        _train_all(world, run, scenario, faults, beat)
+    except BaseException:
+        beat.stage(Phase.FAILED)
+        raise
+    beat.stage(Phase.DONE)
+    return 0
 
+
+def _train_all(world, run, scenario, faults, beat) -> None:
+    """Every algorithm not finished yet, in the scenario's order; rank 0 writes after each."""
+    import torch
+
+    from harness.algorithms import algorithm_class
+    from harness.algorithms.base import AlgorithmContext
+    from harness.comm import Communicator, Link
+    from harness.injection import InjectionPlan
+    from harness.results.atomic import save_torch
+    from harness.results.summary import format_table
+    from harness.runner.heartbeat import Phase
+    from harness.runner.loop import train
+    from harness.runner.workload_state import build_state, warm_up_torch
+    from harness.scenario.network import link_table
+    from harness.workload import configure_torch_threads, load_dataset, shard_indices
+
+    rank = world.rank
     configure_torch_threads(1)  # ranks outnumber cores: one compute thread each
     warm_up_torch()
     comm = Communicator(world)
@@ -54,8 +75,11 @@ def main(run_dir: str) -> int:
         np.savez_compressed(provenance / "shards.npz", **{f"rank{r}": s for r, s in enumerate(shards)})
         save_torch(provenance / "initial_model.pt", build_state(scenario, 0, dataset).params.clone())
 
-    finished: list[str] = []
-    for params in scenario.algorithms:
+    finished = [a.name for a in scenario.algorithms if a.name in run.finished_algorithms]
+    for index, params in enumerate(scenario.algorithms):
+        if params.name in finished:
+            continue
+        beat.algorithm(index)
         state = build_state(scenario, rank, dataset)
         ctx = AlgorithmContext(comm, state.params, state.grads, state.optimizer, scenario.optimizer.lr,
                                scenario.seed, scenario.workload.iterations)
@@ -64,9 +88,11 @@ def main(run_dir: str) -> int:
         comm.barrier()
         t0 = time.monotonic()  # common origin: every rank leaves the barrier at about the same time
         steps, evals, ops = train(scenario, algorithm, state, comm, eval_comm, plan, t0,
-                                  progress=(lambda t: bar.update(1)) if bar else None)
+                                  progress=(lambda t: bar.update(1)) if bar else None, heartbeat=beat,
+                                  faults=faults)
         if bar:
             bar.close()
+        beat.stage(Phase.RESULTS)
         steps, evals, ops = (world.gather(x, root=0) for x in (steps, evals, ops))
         finals = world.gather(algorithm.eval_params().detach().clone(), root=0)
         if rank == 0:
@@ -84,7 +110,6 @@ def main(run_dir: str) -> int:
         print(f"results: {run.path}")
     eval_comm.close()
     comm.close()
-    return 0
 
 
 def _progress_bar(name: str, total: int):
@@ -94,6 +119,13 @@ def _progress_bar(name: str, total: int):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: python -m harness.runner.worker RUN_DIR")
-    sys.exit(main(sys.argv[1]))
+    if len(sys.argv) not in (2, 3) or sys.argv[2:] not in ([], ["--resume"]):
+        raise SystemExit("usage: python -m harness.runner.worker RUN_DIR [--resume]")
+    try:
+        sys.exit(main(sys.argv[1], resume=sys.argv[2:] == ["--resume"]))
+    except KeyboardInterrupt:  # Ctrl+C, forwarded by the launcher: the parent says what happened
+        sys.exit(130)
+    except Exception:  # noqa: BLE001  any error: print it and take the whole job down
+        from harness.launch import abort_job_after_error
+
+        sys.exit(abort_job_after_error())

@@ -368,6 +368,67 @@ class Network(StrictModel):
 
 
 # ---------------------------------------------------------------------------------------------
+# faults and the watchdog
+
+
+class FaultSpec(StrictModel):
+    """One injected fault of one rank (see README "Faults"); the simulator ignores faults."""
+
+    kind: str
+    rank: Rank
+
+    def check(self, ranks: int) -> None:
+        _check_rank("rank", self.rank, ranks)
+
+
+class IterationFault(FaultSpec):
+    """A fault that strikes at the start of iteration ``at_iteration`` of ``algorithm``
+    (None: the first algorithm the run trains)."""
+
+    at_iteration: NonNegInt
+    algorithm: str | None = None
+
+
+class KillFault(IterationFault):
+    """The rank's process dies (SIGKILL, as an out-of-memory kill or a node failure would)."""
+
+    kind: Literal["kill"]
+
+
+class HangFault(IterationFault):
+    """The rank's training loop stops making progress (its process stays alive)."""
+
+    kind: Literal["hang"]
+
+
+class SlowStartFault(FaultSpec):
+    """The rank starts ``delay_s`` late: it sleeps before it reports in and joins the first barrier."""
+
+    kind: Literal["slow_start"]
+    delay_s: NonNegFloat
+
+
+AnyFaultSpec = Annotated[Union[KillFault, HangFault, SlowStartFault], Field(discriminator="kind")]
+
+
+class Watchdog(StrictModel):
+    """When ``python -m harness run`` declares the job stuck and stops it.
+
+    A rank is stuck when it has made no progress (started an iteration or a phase) for longer
+    than its timeout. In training iterations the timeout is ``stall_timeout_s``, or, when that
+    is None, ``factor`` times the slowest iteration any rank has finished so far (at least
+    ``min_timeout_s``). Start-up, per-algorithm set-up, evaluation and writing results, and
+    iterations before any has finished, get ``startup_timeout_s`` (or the iteration timeout if
+    that is longer).
+    """
+
+    stall_timeout_s: PosFloat | None = None
+    factor: Annotated[float, Field(ge=1.0)] = 20.0
+    min_timeout_s: PosFloat = 10.0
+    startup_timeout_s: PosFloat = 120.0
+
+
+# ---------------------------------------------------------------------------------------------
 # scenario
 
 
@@ -393,7 +454,8 @@ AlgorithmEntry = Annotated[AnyAlgorithmParams, BeforeValidator(_name_to_mapping)
 
 
 class Scenario(StrictModel):
-    """A whole experiment: ranks, workload, algorithms run in turn, injected imbalance, network."""
+    """A whole experiment: ranks, workload, algorithms run in turn, injected imbalance, network,
+    injected faults and the watchdog's settings."""
 
     name: str
     description: str = ""
@@ -404,6 +466,8 @@ class Scenario(StrictModel):
     algorithms: Annotated[list[AlgorithmEntry], Field(min_length=1)]
     imbalance: list[AnyInjectorSpec] = []
     network: Network = Network()
+    faults: list[AnyFaultSpec] = []
+    watchdog: Watchdog = Watchdog()
 
     @field_validator("name")
     @classmethod
@@ -426,10 +490,29 @@ class Scenario(StrictModel):
             first[params.name] = i
         return _fit_ranks(value, info)
 
-    @field_validator("imbalance", "network")
+    @field_validator("imbalance", "network", "faults")
     @classmethod
     def _parts_fit(cls, value: Any, info: ValidationInfo) -> Any:
         return _fit_ranks(value, info)
+
+    @model_validator(mode="after")
+    def _faults_fit(self) -> Scenario:
+        names = [a.name for a in self.algorithms]
+        slow_start: dict[int, int] = {}
+        for i, fault in enumerate(self.faults):
+            if isinstance(fault, SlowStartFault):
+                if fault.rank in slow_start:
+                    reason = f"rank already has a slow_start (faults[{slow_start[fault.rank]}])"
+                    raise ParamError(("faults", i, "rank"), reason, fault.rank).to_pydantic()
+                slow_start[fault.rank] = i
+                continue
+            if fault.algorithm is not None and fault.algorithm not in names:
+                reason = f"not one of the algorithms run ({', '.join(names)})"
+                raise ParamError(("faults", i, "algorithm"), reason, fault.algorithm).to_pydantic()
+            if fault.at_iteration >= self.workload.iterations:
+                reason = f"must be < workload.iterations ({self.workload.iterations})"
+                raise ParamError(("faults", i, "at_iteration"), reason, fault.at_iteration).to_pydantic()
+        return self
 
     def resolved_dict(self) -> dict[str, Any]:
         """Plain data with every default filled in; ``yaml.safe_dump`` it, load it back, get an equal Scenario."""

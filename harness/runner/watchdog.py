@@ -1,0 +1,318 @@
+"""The watchdog: ``python -m harness run`` watches its ranks and ends a job that cannot finish.
+
+It reads the heartbeat table (``harness.runner.heartbeat``) and watches every rank's process
+through a Linux pidfd (polling ``kill(pid, 0)`` where pidfds are missing). It never spins: it
+sleeps in ``poll()`` until a process ends or ``POLL_S`` passes. Three things end a job:
+
+- a rank's process ends before the rank reported DONE (killed, crashed, or raised an error);
+- a rank did not report in within ``startup_timeout_s`` of the launch;
+- the job is stuck: some rank made no progress for longer than its timeout (see
+  ``harness.scenario.schema.Watchdog``). The rank named is the one furthest behind, preferring
+  a rank that is not waiting in communication: the others are usually waiting for it.
+
+The verdict names the rank, the algorithm, the iteration and what happened, and says when the
+scenario itself injected that fault.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import select
+import subprocess
+import time
+
+import numpy as np
+
+from harness.runner.heartbeat import Field, Phase
+from harness.scenario.schema import FaultSpec, HangFault, KillFault, Scenario, SlowStartFault
+from harness.scenario.schema import Watchdog as WatchdogSettings
+
+POLL_S = 0.5  # how often the table is read when no process ends: cheap, and bounds the delay
+GRACE_S = 10.0  # after a rank died, how long the MPI launcher gets to end the others itself
+
+_DOING = {
+    Phase.NOT_STARTED: "not started",
+    Phase.SETUP: "setting up",
+    Phase.LOCAL: "local work (compute, injected delay or optimizer step)",
+    Phase.COMMUNICATING: "waiting in communication",
+    Phase.EVALUATING: "evaluating",
+    Phase.RESULTS: "gathering and writing results",
+    Phase.DONE: "done",
+    Phase.FAILED: "failed",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RankState:
+    """One row of the heartbeat table, read at one moment."""
+
+    rank: int
+    pid: int
+    phase: Phase
+    algorithm: int
+    iteration: int
+    progress_at: float
+    slowest_iteration_s: float
+    iterations_done: int
+
+    @property
+    def started(self) -> bool:
+        return self.pid > 0
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in (Phase.DONE, Phase.FAILED)
+
+
+def read_states(table: np.ndarray) -> list[RankState]:
+    """A snapshot of the table (copied first, so the rows do not change while read)."""
+    rows = np.array(table, dtype=np.float64, copy=True)
+    return [
+        RankState(r, int(row[Field.PID]), Phase(int(row[Field.PHASE])), int(row[Field.ALGORITHM]),
+                  int(row[Field.ITERATION]), float(row[Field.PROGRESS_AT]),
+                  float(row[Field.SLOWEST_ITERATION_S]), int(row[Field.ITERATIONS_DONE]))
+        for r, row in enumerate(rows)
+    ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """Why the watchdog ends (or ended) the job."""
+
+    kind: str  # "died", "failed", "not_started", "stuck"
+    rank: int
+    message: str
+    algorithm: str | None = None
+    iteration: int | None = None
+
+    def as_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class Watchdog:
+    """The pure decision part: given the table and which processes ended, is the job done for?"""
+
+    def __init__(self, scenario: Scenario, launched_at: float, faults_enabled: bool = True) -> None:
+        self.settings: WatchdogSettings = scenario.watchdog
+        self.algorithms = [a.name for a in scenario.algorithms]
+        self.faults = list(scenario.faults) if faults_enabled else []
+        self.launched_at = launched_at
+
+    # -- timeouts ----------------------------------------------------------------------------
+    def iteration_timeout(self, states: list[RankState]) -> tuple[float, str] | None:
+        """The timeout in training iterations and how it was derived; None before any
+        iteration finished (then the start-up timeout applies)."""
+        s = self.settings
+        if s.stall_timeout_s is not None:
+            return s.stall_timeout_s, f"stall_timeout_s = {s.stall_timeout_s:g} s"
+        slowest = max((st.slowest_iteration_s for st in states), default=0.0)
+        if slowest <= 0.0:
+            return None
+        timeout = max(s.min_timeout_s, s.factor * slowest)
+        return timeout, (f"{timeout:.1f} s = max(min_timeout_s {s.min_timeout_s:g} s, factor {s.factor:g} x "
+                         f"slowest iteration so far {slowest:.3f} s)")
+
+    def timeout(self, state: RankState, states: list[RankState]) -> tuple[float, str]:
+        startup = (self.settings.startup_timeout_s, f"startup_timeout_s = {self.settings.startup_timeout_s:g} s")
+        it = self.iteration_timeout(states)
+        if state.phase in (Phase.LOCAL, Phase.COMMUNICATING) and it is not None:
+            return it
+        return max(startup, it or startup)
+
+    # -- the verdict ---------------------------------------------------------------------------
+    def check(self, states: list[RankState], now: float, ended: set[int]) -> Verdict | None:
+        """``ended``: ranks whose process is gone. None while the job may still finish."""
+        died = [st for st in states if st.rank in ended and st.started and st.phase != Phase.DONE]
+        if died:
+            return self._died(died)
+        waited = now - self.launched_at
+        absent = [st.rank for st in states if not st.started]
+        if absent and waited > self.settings.startup_timeout_s:
+            return self._not_started(absent, waited)
+        running = [st for st in states if st.started and not st.finished]
+        stuck = [st for st in running if now - st.progress_at > self.timeout(st, states)[0]]
+        if stuck:
+            return self._stuck(running, states, now)
+        return None
+
+    def _died(self, died: list[RankState]) -> Verdict:
+        # Errors first (their traceback is above); then a rank not blocked in communication:
+        # when one rank dies, the MPI launcher kills the others, which are usually waiting for it.
+        first = min(died, key=lambda st: (st.phase != Phase.FAILED, st.phase == Phase.COMMUNICATING, st.rank))
+        where = self._where(first)
+        if first.phase == Phase.FAILED:
+            what = f"rank {first.rank} raised an error {where} (its traceback is above)"
+            kind = "failed"
+        else:
+            what = f"rank {first.rank} (pid {first.pid}) died {where}: its process ended without finishing"
+            kind = "died"
+        others = sorted(st.rank for st in died if st is not first)
+        if others:
+            what += f"; ranks {', '.join(map(str, others))} ended at about the same time"
+        return self._verdict(kind, first, what + self._injected(first, KillFault))
+
+    def _not_started(self, absent: list[int], waited: float) -> Verdict:
+        names = ", ".join(map(str, absent))
+        what = (f"rank{'s' if len(absent) > 1 else ''} {names} did not start within startup_timeout_s "
+                f"({self.settings.startup_timeout_s:g} s; waited {waited:.1f} s)")
+        rank = absent[0]
+        for f in self.faults:
+            if isinstance(f, SlowStartFault) and f.rank == rank:
+                what += f" (the scenario injects faults[{self.faults.index(f)}]: slow_start, delay_s {f.delay_s:g})"
+                break
+        return Verdict("not_started", rank, what)
+
+    def _stuck(self, running: list[RankState], states: list[RankState], now: float) -> Verdict:
+        culprit = min(running, key=lambda st: (st.phase == Phase.COMMUNICATING, st.algorithm, st.iteration,
+                                               st.progress_at))
+        timeout, how = self.timeout(culprit, states)
+        what = (f"rank {culprit.rank} made no progress for {now - culprit.progress_at:.1f} s "
+                f"{self._where(culprit)} ({_DOING[culprit.phase]}); timeout {how}")
+        others = [st for st in running if st is not culprit]
+        if others:
+            what += f"; the other running ranks: {_tally(others)}"
+        return self._verdict("stuck", culprit, what + self._injected(culprit, HangFault))
+
+    # -- wording ------------------------------------------------------------------------------
+    def _algorithm(self, st: RankState) -> str | None:
+        return self.algorithms[st.algorithm] if 0 <= st.algorithm < len(self.algorithms) else None
+
+    def _where(self, st: RankState) -> str:
+        name = self._algorithm(st)
+        if name is None:
+            return "during start-up"
+        if st.iteration < 0:
+            return f"in {_DOING[st.phase] if st.phase != Phase.FAILED else 'the set-up or results'} of {name}"
+        if st.phase == Phase.EVALUATING:
+            return f"while evaluating {name} after iteration {st.iteration}"
+        return f"in iteration {st.iteration} of {name}"
+
+    def _injected(self, st: RankState, kind: type[FaultSpec]) -> str:
+        name = self._algorithm(st)
+        for i, f in enumerate(self.faults):
+            if (isinstance(f, kind) and f.rank == st.rank and f.at_iteration == st.iteration
+                    and (f.algorithm or self.algorithms[0]) == name):
+                return f" (the scenario injects this: faults[{i}] {f.kind})"
+        return ""
+
+    def _verdict(self, kind: str, st: RankState, message: str) -> Verdict:
+        return Verdict(kind, st.rank, message, self._algorithm(st), st.iteration if st.iteration >= 0 else None)
+
+
+def _tally(states: list[RankState]) -> str:
+    """E.g. "2 waiting in communication (iterations 14-15), 1 evaluating (iteration 18)"."""
+    parts = []
+    for phase in Phase:
+        group = [st for st in states if st.phase == phase]
+        if not group:
+            continue
+        its = sorted({st.iteration for st in group if st.iteration >= 0})
+        span = "" if not its else (f" (iteration {its[0]})" if len(its) == 1 else f" (iterations {its[0]}-{its[-1]})")
+        parts.append(f"{len(group)} {_DOING[phase]}{span}")
+    return ", ".join(parts)
+
+
+def supervise(proc: subprocess.Popen, table: np.ndarray, watchdog: Watchdog,
+              stop_job) -> tuple[int, Verdict | None]:
+    """Wait for the launcher ``proc``, judging the ranks every ``POLL_S``; returns its exit
+    status and the verdict, if any. ``stop_job(proc)`` ends the whole job."""
+    processes = _ProcessWatch(proc)
+    verdict: Verdict | None = None
+    deadline = None
+    while proc.poll() is None:
+        states = read_states(table)
+        processes.watch([st.pid for st in states])
+        ended_pids = processes.wait(POLL_S)
+        if proc.poll() is not None:
+            break
+        if verdict is None:
+            states = read_states(table)
+            ended = {st.rank for st in states if st.pid in ended_pids}
+            verdict = watchdog.check(states, time.monotonic(), ended)
+            if verdict is not None and verdict.kind in ("stuck", "not_started"):
+                stop_job(proc)
+                break
+            if verdict is not None:
+                deadline = time.monotonic() + GRACE_S
+        elif deadline is not None and time.monotonic() > deadline:
+            stop_job(proc)  # the launcher did not end the others by itself
+            break
+    processes.close()
+    rc = proc.wait()
+    if verdict is None and rc != 0:
+        # The launcher ended first (it ends the job when a rank dies): judge what the table says.
+        states = read_states(table)
+        verdict = watchdog.check(states, time.monotonic(), processes.ended_ranks(states))
+    return rc, verdict
+
+
+class _ProcessWatch:
+    """Which of the ranks' processes (and the launcher) have ended, without spinning."""
+
+    def __init__(self, launcher: subprocess.Popen) -> None:
+        self._fds: dict[int, int] = {}  # pid -> pidfd
+        self._ended: set[int] = set()
+        self._launcher_fd = _pidfd(launcher.pid)
+
+    def watch(self, pids: list[int]) -> None:
+        for pid in pids:
+            if pid > 0 and pid not in self._fds and pid not in self._ended:
+                fd = _pidfd(pid)
+                if fd is None and not _alive(pid):
+                    self._ended.add(pid)
+                elif fd is not None:
+                    self._fds[pid] = fd
+                else:
+                    self._fds[pid] = -1  # no pidfd: polled with kill(pid, 0)
+
+    def wait(self, timeout: float) -> set[int]:
+        """Sleep until a watched process ends or ``timeout`` passes; every pid ended so far."""
+        poller = select.poll()
+        for fd in [self._launcher_fd, *self._fds.values()]:
+            if fd is not None and fd >= 0:
+                poller.register(fd, select.POLLIN)
+        poller.poll(timeout * 1000)
+        for pid, fd in list(self._fds.items()):
+            gone = _ready(fd) if fd >= 0 else not _alive(pid)
+            if gone:
+                self._ended.add(pid)
+                if fd >= 0:
+                    os.close(fd)
+                del self._fds[pid]
+        return set(self._ended)
+
+    def ended_ranks(self, states: list[RankState]) -> set[int]:
+        for st in states:  # the launcher ended: every rank process has ended too, or soon will
+            if st.pid > 0 and st.pid not in self._ended and (st.pid not in self._fds or not _alive(st.pid)):
+                self._ended.add(st.pid)
+        return {st.rank for st in states if st.pid in self._ended}
+
+    def close(self) -> None:
+        for fd in [self._launcher_fd, *self._fds.values()]:
+            if fd is not None and fd >= 0:
+                os.close(fd)
+        self._fds.clear()
+        self._launcher_fd = None
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _ready(fd: int) -> bool:
+    ready, _, _ = select.select([fd], [], [], 0)
+    return bool(ready)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -65,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
     elif entry.ranks != scenario.ranks:
         print(f"note: no calibration for {scenario.ranks} ranks: using the one measured at {entry.ranks}",
               file=sys.stderr)
+    if scenario.faults:
+        print(f"note: the scenario's {len(scenario.faults)} faults are not simulated (the model predicts the "
+              "run without them)", file=sys.stderr)
     print(f"{scenario.name}: simulating {scenario.ranks} ranks x {scenario.workload.iterations} iterations, "
           f"{len(scenario.algorithms)} algorithms", file=sys.stderr)
 

@@ -1,0 +1,323 @@
+"""Faults and the watchdog: injected kills, hangs and slow starts end the job in bounded time,
+name the rank, keep finished results, leave no process; ``run --resume``; Ctrl+C; partial files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import harness_cli, write_scenario_file
+from harness.faults import FaultPlan
+from harness.results import atomic
+from harness.runner import heartbeat
+from harness.runner.heartbeat import Heartbeat, Phase
+from harness.runner.watchdog import RankState, Watchdog, read_states
+from harness.scenario import ScenarioError, scenario_from_dict
+
+
+def _scenario(**changes) -> dict:
+    data = {
+        "name": "faulty",
+        "ranks": 3,
+        "workload": {"model": "logreg", "dataset": "synthetic", "batch_size": 8, "iterations": 12,
+                     "compute": {"emulate_ms": 5}},
+        "algorithms": ["allreduce_sgd", "dpsgd"],
+    }
+    data.update(changes)
+    return data
+
+
+# --- the scenario's faults and watchdog sections ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "faults, message",
+    [
+        ([{"kind": "kill", "rank": 3, "at_iteration": 1}], "faults[0].rank: rank must be < ranks (3) (got 3)"),
+        ([{"kind": "hang", "rank": 0, "at_iteration": 12}], "faults[0].at_iteration: must be < workload.iterations (12)"),
+        ([{"kind": "kill", "rank": 0, "at_iteration": 1, "algorithm": "sgp"}],
+         "faults[0].algorithm: not one of the algorithms run (allreduce_sgd, dpsgd) (got 'sgp')"),
+        ([{"kind": "slow_start", "rank": 1, "delay_s": 1}, {"kind": "slow_start", "rank": 1, "delay_s": 2}],
+         "faults[1].rank: rank already has a slow_start (faults[0])"),
+        ([{"kind": "slow_start", "rank": 1, "delay_s": -1}], "faults[0].delay_s"),
+        ([{"kind": "explode", "rank": 1}], "faults[0]"),
+        ([{"kind": "kill", "rank": 1}], "faults[0].at_iteration"),
+    ],
+)
+def test_bad_faults_are_refused_with_their_place(faults, message):
+    with pytest.raises(ScenarioError) as err:
+        scenario_from_dict(_scenario(faults=faults))
+    assert message in str(err.value)
+    assert "Traceback" not in str(err.value)
+
+
+def test_watchdog_settings_are_checked_and_resolved():
+    with pytest.raises(ScenarioError, match=r"watchdog.factor"):
+        scenario_from_dict(_scenario(watchdog={"factor": 0.5}))
+    with pytest.raises(ScenarioError, match=r"watchdog.stall_timeout_s"):
+        scenario_from_dict(_scenario(watchdog={"stall_timeout_s": 0}))
+    resolved = scenario_from_dict(_scenario()).resolved_dict()
+    assert resolved["faults"] == []
+    assert resolved["watchdog"] == {"stall_timeout_s": None, "factor": 20.0, "min_timeout_s": 10.0,
+                                    "startup_timeout_s": 120.0}
+
+
+def test_fault_plan_strikes_where_the_scenario_says():
+    scenario = scenario_from_dict(_scenario(faults=[
+        {"kind": "kill", "rank": 1, "at_iteration": 4},  # no algorithm: the first one run
+        {"kind": "hang", "rank": 1, "at_iteration": 2, "algorithm": "dpsgd"},
+        {"kind": "slow_start", "rank": 1, "delay_s": 1.5},
+    ]))
+    plan = FaultPlan(scenario, 1)
+    assert plan.start_delay_s == 1.5
+    assert set(plan._strikes) == {("allreduce_sgd", 4), ("dpsgd", 2)}
+    assert not FaultPlan(scenario, 0)  # other ranks: nothing
+    assert not FaultPlan(scenario, 1, enabled=False)  # a resumed run injects nothing
+    FaultPlan(scenario, 1).at_iteration("allreduce_sgd", 3)  # not due: returns
+
+
+# --- the watchdog's decisions, on hand-made heartbeat tables ---------------------------------
+
+
+def _state(rank, phase, iteration=5, algorithm=0, progress_at=100.0, slowest=0.1, pid=None):
+    return RankState(rank, 1000 + rank if pid is None else pid, phase, algorithm, iteration, progress_at, slowest,
+                     iteration)
+
+
+def _watchdog(**settings) -> Watchdog:
+    data = _scenario(faults=[{"kind": "hang", "rank": 2, "at_iteration": 5},
+                             {"kind": "kill", "rank": 1, "at_iteration": 5}],
+                     watchdog=settings)
+    return Watchdog(scenario_from_dict(data), launched_at=0.0)
+
+
+def test_timeout_follows_the_slowest_iteration():
+    dog = _watchdog(factor=20, min_timeout_s=1)
+    states = [_state(0, Phase.LOCAL, slowest=0.3), _state(1, Phase.LOCAL, slowest=0.05)]
+    assert dog.iteration_timeout(states)[0] == pytest.approx(6.0)
+    assert dog.iteration_timeout([_state(0, Phase.LOCAL, slowest=0.01)])[0] == 1.0  # the floor
+    assert dog.iteration_timeout([_state(0, Phase.SETUP, slowest=0.0)]) is None  # nothing finished yet
+    assert dog.timeout(_state(0, Phase.SETUP), states)[0] == 120.0  # set-up: the start-up timeout
+    assert _watchdog(stall_timeout_s=7).iteration_timeout(states)[0] == 7.0
+
+
+def test_no_verdict_while_every_rank_progresses():
+    dog = _watchdog(min_timeout_s=1)
+    states = [_state(r, Phase.COMMUNICATING, progress_at=100.0) for r in range(3)]
+    assert dog.check(states, now=101.5, ended=set()) is None  # 1.5 s < 20 x 0.1 s
+    done = [_state(r, Phase.DONE) for r in range(3)]
+    assert dog.check(done, now=1000.0, ended={0, 1, 2}) is None  # finished ranks may end
+
+
+def test_stuck_job_names_the_rank_that_is_not_waiting_for_others():
+    dog = _watchdog(min_timeout_s=1)
+    # Rank 0 blocked in communication longest; rank 2 stopped in its local work: rank 2 is the cause.
+    states = [_state(0, Phase.COMMUNICATING, progress_at=90.0), _state(1, Phase.COMMUNICATING, 6, progress_at=95.0),
+              _state(2, Phase.LOCAL, progress_at=92.0)]
+    verdict = dog.check(states, now=100.0, ended=set())
+    assert verdict.kind == "stuck" and verdict.rank == 2
+    assert verdict.algorithm == "allreduce_sgd" and verdict.iteration == 5
+    assert "rank 2 made no progress for 8.0 s in iteration 5 of allreduce_sgd" in verdict.message
+    assert "faults[0] hang" in verdict.message
+    assert "2 waiting in communication (iterations 5-6)" in verdict.message
+
+
+def test_dead_rank_is_named_before_the_ranks_the_launcher_killed():
+    dog = _watchdog()
+    states = [_state(0, Phase.COMMUNICATING), _state(1, Phase.LOCAL), _state(2, Phase.COMMUNICATING)]
+    verdict = dog.check(states, now=101.0, ended={0, 1, 2})
+    assert verdict.kind == "died" and verdict.rank == 1
+    assert "rank 1 (pid 1001) died in iteration 5 of allreduce_sgd" in verdict.message
+    assert "faults[1] kill" in verdict.message
+    failed = dog.check([_state(0, Phase.FAILED, iteration=-1, algorithm=1), _state(1, Phase.LOCAL)], 101.0, {0, 1})
+    assert failed.kind == "failed" and failed.rank == 0 and "raised an error" in failed.message
+
+
+def test_rank_that_never_reports_in_is_named_after_the_startup_timeout():
+    dog = _watchdog(startup_timeout_s=5)
+    states = [_state(0, Phase.SETUP, iteration=-1, algorithm=-1, progress_at=1.0), _state(1, Phase.NOT_STARTED, pid=0),
+              _state(2, Phase.SETUP, iteration=-1, algorithm=-1, progress_at=1.0)]
+    assert dog.check(states, now=4.0, ended=set()) is None
+    verdict = dog.check(states, now=6.0, ended=set())
+    assert verdict.kind == "not_started" and verdict.rank == 1
+    assert "rank 1 did not start within startup_timeout_s (5 s" in verdict.message
+
+
+def test_heartbeat_rows_reach_the_watchdog(tmp_path):
+    table = heartbeat.create_table(tmp_path / "hb", 2)
+    beat = Heartbeat(tmp_path / "hb", 1)
+    beat.report_in()
+    beat.algorithm(1)
+    beat.iteration(7)
+    beat.phase(Phase.COMMUNICATING)
+    beat.iteration_done(0.25)
+    first, second = read_states(table)
+    assert not first.started
+    assert (second.pid, second.phase, second.algorithm, second.iteration) == (os.getpid(), Phase.COMMUNICATING, 1, 7)
+    assert second.slowest_iteration_s == 0.25 and second.iterations_done == 1
+    assert abs(second.progress_at - time.monotonic()) < 5
+    Heartbeat(None, 0).iteration(3)  # no watchdog listening: a no-op
+
+
+# --- atomic results under SIGKILL -------------------------------------------------------------
+
+_WRITER = """
+import sys, numpy as np, pandas as pd
+from harness.results import atomic
+frame = pd.DataFrame({"a": np.arange(400_000), "b": np.linspace(0, 1, 400_000)})
+n = 0
+while True:
+    frame["a"] = n
+    atomic.write_csv(sys.argv[1], frame)
+    n += 1
+    print(n, flush=True)
+"""
+
+
+def test_a_writer_killed_mid_write_leaves_the_old_file_whole(tmp_path):
+    target = tmp_path / "steps.csv"
+    with subprocess.Popen([sys.executable, "-c", _WRITER, str(target)], stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout.readline().strip() == "1"  # one complete write, then kill during the next
+            time.sleep(0.15)
+        finally:
+            proc.kill()
+    leftovers = list(tmp_path.glob(f".*{atomic.PARTIAL_SUFFIX}"))
+    assert leftovers, "the writer was not killed mid-write: nothing tested"
+    frame = pd.read_csv(target)
+    assert len(frame) == 400_000 and frame["a"].nunique() == 1  # one whole version, never a mix
+    assert sorted(atomic.remove_partial_files(tmp_path)) == sorted(leftovers)
+    assert [p.name for p in tmp_path.iterdir()] == ["steps.csv"]
+
+
+# --- whole runs under real mpiexec --------------------------------------------------------------
+
+
+def _processes_mentioning(marker: str) -> list[str]:
+    """Command lines of live processes that mention ``marker`` (a run directory)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append(cmdline)
+    return found
+
+
+def _only_run(root: Path, name: str) -> Path:
+    (run,) = (root / name).iterdir()
+    return run
+
+
+def _assert_failed_cleanly(run: Path, finished: list[str]) -> dict:
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["status"] == "failed" and meta["finished_algorithms"] == finished
+    assert not list(run.rglob(f".*{atomic.PARTIAL_SUFFIX}"))
+    steps = pd.read_csv(run / "steps.csv")
+    assert sorted(set(steps["algorithm"])) == sorted(finished)
+    assert not _processes_mentioning(str(run)), "ranks left running"
+    return meta
+
+
+def test_killed_rank_ends_the_job_and_resume_finishes_it(tmp_path):
+    data = _scenario(faults=[{"kind": "slow_start", "rank": 2, "delay_s": 1.5},
+                             {"kind": "kill", "rank": 1, "at_iteration": 5, "algorithm": "dpsgd"}])
+    proc = harness_cli("run", str(write_scenario_file(tmp_path, data)), "--out", str(tmp_path / "out"), timeout=120)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "error: rank 1 (pid" in proc.stderr and "died in iteration 5 of dpsgd" in proc.stderr, proc.stderr[-3000:]
+    run = _only_run(tmp_path / "out", "faulty")
+    meta = _assert_failed_cleanly(run, ["allreduce_sgd"])
+    assert meta["fault"]["rank"] == 1 and meta["fault"]["iteration"] == 5 and meta["fault"]["kind"] == "died"
+    first = pd.read_csv(run / "steps.csv")
+
+    proc = harness_cli("run", "--resume", str(run), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["status"] == "complete" and meta["finished_algorithms"] == ["allreduce_sgd", "dpsgd"]
+    assert "error" not in meta and len(meta["resumed_at"]) == 1
+    steps = pd.read_csv(run / "steps.csv")
+    assert steps.groupby("algorithm").size().to_dict() == {"allreduce_sgd": 36, "dpsgd": 36}
+    pd.testing.assert_frame_equal(steps[steps["algorithm"] == "allreduce_sgd"], first)  # kept as it was
+    summary = pd.read_csv(run / "summary.csv")
+    assert list(summary["algorithm"]) == ["allreduce_sgd", "dpsgd"] and summary["complete"].all()
+
+    again = harness_cli("run", "--resume", str(run), timeout=60)
+    assert again.returncode == 0 and "nothing to resume" in again.stderr
+
+
+def test_hung_rank_is_found_by_the_watchdog(tmp_path):
+    data = _scenario(ranks=4, algorithms=["allreduce_sgd", "dpsgd"],
+                     faults=[{"kind": "hang", "rank": 2, "at_iteration": 7, "algorithm": "dpsgd"}],
+                     watchdog={"min_timeout_s": 2, "factor": 5})
+    proc = harness_cli("run", str(write_scenario_file(tmp_path, data)), "--out", str(tmp_path / "out"), timeout=120)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "error: rank 2 made no progress for" in proc.stderr, proc.stderr[-3000:]
+    assert "in iteration 7 of dpsgd" in proc.stderr and "faults[0] hang" in proc.stderr
+    meta = _assert_failed_cleanly(_only_run(tmp_path / "out", "faulty"), ["allreduce_sgd"])
+    assert meta["fault"]["kind"] == "stuck" and meta["fault"]["rank"] == 2
+
+
+def test_rank_that_starts_too_late_is_named(tmp_path):
+    # harness_cli fails the test if the run outlives its timeout: far less than the delay.
+    data = _scenario(faults=[{"kind": "slow_start", "rank": 1, "delay_s": 600}], watchdog={"startup_timeout_s": 12})
+    proc = harness_cli("run", str(write_scenario_file(tmp_path, data)), "--out", str(tmp_path / "out"), timeout=150)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "error: rank 1 did not start within startup_timeout_s (12 s" in proc.stderr, proc.stderr[-3000:]
+    run = _only_run(tmp_path / "out", "faulty")
+    assert json.loads((run / "run.json").read_text())["status"] == "failed"
+    assert not _processes_mentioning(str(run))
+
+
+def test_ctrl_c_stops_every_rank_and_keeps_finished_algorithms(tmp_path):
+    # About 5 s per algorithm: interrupt once the first is written, while the second runs.
+    data = _scenario(ranks=4, workload={"model": "logreg", "dataset": "synthetic", "batch_size": 8,
+                                        "iterations": 1500, "eval_every": 1000, "compute": {"emulate_ms": 2}})
+    path = write_scenario_file(tmp_path, data)
+    cmd = [sys.executable, "-m", "harness", "run", str(path), "--out", str(tmp_path / "out")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        run_json = None
+        while time.monotonic() < deadline:
+            runs = list((tmp_path / "out" / "faulty").glob("*/run.json"))
+            if runs and "allreduce_sgd" in runs[0].read_text():
+                run_json = runs[0]
+                break
+            time.sleep(0.2)
+        assert run_json is not None, "the first algorithm did not finish in time"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        stopped_in = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert stopped_in < 15
+    meta = json.loads(run_json.read_text())
+    assert meta["status"] == "incomplete" and meta["finished_algorithms"] == ["allreduce_sgd"]
+    assert "interrupted" in meta["stopped"]
+    assert not _processes_mentioning(str(run_json.parent))
+    assert "Traceback" not in err
+
+
+def test_resume_refuses_what_it_cannot_resume(tmp_path):
+    proc = harness_cli("run", "--resume", str(tmp_path))
+    assert proc.returncode == 2 and "not a run directory" in proc.stderr
+    proc = harness_cli("run", "--resume", str(tmp_path), "scenarios/straggler.yaml")
+    assert proc.returncode == 2 and "--resume takes only the run directory" in proc.stderr
+    proc = harness_cli("run")
+    assert proc.returncode == 2 and "give a scenario FILE, or --resume RUN_DIR" in proc.stderr

@@ -5,4 +5,6 @@ One module per benchmark; each is a worker runnable under ``mpiexec`` as
 the launching parent (``harness.commands.bench``) never loads mpi4py.
 
 - ``collectives``: native allreduce / broadcast against the mpi4py baseline, nccl-tests style.
+- ``stress``: wait-avoiding allreduce (WAGMA, eager-SGD) and push-sum under random delays,
+  every round checked exactly against the rule.
 """

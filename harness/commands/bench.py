@@ -1,6 +1,6 @@
 """``python -m harness bench BENCHMARK``: benchmarks of the native collective layer and the simulator.
 
-``collectives`` and ``simulator`` are described below and in their modules.
+``collectives``, ``simulator`` and ``stress`` are described in their modules.
 
 Run from a plain shell, a benchmark launches its own job under the venv's mpiexec
 (``--ranks``, default 4) and exits with the job's status; run inside an MPI job
@@ -11,6 +11,7 @@ Example::
 
     python -m harness bench collectives --ranks 4 --sizes 4K,64K,1M,16M --json bench.json
     python -m harness bench simulator --ranks 1024 --iterations 1000
+    python -m harness bench stress --ranks 8 --rounds 10000
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from harness.bench import collectives, simulator
+from harness.bench import collectives, simulator, stress
 from harness.launch import LaunchError, inside_mpi_job, run_ranks
 
 DEFAULT_RANKS = 4
@@ -41,6 +42,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     simulator.add_arguments(sim)
     sim.set_defaults(func=simulator.run)
+    st = benchmarks.add_parser(
+        "stress", help="wait-avoiding allreduce and push-sum under random delays, checked exactly (8 ranks)",
+        description=stress.__doc__.splitlines()[0],
+    )
+    stress.add_arguments(st)
+    st.set_defaults(func=run_stress)
 
 
 def run_collectives(args: argparse.Namespace) -> int:
@@ -60,6 +67,22 @@ def run_collectives(args: argparse.Namespace) -> int:
     except LaunchError as exc:
         return _error(str(exc))
     except KeyboardInterrupt:  # run_ranks has already killed the job
+        return 130
+
+
+def run_stress(args: argparse.Namespace) -> int:
+    """Run the stress worker here (inside a job) or in a job of ``--ranks`` ranks (default 8)."""
+    job = inside_mpi_job()
+    if job is not None:
+        if args.ranks is not None and args.ranks != job:
+            return _error(f"--ranks {args.ranks} but this process runs in an MPI job of {job} ranks")
+        return stress.run_worker(args)
+    ranks = stress.DEFAULT_RANKS if args.ranks is None else args.ranks
+    try:
+        return run_ranks(ranks, stress.worker_argv(args, ranks)).returncode
+    except LaunchError as exc:
+        return _error(str(exc))
+    except KeyboardInterrupt:  # run_ranks has already stopped the job
         return 130
 
 

@@ -58,6 +58,7 @@ def _error(message: str, status: int) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from harness.algorithms import implemented
+    from harness.device import scenario_device_problem
     from harness.launch import inside_mpi_job
     from harness.scenario import ScenarioError, load_scenario
 
@@ -87,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         return _error(f"{source}: algorithms {', '.join(missing)} are valid but not implemented yet "
                       f"(available: {', '.join(implemented())}); use --only", 2)
+    problem = scenario_device_problem(scenario)
+    if problem is not None:
+        return _error(f"{source}: {problem}", 2)
 
     if in_job is not None:
         return _run_in_place(scenario, args, in_job, run_dir)

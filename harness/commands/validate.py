@@ -1,6 +1,8 @@
 """``python -m harness validate FILE``: check a scenario file and summarize what it resolves to.
 
-Exit status 0 when the file is valid, 2 with one ``error:`` line per problem on stderr otherwise.
+Exit status 0 when the file is valid, 2 with one ``error:`` line per problem on stderr otherwise
+(a scenario asking for a device this machine lacks, ``device: cuda`` without a usable GPU, is
+refused too).
 
 Example::
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from harness.device import scenario_device_problem
 from harness.scenario import Scenario, ScenarioError, load_scenario
 from harness.scenario.network import link_table
 
@@ -34,6 +37,10 @@ def run(args: argparse.Namespace) -> int:
     except ScenarioError as exc:
         for line in str(exc).splitlines():
             print(f"error: {line}", file=sys.stderr)
+        return 2
+    problem = scenario_device_problem(scenario)
+    if problem is not None:
+        print(f"error: {args.file}: {problem}", file=sys.stderr)
         return 2
     print(summary(scenario))
     return 0

@@ -15,7 +15,10 @@ from harness.results.records import EvalRecord
 
 @torch.no_grad()
 def test_metrics(model: torch.nn.Module, flat: torch.Tensor, params: torch.Tensor, data) -> tuple[float, float]:
-    """Loss and accuracy on the test set of ``model`` with its flat parameters set to ``flat``."""
+    """Loss and accuracy on the test set of ``model`` with its flat parameters set to ``flat``.
+
+    ``params``: the flat buffer the model's parameters are views into (on the model's device).
+    """
     saved = params.clone()
     params.copy_(flat)
     was_training = model.training
@@ -45,6 +48,6 @@ def evaluate(comm, algorithm: str, iteration: int, time_s: float, local: torch.T
         return [EvalRecord(algorithm, iteration, time_s, "average", math.nan, math.nan, consensus)]
     records = []
     for which, flat in (("average", avg), ("rank0", local)):
-        loss, acc = test_metrics(state.model, flat, state.params, state.data)
+        loss, acc = test_metrics(state.model, flat, state.staging.device_params, state.data)
         records.append(EvalRecord(algorithm, iteration, time_s, which, loss, acc, consensus))
     return records

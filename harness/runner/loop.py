@@ -84,16 +84,21 @@ def train(
                                         factors)
             time.sleep(float(sleeps[rank]))
         else:
+            state.staging.params_to_device()  # the algorithm may have changed them (no-op on the CPU)
             x, y = state.batch(t, w.batch_size, scenario.seed, rank)
             state.optimizer.zero_grad(set_to_none=False)  # keep .grad as views into the flat buffer
             out = torch.nn.functional.cross_entropy(state.model(x), y)
             out.backward()
             loss = float(out.detach())
+            state.staging.grads_to_host()
         compute = time.monotonic() - c0
         blocked += hook(algorithm.after_backward, t)
         s0 = time.monotonic()
         if state.optimizer is not None:
+            state.staging.params_to_device()
+            state.staging.grads_to_device()
             state.optimizer.step()
+            state.staging.params_to_host()
         compute += time.monotonic() - s0
         if factors[rank] != 1.0 and state.model is not None:
             # Injected slowdown / jitter: stretch this rank's compute by the factor.

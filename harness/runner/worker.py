@@ -51,6 +51,7 @@ def _train_all(world, run, scenario, faults, beat) -> None:
     from harness.algorithms import algorithm_class
     from harness.algorithms.base import AlgorithmContext
     from harness.comm import Communicator, Link
+    from harness.device import dataset_on, local_rank, mpi_cuda_aware, torch_device
     from harness.injection import InjectionPlan
     from harness.results.atomic import save_torch
     from harness.results.summary import format_table
@@ -61,26 +62,29 @@ def _train_all(world, run, scenario, faults, beat) -> None:
     from harness.workload import configure_torch_threads, load_dataset, shard_indices
 
     rank = world.rank
+    device = torch_device(scenario.workload.device, local_rank(world))
+    # Where rank 0 trained and whether MPI could have taken device memory (it is staged anyway).
+    placement = {"device": str(device), "mpi_cuda_aware": mpi_cuda_aware()}
     configure_torch_threads(1)  # ranks outnumber cores: one compute thread each
     warm_up_torch()
     comm = Communicator(world)
     eval_comm = Communicator(world)
     comm.set_links(Link(l.src, l.dst, l.latency_s, l.bandwidth_bytes_per_s) for l in link_table(scenario))
     plan = InjectionPlan.from_scenario(scenario)
-    dataset = load_dataset(scenario.workload.dataset, scenario.seed)
+    dataset = dataset_on(load_dataset(scenario.workload.dataset, scenario.seed), device)
 
     provenance = run.provenance_dir() if rank == 0 else None
     shards = world.gather(shard_indices(dataset.num_train, scenario.ranks, rank, scenario.seed), root=0)
     if rank == 0:
         np.savez_compressed(provenance / "shards.npz", **{f"rank{r}": s for r, s in enumerate(shards)})
-        save_torch(provenance / "initial_model.pt", build_state(scenario, 0, dataset).params.clone())
+        save_torch(provenance / "initial_model.pt", build_state(scenario, 0, dataset, device).params.clone())
 
     finished = [a.name for a in scenario.algorithms if a.name in run.finished_algorithms]
     for index, params in enumerate(scenario.algorithms):
         if params.name in finished:
             continue
         beat.algorithm(index)
-        state = build_state(scenario, rank, dataset)
+        state = build_state(scenario, rank, dataset, device)
         ctx = AlgorithmContext(comm, state.params, state.grads, state.optimizer, scenario.optimizer.lr,
                                scenario.seed, scenario.workload.iterations)
         algorithm = algorithm_class(params.name)(params, ctx)
@@ -103,7 +107,7 @@ def _train_all(world, run, scenario, faults, beat) -> None:
             run.write_summary(scenario.workload.batch_size, scenario.workload.iterations, ranks=scenario.ranks)
             run.write_trace()
             done = len(finished) == len(scenario.algorithms)
-            run.write_run_json("complete" if done else "incomplete", finished, ranks=scenario.ranks)
+            run.write_run_json("complete" if done else "incomplete", finished, ranks=scenario.ranks, extra=placement)
     if rank == 0:
         print(format_table(run.write_summary(scenario.workload.batch_size, scenario.workload.iterations,
                                              ranks=scenario.ranks)))

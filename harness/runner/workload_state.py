@@ -12,23 +12,30 @@ from typing import Any
 import numpy as np
 import torch
 
+from harness.device import Staging
 from harness.scenario.schema import Scenario
 from harness.workload import batch_indices, build_model, flat_grads, flat_params, load_dataset, shard_indices
 
 
 @dataclass
 class TrainState:
-    """The model and data of one rank for one algorithm's run."""
+    """The model and data of one rank for one algorithm's run.
+
+    ``params`` and ``grads`` are the flat host buffers the algorithm and the native layer use;
+    the model computes with ``staging.device_params`` (the same tensors on the CPU).
+    """
 
     model: torch.nn.Module | None  # None with emulated compute
     params: torch.Tensor
     grads: torch.Tensor
     optimizer: torch.optim.Optimizer | None
     shard: np.ndarray
-    data: Any  # harness.workload.Dataset or None
+    data: Any  # harness.workload.Dataset (on the rank's device) or None
+    staging: Staging
 
     def batch(self, iteration: int, batch_size: int, seed: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.from_numpy(batch_indices(self.shard, batch_size, iteration, seed, rank))
+        idx = idx.to(self.data.train_x.device)
         return self.data.train_x[idx], self.data.train_y[idx]
 
 
@@ -36,8 +43,9 @@ def emulated(scenario: Scenario) -> bool:
     return scenario.workload.compute != "real"
 
 
-def build_state(scenario: Scenario, rank: int, dataset: Any) -> TrainState:
-    """Fresh model (same on every rank), flat buffers and optimizer for one algorithm."""
+def build_state(scenario: Scenario, rank: int, dataset: Any, device: torch.device | None = None) -> TrainState:
+    """Fresh model (same on every rank), flat buffers and optimizer for one algorithm; the model
+    on ``device`` (default: the CPU), the data already there (``harness.device.dataset_on``)."""
     w = scenario.workload
     shard = shard_indices(dataset.num_train, scenario.ranks, rank, scenario.seed)
     if emulated(scenario):
@@ -45,15 +53,17 @@ def build_state(scenario: Scenario, rank: int, dataset: Any) -> TrainState:
         # otherwise (paper-scale models on a laptop).
         n = w.params or model_size(scenario, dataset)
         params = torch.zeros(n, dtype=torch.float32)
-        return TrainState(None, params, torch.zeros_like(params), None, shard, dataset)
+        grads = torch.zeros_like(params)
+        return TrainState(None, params, grads, None, shard, dataset, Staging(params, grads, params, grads))
+    # Built on the CPU with the seed, then moved: the same initial model on every device.
     model = build_model(w.model, tuple(dataset.input_shape), dataset.num_classes, scenario.seed)
-    params = flat_params(model)
-    grads = flat_grads(model)
+    model.to(device or torch.device("cpu"))
+    staging = Staging.of(flat_params(model), flat_grads(model))
     opt = scenario.optimizer
     optimizer = torch.optim.SGD(
         model.parameters(), lr=opt.lr, momentum=opt.momentum, nesterov=opt.nesterov, weight_decay=opt.weight_decay
     )
-    return TrainState(model, params, grads, optimizer, shard, dataset)
+    return TrainState(model, staging.host_params, staging.host_grads, optimizer, shard, dataset, staging)
 
 
 def model_size(scenario: Scenario, dataset: Any) -> int:

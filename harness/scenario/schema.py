@@ -26,7 +26,7 @@ from harness.algorithms.params import AnyAlgorithmParams, ParamError, StrictMode
 
 Model = Literal["logreg", "mlp", "tiny_cnn", "mnist_cnn", "resnet20"]
 Dataset = Literal["mnist5k", "digits", "synthetic"]
-Device = Literal["cpu"]  # grows when a GPU path exists
+Device = Literal["cpu", "cuda"]  # cuda: each rank takes the GPU of its local rank (harness/device.py)
 
 NonNegInt = Annotated[int, Field(ge=0)]
 PosInt = Annotated[int, Field(ge=1)]
@@ -122,9 +122,9 @@ class Workload(StrictModel):
 
     @field_validator("device", mode="before")
     @classmethod
-    def _no_cuda_yet(cls, value: Any) -> Any:
-        if isinstance(value, str) and value.startswith("cuda"):
-            reason = "not supported yet: the harness trains on CPU only (use device: cpu)"
+    def _no_device_index(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.startswith("cuda:"):
+            reason = "give 'cuda' without an index: each rank takes the GPU of its local rank"
             raise ParamError((), reason, value).to_pydantic()
         return value
 

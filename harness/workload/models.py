@@ -195,10 +195,12 @@ def _is_view(tensor: torch.Tensor | None, view: torch.Tensor) -> bool:
     )
 
 
-def _flat_buffer(model: nn.Module, attr: str, numel: int) -> torch.Tensor:
+def _flat_buffer(model: nn.Module, attr: str, params: list[nn.Parameter]) -> torch.Tensor:
+    numel = sum(p.numel() for p in params)
+    device = params[0].device if params else torch.device("cpu")
     flat = model.__dict__.get(attr)
-    if not (isinstance(flat, torch.Tensor) and flat.numel() == numel):
-        flat = torch.zeros(numel, dtype=torch.float32)
+    if not (isinstance(flat, torch.Tensor) and flat.numel() == numel and flat.device == device):
+        flat = torch.zeros(numel, dtype=torch.float32, device=device)
         model.__dict__[attr] = flat  # plain attribute: not a buffer, not in state_dict
     return flat
 
@@ -206,8 +208,8 @@ def _flat_buffer(model: nn.Module, attr: str, numel: int) -> torch.Tensor:
 def _params(model: nn.Module) -> list[nn.Parameter]:
     params = list(model.parameters())
     for p in params:
-        if p.dtype != torch.float32 or p.device.type != "cpu":
-            raise TypeError("flat views need float32 CPU parameters")
+        if p.dtype != torch.float32 or p.device != params[0].device:
+            raise TypeError("flat views need float32 parameters, all on one device")
     return params
 
 
@@ -217,7 +219,7 @@ def flat_params(model: nn.Module) -> torch.Tensor:
     Writing to it changes the parameters and vice versa; order is ``model.parameters()``.
     """
     params = _params(model)
-    flat = _flat_buffer(model, _FLAT_PARAMS_ATTR, sum(p.numel() for p in params))
+    flat = _flat_buffer(model, _FLAT_PARAMS_ATTR, params)
     offset = 0
     for p in params:
         view = flat[offset : offset + p.numel()].view_as(p)
@@ -234,7 +236,7 @@ def flat_grads(model: nn.Module) -> torch.Tensor:
     Parameters without a gradient get zeros; the layout matches :func:`flat_params`.
     """
     params = _params(model)
-    flat = _flat_buffer(model, _FLAT_GRADS_ATTR, sum(p.numel() for p in params))
+    flat = _flat_buffer(model, _FLAT_GRADS_ATTR, params)
     offset = 0
     for p in params:
         view = flat[offset : offset + p.numel()].view_as(p)

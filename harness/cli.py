@@ -13,7 +13,7 @@ import importlib
 import os
 import sys
 
-COMMANDS = ("run", "validate", "bench", "calibrate", "simulate", "compare", "figures")
+COMMANDS = ("run", "validate", "sbatch", "bench", "calibrate", "simulate", "compare", "figures")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,16 +2,32 @@
 
 The MPICH wheel installs ``mpiexec`` next to the interpreter; using that one guarantees that
 the launcher, the ``libmpi`` mpi4py loads and the one the native layer links are the same.
+
+Three ways to start a job (``python -m harness run --launcher ...``):
+
+- ``mpiexec``: this host, or the hosts of a Hydra host file (``--hosts FILE``: lines
+  ``host[:slots]``; Hydra starts its proxies there over ssh).
+- ``slurm``: inside a SLURM allocation (``salloc``, or the batch script ``python -m harness
+  sbatch`` writes), the same ``mpiexec`` with Hydra's SLURM bootstrap: it starts one proxy per
+  allocated node with ``srun`` and places the ranks on the allocation's nodes.
+- ranks started by the user (``mpiexec -n 8 python -m harness run FILE``, ``srun ...``):
+  detected by :func:`inside_mpi_job`; the command then runs in place.
+
+``auto`` (the default) picks ``slurm`` inside an allocation, ``mpiexec`` otherwise.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
-from pathlib import Path
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+LAUNCHERS = ("auto", "mpiexec", "slurm")
 
 
 class LaunchError(RuntimeError):
@@ -43,26 +59,97 @@ def inside_mpi_job() -> int | None:
     return None
 
 
-def mpiexec_command(ranks: int, argv: Sequence[str]) -> list[str]:
-    """Command line running ``argv`` on ``ranks`` local processes.
+def slurm_allocation() -> str | None:
+    """The SLURM job id when this process runs inside an allocation but outside a job step
+    (a batch script or an ``salloc`` shell), else None."""
+    if "SLURM_JOB_ID" in os.environ and "SLURM_STEP_ID" not in os.environ:
+        return os.environ["SLURM_JOB_ID"]
+    return None
 
-    ``-n`` larger than the core count is allowed (ranks usually outnumber cores here);
-    the native layer never busy-waits, so oversubscription only slows, never deadlocks.
-    """
-    if ranks < 1:
-        raise LaunchError(f"ranks must be >= 1 (got {ranks})")
-    return [str(mpiexec_path()), "-n", str(ranks), *argv]
+
+@dataclass(frozen=True)
+class Launch:
+    """How to start a job's ranks: ``launcher`` is ``mpiexec`` or ``slurm``; ``hosts`` a Hydra
+    host file (mpiexec only)."""
+
+    launcher: str = "mpiexec"
+    hosts: Path | None = None
+
+    @classmethod
+    def choose(cls, launcher: str = "auto", hosts: str | Path | None = None) -> Launch:
+        """Resolve ``auto`` and check what the choice needs; LaunchError says what is missing."""
+        if launcher not in LAUNCHERS:
+            raise LaunchError(f"--launcher must be one of {', '.join(LAUNCHERS)} (got {launcher!r})")
+        if launcher == "auto":
+            launcher = "slurm" if slurm_allocation() is not None and hosts is None else "mpiexec"
+        if hosts is not None:
+            if launcher != "mpiexec":
+                raise LaunchError("--hosts goes with --launcher mpiexec (under SLURM the allocation says where)")
+            read_hosts(hosts)  # fails early, with the line, on a bad file
+            return cls("mpiexec", Path(hosts).absolute())
+        if launcher == "slurm" and slurm_allocation() is None:
+            raise LaunchError("--launcher slurm: not inside a SLURM allocation (no SLURM_JOB_ID); write a batch "
+                              "script with `python -m harness sbatch FILE` and submit it, or get one with salloc")
+        return cls(launcher)
+
+    def command(self, ranks: int, argv: Sequence[str]) -> list[str]:
+        """The command line starting ``argv`` on ``ranks`` processes.
+
+        ``-n`` larger than the core count is allowed (ranks usually outnumber cores here);
+        the native layer never busy-waits, so oversubscription only slows, never deadlocks.
+        """
+        if ranks < 1:
+            raise LaunchError(f"ranks must be >= 1 (got {ranks})")
+        where: list[str] = []
+        if self.launcher == "slurm":
+            where = ["-launcher", "slurm", "-rmk", "slurm"]
+        elif self.hosts is not None:
+            where = ["-f", str(self.hosts)]
+        return [str(mpiexec_path()), *where, "-n", str(ranks), *argv]
+
+    def single_host(self) -> bool:
+        """Whether every rank runs on this host (the watchdog can then see every process)."""
+        if self.launcher == "slurm":
+            return os.environ.get("SLURM_JOB_NUM_NODES", os.environ.get("SLURM_NNODES", "1")) == "1"
+        if self.hosts is None:
+            return True
+        here = {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.gethostname().split(".")[0],
+                socket.getfqdn()}
+        return all(host in here for host, _ in read_hosts(self.hosts))
+
+
+def read_hosts(path: str | Path) -> list[tuple[str, int | None]]:
+    """The ``(host, slots)`` entries of a Hydra host file (``host`` or ``host:slots`` per line,
+    ``#`` comments); LaunchError naming the file and line for anything else."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LaunchError(f"--hosts {path}: cannot read it ({exc.__class__.__name__}: {exc})") from None
+    hosts: list[tuple[str, int | None]] = []
+    for number, line in enumerate(lines, 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        host, _, slots = text.partition(":")
+        if not host or any(c.isspace() for c in host) or (slots and not slots.isdigit()) or slots == "0":
+            raise LaunchError(f"--hosts {path}:{number}: expected 'host' or 'host:slots' with slots >= 1, "
+                              f"got {line.strip()!r}")
+        hosts.append((host, int(slots) if slots else None))
+    if not hosts:
+        raise LaunchError(f"--hosts {path}: no hosts in it")
+    return hosts
 
 
 def start_ranks(ranks: int, argv: Sequence[str], *, env: dict | None = None,
-                capture: bool = False) -> subprocess.Popen:
+                capture: bool = False, launch: Launch | None = None) -> subprocess.Popen:
     """Start ``argv`` on ``ranks`` processes and return the launcher; end it with :func:`stop_job`.
 
-    The launcher gets its own process group, so stopping the group takes every rank with it
-    and nothing is left running.
+    The launcher gets its own process group, so stopping the group takes every local rank
+    with it and nothing is left running (remote ranks go with their Hydra proxies).
     """
     return subprocess.Popen(
-        mpiexec_command(ranks, argv),
+        (launch or Launch()).command(ranks, argv),
         env=env,
         start_new_session=True,
         stdout=subprocess.PIPE if capture else None,

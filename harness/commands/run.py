@@ -28,7 +28,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_scenario_arguments(p, scenario_optional=True)
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="finish the algorithms this run did not (no FILE; faults are not injected again)")
+    add_launch_arguments(p)
     p.set_defaults(func=run)
+
+
+def add_launch_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the ranks run (``run``; ``sbatch`` writes them into its script)."""
+    from harness.launch import LAUNCHERS
+
+    p.add_argument("--launcher", choices=LAUNCHERS, default="auto",
+                   help="mpiexec (this host, or --hosts), slurm (inside an allocation: Hydra's SLURM bootstrap); "
+                        "auto: slurm inside an allocation, else mpiexec")
+    p.add_argument("--hosts", metavar="HOSTFILE", help="Hydra host file for --launcher mpiexec: 'host[:slots]' lines")
 
 
 def add_scenario_arguments(p: argparse.ArgumentParser, scenario_optional: bool = False) -> None:
@@ -59,10 +70,19 @@ def _error(message: str, status: int) -> int:
 def run(args: argparse.Namespace) -> int:
     from harness.algorithms import implemented
     from harness.device import scenario_device_problem
-    from harness.launch import inside_mpi_job
+    from harness.launch import Launch, LaunchError, inside_mpi_job
     from harness.scenario import ScenarioError, load_scenario
 
     in_job = inside_mpi_job()
+    launch = None
+    if in_job is None:
+        try:
+            launch = Launch.choose(args.launcher, args.hosts)
+        except LaunchError as exc:
+            return _error(str(exc), 2)
+    elif args.launcher != "auto" or args.hosts is not None:
+        return _error("--launcher and --hosts are for starting ranks; this process already is one of an MPI job "
+                      f"of {in_job} ranks", 2)
     if args.resume is not None:
         if args.scenario is not None or _overrides(args):
             return _error("--resume takes only the run directory: the scenario and its settings are the run's own "
@@ -96,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_in_place(scenario, args, in_job, run_dir)
     if run_dir is None:
         run_dir = _create_run_dir(scenario, args.out)
-    return _launch(scenario, run_dir, resume=args.resume is not None)
+    return _launch(scenario, run_dir, launch, resume=args.resume is not None)
 
 
 def _create_run_dir(scenario, out: str):
@@ -148,8 +168,12 @@ def _open_for_resume(path: Path, mark: bool = True):
     return scenario, run_dir
 
 
-def _launch(scenario, run_dir, resume: bool) -> int:
-    """Start the ranks under the venv's mpiexec and watch them until they end."""
+def _launch(scenario, run_dir, launch, resume: bool) -> int:
+    """Start the ranks under the venv's mpiexec and watch them until they end.
+
+    The watchdog sees the ranks' heartbeats and processes only when they all run on this host;
+    across hosts a dead rank still ends the job (Hydra sees to that), a hang does not.
+    """
     from harness.launch import LaunchError, start_ranks, stop_job
     from harness.results.atomic import remove_partial_files
     from harness.runner import heartbeat
@@ -162,15 +186,25 @@ def _launch(scenario, run_dir, resume: bool) -> int:
     fd, table_path = tempfile.mkstemp(prefix="harness-heartbeat-")
     os.close(fd)
     table = heartbeat.create_table(table_path, scenario.ranks)
-    env = dict(os.environ, **{heartbeat.ENV_VAR: table_path})
+    env = dict(os.environ)
+    env.pop(heartbeat.ENV_VAR, None)
+    watched = launch.single_host()
+    if watched:
+        env[heartbeat.ENV_VAR] = table_path
+    else:
+        print("note: ranks on several hosts: the watchdog is off (a dead rank still ends the job; a hang lasts "
+              "until your time limit)", file=sys.stderr)
     argv = [sys.executable, "-m", "harness.runner.worker", str(run_dir.path), *(["--resume"] if resume else [])]
     # A SIGTERM (batch system, timeout) stops the ranks like Ctrl+C instead of orphaning them.
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     proc = None
     try:
-        proc = start_ranks(scenario.ranks, argv, env=env)
-        rc, verdict = supervise(proc, table, Watchdog(scenario, time.monotonic(), faults_enabled=not resume),
-                                stop_job)
+        proc = start_ranks(scenario.ranks, argv, env=env, launch=launch)
+        if watched:
+            rc, verdict = supervise(proc, table, Watchdog(scenario, time.monotonic(), faults_enabled=not resume),
+                                    stop_job)
+        else:
+            rc, verdict = proc.wait(), None
     except LaunchError as exc:
         return _error(str(exc), 1)
     except KeyboardInterrupt:

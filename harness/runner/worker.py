@@ -62,7 +62,9 @@ def _train_all(world, run, scenario, faults, beat) -> None:
     from harness.workload import configure_torch_threads, load_dataset, shard_indices
 
     rank = world.rank
-    device = torch_device(scenario.workload.device, local_rank(world))
+    on_host = local_rank(world)
+    hosts = world.allreduce(int(on_host == 0))  # one local rank 0 per host
+    device = torch_device(scenario.workload.device, on_host)
     # Where rank 0 trained and whether MPI could have taken device memory (it is staged anyway).
     placement = {"device": str(device), "mpi_cuda_aware": mpi_cuda_aware()}
     configure_torch_threads(1)  # ranks outnumber cores: one compute thread each
@@ -107,7 +109,8 @@ def _train_all(world, run, scenario, faults, beat) -> None:
             run.write_summary(scenario.workload.batch_size, scenario.workload.iterations, ranks=scenario.ranks)
             run.write_trace()
             done = len(finished) == len(scenario.algorithms)
-            run.write_run_json("complete" if done else "incomplete", finished, ranks=scenario.ranks, extra=placement)
+            run.write_run_json("complete" if done else "incomplete", finished, ranks=scenario.ranks, hosts=hosts,
+                               extra=placement)
     if rank == 0:
         print(format_table(run.write_summary(scenario.workload.batch_size, scenario.workload.iterations,
                                              ranks=scenario.ranks)))

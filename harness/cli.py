@@ -28,9 +28,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from harness.launch import LaunchError
+
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except LaunchError as exc:  # e.g. srun tasks MPI cannot join, found by any command that launches
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except BrokenPipeError:  # output piped into `head` and the like: not an error
         # Point stdout at /dev/null so the interpreter's final flush does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

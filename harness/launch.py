@@ -49,14 +49,34 @@ def inside_mpi_job() -> int | None:
     """World size of the MPI job this process was started in by a launcher, or None.
 
     Looks at the variables MPICH's Hydra, Open MPI, Intel MPI and SLURM's srun set, without
-    initializing MPI (so a parent process can still launch its own job).
+    initializing MPI (so a parent process can still launch its own job). Raises LaunchError
+    for srun tasks that MPI cannot join into one job (see :func:`srun_without_pmi`).
     """
     for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"):
         if var in os.environ:
             return int(os.environ[var])
+    problem = srun_without_pmi()
+    if problem is not None:
+        raise LaunchError(problem)
     if "SLURM_STEP_ID" in os.environ and "SLURM_NTASKS" in os.environ and "SLURM_PROCID" in os.environ:
         return int(os.environ["SLURM_NTASKS"])
     return None
+
+
+def srun_without_pmi() -> str | None:
+    """Why this srun task cannot be one rank of a job, or None.
+
+    ``srun --mpi=none`` (SLURM's usual default) hands MPI no process-management interface, and
+    ``--mpi=pmix`` one this MPICH cannot speak: each task would initialize as a job of its own.
+    """
+    if "SLURM_STEP_ID" not in os.environ or int(os.environ.get("SLURM_NTASKS", "1") or 1) <= 1:
+        return None
+    if "PMI_FD" in os.environ or "PMI_SIZE" in os.environ:
+        return None
+    plugin = "PMIx, which this MPI library (MPICH from PyPI) cannot use" if "PMIX_RANK" in os.environ else "no PMI"
+    return (f"srun started {os.environ['SLURM_NTASKS']} tasks with {plugin}, so MPI cannot join them into one job: "
+            "start them with `srun --mpi=pmi2 ...`, or run `python -m harness run FILE` once in the batch script "
+            "(it starts the ranks itself)")
 
 
 def slurm_allocation() -> str | None:

@@ -46,6 +46,9 @@ def test_ranks_started_by_srun_are_detected(no_slurm):
     no_slurm.setenv("SLURM_STEP_ID", "0")
     no_slurm.setenv("SLURM_PROCID", "3")
     no_slurm.setenv("SLURM_NTASKS", "4")
+    no_slurm.setenv("PMI_FD", "13")  # srun --mpi=pmi2 (it sets PMI_SIZE too, read first)
+    assert inside_mpi_job() == 4
+    no_slurm.setenv("PMI_SIZE", "4")
     assert inside_mpi_job() == 4
 
 
@@ -140,3 +143,19 @@ def test_sbatch_does_not_need_a_gpu_on_the_login_node(tmp_path):
     proc = harness_cli("sbatch", str(path), "--out", str(tmp_path / "res"))
     assert proc.returncode == 0, proc.stderr
     assert "each rank takes the GPU of its local rank" in proc.stdout
+
+
+def test_srun_tasks_mpi_cannot_join_are_refused_before_anything_is_written(no_slurm, tmp_path):
+    for var, value in {"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NTASKS": "4"}.items():
+        no_slurm.setenv(var, value)
+    with pytest.raises(LaunchError, match=r"srun started 4 tasks with no PMI.*srun --mpi=pmi2"):
+        inside_mpi_job()
+    proc = harness_cli("run", str(write_scenario_file(tmp_path, _scenario())), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2 and "error: srun started 4 tasks with no PMI" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+    no_slurm.setenv("PMIX_RANK", "1")
+    with pytest.raises(LaunchError, match="PMIx, which this MPI library"):
+        inside_mpi_job()
+    no_slurm.delenv("PMIX_RANK")
+    no_slurm.setenv("PMI_FD", "13")  # srun --mpi=pmi2: MPI can join the tasks
+    assert inside_mpi_job() == 4

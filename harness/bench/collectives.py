@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from harness.bench.arguments import argtype, int_at_least
+
 KIB = 1024
 MIB = 1024 * KIB
 GIB = 1024 * MIB
@@ -115,30 +117,6 @@ def iterations_for(size: int, iters: int, warmup: int) -> tuple[int, int]:
 
 
 # -- arguments (shared with harness.commands.bench) --------------------------------------------
-def _argtype(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    def convert(text: str) -> Any:
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    convert.__name__ = parse.__name__
-    return convert
-
-
-def _int_at_least(low: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise ValueError(f"expected a whole number, got {text!r}") from None
-        if value < low:
-            raise ValueError(f"must be >= {low} (got {value})")
-        return value
-
-    return _argtype(parse)
-
-
 def _nonnegative_float(text: str) -> float:
     try:
         value = float(text)
@@ -160,21 +138,21 @@ def parse_ops(text: str) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser, *, ranks_default: int | None = None) -> None:
     """The benchmark's options (the parent command and the worker take the same ones)."""
-    parser.add_argument("--ranks", type=_int_at_least(1), default=ranks_default,
+    parser.add_argument("--ranks", type=int_at_least(1), default=ranks_default,
                         help="number of ranks (default 4, or the size of the MPI job already running)")
-    parser.add_argument("--sizes", type=_argtype(parse_sizes), default=parse_sizes(DEFAULT_SIZES),
+    parser.add_argument("--sizes", type=argtype(parse_sizes), default=parse_sizes(DEFAULT_SIZES),
                         help=f"comma-separated buffer sizes in bytes, K/M/G = 2^10/2^20/2^30 (default {DEFAULT_SIZES})")
-    parser.add_argument("--iters", type=_int_at_least(1), default=DEFAULT_ITERS,
+    parser.add_argument("--iters", type=int_at_least(1), default=DEFAULT_ITERS,
                         help=f"timed iterations per size (default {DEFAULT_ITERS}; fewer above 1M)")
-    parser.add_argument("--warmup", type=_int_at_least(0), default=DEFAULT_WARMUP,
+    parser.add_argument("--warmup", type=int_at_least(0), default=DEFAULT_WARMUP,
                         help=f"untimed iterations before timing (default {DEFAULT_WARMUP}; at most 3 above 1M)")
-    parser.add_argument("--ops", type=_argtype(parse_ops), default=["allreduce", "broadcast"],
+    parser.add_argument("--ops", type=argtype(parse_ops), default=["allreduce", "broadcast"],
                         help="comma-separated ops: allreduce, broadcast (default both)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write all rows as JSON (rank 0)")
     comm = parser.add_argument_group("native communicator options (default: the Communicator's)")
-    comm.add_argument("--spin-us", type=_argtype(_nonnegative_float), help="progress thread spin before sleeping")
-    comm.add_argument("--max-sleep-us", type=_argtype(_nonnegative_float), help="longest progress thread sleep")
-    comm.add_argument("--ring-threshold", type=_argtype(parse_bytes), metavar="BYTES",
+    comm.add_argument("--spin-us", type=argtype(_nonnegative_float), help="progress thread spin before sleeping")
+    comm.add_argument("--max-sleep-us", type=argtype(_nonnegative_float), help="longest progress thread sleep")
+    comm.add_argument("--ring-threshold", type=argtype(parse_bytes), metavar="BYTES",
                       help="allreduces of at least this size use the ring algorithm")
 
 

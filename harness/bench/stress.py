@@ -65,6 +65,8 @@ from typing import Any
 
 import numpy as np
 
+from harness.bench.arguments import argtype, int_at_least
+
 DEFAULT_RANKS = 8  # for the parent command (harness.commands.bench) when it launches the job
 DEFAULT_ROUNDS = 10_000
 DEFAULT_SEED = 1234
@@ -356,30 +358,6 @@ def check_push_totals(held: np.ndarray, initial_total: np.ndarray, sent: np.ndar
 
 
 # -- arguments (shared with harness.commands.bench) ---------------------------------------------
-def _argtype(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    def convert(text: str) -> Any:
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    convert.__name__ = parse.__name__
-    return convert
-
-
-def _int_at_least(low: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise ValueError(f"expected a whole number, got {text!r}") from None
-        if value < low:
-            raise ValueError(f"must be >= {low} (got {value})")
-        return value
-
-    return _argtype(parse)
-
-
 def _float_in(low: float, high: float) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
@@ -390,7 +368,7 @@ def _float_in(low: float, high: float) -> Callable[[str], float]:
             raise ValueError(f"must be in [{low:g}, {high:g}] (got {text})")
         return value
 
-    return _argtype(parse)
+    return argtype(parse)
 
 
 def parse_parts(text: str) -> list[str]:
@@ -404,9 +382,9 @@ def parse_parts(text: str) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser, *, ranks_default: int | None = None) -> None:
     """The stress test's options (the parent command and the worker take the same ones)."""
-    parser.add_argument("--ranks", type=_int_at_least(1), default=ranks_default,
+    parser.add_argument("--ranks", type=int_at_least(1), default=ranks_default,
                         help="number of ranks (default 8, or the size of the MPI job already running)")
-    parser.add_argument("--rounds", type=_int_at_least(1), default=DEFAULT_ROUNDS,
+    parser.add_argument("--rounds", type=int_at_least(1), default=DEFAULT_ROUNDS,
                         help=f"rounds per part (default {DEFAULT_ROUNDS}; eager-SGD rounds up to a synchronous round)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
                         help=f"seed of every rank's RNG (default {DEFAULT_SEED})")
@@ -414,18 +392,18 @@ def add_arguments(parser: argparse.ArgumentParser, *, ranks_default: int | None 
                         help=f"longest random sleep before a round (default {DEFAULT_MAX_DELAY_MS:g} ms)")
     parser.add_argument("--delay-fraction", type=_float_in(0, 1), default=DEFAULT_DELAY_FRACTION,
                         help=f"fraction of rounds with a sleep (default {DEFAULT_DELAY_FRACTION:g})")
-    parser.add_argument("--parts", type=_argtype(parse_parts), default=list(PARTS),
+    parser.add_argument("--parts", type=argtype(parse_parts), default=list(PARTS),
                         help=f"comma-separated parts: {', '.join(PARTS)} (default all)")
-    parser.add_argument("--group-size", type=_int_at_least(1), default=DEFAULT_GROUP_SIZE,
+    parser.add_argument("--group-size", type=int_at_least(1), default=DEFAULT_GROUP_SIZE,
                         help=f"WAGMA group size (default {DEFAULT_GROUP_SIZE})")
-    parser.add_argument("--sync-every", type=_int_at_least(1), default=DEFAULT_SYNC_EVERY,
+    parser.add_argument("--sync-every", type=int_at_least(1), default=DEFAULT_SYNC_EVERY,
                         help=f"synchronous round every this many rounds (default {DEFAULT_SYNC_EVERY})")
-    parser.add_argument("--payload", type=_int_at_least(0), default=DEFAULT_PAYLOAD,
+    parser.add_argument("--payload", type=int_at_least(0), default=DEFAULT_PAYLOAD,
                         help=f"float32 elements after the 2*ranks header (default {DEFAULT_PAYLOAD}; "
                              "16384 and more take the ring algorithm)")
-    parser.add_argument("--max-peers", type=_int_at_least(1), default=DEFAULT_MAX_PEERS,
+    parser.add_argument("--max-peers", type=int_at_least(1), default=DEFAULT_MAX_PEERS,
                         help=f"push-sum: most out-peers per push (default {DEFAULT_MAX_PEERS})")
-    parser.add_argument("--flush-every", type=_int_at_least(1), default=DEFAULT_FLUSH_EVERY,
+    parser.add_argument("--flush-every", type=int_at_least(1), default=DEFAULT_FLUSH_EVERY,
                         help="push-sum: flush and check the mass every this many rounds "
                              f"(default {DEFAULT_FLUSH_EVERY})")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON (rank 0)")

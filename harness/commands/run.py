@@ -73,7 +73,10 @@ def run(args: argparse.Namespace) -> int:
     from harness.launch import Launch, LaunchError, inside_mpi_job
     from harness.scenario import ScenarioError, load_scenario
 
-    in_job = inside_mpi_job()
+    try:
+        in_job = inside_mpi_job()
+    except LaunchError as exc:
+        return _error(str(exc), 2)
     launch = None
     if in_job is None:
         try:

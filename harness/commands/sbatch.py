@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         note = "each rank takes the GPU of its local rank: ask for GPUs with your cluster's options (e.g. --gpus-per-node)"
     out = Path(args.out).absolute()
     script = Path(args.script) if args.script else out / scenario.name / f"{scenario.name}.sbatch"
+    (out / scenario.name).mkdir(parents=True, exist_ok=True)  # SLURM opens the job's --output there
     atomic.write_text(script, batch_script(scenario.name, scenario.ranks, Path(args.scenario).absolute(), out,
                                            args, note))
     script.chmod(0o755)

@@ -1,0 +1,225 @@
+#!/usr/bin/env bash
+# Start a single-node SLURM (slurmctld + slurmd, authenticated by munge) on this machine, for tests.
+#
+# Idempotent: installs Debian's packages only if missing, starts only the daemons not already up,
+# and exits 0 once `sinfo` shows this node idle.  Needs root, Linux, apt-get; no systemd needed
+# (the daemons are run directly, in the background).
+#
+# Everything lives under $HARNESS_SLURM_DIR (default /var/lib/harness-slurm): slurm.conf, state,
+# spool, logs and pid files.  The system's /etc/slurm/slurm.conf is NOT written, so a real SLURM
+# configuration on the machine is never touched; clients therefore need SLURM_CONF:
+#     eval "$(tests/slurm/start_slurm.sh | tail -n1)"    # last line: export SLURM_CONF=...
+# (jobs get SLURM_CONF in their environment from slurmd, so srun inside a job finds it too).
+#
+# Output: progress on stderr; on success the last stdout line is `export SLURM_CONF=<path>`.
+# On failure: ONE line `start_slurm: FAIL: <reason>` (the last line on stderr), nothing on stdout,
+# and whatever this run started is stopped again.  Exit codes:
+#   2 unsupported here (not root / not Linux / no apt-get)   3 cannot install the packages
+#   4 a daemon did not start (munged, slurmctld, slurmd)    5 the node did not become idle in time
+# Stop with tests/slurm/stop_slurm.sh.
+#
+# Settings that matter (see write_conf):
+#   SlurmdParameters=config_overrides  the node may declare more CPUs than it has (CPUs=8 on a
+#                                      2-core machine), so 4- and 8-task jobs fit;
+#   ProctrackType=proctrack/linuxproc, TaskPlugin=task/none, JobAcctGatherType=jobacct_gather/none
+#                                      no cgroups/systemd needed (containers);
+#   SlurmUser=root                     the daemons run as the user that starts them (root here);
+#   ReturnToService=2                  a node that was down comes back when slurmd registers;
+#   MpiDefault=none                    srun --mpi=pmi2 / --mpi=pmix select PMI explicitly.
+
+set -u
+set -o pipefail
+
+BASE=${HARNESS_SLURM_DIR:-/var/lib/harness-slurm}
+CONF=$BASE/slurm.conf
+NODE_CPUS=${HARNESS_SLURM_CPUS:-8}
+WAIT_S=${HARNESS_SLURM_WAIT:-60}
+export SLURM_CONF=$CONF
+
+STARTED=()   # daemons this run started, stopped again on failure
+
+log() { echo "start_slurm: $*" >&2; }
+
+stop_started() {
+    local name pidfile pid
+    for name in "${STARTED[@]}"; do
+        pidfile=$BASE/run/$name.pid
+        [ -s "$pidfile" ] || continue
+        pid=$(cat "$pidfile")
+        kill "$pid" 2>/dev/null
+        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$pid" 2>/dev/null
+        rm -f "$pidfile"
+    done
+    [ "${#STARTED[@]}" -gt 0 ] && rm -f "$BASE/run/munged.started"
+}
+
+fail() {  # fail CODE REASON...
+    local code=$1; shift
+    stop_started
+    echo "start_slurm: FAIL: $*" >&2
+    exit "$code"
+}
+
+# --- where we can run ---------------------------------------------------------------------------
+[ "$(uname -s)" = Linux ] || fail 2 "not Linux ($(uname -s))"
+[ "$(id -u)" = 0 ] || fail 2 "not root (installing packages and running slurmd need root)"
+
+# One start at a time (two test sessions at once would race on apt/dpkg and on the daemons).
+# The daemons are started with fd 9 closed, or they would hold the lock for ever.
+{ exec 9>/run/lock/harness-slurm.lock; } 2>/dev/null || exec 9>/tmp/harness-slurm.lock
+flock -w 900 9 || fail 4 "another start_slurm.sh holds the lock for more than 900 s"
+
+# --- packages -----------------------------------------------------------------------------------
+PKGS="slurmctld slurmd slurm-client munge"
+missing=()
+for p in $PKGS; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    command -v apt-get >/dev/null || fail 2 "no apt-get, cannot install ${missing[*]}"
+    log "installing ${missing[*]}"
+    t0=$SECONDS
+    export DEBIAN_FRONTEND=noninteractive
+    if ! apt-get install -y --no-install-recommends "${missing[@]}" >"/tmp/harness-slurm-apt.log" 2>&1; then
+        log "install failed, running apt-get update first"
+        apt-get update >>"/tmp/harness-slurm-apt.log" 2>&1 \
+            || fail 3 "apt-get update failed (no network/mirror?), see /tmp/harness-slurm-apt.log"
+        apt-get install -y --no-install-recommends "${missing[@]}" >>"/tmp/harness-slurm-apt.log" 2>&1 \
+            || fail 3 "apt-get install ${missing[*]} failed: $(tail -n1 /tmp/harness-slurm-apt.log)"
+    fi
+    log "installed in $((SECONDS - t0)) s"
+fi
+for b in munged munge unmunge slurmctld slurmd sinfo sbatch srun scontrol; do
+    command -v "$b" >/dev/null || fail 3 "$b not found after installing $PKGS"
+done
+
+mkdir -p "$BASE"/{state,spool,log,run} || fail 4 "cannot create $BASE"
+
+# --- munge --------------------------------------------------------------------------------------
+munge_ok() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
+if ! munge_ok; then
+    if [ ! -s /etc/munge/munge.key ]; then
+        log "creating /etc/munge/munge.key"
+        mkdir -p /etc/munge
+        if command -v mungekey >/dev/null; then
+            mungekey --create --keyfile=/etc/munge/munge.key || fail 4 "cannot create the munge key"
+        else
+            dd if=/dev/urandom of=/etc/munge/munge.key bs=1 count=1024 2>/dev/null \
+                || fail 4 "cannot create the munge key"
+        fi
+    fi
+    chown -R munge:munge /etc/munge && chmod 700 /etc/munge && chmod 400 /etc/munge/munge.key
+    mkdir -p /run/munge /var/log/munge /var/lib/munge
+    chown munge:munge /run/munge /var/log/munge /var/lib/munge
+    chmod 755 /run/munge
+    log "starting munged"
+    # munged daemonizes; as the munge user, like the Debian service does.  --force: a stale
+    # socket left by a killed munged is replaced.
+    runuser -u munge -- munged --force >/dev/null 2>"$BASE/log/munged.start" 9>&- \
+        || fail 4 "munged did not start: $(tail -n1 "$BASE/log/munged.start")"
+    cp /run/munge/munged.pid "$BASE/run/munged.pid" 2>/dev/null
+    touch "$BASE/run/munged.started"
+    STARTED+=(munged)
+    for _ in $(seq 50); do munge_ok && break; sleep 0.1; done
+    munge_ok || fail 4 "munged started but munge -n | unmunge fails"
+fi
+
+# --- slurm.conf ---------------------------------------------------------------------------------
+NODE=$(hostname -s)
+write_conf() {
+    cat > "$CONF.new" <<EOF
+# Written by tests/slurm/start_slurm.sh: single-node test cluster on $NODE.
+ClusterName=harness
+SlurmctldHost=$NODE
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+StateSaveLocation=$BASE/state
+SlurmdSpoolDir=$BASE/spool
+SlurmctldPidFile=$BASE/run/slurmctld.pid
+SlurmdPidFile=$BASE/run/slurmd.pid
+SlurmctldLogFile=$BASE/log/slurmctld.log
+SlurmdLogFile=$BASE/log/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MailProg=/bin/true
+SwitchType=switch/none
+MpiDefault=none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
+ReturnToService=2
+SlurmdTimeout=60
+InactiveLimit=0
+KillWait=5
+MinJobAge=300
+NodeName=$NODE CPUs=$NODE_CPUS State=UNKNOWN
+PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+EOF
+    if [ -f "$CONF" ] && cmp -s "$CONF" "$CONF.new"; then
+        rm -f "$CONF.new"; return 1   # unchanged
+    fi
+    mv "$CONF.new" "$CONF"; return 0
+}
+conf_changed=0
+write_conf && conf_changed=1
+
+running() {  # running NAME: the pid in its pid file is alive and is that program
+    local f=$BASE/run/$1.pid
+    [ -s "$f" ] && [ "$(cat "/proc/$(cat "$f")/comm" 2>/dev/null)" = "$1" ]
+}
+
+if [ "$conf_changed" = 1 ]; then   # a running daemon would keep the old configuration
+    for d in slurmd slurmctld; do
+        if running "$d"; then
+            log "configuration changed, restarting $d"
+            pid=$(cat "$BASE/run/$d.pid"); kill "$pid"
+            for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        fi
+    done
+fi
+
+# --- slurmctld, slurmd --------------------------------------------------------------------------
+if ! running slurmctld; then
+    log "starting slurmctld"
+    # -i: ignore unreadable state from an older run rather than refuse to start
+    slurmctld -f "$CONF" -i >/dev/null 2>"$BASE/log/slurmctld.start" 9>&- \
+        || fail 4 "slurmctld did not start: $(tail -n1 "$BASE/log/slurmctld.start") (log $BASE/log/slurmctld.log)"
+    STARTED+=(slurmctld)
+fi
+for _ in $(seq 100); do scontrol ping 2>/dev/null | grep -q "is UP" && break; sleep 0.2; done
+scontrol ping 2>/dev/null | grep -q "is UP" \
+    || fail 4 "slurmctld not answering: $(grep -iE 'error|fatal' "$BASE/log/slurmctld.log" | tail -n1)"
+
+if ! running slurmd; then
+    log "starting slurmd"
+    slurmd -f "$CONF" >/dev/null 2>"$BASE/log/slurmd.start" 9>&- \
+        || fail 4 "slurmd did not start: $(tail -n1 "$BASE/log/slurmd.start") (log $BASE/log/slurmd.log)"
+    STARTED+=(slurmd)
+fi
+
+# --- wait for the node ----------------------------------------------------------------------------
+state=""
+for i in $(seq $((WAIT_S * 2))); do
+    state=$(sinfo -h -n "$NODE" -o %T 2>/dev/null | head -n1)
+    case $state in
+        idle|mixed|allocated) break ;;
+        drain*|down*) [ $((i % 10)) = 1 ] && scontrol update NodeName="$NODE" State=RESUME >/dev/null 2>&1 ;;
+    esac
+    running slurmd || fail 4 "slurmd exited: $(grep -iE 'error|fatal' "$BASE/log/slurmd.log" | tail -n1)"
+    sleep 0.5
+done
+case $state in
+    idle|mixed|allocated) ;;
+    *) fail 5 "node $NODE not idle after ${WAIT_S} s (state '${state}'; $(scontrol show node "$NODE" 2>/dev/null | grep -o 'Reason=.*'))" ;;
+esac
+log "node $NODE is $state (conf $CONF)"
+echo "export SLURM_CONF=$CONF"

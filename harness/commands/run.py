@@ -91,8 +91,7 @@ def run(args: argparse.Namespace) -> int:
             return _error("--resume takes only the run directory: the scenario and its settings are the run's own "
                           "(RUN_DIR/scenario.resolved.yaml)", 2)
         try:
-            # In a job the user launched, every rank gets here; only rank 0 may write run.json.
-            scenario, run_dir = _open_for_resume(Path(args.resume), mark=in_job is None or _world_rank() == 0)
+            scenario, run_dir = _open_for_resume(Path(args.resume))
         except ValueError as exc:
             return _error(str(exc), 2)
         if scenario is None:
@@ -119,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
         return _run_in_place(scenario, args, in_job, run_dir)
     if run_dir is None:
         run_dir = _create_run_dir(scenario, args.out)
+    else:
+        _begin_resume(run_dir, scenario)
     return _launch(scenario, run_dir, launch, resume=args.resume is not None)
 
 
@@ -131,16 +132,11 @@ def _create_run_dir(scenario, out: str):
     return run_dir
 
 
-def _world_rank() -> int:
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD.rank
-
-
-def _open_for_resume(path: Path, mark: bool = True):
+def _open_for_resume(path: Path):
     """(scenario, run directory) of a run to resume, (None, run directory) when it is complete;
-    ValueError saying what is wrong otherwise. ``mark``: clean up and record the resumption."""
-    from harness.results.atomic import remove_partial_files
+    ValueError saying what is wrong otherwise. Writes nothing."""
+    import json
+
     from harness.results.records import RUN_FILE, SCENARIO_FILE, RunDirectory
     from harness.scenario import ScenarioError, load_scenario
 
@@ -150,25 +146,27 @@ def _open_for_resume(path: Path, mark: bool = True):
         scenario = load_scenario(path / SCENARIO_FILE)
     except ScenarioError as exc:
         raise ValueError(f"--resume: {exc}") from None
-    import json
-
     meta = json.loads((path / RUN_FILE).read_text(encoding="utf-8"))
     if meta.get("simulated"):
         raise ValueError(f"--resume {path}: a simulated run; run `python -m harness simulate` again instead")
     if meta.get("ranks") not in (None, scenario.ranks):
         raise ValueError(f"--resume {path}: run.json says {meta.get('ranks')} ranks, the scenario {scenario.ranks}")
-    if mark:
-        remove_partial_files(path)  # what a killed writer left; nothing runs there now
     run_dir = RunDirectory.open(path)
     unknown = [a for a in run_dir.finished_algorithms if a not in [p.name for p in scenario.algorithms]]
     if unknown:
         raise ValueError(f"--resume {path}: run.json lists finished algorithms {unknown} the scenario does not have")
     if len(run_dir.finished_algorithms) == len(scenario.algorithms):
         return None, run_dir
-    if mark:
-        run_dir.mark_resumed()
-        run_dir.write_run_json("incomplete", run_dir.finished_algorithms, ranks=scenario.ranks)
     return scenario, run_dir
+
+
+def _begin_resume(run_dir, scenario) -> None:
+    """Remove what a killed writer left (nothing runs there now) and record the resumption."""
+    from harness.results.atomic import remove_partial_files
+
+    remove_partial_files(run_dir.path)
+    run_dir.mark_resumed()
+    run_dir.write_run_json("incomplete", run_dir.finished_algorithms, ranks=scenario.ranks)
 
 
 def _launch(scenario, run_dir, launch, resume: bool) -> int:
@@ -257,7 +255,11 @@ def _run_in_place(scenario, args, job_size: int, run_dir) -> int:
         return _error(f"{args.resume or args.scenario}: the scenario needs {scenario.ranks} ranks but this MPI job "
                       f"has {job_size}" + ("" if args.resume else " (use --ranks to override)"), 2)
     path = None
-    if MPI.COMM_WORLD.rank == 0:
-        path = str((run_dir or _create_run_dir(scenario, args.out)).path)
+    if MPI.COMM_WORLD.rank == 0:  # every rank of the user's job gets here; one writes
+        if run_dir is None:
+            run_dir = _create_run_dir(scenario, args.out)
+        else:
+            _begin_resume(run_dir, scenario)
+        path = str(run_dir.path)
     path = MPI.COMM_WORLD.bcast(path, root=0)
     return worker_main(path, resume=args.resume is not None)

@@ -241,13 +241,14 @@ def test_killed_rank_ends_the_job_and_resume_finishes_it(tmp_path):
     run = _only_run(tmp_path / "out", "faulty")
     meta = _assert_failed_cleanly(run, ["allreduce_sgd"])
     assert meta["fault"]["rank"] == 1 and meta["fault"]["iteration"] == 5 and meta["fault"]["kind"] == "died"
+    assert meta["device"] == "cpu" and meta["hosts"] == 1  # what the ranks wrote is kept
     first = pd.read_csv(run / "steps.csv")
 
     proc = harness_cli("run", "--resume", str(run), timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     meta = json.loads((run / "run.json").read_text())
     assert meta["status"] == "complete" and meta["finished_algorithms"] == ["allreduce_sgd", "dpsgd"]
-    assert "error" not in meta and len(meta["resumed_at"]) == 1
+    assert "error" not in meta and "fault" not in meta and len(meta["resumed_at"]) == 1
     steps = pd.read_csv(run / "steps.csv")
     assert steps.groupby("algorithm").size().to_dict() == {"allreduce_sgd": 36, "dpsgd": 36}
     pd.testing.assert_frame_equal(steps[steps["algorithm"] == "allreduce_sgd"], first)  # kept as it was

@@ -38,7 +38,7 @@ class AlgorithmContext:
     comm: Any  # harness.comm.Communicator
     params: Any  # torch.Tensor
     grads: Any  # torch.Tensor
-    optimizer: Any  # torch.optim.Optimizer over the model's parameters
+    optimizer: Any  # harness.runner.flat_sgd.FlatSGD over the flat buffers (None: emulated compute)
     lr: float
     seed: int
     iterations: int

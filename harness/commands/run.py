@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     if run_dir is None:
         run_dir = _create_run_dir(scenario, args.out)
     else:
-        _begin_resume(run_dir, scenario)
+        _begin_resume(run_dir)
     return _launch(scenario, run_dir, launch, resume=args.resume is not None)
 
 
@@ -160,13 +160,13 @@ def _open_for_resume(path: Path):
     return scenario, run_dir
 
 
-def _begin_resume(run_dir, scenario) -> None:
+def _begin_resume(run_dir) -> None:
     """Remove what a killed writer left (nothing runs there now) and record the resumption."""
     from harness.results.atomic import remove_partial_files
 
     remove_partial_files(run_dir.path)
     run_dir.mark_resumed()
-    run_dir.write_run_json("incomplete", run_dir.finished_algorithms, ranks=scenario.ranks)
+    run_dir.update_run_json("incomplete")
 
 
 def _launch(scenario, run_dir, launch, resume: bool) -> int:
@@ -234,16 +234,7 @@ def _mark_stopped(path: Path, status: str, extra: dict) -> None:
     """Record in run.json how the run stopped, keeping what it finished."""
     from harness.results.records import RunDirectory
 
-    run_dir = RunDirectory.open(path)
-    run_dir.write_run_json(status, run_dir.finished_algorithms, ranks=_ranks_of(path), extra=extra)
-
-
-def _ranks_of(path: Path) -> int | None:
-    import json
-
-    from harness.results.records import RUN_FILE
-
-    return json.loads((path / RUN_FILE).read_text(encoding="utf-8")).get("ranks")
+    RunDirectory.open(path).update_run_json(status, extra)
 
 
 def _run_in_place(scenario, args, job_size: int, run_dir) -> int:
@@ -259,7 +250,7 @@ def _run_in_place(scenario, args, job_size: int, run_dir) -> int:
         if run_dir is None:
             run_dir = _create_run_dir(scenario, args.out)
         else:
-            _begin_resume(run_dir, scenario)
+            _begin_resume(run_dir)
         path = str(run_dir.path)
     path = MPI.COMM_WORLD.bcast(path, root=0)
     return worker_main(path, resume=args.resume is not None)

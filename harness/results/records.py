@@ -302,6 +302,17 @@ class RunDirectory:
         """All comm op records so far (:data:`COMM_OP_COLUMNS`)."""
         return _concat(self._comm_ops.values(), COMM_OP_COLUMNS)
 
+    def update_run_json(self, status: str, extra: Mapping[str, Any] | None = None,
+                        drop: Sequence[str] = ("error", "fault", "stopped")) -> Path:
+        """Rewrite run.json with a new ``status``, keeping what it says (ranks, hosts, device,
+        ...) except the keys in ``drop``; ``extra`` adds or replaces keys."""
+        meta = json.loads((self.path / RUN_FILE).read_text(encoding="utf-8"))
+        own = {"run_id", "scenario", "started_at", "updated_at", "hosts", "ranks", "status", "finished_algorithms",
+               "harness_version", "resumed_at"}
+        kept = {k: v for k, v in meta.items() if k not in own and k not in drop}
+        return self.write_run_json(status, self.finished_algorithms, ranks=meta.get("ranks"),
+                                   hosts=meta.get("hosts", 1), extra={**kept, **(extra or {})})
+
     def mark_resumed(self) -> None:
         """Record that the run is resumed now (kept in run.json's ``resumed_at``)."""
         self.resumed_at.append(_utc_now().isoformat(timespec="seconds"))

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from harness.device import Staging
+from harness.runner.flat_sgd import FlatSGD
 from harness.scenario.schema import Scenario
 from harness.workload import batch_indices, build_model, flat_grads, flat_params, load_dataset, shard_indices
 
@@ -28,7 +29,7 @@ class TrainState:
     model: torch.nn.Module | None  # None with emulated compute
     params: torch.Tensor
     grads: torch.Tensor
-    optimizer: torch.optim.Optimizer | None
+    optimizer: FlatSGD | None
     shard: np.ndarray
     data: Any  # harness.workload.Dataset (on the rank's device) or None
     staging: Staging
@@ -60,9 +61,8 @@ def build_state(scenario: Scenario, rank: int, dataset: Any, device: torch.devic
     model.to(device or torch.device("cpu"))
     staging = Staging.of(flat_params(model), flat_grads(model))
     opt = scenario.optimizer
-    optimizer = torch.optim.SGD(
-        model.parameters(), lr=opt.lr, momentum=opt.momentum, nesterov=opt.nesterov, weight_decay=opt.weight_decay
-    )
+    optimizer = FlatSGD(staging.device_params, staging.device_grads, lr=opt.lr, momentum=opt.momentum,
+                        nesterov=opt.nesterov, weight_decay=opt.weight_decay)
     return TrainState(model, staging.host_params, staging.host_grads, optimizer, shard, dataset, staging)
 
 
@@ -72,7 +72,8 @@ def model_size(scenario: Scenario, dataset: Any) -> int:
 
 
 def warm_up_torch() -> None:
-    """The first optimizer step of a process imports torch internals (seconds); do it untimed."""
-    p = torch.nn.Parameter(torch.zeros(1))
-    p.grad = torch.zeros(1)
-    torch.optim.SGD([p], lr=0.0, momentum=0.9).step()
+    """A process's first backward pass and optimizer step initialize torch internals; do both
+    untimed, before any algorithm runs."""
+    w = torch.nn.Parameter(torch.zeros(4))
+    torch.nn.functional.cross_entropy((w * torch.ones(2, 4)), torch.zeros(2, dtype=torch.long)).backward()
+    FlatSGD(w.detach(), w.grad, lr=0.0, momentum=0.9).step()

@@ -165,6 +165,8 @@ def test_heartbeat_rows_reach_the_watchdog(tmp_path):
     assert (second.pid, second.phase, second.algorithm, second.iteration) == (os.getpid(), Phase.COMMUNICATING, 1, 7)
     assert second.slowest_iteration_s == 0.25 and second.iterations_done == 1
     assert abs(second.progress_at - time.monotonic()) < 5
+    beat.expect(30.0)  # an injected delay of 30 s: progress until it is over
+    assert read_states(table)[1].progress_at > time.monotonic() + 25
     Heartbeat(None, 0).iteration(3)  # no watchdog listening: a no-op
 
 

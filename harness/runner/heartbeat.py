@@ -89,6 +89,12 @@ class Heartbeat:
         if self._row is not None:
             self._set(Phase.LOCAL, iteration=t)
 
+    def expect(self, seconds: float) -> None:
+        """The rank will sleep ``seconds`` on purpose (an injected delay): count it as progress,
+        so a long delay starting mid-run is not taken for a hang."""
+        if self._row is not None:
+            self._row[Field.PROGRESS_AT] = time.monotonic() + seconds
+
     def phase(self, phase: Phase) -> None:
         """Switch phase within an iteration (LOCAL <-> COMMUNICATING): not progress."""
         if self._row is not None:

@@ -76,6 +76,7 @@ def train(
         blocked = hook(algorithm.before_forward, t)
         delay = float(delays[rank])
         if delay > 0:
+            beat.expect(delay)
             time.sleep(delay)
         c0 = time.monotonic()
         loss = math.nan

@@ -275,19 +275,19 @@ def test_hung_rank_is_found_by_the_watchdog(tmp_path):
 
 def test_rank_that_starts_too_late_is_named(tmp_path):
     # harness_cli fails the test if the run outlives its timeout: far less than the delay.
-    data = _scenario(faults=[{"kind": "slow_start", "rank": 1, "delay_s": 600}], watchdog={"startup_timeout_s": 12})
+    data = _scenario(faults=[{"kind": "slow_start", "rank": 1, "delay_s": 600}], watchdog={"startup_timeout_s": 8})
     proc = harness_cli("run", str(write_scenario_file(tmp_path, data)), "--out", str(tmp_path / "out"), timeout=150)
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "error: rank 1 did not start within startup_timeout_s (12 s" in proc.stderr, proc.stderr[-3000:]
+    assert "error: rank 1 did not start within startup_timeout_s (8 s" in proc.stderr, proc.stderr[-3000:]
     run = _only_run(tmp_path / "out", "faulty")
     assert json.loads((run / "run.json").read_text())["status"] == "failed"
     assert not _processes_mentioning(str(run))
 
 
 def test_ctrl_c_stops_every_rank_and_keeps_finished_algorithms(tmp_path):
-    # About 5 s per algorithm: interrupt once the first is written, while the second runs.
+    # About 3 s per algorithm: interrupt once the first is written, while the second runs.
     data = _scenario(ranks=4, workload={"model": "logreg", "dataset": "synthetic", "batch_size": 8,
-                                        "iterations": 1500, "eval_every": 1000, "compute": {"emulate_ms": 2}})
+                                        "iterations": 800, "eval_every": 1000, "compute": {"emulate_ms": 2}})
     path = write_scenario_file(tmp_path, data)
     cmd = [sys.executable, "-m", "harness", "run", str(path), "--out", str(tmp_path / "out")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

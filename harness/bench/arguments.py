@@ -1,8 +1,9 @@
-"""Argument types the benchmarks share: argparse messages that say what is wrong with a value."""
+"""What the benchmarks share: argument types whose messages say what is wrong, the job-size check, output."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -33,3 +34,33 @@ def int_at_least(low: int) -> Callable[[str], int]:
         return value
 
     return argtype(parse)
+
+
+def job_size_matches(args: argparse.Namespace, world: Any) -> bool:
+    """In a worker: whether ``--ranks`` (if given) is the MPI job's size; rank 0 says why not."""
+    n = world.Get_size()
+    if args.ranks is None or args.ranks == n:
+        return True
+    if world.Get_rank() == 0:
+        print(f"error: --ranks {args.ranks} but this MPI job has {n} ranks", file=sys.stderr, flush=True)
+    return False
+
+
+def say(line: str = "") -> None:
+    """Print a report line at once (ranks' output is interleaved by the launcher)."""
+    print(line, flush=True)
+
+
+def worker_main(prog: str, doc: str, add_arguments: Callable[[argparse.ArgumentParser], None],
+                run_worker: Callable[[argparse.Namespace], int], argv: list[str] | None = None) -> int:
+    """A benchmark worker's entry point: parse, run; on any error print it and abort the whole
+    MPI job, so no rank waits for a dead one."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run_worker(args)
+    except BaseException:
+        from harness.launch import abort_job_after_error  # noqa: PLC0415
+
+        return abort_job_after_error()

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.bench.arguments import argtype, int_at_least
+from harness.bench.arguments import argtype, int_at_least, job_size_matches, say, worker_main
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -301,10 +301,6 @@ def min_large_ratio(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     return min(large, key=lambda r: r["ratio"]) if large else None
 
 
-def _say(line: str = "") -> None:
-    print(line, flush=True)
-
-
 # -- the worker ---------------------------------------------------------------------------------
 def run_worker(args: argparse.Namespace) -> int:
     """Run the benchmark on this rank; rank 0 prints (and writes ``--json``). 0, or 1 if #wrong > 0."""
@@ -314,9 +310,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
     world = MPI.COMM_WORLD
     n, rank = world.Get_size(), world.Get_rank()
-    if args.ranks is not None and args.ranks != n:
-        if rank == 0:
-            print(f"error: --ranks {args.ranks} but this MPI job has {n} ranks", file=sys.stderr, flush=True)
+    if not job_size_matches(args, world):
         return 2
     library = " ".join(MPI.Get_library_version().splitlines()[0].split())
     header = {"benchmark": "collectives", "ranks": n, "warmup": args.warmup, "iters": args.iters,
@@ -325,37 +319,37 @@ def run_worker(args: argparse.Namespace) -> int:
     reduced = [f"{format_size(s)}: {i}+{w}" for s, (i, w) in cuts.items() if (i, w) != (args.iters, args.warmup)]
     if rank == 0:
         options = " ".join(f"{k}={v:g}" for k, v in header["comm_options"].items()) or "defaults"
-        _say(f"# collectives: {n} ranks, warmup {args.warmup}, iters {args.iters}"
+        say(f"# collectives: {n} ranks, warmup {args.warmup}, iters {args.iters}"
              + (f" (iters+warmup cut for {', '.join(reduced)})" if reduced else "")
              + f"; time = median over iters of the slowest rank")
-        _say(f"# native: harness.comm.Communicator ({options}); baseline: mpi4py {library}")
+        say(f"# native: harness.comm.Communicator ({options}); baseline: mpi4py {library}")
 
     rows: list[dict[str, Any]] = []
     comm = Communicator(world, **comm_options(args))
     try:
         for name in args.ops:
             if rank == 0:
-                _say("#")
-                _say(f"# {name} (float32{', sum' if name == 'allreduce' else ', root 0'})")
-                _say(table_header())
+                say("#")
+                say(f"# {name} (float32{', sum' if name == 'allreduce' else ', root 0'})")
+                say(table_header())
             for size in args.sizes:
                 row = measure(comm, world, name, size, args.iters, args.warmup)
                 rows.append(row)
                 if rank == 0:
-                    _say(table_row(row))
+                    say(table_row(row))
     finally:
         comm.close()
 
     total_wrong = sum(r["wrong"] for r in rows)
     worst = min_large_ratio(rows)
     if rank == 0:
-        _say("#")
-        _say(f"# #wrong total: {total_wrong}" + ("  OK" if total_wrong == 0 else "  FAILED"))
+        say("#")
+        say(f"# #wrong total: {total_wrong}" + ("  OK" if total_wrong == 0 else "  FAILED"))
         if worst is not None:
-            _say(f"# allreduce busbw ratio native/mpi, min over sizes >= 1M: {worst['ratio']:.2f}"
+            say(f"# allreduce busbw ratio native/mpi, min over sizes >= 1M: {worst['ratio']:.2f}"
                  f" (at {format_size(worst['size_bytes'])})")
         elif "allreduce" in args.ops:
-            _say("# allreduce busbw ratio native/mpi, min over sizes >= 1M: n/a (no such size)")
+            say("# allreduce busbw ratio native/mpi, min over sizes >= 1M: n/a (no such size)")
         if args.json is not None:
             from harness.results.atomic import write_json  # noqa: PLC0415  (pandas; rank 0 only)
 
@@ -365,16 +359,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.bench.collectives",
-                                     description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run_worker(args)
-    except BaseException:
-        from harness.launch import abort_job_after_error  # noqa: PLC0415
-
-        return abort_job_after_error()
+    return worker_main("python -m harness.bench.collectives", __doc__, add_arguments, run_worker, argv)
 
 
 if __name__ == "__main__":

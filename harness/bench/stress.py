@@ -65,7 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.bench.arguments import argtype, int_at_least
+from harness.bench.arguments import argtype, int_at_least, job_size_matches, say, worker_main
 
 DEFAULT_RANKS = 8  # for the parent command (harness.commands.bench) when it launches the job
 DEFAULT_ROUNDS = 10_000
@@ -669,10 +669,6 @@ def report_line(row: dict[str, Any]) -> str:
     return head + body + f", violations {row['violations']}"
 
 
-def _say(line: str = "") -> None:
-    print(line, flush=True)
-
-
 def run_worker(args: argparse.Namespace) -> int:
     """Run the stress test on this rank; rank 0 prints (and writes ``--json``). 0, 1 on a violation."""
     from mpi4py import MPI  # noqa: PLC0415
@@ -681,9 +677,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
     world = MPI.COMM_WORLD
     n, rank = world.Get_size(), world.Get_rank()
-    if args.ranks is not None and args.ranks != n:
-        if rank == 0:
-            print(f"error: --ranks {args.ranks} but this MPI job has {n} ranks", file=sys.stderr, flush=True)
+    if not job_size_matches(args, world):
         return 2
     problem = magnitude_problem(n, args.sync_every, args.payload)
     if problem is not None:
@@ -695,7 +689,7 @@ def run_worker(args: argparse.Namespace) -> int:
               "group_size": args.group_size, "sync_every": args.sync_every, "payload": args.payload,
               "max_peers": args.max_peers, "flush_every": args.flush_every, "comm_options": comm_options(args)}
     if rank == 0:
-        _say(f"# stress: {n} ranks, {args.rounds} rounds per part, seed {args.seed}, sleep before "
+        say(f"# stress: {n} ranks, {args.rounds} rounds per part, seed {args.seed}, sleep before "
              f"{args.delay_fraction:.0%} of rounds uniform in [0, {args.max_delay_ms:g}] ms; "
              f"sync every {args.sync_every}, payload {args.payload} floats")
 
@@ -707,16 +701,16 @@ def run_worker(args: argparse.Namespace) -> int:
             row = run_push_part(comm, world, args) if part == "push" else run_group_part(comm, world, args, part)
             results.append(row)
             if rank == 0:
-                _say(report_line(row))
+                say(report_line(row))
                 for f in row["failures"]:
-                    _say(f"#   FAILED {f}")
+                    say(f"#   FAILED {f}")
     finally:
         comm.close()
     wall = time.perf_counter() - start
 
     total = sum(r["violations"] for r in results)
     if rank == 0:
-        _say(f"# violations total: {total}" + ("  OK" if total == 0 else "  FAILED") + f" ({wall:.1f} s)")
+        say(f"# violations total: {total}" + ("  OK" if total == 0 else "  FAILED") + f" ({wall:.1f} s)")
         if args.json is not None:
             from harness.results.atomic import write_json  # noqa: PLC0415  (pandas; rank 0 only)
 
@@ -726,15 +720,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.bench.stress", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run_worker(args)
-    except BaseException:
-        from harness.launch import abort_job_after_error  # noqa: PLC0415
-
-        return abort_job_after_error()
+    return worker_main("python -m harness.bench.stress", __doc__, add_arguments, run_worker, argv)
 
 
 if __name__ == "__main__":

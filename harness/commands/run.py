@@ -17,7 +17,6 @@ import argparse
 import os
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -184,27 +183,21 @@ def _launch(scenario, run_dir, launch, resume: bool) -> int:
     verb = "resuming" if resume else "running"
     print(f"{scenario.name}: {scenario.ranks} ranks, {verb} {len(todo)} algorithm{'s' * (len(todo) != 1)} "
           f"-> {run_dir.path}", file=sys.stderr)
-    fd, table_path = tempfile.mkstemp(prefix="harness-heartbeat-")
-    os.close(fd)
-    table = heartbeat.create_table(table_path, scenario.ranks)
-    env = dict(os.environ)
-    env.pop(heartbeat.ENV_VAR, None)
-    watched = launch.single_host()
-    if watched:
-        env[heartbeat.ENV_VAR] = table_path
-    else:
-        print("note: ranks on several hosts: the watchdog is off (a dead rank still ends the job; a hang lasts "
-              "until your time limit)", file=sys.stderr)
+    env = {k: v for k, v in os.environ.items() if k != heartbeat.ENV_VAR}
     argv = [sys.executable, "-m", "harness.runner.worker", str(run_dir.path), *(["--resume"] if resume else [])]
     # A SIGTERM (batch system, timeout) stops the ranks like Ctrl+C instead of orphaning them.
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     proc = None
     try:
-        proc = start_ranks(scenario.ranks, argv, env=env, launch=launch)
-        if watched:
-            rc, verdict = supervise(proc, table, Watchdog(scenario, time.monotonic(), faults_enabled=not resume),
-                                    stop_job)
+        if launch.single_host():
+            with heartbeat.temporary_table(scenario.ranks) as (table_path, table):
+                proc = start_ranks(scenario.ranks, argv, env={**env, heartbeat.ENV_VAR: table_path}, launch=launch)
+                watchdog = Watchdog(scenario, time.monotonic(), faults_enabled=not resume)
+                rc, verdict = supervise(proc, table, watchdog, stop_job)
         else:
+            print("note: ranks on several hosts: the watchdog is off (a dead rank still ends the job; a hang "
+                  "lasts until your time limit)", file=sys.stderr)
+            proc = start_ranks(scenario.ranks, argv, env=env, launch=launch)
             rc, verdict = proc.wait(), None
     except LaunchError as exc:
         return _error(str(exc), 1)
@@ -218,8 +211,6 @@ def _launch(scenario, run_dir, launch, resume: bool) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
-        del table
-        Path(table_path).unlink(missing_ok=True)
     remove_partial_files(run_dir.path)
     if rc == 0:
         return 0

@@ -10,9 +10,12 @@ one clock for every process of the host.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +57,18 @@ def create_table(path: str | Path, ranks: int) -> np.memmap:
     table[:] = 0.0
     table.flush()
     return table
+
+
+@contextlib.contextmanager
+def temporary_table(ranks: int) -> Iterator[tuple[str, np.memmap]]:
+    """A fresh table in a temporary file for one launch: (path for ``ENV_VAR``, the table);
+    the file is removed afterwards."""
+    fd, path = tempfile.mkstemp(prefix="harness-heartbeat-")
+    os.close(fd)
+    try:
+        yield path, create_table(path, ranks)
+    finally:
+        Path(path).unlink(missing_ok=True)
 
 
 class Heartbeat:

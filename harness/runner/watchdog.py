@@ -220,16 +220,15 @@ def supervise(proc: subprocess.Popen, table: np.ndarray, watchdog: Watchdog,
     processes = _ProcessWatch(proc)
     verdict: Verdict | None = None
     deadline = None
+    states = read_states(table)
     while proc.poll() is None:
-        states = read_states(table)
         processes.watch([st.pid for st in states])
-        ended_pids = processes.wait(POLL_S)
+        processes.wait(POLL_S)
         if proc.poll() is not None:
             break
+        states = read_states(table)
         if verdict is None:
-            states = read_states(table)
-            ended = {st.rank for st in states if st.pid in ended_pids}
-            verdict = watchdog.check(states, time.monotonic(), ended)
+            verdict = watchdog.check(states, time.monotonic(), processes.ended_ranks(states))
             if verdict is not None and verdict.kind in ("stuck", "not_started"):
                 stop_job(proc)
                 break
@@ -241,9 +240,13 @@ def supervise(proc: subprocess.Popen, table: np.ndarray, watchdog: Watchdog,
     processes.close()
     rc = proc.wait()
     if verdict is None and rc != 0:
-        # The launcher ended first (it ends the job when a rank dies): judge what the table says.
+        # The launcher ended first (it ends the job when a rank dies). Judge by the ends seen,
+        # or, if none was seen, by every rank: all of them have ended with the launcher.
         states = read_states(table)
-        verdict = watchdog.check(states, time.monotonic(), processes.ended_ranks(states))
+        ended = processes.ended_ranks(states)
+        if all(states[r].phase == Phase.DONE for r in ended):
+            ended = {st.rank for st in states if st.started}
+        verdict = watchdog.check(states, time.monotonic(), ended)
     return rc, verdict
 
 
@@ -251,7 +254,7 @@ class _ProcessWatch:
     """Which of the ranks' processes (and the launcher) have ended, without spinning."""
 
     def __init__(self, launcher: subprocess.Popen) -> None:
-        self._fds: dict[int, int] = {}  # pid -> pidfd
+        self._fds: dict[int, int] = {}  # pid -> pidfd, or -1: no pidfd, polled with kill(pid, 0)
         self._ended: set[int] = set()
         self._launcher_fd = _pidfd(launcher.pid)
 
@@ -259,33 +262,24 @@ class _ProcessWatch:
         for pid in pids:
             if pid > 0 and pid not in self._fds and pid not in self._ended:
                 fd = _pidfd(pid)
-                if fd is None and not _alive(pid):
-                    self._ended.add(pid)
-                elif fd is not None:
-                    self._fds[pid] = fd
-                else:
-                    self._fds[pid] = -1  # no pidfd: polled with kill(pid, 0)
+                self._fds[pid] = -1 if fd is None else fd
 
-    def wait(self, timeout: float) -> set[int]:
-        """Sleep until a watched process ends or ``timeout`` passes; every pid ended so far."""
+    def wait(self, timeout: float) -> None:
+        """Sleep until a watched process ends or ``timeout`` passes, then note what ended."""
         poller = select.poll()
         for fd in [self._launcher_fd, *self._fds.values()]:
             if fd is not None and fd >= 0:
                 poller.register(fd, select.POLLIN)
-        poller.poll(timeout * 1000)
+        ready = {fd for fd, _ in poller.poll(timeout * 1000)}
         for pid, fd in list(self._fds.items()):
-            gone = _ready(fd) if fd >= 0 else not _alive(pid)
-            if gone:
+            if (fd in ready) if fd >= 0 else not _alive(pid):
                 self._ended.add(pid)
                 if fd >= 0:
                     os.close(fd)
                 del self._fds[pid]
-        return set(self._ended)
 
     def ended_ranks(self, states: list[RankState]) -> set[int]:
-        for st in states:  # the launcher ended: every rank process has ended too, or soon will
-            if st.pid > 0 and st.pid not in self._ended and (st.pid not in self._fds or not _alive(st.pid)):
-                self._ended.add(st.pid)
+        """The ranks whose process was seen to end."""
         return {st.rank for st in states if st.pid in self._ended}
 
     def close(self) -> None:
@@ -301,11 +295,6 @@ def _pidfd(pid: int) -> int | None:
         return os.pidfd_open(pid)
     except (AttributeError, OSError):
         return None
-
-
-def _ready(fd: int) -> bool:
-    ready, _, _ = select.select([fd], [], [], 0)
-    return bool(ready)
 
 
 def _alive(pid: int) -> bool:

@@ -76,31 +76,58 @@ def is_sync_round(t: int, sync_every: int) -> bool:
     return sync_every > 0 and t % sync_every == sync_every - 1
 
 
-def exponential_levels(ranks: int) -> int:
-    """Number of distinct hops 1, 2, 4, ... of the exponential graph: floor(log2(P - 1)) + 1."""
-    return (ranks - 1).bit_length() if ranks > 1 else 0
+def exponential_levels(ranks: int, peers: int = 1) -> int:
+    """Levels of SGP's k-peer exponential graph: ``floor(log_{k+1}(P - 1)) + 1`` (0 for P <= 1).
+
+    Computed in integers: the largest i with ``(k+1)^i <= P - 1``, plus one. (The reference code
+    takes ``int(math.log(P - 1, k + 1))``, which agrees except where floating point rounds an
+    exact power down, e.g. ``math.log(243, 3) < 5``: there the reference has one level less.)
+    """
+    if ranks <= 1:
+        return 0
+    if peers < 1:
+        raise ValueError(f"peers must be >= 1 (got {peers})")
+    levels, hop = 1, peers + 1
+    while hop <= ranks - 1:
+        levels += 1
+        hop *= peers + 1
+    return levels
+
+
+def _exponential_hop(ranks: int, t: int, peers: int) -> int:
+    """(k+1)^(t mod L): the hop of iteration ``t``'s level."""
+    levels = exponential_levels(ranks, peers)
+    if not 1 <= peers <= ranks - 1:
+        raise ValueError(f"peers must be in [1, {ranks - 1}] for {ranks} ranks (got {peers})")
+    return (peers + 1) ** (t % levels)
 
 
 def exponential_out_peers(rank: int, ranks: int, t: int, peers: int = 1) -> list[int]:
     """SGP's directed time-varying exponential graph: where ``rank`` pushes at iteration ``t``.
 
-    Peer j is ``rank + 2^((t + j) mod L)`` (mod P) with ``L = floor(log2(P - 1)) + 1``. Every
-    rank uses the same hops, so for each j the round is a permutation (one in-message each).
+    The reference code's default graph (``NPeerDynamicDirectedExponentialGraph`` with k peers
+    per iteration): with ``L = exponential_levels(P, k)`` and hop ``h = (k+1)^(t mod L)``, peer
+    j = 1..k is ``rank + j*h`` (mod P). Each j shifts every rank alike, so each round is k
+    permutations. For k = 1 this is ``rank + 2^(t mod L)``. Where ``j*h`` is a multiple of P the
+    peer is ``rank`` itself, and two j can name the same rank (e.g. P = 8, k = 3, level 1: hops
+    4, 8, 12 name rank+4, rank, rank+4): push-sum then keeps that share, or sends two shares,
+    so mass stays exact (the reference would open a process group with itself there).
+
+    >>> [exponential_out_peers(0, 4, t, peers=2) for t in range(3)]
+    [[1, 2], [3, 2], [1, 2]]
     """
-    levels = exponential_levels(ranks)
-    if levels == 0:
+    if ranks <= 1:
         return []
-    if not 1 <= peers <= levels:
-        raise ValueError(f"peers must be in [1, {levels}] for {ranks} ranks (got {peers})")
-    return [(rank + 2 ** ((t + j) % levels)) % ranks for j in range(peers)]
+    hop = _exponential_hop(ranks, t, peers)
+    return [(rank + j * hop) % ranks for j in range(1, peers + 1)]
 
 
 def exponential_in_peers(rank: int, ranks: int, t: int, peers: int = 1) -> list[int]:
     """Who pushes to ``rank`` at iteration ``t`` (the inverse of ``exponential_out_peers``)."""
-    levels = exponential_levels(ranks)
-    if levels == 0:
+    if ranks <= 1:
         return []
-    return [(rank - 2 ** ((t + j) % levels)) % ranks for j in range(peers)]
+    hop = _exponential_hop(ranks, t, peers)
+    return [(rank - j * hop) % ranks for j in range(1, peers + 1)]
 
 
 def ring_neighbors(rank: int, ranks: int) -> list[int]:
@@ -109,17 +136,37 @@ def ring_neighbors(rank: int, ranks: int) -> list[int]:
 
 
 def bipartite_peer(rank: int, ranks: int, t: int) -> int:
-    """Partner of ``rank`` at iteration ``t`` in the bipartite exponential graph (even P).
+    """AD-PSGD's partner of ``rank`` at iteration ``t``: a bipartite matching (even P).
 
     Even ranks are active, odd ranks passive; the offset ``2^(rho+1) - 1`` with
     ``rho = t mod max(1, floor(log2 P))`` is odd, so every round is a perfect matching of the
-    even ranks onto the odd ones and the graph stays bipartite (AD-PSGD, bipartite D-PSGD).
+    even ranks onto the odd ones and the graph stays bipartite.
     """
     if ranks % 2:
         raise ValueError(f"the bipartite graph needs an even rank count (got {ranks})")
     rho = t % max(1, ranks.bit_length() - 1)
     offset = (2 ** (rho + 1) - 1) % ranks
     return (rank + offset) % ranks if rank % 2 == 0 else (rank - offset) % ranks
+
+
+def bipartite_exponential_shift(ranks: int, t: int) -> int:
+    """D-PSGD ``bipartite_exponential``: rank i sends to ``i + d`` and receives from ``i - d``.
+
+    The SGP reference code's ``DynamicBipartiteExponentialGraph`` with one peer per iteration:
+    odd offsets 1, 1 + 2, 1 + 4, ..., 1 + 2^(L-1) (L = floor(log2(P - 1)) + 1), each used
+    forward, then backward: with ``s = t mod 2L`` the offset is number ``s // 2`` and ``d`` is
+    it for even s, minus it for odd s. A round is a shift, not a matching (P = 4, t = 0: rank 0
+    sends to 1 and receives from 3); an odd offset links even ranks with odd ones only (even P).
+
+    >>> [bipartite_exponential_shift(8, t) for t in range(7)]
+    [1, -1, 3, -3, 5, -5, 1]
+    """
+    if ranks % 2:
+        raise ValueError(f"the bipartite graph needs an even rank count (got {ranks})")
+    step = t % (2 * exponential_levels(ranks))
+    level = step // 2
+    offset = 1 if level == 0 else 1 + 2**level
+    return offset if step % 2 == 0 else -offset
 
 
 def majority_initiator(seed: int, t: int, ranks: int) -> int:
@@ -148,6 +195,8 @@ def periodic_sync(t: int, period: int) -> bool:
 def mixing_row(rank: int, ranks: int, t: int, graph: str) -> dict[int, float]:
     """Row ``rank`` of D-PSGD's mixing matrix at iteration ``t``: {rank j: W_rank,j}, self included.
 
+    ``x_rank <- sum_j W_rank,j x_j``: the j are the ranks whose models ``rank`` receives.
+
     >>> mixing_row(0, 4, 0, "ring")
     {0: 0.3333333333333333, 1: 0.3333333333333333, 3: 0.3333333333333333}
     >>> mixing_row(1, 2, 5, "ring")
@@ -155,8 +204,8 @@ def mixing_row(rank: int, ranks: int, t: int, graph: str) -> dict[int, float]:
     """
     if graph == "ring":
         neighbours = ring_neighbors(rank, ranks)
-    elif graph == "bipartite_exponential":
-        neighbours = [bipartite_peer(rank, ranks, t)] if ranks > 1 else []
+    elif graph == "bipartite_exponential":  # W_ij = 1/2 from the in-peer: doubly stochastic, not symmetric
+        neighbours = [(rank - bipartite_exponential_shift(ranks, t)) % ranks] if ranks > 1 else []
     else:
         raise ValueError(f"unknown D-PSGD graph {graph!r} (valid: ring, bipartite_exponential)")
     weight = 1.0 / (len(neighbours) + 1)

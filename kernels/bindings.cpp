@@ -128,15 +128,16 @@ class PushChannel {
   PushChannel(std::shared_ptr<Engine> e, int64_t count, std::shared_ptr<Graveyard> g)
       : engine_(std::move(e)), count_(count), graveyard_(std::move(g)) {
     shared_ = std::make_shared<PushShared>();
-    shared_->accum.assign(static_cast<size_t>(count), 0.0f);
     MPI_Comm c = engine_->dup_comm();
     comm_ = c;
     listener_ = engine_->submit(std::make_unique<PushListenerOp>(std::make_shared<OpState>(), c, count, shared_));
   }
   int64_t count() const { return count_; }
 
-  std::unique_ptr<Handle> send(const py::object& buf, const std::vector<int>& peers) {
+  // Pushes `buf` to every rank of `peers` (a rank listed twice gets two messages) as round `round`.
+  std::unique_ptr<Handle> send(const py::object& buf, const std::vector<int>& peers, int64_t round) {
     check_open();
+    if (round < 0) throw CommError("push round must be >= 0 (got " + std::to_string(round) + ")");
     FloatBuf b = float_buffer(buf, false, "push buffer");
     if (b.count != count_)
       throw CommError("push buffer has " + std::to_string(b.count) + " floats, the channel carries " +
@@ -161,13 +162,19 @@ class PushChannel {
       // Snapshot: the caller keeps updating its model while the push is in flight.
       std::memcpy(s.scratch.get(), b.ptr, sizeof(float) * count_);
       engine_->submit(std::make_unique<ScheduleOp>(
-          "push", st, StepExecutor(comm_, members, world, kPushTag, std::move(s), /*synchronous_sends=*/true)));
+          "push", st,
+          StepExecutor(comm_, members, world, static_cast<int>(round % kPushRoundModulus), std::move(s),
+                       /*synchronous_sends=*/true)));
     }
     return std::make_unique<Handle>(st, py::none(), graveyard_);
   }
 
-  // Adds what arrived into `out`, clears the accumulator; returns the number of messages.
-  int64_t drain(const py::object& out, int64_t min_messages, std::optional<double> timeout) {
+  // Adds what arrived into `out` and forgets it; returns the number of messages. With `round`,
+  // only that round's messages (waiting for at least `min_messages` of them); without, every
+  // round's (waiting for at least `min_messages` in all). The order of the additions is fixed
+  // (round, source rank, arrival from that source), so equal arrivals give bit-equal sums.
+  int64_t drain(const py::object& out, int64_t min_messages, std::optional<double> timeout,
+                std::optional<int64_t> round) {
     FloatBuf b = float_buffer(out, true, "drain target");
     if (b.count != count_)
       throw CommError("drain target has " + std::to_string(b.count) + " floats, the channel carries " +
@@ -178,32 +185,38 @@ class PushChannel {
     {
       py::gil_scoped_release nogil;
       std::unique_lock<std::mutex> lock(shared_->mu);
-      auto ready = [&] { return shared_->messages >= min_messages || !shared_->error.empty(); };
+      auto ready = [&] { return arrived(round) >= min_messages || !shared_->error.empty(); };
       if (timeout)
         ok = shared_->cv.wait_for(lock, std::chrono::duration<double>(*timeout), ready);
       else
         shared_->cv.wait(lock, ready);
       err = shared_->error;
       if (ok && err.empty()) {
-        float* acc = shared_->accum.data();
-        for (int64_t i = 0; i < count_; ++i) {
-          b.ptr[i] += acc[i];
-          acc[i] = 0.0f;
+        auto first = round ? shared_->rounds.lower_bound(*round) : shared_->rounds.begin();
+        auto last = round ? shared_->rounds.upper_bound(*round) : shared_->rounds.end();
+        for (auto it = first; it != last; ++it) {
+          for (auto& entry : it->second) {
+            const float* msg = entry.second.get();
+            for (int64_t i = 0; i < count_; ++i) b.ptr[i] += msg[i];
+            ++got;
+          }
         }
-        got = shared_->messages;
-        shared_->messages = 0;
+        shared_->rounds.erase(first, last);
+        shared_->messages -= got;
       }
     }
     if (!err.empty()) throw CommError("push channel failed: " + err);
     if (!ok)
-      throw CommError("push channel: fewer than " + std::to_string(min_messages) + " messages arrived within " +
+      throw CommError("push channel: fewer than " + std::to_string(min_messages) + " messages" +
+                      (round ? " of round " + std::to_string(*round) : std::string()) + " arrived within " +
                       std::to_string(*timeout) + " s");
     return got;
   }
 
-  int64_t pending() {
+  // Messages arrived and not drained: of `round`, or of all rounds.
+  int64_t pending(std::optional<int64_t> round) {
     std::lock_guard<std::mutex> lock(shared_->mu);
-    return shared_->messages;
+    return arrived(round);
   }
 
   // Collective: after it, every message pushed before it by any rank is in its receiver's
@@ -228,6 +241,12 @@ class PushChannel {
   }
 
  private:
+  // Caller holds shared_->mu.
+  int64_t arrived(std::optional<int64_t> round) const {
+    if (!round) return shared_->messages;
+    auto it = shared_->rounds.find(*round);
+    return it == shared_->rounds.end() ? 0 : static_cast<int64_t>(it->second.size());
+  }
   void check_open() {
     if (closed_) throw CommError("push channel is closed");
     if (!engine_->running()) throw CommError("communicator is shut down");
@@ -641,9 +660,10 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<PushChannel>(m, "PushChannel")
       .def_property_readonly("count", &PushChannel::count)
-      .def("send", &PushChannel::send, py::arg("buf"), py::arg("peers"))
-      .def("drain", &PushChannel::drain, py::arg("out"), py::arg("min_messages") = 0, py::arg("timeout") = py::none())
-      .def("pending", &PushChannel::pending)
+      .def("send", &PushChannel::send, py::arg("buf"), py::arg("peers"), py::arg("round") = 0)
+      .def("drain", &PushChannel::drain, py::arg("out"), py::arg("min_messages") = 0, py::arg("timeout") = py::none(),
+           py::arg("round") = py::none())
+      .def("pending", &PushChannel::pending, py::arg("round") = py::none())
       .def("flush", &PushChannel::flush, py::arg("close") = false);
 
   py::class_<WaitAvoiding>(m, "WaitAvoiding")

@@ -19,11 +19,12 @@ PushListenerOp::~PushListenerOp() {
 }
 
 void PushListenerOp::post() {
-  check_mpi(MPI_Irecv(staging_.get(), static_cast<int>(count_), MPI_FLOAT, MPI_ANY_SOURCE, kPushTag, comm_, &req_),
+  // Any tag: the channel owns its communicator, and the tag is the message's round.
+  check_mpi(MPI_Irecv(staging_.get(), static_cast<int>(count_), MPI_FLOAT, MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &req_),
             "MPI_Irecv(push)");
 }
 
-void PushListenerOp::accumulate(const MPI_Status& status) {
+void PushListenerOp::keep(const MPI_Status& status) {
   int got = 0;
   MPI_Get_count(&status, MPI_FLOAT, &got);
   if (got != count_)
@@ -31,12 +32,14 @@ void PushListenerOp::accumulate(const MPI_Status& status) {
                     " floats into a channel of length " + std::to_string(count_));
   {
     std::lock_guard<std::mutex> lock(shared_->mu);
-    float* acc = shared_->accum.data();
-    const float* src = staging_.get();
-    for (int64_t i = 0; i < count_; ++i) acc[i] += src[i];
+    const int64_t round = restore_round(status.MPI_TAG, shared_->newest_round);
+    if (round > shared_->newest_round) shared_->newest_round = round;
+    // The staging buffer becomes the kept message; the next receive gets a fresh one.
+    shared_->rounds[round][{status.MPI_SOURCE, shared_->total_received}] = std::move(staging_);
     shared_->messages += 1;
     shared_->total_received += 1;
   }
+  staging_.reset(new float[count_ > 0 ? count_ : 1]);
   shared_->cv.notify_all();
 }
 
@@ -51,7 +54,7 @@ bool PushListenerOp::progress(Engine& e) {
       throw CommError("push channel: a rank pushed a buffer longer than the channel's " + std::to_string(count_) +
                       " floats");
     if (!flag) break;
-    accumulate(status);
+    keep(status);
     post();
     any = true;
   }
@@ -77,7 +80,7 @@ bool PushListenerOp::progress(Engine& e) {
       check_mpi(MPI_Wait(&req_, &status), "MPI_Wait(push)");
       int cancelled = 0;
       MPI_Test_cancelled(&status, &cancelled);
-      if (!cancelled) accumulate(status);
+      if (!cancelled) keep(status);
       if (current_.close) {
         finished_ = true;
       } else {

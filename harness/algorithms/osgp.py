@@ -32,6 +32,10 @@ catch up with s + 1 per round. Pushing every iteration regardless of arrivals (a
 deadlock-free) was rejected: irregular arrivals make the push-sum weights random-walk far from
 1 and the numerator update lr * g then acts on z as lr * g / w, which diverged in tests.
 
+OSGP is timing-dependent by design: it mixes whatever has arrived (of any round) when it
+looks, so two runs of the same scenario differ in the last bits and beyond (blocking SGP, which
+mixes exactly round t in iteration t, is bit-reproducible).
+
 ``staleness`` (recorded per iteration): iterations since this rank last completed a gossip
 round (counting from iteration 0 before the first), plus one for the overlap (the reference's
 ``num_updates`` + 1): 1 for an on-time rank and always 1 at s = 0. It exceeds s + 1 only while a

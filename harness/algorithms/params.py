@@ -2,7 +2,8 @@
 
 Each model carries a ``name`` literal, which is how a scenario file spells the algorithm, so a
 scenario's ``algorithms`` list is a union discriminated on ``name``. Defaults are the reference
-settings named in ALGORITHMS.md; checks that need the rank count live in ``check(ranks)``.
+settings listed in docs/algorithms.md ("Parameters at a glance"); checks that need the rank
+count live in ``check(ranks)``.
 
 Example::
 
@@ -12,7 +13,6 @@ Example::
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -144,11 +144,6 @@ class BMUFParams(AlgorithmParams):
     block_lr: Annotated[float, Field(gt=0.0)] = 1.0
 
 
-def _exponential_peers(ranks: int) -> int:
-    """Distinct out-peers of the time-varying exponential graph: offsets 2^0 .. 2^floor(log2(P-1))."""
-    return int(math.floor(math.log2(ranks - 1))) + 1
-
-
 class SGPParams(AlgorithmParams):
     """Stochastic gradient push over a directed exponential graph (Assran et al., ICML 2019)."""
 
@@ -157,12 +152,8 @@ class SGPParams(AlgorithmParams):
     graph: Literal["exponential"] = "exponential"
 
     def check(self, ranks: int) -> None:
-        if ranks > 1 and self.peers > _exponential_peers(ranks):
-            raise self._fail(
-                "peers",
-                f"must be <= {_exponential_peers(ranks)}, the number of distinct exponential-graph"
-                f" peers with {ranks} ranks",
-            )
+        if ranks > 1 and self.peers > ranks - 1:
+            raise self._fail("peers", f"must be <= ranks - 1 ({ranks - 1}), the other ranks there are to push to")
 
 
 class OSGPParams(SGPParams):

@@ -233,12 +233,18 @@ class Communicator:
 
 
 class PushChannel:
-    """Push-sum gossip: send to out-peers; arrivals accumulate by themselves.
+    """Push-sum gossip: send to out-peers; arrivals are kept by themselves, per round.
 
-    ``send`` snapshots the buffer (the caller may keep changing it). ``drain(out)`` adds what
-    arrived into ``out`` and clears the accumulator. ``flush()`` (collective, after waiting for
-    one's own sends) guarantees every message pushed before it has been accumulated, so the
-    total mass can be checked; ``close()`` does the same and ends the channel.
+    ``send(buf, peers, round)`` snapshots the buffer (the caller may keep changing it) and
+    pushes it to each listed peer (a peer listed twice gets two messages), tagged with its
+    gossip ``round``. ``drain(out)`` adds every arrival so far into ``out`` and forgets them;
+    ``drain(out, round=t)`` only round t's, so early arrivals of later rounds wait for their
+    round. Additions happen in a fixed order (round, source rank, arrival from that source),
+    so the same messages give bit-equal sums whatever order they arrived in. Rounds in flight
+    at once must span fewer than 16,384 (the MPI tag carries the round modulo 32,768).
+    ``flush()`` (collective, after waiting for one's own sends) guarantees every message
+    pushed before it has arrived, so the total mass can be checked; ``close()`` does the same
+    and ends the channel.
     """
 
     def __init__(self, native: Any) -> None:
@@ -249,18 +255,22 @@ class PushChannel:
     def count(self) -> int:
         return self._native.count
 
-    def send(self, buf: Any, peers: Sequence[int]) -> _core.Handle:
-        handle = self._native.send(as_float32_buffer(buf, "push buffer"), [int(p) for p in peers])
+    def send(self, buf: Any, peers: Sequence[int], round: int = 0) -> _core.Handle:
+        handle = self._native.send(as_float32_buffer(buf, "push buffer"), [int(p) for p in peers], int(round))
         self._sends = [h for h in self._sends if not h.done()]
         self._sends.append(handle)
         return handle
 
-    def drain(self, out: Any, min_messages: int = 0, timeout: float | None = None) -> int:
-        """Add arrivals into ``out``; wait for at least ``min_messages`` first. Returns the count."""
-        return self._native.drain(as_float32_buffer(out, "drain target"), int(min_messages), timeout)
+    def drain(self, out: Any, min_messages: int = 0, timeout: float | None = None, round: int | None = None) -> int:
+        """Add arrivals (of ``round``, or of every round) into ``out``; wait for at least
+        ``min_messages`` of them first. Returns how many were added."""
+        return self._native.drain(
+            as_float32_buffer(out, "drain target"), int(min_messages), timeout, None if round is None else int(round)
+        )
 
-    def pending(self) -> int:
-        return self._native.pending()
+    def pending(self, round: int | None = None) -> int:
+        """Messages arrived and not drained yet (of ``round``, or of every round)."""
+        return self._native.pending(None if round is None else int(round))
 
     def _quiesce(self, close: bool) -> None:
         for h in self._sends:

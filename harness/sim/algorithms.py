@@ -17,6 +17,7 @@ from collections.abc import Generator
 from typing import ClassVar
 
 from harness.schedules import (
+    bipartite_exponential_shift,
     bipartite_peer,
     exponential_out_peers,
     majority_initiator,
@@ -168,6 +169,7 @@ class SGP(SimAlgorithm):
     """Push-sum: push one round per iteration, then wait for this round's in-messages."""
 
     name = "sgp"
+    by_round = True  # mixes exactly round t's messages (OSGP: whatever has arrived)
 
     def __init__(self, params, ctx) -> None:
         super().__init__(params, ctx)
@@ -175,29 +177,36 @@ class SGP(SimAlgorithm):
         self.message_bytes = (ctx.count + 1) * FLOAT_BYTES  # numerator and weight together
         self.rounds = [0] * ctx.ranks
         self.send_done = [0.0] * ctx.ranks  # completion of each rank's newest push
+        self.expected = [0] * ctx.ranks  # messages addressed to each rank in the rounds it pushed
         if self.peers:
             self.staleness = [0] * ctx.ranks
 
     def push(self, r: int) -> Generator:
         yield from wait_until(self.ctx.env, self.send_done[r])  # at most one push in flight
         done = 0.0
-        for peer in exponential_out_peers(r, self.ctx.ranks, self.rounds[r], self.peers):
-            done = max(done, self.ctx.mail.push(r, peer, self.message_bytes))
+        round_ = self.rounds[r]
+        for peer in exponential_out_peers(r, self.ctx.ranks, round_, self.peers):
+            if peer == r:  # a self-addressed share is kept, not sent
+                continue
+            done = max(done, self.ctx.mail.push(r, peer, self.message_bytes, round_ if self.by_round else None))
             self.bytes_sent[r] += self.message_bytes
+            self.expected[r] += 1  # as many messages of this round are addressed to r
         self.send_done[r] = done
         self.rounds[r] += 1
 
     def after_step(self, r, t):
         if not self.peers:
             return
+        before = self.expected[r]
         yield from self.push(r)
-        yield from self.ctx.mail.wait_count(r, self.peers * self.rounds[r])
+        yield from self.ctx.mail.wait_count(r, self.expected[r] - before, round=self.rounds[r] - 1)
 
 
 class OSGP(SGP):
     """Overlap SGP: wait for the round in flight only when the schedule says it is due."""
 
     name = "osgp"
+    by_round = False
 
     def __init__(self, params, ctx) -> None:
         super().__init__(params, ctx)
@@ -206,7 +215,7 @@ class OSGP(SGP):
     def after_step(self, r, t):
         if not self.peers:
             return
-        needed = self.peers * self.rounds[r]
+        needed = self.expected[r]
         if self.ctx.mail.delivered[r] < needed and self.rounds[r] < osgp_rounds_due(t, self.params.synch_freq):
             yield from self.ctx.mail.wait_count(r, needed)
         if self.ctx.mail.delivered[r] >= needed:
@@ -217,7 +226,8 @@ class OSGP(SGP):
 
 
 class DPSGD(SimAlgorithm):
-    """Blocking model exchange with every neighbour of the iteration's mixing row."""
+    """Blocking model exchange with every ring neighbour, or (``bipartite_exponential``) a push
+    to the iteration's out-peer and a wait for the in-peer's push of the same iteration."""
 
     name = "dpsgd"
 
@@ -226,8 +236,15 @@ class DPSGD(SimAlgorithm):
         self.exchanged: dict[tuple[int, int], int] = {}  # messages sent per ordered pair
 
     def after_backward(self, r, t):
-        peers = [j for j in mixing_row(r, self.ctx.ranks, t, self.params.graph) if j != r]
         nbytes = self.ctx.count * FLOAT_BYTES
+        if self.params.graph == "bipartite_exponential":  # push half to one rank, wait for one
+            if self.ctx.ranks > 1:
+                out = (r + bipartite_exponential_shift(self.ctx.ranks, t)) % self.ctx.ranks
+                self.ctx.mail.push(r, out, nbytes, t)
+                self.bytes_sent[r] += nbytes
+                yield from self.ctx.mail.wait_count(r, 1, round=t)
+            return
+        peers = [j for j in mixing_row(r, self.ctx.ranks, t, self.params.graph) if j != r]
         waits = []
         for j in peers:  # every exchange posted before any is waited for
             seq = self.exchanged.get((r, j), 0)

@@ -91,36 +91,48 @@ class Mailboxes:
         self.env = env
         self.network = network
         self.delivered = [0] * ranks  # messages arrived at each rank (push channel)
-        self._count_waiters: dict[int, list[tuple[int, simpy.Event]]] = defaultdict(list)
+        self._round_delivered: dict[tuple[int, int], int] = defaultdict(int)  # (rank, round) -> arrived
+        self._count_waiters: dict[tuple[int, int | None], list[tuple[int, simpy.Event]]] = defaultdict(list)
         self._pair_arrivals: dict[tuple[int, int], list[float]] = defaultdict(list)
         self._pair_waiters: dict[tuple[int, int, int], simpy.Event] = {}
 
-    # -- counted (push-sum) -------------------------------------------------------------------
-    def push(self, src: int, dst: int, nbytes: int) -> float:
-        """Send a counted message now; returns when the send completes (it is matched on arrival:
-        push-sum sends are synchronous, and the receiver's listener is always posted)."""
+    # -- counted, per round (push-sum) ---------------------------------------------------------
+    def push(self, src: int, dst: int, nbytes: int, round: int | None = None) -> float:
+        """Send a message (of gossip ``round``, when its receiver waits per round) now; returns
+        when the send completes (it is matched on arrival: push-sum sends are synchronous, and the
+        receiver's listener is always posted)."""
         _, arrival = self.network.message(src, dst, nbytes, self.env.now)
-        self.env.timeout(arrival - self.env.now).callbacks.append(lambda _event: self._deliver(dst))
+        self.env.timeout(arrival - self.env.now).callbacks.append(lambda _event: self._deliver(dst, round))
         return arrival
 
-    def _deliver(self, dst: int) -> None:
+    def _deliver(self, dst: int, round: int) -> None:
         self.delivered[dst] += 1
-        waiters = self._count_waiters.get(dst)
-        if waiters:
+        keys: tuple[tuple[int, int | None], ...] = ((dst, None),)
+        if round is not None:
+            self._round_delivered[(dst, round)] += 1
+            keys += ((dst, round),)
+        for key in keys:
+            waiters = self._count_waiters.get(key)
+            if not waiters:
+                continue
+            count = self.delivered[dst] if key[1] is None else self._round_delivered[key]
             still = []
             for threshold, event in waiters:
-                if self.delivered[dst] >= threshold:
+                if count >= threshold:
                     event.succeed()
                 else:
                     still.append((threshold, event))
-            self._count_waiters[dst] = still
+            self._count_waiters[key] = still
 
-    def wait_count(self, rank: int, at_least: int) -> Generator:
-        """Block until ``at_least`` counted messages have arrived at ``rank`` in all."""
-        if self.delivered[rank] < at_least:
+    def wait_count(self, rank: int, at_least: int, round: int | None = None) -> Generator:
+        """Block until ``at_least`` messages (of ``round``, or of all rounds) have arrived at ``rank``."""
+        count = self.delivered[rank] if round is None else self._round_delivered[(rank, round)]
+        if count < at_least:
             event = self.env.event()
-            self._count_waiters[rank].append((at_least, event))
+            self._count_waiters[(rank, round)].append((at_least, event))
             yield event
+        if round is not None:  # a round is waited for once: forget it (thousands of ranks x rounds)
+            self._round_delivered.pop((rank, round), None)
 
     # -- sequenced (exchange) -----------------------------------------------------------------
     def send(self, src: int, dst: int, nbytes: int) -> float:

@@ -165,6 +165,31 @@ def push_arrives_without_receiver_posting(comm: Communicator) -> None:
 
 
 @check
+def push_rounds_are_kept_apart_and_summed_in_source_order(comm: Communicator) -> None:
+    """Ranks 1-3 push round 1 first, then round 0, arriving in the order 1, 3, 2. Rank 0's drain of
+    round 0 must not count round 1's messages, and must add in source order: with float32 values
+    1e8, 1, -1e8 that gives (1e8 + 1) - 1e8 = 0, while the arrival order 1, 3, 2 would give 1."""
+    if SIZE < 4:
+        raise Skip("needs 4 ranks: three senders, one receiver")
+    chan = comm.push_channel(2)
+    round0 = {1: 1e8, 2: 1.0, 3: -1e8}
+    got = None
+    if RANK in round0:
+        chan.send(np.full(2, 100.0 + RANK, dtype=np.float32), [0], round=1).wait()
+        time.sleep({1: 0.0, 2: 0.4, 3: 0.2}[RANK])
+        chan.send(np.full(2, round0[RANK], dtype=np.float32), [0], round=0).wait()
+    elif RANK == 0:
+        first = np.zeros(2, dtype=np.float32)
+        count0 = chan.drain(first, min_messages=3, timeout=30, round=0)
+        later = np.zeros(2, dtype=np.float32)
+        count1 = chan.drain(later, min_messages=3, timeout=30, round=1)
+        got = (count0, first.tolist(), count1, later.tolist(), chan.pending())
+    chan.close()
+    if RANK == 0:
+        assert got == (3, [0.0, 0.0], 3, [306.0, 306.0], 0), got
+
+
+@check
 def link_emulation_delays_messages(comm: Communicator) -> None:
     # Assertions come after every collective call: a rank that failed half-way would leave
     # the others waiting in a collective it never joins.

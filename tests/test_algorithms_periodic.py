@@ -4,8 +4,8 @@ Two kinds of proof:
 
 * ``tests/mpi/periodic_checks.py`` drives each algorithm hook by hook under mpiexec at several
   rank counts with a synthetic local step, and compares every rank's models with the rules of
-  ALGORITHMS.md replayed in float64 (plus: anchors and centers equal on all ranks, the elastic
-  pull, beta = 0 anchors, no waiting at overlapped sync points).
+  docs/algorithms.md ("Periodic family") replayed in float64 (plus: anchors and centers equal
+  on all ranks, the elastic pull, beta = 0 anchors, no waiting at overlapped sync points).
 * End to end, ``python -m harness run`` on small scenarios: BMUF without block momentum is Local
   SGD, final models are equal across ranks, overlapped EASGD computes the blocking iterates,
   every algorithm trains, an emulated slow link is hidden by the overlapped variants, emulated

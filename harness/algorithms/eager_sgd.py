@@ -2,7 +2,7 @@
 
 Shigang Li, Tal Ben-Nun, Salvatore Di Girolamo, Dan Alistarh, Torsten Hoefler: "Taming
 Unbalanced Training Workloads in Deep Learning with Partial Collective Operations".
-Rule (ALGORITHMS.md, "eager-SGD"), iteration t at rank i::
+Rule (docs/algorithms.md, "eager-SGD"), iteration t at rank i::
 
     send_i += g_i / P                      publish (the send buffer accumulates)
     round t: g_bar = sum over ALL ranks of send_j, each send_j taken and zeroed as contributed

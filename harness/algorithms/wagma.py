@@ -2,7 +2,7 @@
 
 Shigang Li, Tal Ben-Nun, Giorgi Nadiradze, Salvatore Di Girolamo, Nikoli Dryden, Dan Alistarh,
 Torsten Hoefler: "Breaking (Global) Barriers in Parallel Stochastic Optimization with
-Wait-Avoiding Group Averaging". Rule (ALGORITHMS.md, "WAGMA-SGD"), iteration t at rank i::
+Wait-Avoiding Group Averaging". Rule (docs/algorithms.md, "WAGMA-SGD"), iteration t at rank i::
 
     B_i <- x_i                                            publish the current model
     sync round (t % (tau+1) == tau):  x_i <- mean over ALL ranks of B_j      (fresh, blocking)
@@ -52,8 +52,9 @@ def wagma_average(group_sum: torch.Tensor, x: torch.Tensor, group_size: int, syn
     so an on-time rank's own model weighs 2 / (S + 1) and a late member's stale model
     1 / (S + 1) in the average of every member of its group.
 
-    Caveat (from ALGORITHMS.md): this group rule is read off the reference TensorFlow op; the
-    paper's algorithm box could not be consulted. It lives only here so it is easy to revisit.
+    Caveat (docs/algorithms.md, "WAGMA-SGD"): this group rule is read off the reference
+    TensorFlow op; the paper's algorithm box could not be consulted. It lives only here so it
+    is easy to revisit.
 
     >>> wagma_average(torch.tensor([3.0]), torch.tensor([1.0]), 2, sync=False)
     tensor([1.3333])

@@ -3,9 +3,9 @@
 Each algorithm gets a fake training loop: the real ``Communicator``, a flat float32 model, no
 optimizer, and a synthetic local step ``x <- x - eta * (x - c_r) + noise(r, t)`` (a gradient step
 on a rank-specific quadratic), called where the loop runs the optimizer step. Rank 0 replays
-every rank in float64 with the rules of ALGORITHMS.md written out independently below and
-compares. Rank 0 writes ``{name: {"status": ..., "detail": ...}}`` as JSON to the path given
-on the command line (the format of comm_checks.py).
+every rank in float64 with the rules of docs/algorithms.md ("Periodic family") written out
+independently below and compares. Rank 0 writes ``{name: {"status": ..., "detail": ...}}``
+as JSON to the path given on the command line (the format of comm_checks.py).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def assert_close(got, want, what: str, rtol: float = 1e-5, atol: float = 1e-5) -
     agree(lambda: RANK != 0 or np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=what))
 
 
-# -- the rules of ALGORITHMS.md, every rank at once, in float64 ---------------------------------
+# -- the rules of docs/algorithms.md ("Periodic family"), every rank at once, in float64 ----------
 
 
 def reference(name: str, n: int, iterations: int, **p) -> dict[str, np.ndarray]:

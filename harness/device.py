@@ -40,7 +40,8 @@ def unavailable_reason(device: str) -> str | None:
 
 def scenario_device_problem(scenario) -> str | None:
     """``"workload.device: why"`` when this machine cannot run the scenario's device, else None
-    (``validate``, ``run`` and ``sbatch`` refuse such a scenario before launching anything)."""
+    (``validate`` and ``run`` refuse such a scenario before launching anything; ``sbatch`` does not
+    check, since login nodes often have no GPU)."""
     reason = unavailable_reason(scenario.workload.device)
     return None if reason is None else f"workload.device: {scenario.workload.device}: {reason}"
 

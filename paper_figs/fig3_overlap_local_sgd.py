@@ -100,7 +100,7 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
     path = Path(inputs[INPUT])
     data = table(path)
     style.setup()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.4), sharey=True)
     for panel, ax in enumerate(axes):
         part = data[data["panel"] == panel]
         for algorithm in dict.fromkeys(part["algorithm"]):
@@ -120,7 +120,8 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
         axes[1].set_title("Accuracy vs samples processed")
     axes[0].set_xlim(left=0)
     axes[1].set_xlim(left=0)
-    axes[1].legend(loc="lower right")
+    # Outside the axes: in a short run the curves reach every corner, so no inside spot is free.
+    axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     scenario = yaml.safe_load((path / "scenario.resolved.yaml").read_text()) if (path / "scenario.resolved.yaml").exists() else {}
     ranks = scenario.get("ranks", "?")
     fig.suptitle(f"Overlap Local SGD family on '{scenario.get('name', path.parent.name)}' "

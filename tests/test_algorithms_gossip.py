@@ -1,10 +1,13 @@
 """The gossip family: SGP, Overlap-SGP and D-PSGD (docs/algorithms.md, "Gossip family").
 
 What is proven here:
-- the schedules they use are what the spec says (each exponential-graph round a permutation,
-  each bipartite round a perfect matching between even and odd ranks);
-- D-PSGD's mixing matrix is symmetric and doubly stochastic for every P (ring: P = 1..9, with
-  the P = 2 and P = 3 edge cases; bipartite: even P);
+- the schedules they use are the reference code's graphs (SGP's k-peer exponential graph and
+  D-PSGD's bipartite exponential graph, restated independently from how the reference's graph
+  manager builds and rotates its phone book, P = 2..16); each exponential-graph round is k
+  permutations, each AD-PSGD bipartite round a perfect matching between even and odd ranks;
+- D-PSGD's mixing matrix is doubly stochastic for every P (ring, also symmetric: P = 1..9, with
+  the P = 2 and P = 3 edge cases; bipartite exponential, a shift: even P);
+- blocking SGP is bit-reproducible run to run (3, 4 and 6 ranks);
 - under real mpiexec (tests/mpi/gossip_checks.py, 1-4 ranks): push-sum conserves mass and
   weight at quiescent points, gradients are taken at the de-biased model, OSGP's staleness stays
   within synch_freq + 1 and its end of run is deadlock-free, and D-PSGD's actual mixing is W;

@@ -9,7 +9,9 @@ import pandas as pd
 import pytest
 import yaml
 
+import paper_figs
 from conftest import harness_cli
+from harness.cli import main as harness_main
 from harness.commands import figures as figures_command
 from paper_figs import fig5_real_vs_sim, manifest, style
 
@@ -68,7 +70,8 @@ def test_figures_command_runs_what_is_missing_then_reuses_it(figure_results, tmp
     monkeypatch.setattr(manifest, "EXPERIMENTS", {"tiny": manifest.RealRun(str(scenario), quick_iterations=4,
                                                                            compare=True)})
     monkeypatch.setattr(manifest, "FIGURES", [manifest.Figure("fig5_real_vs_sim", ("tiny",))])
-    args = argparse.Namespace(quick=True, only=None, results=results, out=tmp_path / "out", rerun=False)
+    args = argparse.Namespace(quick=True, only=None, results=results, out=tmp_path / "out", gallery=False,
+                              rerun=False)
     assert figures_command.run(args) == 0
     (run,) = (results / "tiny_fig").iterdir()
     assert (run / "compare.csv").is_file()
@@ -76,3 +79,32 @@ def test_figures_command_runs_what_is_missing_then_reuses_it(figure_results, tmp
     assert yaml.safe_load((run / "scenario.resolved.yaml").read_text())["workload"]["iterations"] == 4
     assert figures_command.run(args) == 0  # everything reused: still one run
     assert len(list((results / "tiny_fig").iterdir())) == 1
+
+
+def _listing(directory) -> dict[str, tuple[int, int]]:
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in directory.iterdir()}
+
+
+def test_figures_stay_out_of_the_checkout_unless_the_gallery_is_asked_for(tmp_path, monkeypatch, capsys) -> None:
+    # fig4 needs only a simulated sweep: quick, and no ranks to launch.
+    results, only = tmp_path / "results", ["--only", "fig4_imbalance_sweep"]
+    committed = _listing(paper_figs.GALLERY_DIR)
+    assert harness_main(["figures", "--quick", "--results", str(results), *only]) == 0
+    quick = results / "figures" / "quick"
+    assert sorted(p.name for p in quick.iterdir()) == ["fig4_imbalance_sweep.csv", "fig4_imbalance_sweep.png"]
+    assert f"figures written to {quick}" in capsys.readouterr().out
+    assert _listing(paper_figs.GALLERY_DIR) == committed  # the tracked images are untouched
+    # Full figures go next to the sweeps, apart from the quick ones (the quick sweep stands in).
+    sweep = results / "figures" / "imbalance_sweep-quick.csv"
+    (results / "figures" / "imbalance_sweep.csv").write_bytes(sweep.read_bytes())
+    assert harness_main(["figures", "--results", str(results), *only]) == 0
+    assert (results / "figures" / "fig4_imbalance_sweep.png").is_file()
+    # --gallery writes where the README's images are (here a stand-in folder), never quick figures.
+    gallery = (tmp_path / "gallery").resolve()
+    monkeypatch.setattr(paper_figs, "GALLERY_DIR", gallery)
+    capsys.readouterr()
+    assert harness_main(["figures", "--gallery", "--quick", "--results", str(results), *only]) == 2
+    assert "--gallery with --quick" in capsys.readouterr().err and not gallery.exists()
+    assert harness_main(["figures", "--gallery", "--results", str(results), *only]) == 0
+    assert (gallery / "fig4_imbalance_sweep.png").is_file()
+    assert f"figures written to {gallery} (the README's gallery)" in capsys.readouterr().out

@@ -52,6 +52,13 @@ def test_fig3_draws_its_table(figure_results, tmp_path):
     # Epochs: iteration x ranks x batch / training samples, increasing with the iteration.
     epochs = table[table["panel"] == 1]
     assert np.allclose(epochs["x"], epochs["iteration"] * 4 * 32 / epochs["train_samples"])
+    # The legend hides no data: it sits beside the axes, inside the image.
+    fig.tight_layout()
+    fig.canvas.draw()
+    (legend,) = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    box = legend.get_window_extent()
+    assert not any(box.overlaps(ax.get_window_extent()) for ax in fig.axes)
+    assert box.x1 <= fig.bbox.x1 + 1
     _assert_saved(fig, table, tmp_path, fig3.NAME)
 
 

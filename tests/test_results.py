@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -11,8 +13,10 @@ import pytest
 import torch
 
 from harness.results import atomic
+from conftest import run_scenario
 from harness.results.records import (
     COMM_OP_COLUMNS,
+    COMM_OP_NAMES,
     EVAL_COLUMNS,
     STEP_COLUMNS,
     SUMMARY_COLUMNS,
@@ -158,16 +162,102 @@ def test_summary_p95_interpolates_and_missing_rank_is_incomplete():
 def test_format_table_is_readable():
     steps = pd.DataFrame([r.as_row() for r in _hand_steps()])
     evals = pd.DataFrame([r.as_row() for r in _hand_evals()])
-    table = format_table(summarize(steps, evals, BATCH, 2, ranks=2))
+    text = format_table(summarize(steps, evals, BATCH, 2, ranks=2, target_accuracy=0.5))
+    table, notes = text.split("\n\n")
+    assert max(len(line) for line in notes.splitlines()) <= 100
+    notes = " ".join(notes.split())  # the footnotes are wrapped
     lines = table.splitlines()
-    assert "samples/s" in lines[0] and "accuracy %" in lines[0] and "waiting %" in lines[0]
-    assert lines[2].split()[:5] == ["sgp", "2", "10.0", "1500.00", "2000.00"]
-    assert lines[2].split()[5] == f"{100 * 1.375 / 6:.1f}"
-    assert "75.00" in lines[2] and lines[2].split()[-1] == "yes"
-    assert lines[3].split()[-3:-1] == ["-", "-"]  # no accuracy / consensus for ar
+    for header in ("samples/s", "vs sgp", "waiting %", "acc avg %", "acc r0 %", "to 50% s", "consensus"):
+        assert header in lines[0]
+    # sgp: 10 samples/s, itself the baseline, median 1.5 s, p95 2 s.
+    assert lines[2].split()[:6] == ["sgp", "2", "10.0", "1.00", "1500.00", "2000.00"]
+    assert lines[2].split()[6] == f"{100 * 1.375 / 6:.1f}"
+    # Averaged 75 %, rank 0 50 %, 50 % first reached by the eval at 5.0 s, 4 s after the start.
+    assert lines[2].split()[-5:] == ["75.00", "50.00", "4.000", "0.125", "yes"]
+    assert lines[3].split()[3] == "2.00"  # ar: 20 samples/s, twice sgp's
+    assert lines[3].split()[-5:-1] == ["-", "-", "-", "-"]  # no accuracy, time or consensus for ar
     # Fixed width: every column starts at the same offset on every line.
     assert len({line.rindex(" ") for line in lines}) == 1
     assert len({line.index(" 2 ") for line in lines[2:]}) == 1
+    # The footnotes define the relative, accuracy, time and consensus columns.
+    assert notes.startswith("vs sgp: samples/s over that algorithm's (1.00 = as fast")
+    assert "acc r0 %: of rank 0's own model" in notes
+    assert "to 50% s: training time" in notes and "reached 50% test accuracy, evaluation time excluded" in notes
+    assert "consensus: mean over ranks of ||x_i - x_mean||^2" in notes and "squared L2" in notes
+
+
+# A run with evaluations after iterations 2 and 4 (the end) of 2 ranks; rank 0, which tests the
+# models, spends 0.5 s in the first evaluation (2.0 .. 2.5); rank 1 resumes at 2.1.
+TIMED_STEPS = [
+    StepRecord("sgp", rank, it, start, end, 0.0, 0.0, 0.0)
+    for rank, starts in ((0, (0.0, 1.0, 2.5, 3.5)), (1, (0.2, 1.0, 2.1, 3.5)))
+    for it, (start, end) in enumerate(zip(starts, (1.0, 2.0, 3.5, 4.5)))
+]
+TIMED_EVALS = [
+    EvalRecord("sgp", 2, 2.0, "average", 1.0, 0.6, 5.0),
+    EvalRecord("sgp", 2, 2.0, "rank0", 1.0, 0.55, 5.0),
+    EvalRecord("sgp", 4, 4.5, "average", 0.5, 0.95, 1e-13),
+    EvalRecord("sgp", 4, 4.5, "rank0", 0.6, 0.9, 1e-13),
+]
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [
+        (0.5, 2.0),  # the first evaluation: nothing before it to subtract
+        (0.6, 2.0),  # reaching the target exactly counts
+        (0.9, 4.0),  # 4.5 s minus rank 0's 0.5 s in the first evaluation (rank 1's 0.1 s is not it)
+        (0.99, math.nan),  # never reached
+        (None, math.nan),  # no target asked for
+    ],
+)
+def test_time_to_target_excludes_evaluation(target, expected):
+    row = summarize(pd.DataFrame([s.as_row() for s in TIMED_STEPS]), pd.DataFrame([e.as_row() for e in TIMED_EVALS]),
+                    BATCH, 4, ranks=2, target_accuracy=target).iloc[0]
+    assert row["time_to_target_s"] == pytest.approx(expected, nan_ok=True)
+    assert row["target_accuracy"] == pytest.approx(math.nan if target is None else target, nan_ok=True)
+    assert (row["final_accuracy"], row["final_accuracy_rank0"]) == (0.95, 0.9)
+    assert bool(row["complete"]) is True
+
+
+def test_time_to_target_never_reached_shows_a_dash():
+    summary = summarize(pd.DataFrame([s.as_row() for s in TIMED_STEPS]), pd.DataFrame([e.as_row() for e in TIMED_EVALS]),
+                        BATCH, 4, ranks=2, target_accuracy=0.975)
+    table = format_table(summary).splitlines()
+    assert "to 97.5% s" in table[0]
+    assert table[2].split()[-3:] == ["-", "1e-13", "yes"]
+
+
+def test_time_to_target_without_evaluations_or_target():
+    steps = pd.DataFrame([s.as_row() for s in TIMED_STEPS])
+    row = summarize(steps, None, BATCH, 4, ranks=2, target_accuracy=0.5).iloc[0]  # a simulated run
+    assert math.isnan(row["time_to_target_s"]) and math.isnan(row["final_accuracy_rank0"])
+    assert "to target s" in format_table(summarize(steps, None, BATCH, 4)).splitlines()[0]
+    for bad in (0.0, 1.5, -0.1):
+        with pytest.raises(ValueError, match="target_accuracy"):
+            summarize(steps, None, BATCH, 4, target_accuracy=bad)
+
+
+def _rate_steps(algorithm: str, seconds: float) -> list[StepRecord]:
+    """One rank, one iteration of ``seconds``: BATCH / seconds samples/s."""
+    return [StepRecord(algorithm, 0, 0, 0.0, seconds, 0.0, 0.0, 0.0)]
+
+
+@pytest.mark.parametrize(
+    ("algorithms", "baseline", "ratios"),
+    [
+        # allreduce_sgd is the baseline wherever it ran, first or not.
+        ((("sgp", 1.0), ("allreduce_sgd", 4.0), ("wagma", 2.0)), "allreduce_sgd", [4.0, 1.0, 2.0]),
+        # Without it, the first algorithm is.
+        ((("sgp", 1.0), ("wagma", 2.0)), "sgp", [1.0, 0.5]),
+    ],
+)
+def test_throughput_relative_to_baseline(algorithms, baseline, ratios):
+    steps = pd.DataFrame([s.as_row() for name, seconds in algorithms for s in _rate_steps(name, seconds)])
+    summary = summarize(steps, None, BATCH, 1)
+    assert list(summary["baseline"]) == [baseline] * len(algorithms)
+    assert list(summary["throughput_vs_baseline"]) == pytest.approx(ratios)
+    assert f"vs {baseline}" in format_table(summary).splitlines()[0]
 
 
 # --- trace ----------------------------------------------------------------------------------
@@ -255,7 +345,7 @@ def test_run_directory_end_to_end(tmp_path):
     run.append_algorithm("ar", [s for s in steps if s.algorithm == "ar"])
     # Re-appending replaces that algorithm's rows instead of duplicating them.
     run.append_algorithm("ar", [s for s in steps if s.algorithm == "ar"])
-    summary = run.write_summary(BATCH, {"sgp": 2, "ar": 1}, ranks={"sgp": 2, "ar": 1})
+    summary = run.write_summary(BATCH, {"sgp": 2, "ar": 1}, ranks={"sgp": 2, "ar": 1}, target_accuracy=0.5)
     run.write_trace()
     run.write_run_json("complete", ["sgp", "ar"], hosts=1)
     torch_path = atomic.save_torch(run.provenance_dir() / "model.pt", {"x": 1})
@@ -278,7 +368,10 @@ def test_run_directory_end_to_end(tmp_path):
     assert len(on_disk) == 5 and on_disk["loss"].isna().sum() == 1
     assert list(read_frame(run.path / "evals.csv", EVAL_COLUMNS).columns) == list(EVAL_COLUMNS)
     assert len(read_frame(run.path / "comm_ops.csv", COMM_OP_COLUMNS)) == 2
-    assert list(pd.read_csv(run.path / "summary.csv")["complete"]) == [True, True]
+    on_disk_summary = pd.read_csv(run.path / "summary.csv", keep_default_na=False, na_values=["NaN"])
+    assert list(on_disk_summary.columns) == list(SUMMARY_COLUMNS)
+    pd.testing.assert_frame_equal(on_disk_summary, summary, check_dtype=False)
+    assert (run.path / "summary.txt").read_text() == format_table(summary) + "\n"
     assert bool(summary["complete"].all())
 
     meta = json.loads((run.path / "run.json").read_text())
@@ -322,3 +415,110 @@ def test_append_rejects_foreign_records(tmp_path):
         run.append_algorithm("sgp", _hand_steps())
     with pytest.raises(ValueError):
         EvalRecord("sgp", 0, 0.0, "median", 1.0, 0.5)
+
+
+# --- comm_ops.csv op names: the native layer, the records module and the docs agree -----------
+
+REPO = Path(__file__).resolve().parent.parent
+UNTRACED = "bool traced() const override { return false; }"
+
+
+def _native_op_names() -> set[str]:
+    """The names the C++ layer gives the operations it records, read from kernels/: the ops
+    built by name (``submit("allreduce", ...)``, ``make_unique<ScheduleOp>("push", ...)``) and
+    the records added by hand (``add_record({"wa_sync_round", ...})``). Ops that subclass
+    ``Op`` directly (listeners, the persistent wait-avoiding op) must not be traced."""
+    names: set[str] = set()
+    for path in sorted((REPO / "kernels").glob("*.[ch]pp")):
+        text = path.read_text()
+        names |= set(re.findall(r'\bsubmit\(\s*"(\w+)"', text))
+        for first in re.findall(r"make_unique<ScheduleOp>\(\s*([^,\s]+)\s*,", text):
+            # `name`: the generic submit(name, ...) helper, whose literal names are found above.
+            assert first == "name" or re.fullmatch(r'"\w+"', first), f"{path.name}: ScheduleOp named by {first}"
+            names.add(first.strip('"'))
+        for record in re.findall(r"add_record\(\{(.*?)\}", text, re.S):
+            names |= set(re.findall(r'"(\w+)"', record))
+        direct = re.findall(r':\s*Op\(\s*"(\w+)"', text)
+        if direct:
+            header = path.with_suffix(".hpp").read_text()
+            assert header.count(UNTRACED) == len(direct), (
+                f"{path.name}: Op subclasses {direct} are traced: their names would reach comm_ops.csv")
+    names.discard("name")
+    assert names, "found no op names in kernels/: has the C++ source moved?"
+    return names
+
+
+def _documented_op_names() -> list[str]:
+    """The op names listed in results/README.md's comm_ops.csv section, in order."""
+    text = (REPO / "results" / "README.md").read_text()
+    section = text.split("\n## comm_ops.csv\n", 1)[1].split("\n## ", 1)[0]
+    table = section.split("\n| op | meaning |\n", 1)[1].split("\n\n", 1)[0]
+    return [re.match(r"\| `(\w+)` \|", line).group(1) for line in table.splitlines()[1:]]
+
+
+def test_comm_op_names_are_what_the_native_layer_records_and_the_docs_list():
+    assert len(set(COMM_OP_NAMES)) == len(COMM_OP_NAMES)
+    assert _native_op_names() == set(COMM_OP_NAMES)
+    assert _documented_op_names() == list(COMM_OP_NAMES)
+
+
+# --- a real run: every op it writes is documented, and its summary reads -----------------------
+
+OPS_SCENARIO = {
+    "name": "ops_and_summary",
+    "ranks": 4,
+    "seed": 7,
+    "workload": {"model": "logreg", "dataset": "digits", "batch_size": 16, "iterations": 8, "eval_every": 4},
+    "optimizer": {"lr": 0.05},
+    "algorithms": ["sgp", "allreduce_sgd", "dpsgd", "adpsgd", {"name": "wagma", "group_size": 2, "sync_period": 4}],
+    "results": {"target_accuracy": 0.3},
+}
+# What each algorithm's training issues (wagma: rounds 3 and 7 are synchronous).
+EXPECTED_OPS = {
+    "sgp": {"push"},
+    "allreduce_sgd": {"allreduce"},
+    "dpsgd": {"exchange"},
+    "adpsgd": {"pair_request"},
+    "wagma": {"wa_group_round", "wa_sync_round"},
+}
+
+
+@pytest.fixture(scope="module")
+def ops_run(tmp_path_factory) -> Path:
+    return run_scenario(tmp_path_factory.mktemp("ops"), OPS_SCENARIO)
+
+
+@pytest.mark.mpi
+def test_real_run_writes_only_documented_op_names(ops_run):
+    ops = read_frame(ops_run / "comm_ops.csv", COMM_OP_COLUMNS)
+    assert set(ops["op"]) <= set(COMM_OP_NAMES)
+    assert {name: set(part["op"]) for name, part in ops.groupby("algorithm")} == EXPECTED_OPS
+
+
+@pytest.mark.mpi
+def test_real_run_summary_names_baseline_target_and_both_accuracies(ops_run):
+    summary = pd.read_csv(ops_run / "summary.csv", keep_default_na=False, na_values=["NaN"])
+    steps = read_frame(ops_run / "steps.csv", STEP_COLUMNS)
+    evals = read_frame(ops_run / "evals.csv", EVAL_COLUMNS)
+    assert list(summary["algorithm"]) == list(EXPECTED_OPS)
+    assert set(summary["baseline"]) == {"allreduce_sgd"}  # not the first algorithm, still the baseline
+    ar = summary[summary["algorithm"] == "allreduce_sgd"].iloc[0]
+    assert ar["throughput_vs_baseline"] == 1.0
+    assert np.allclose(summary["throughput_vs_baseline"], summary["samples_per_s"] / ar["samples_per_s"])
+    assert (summary["target_accuracy"] == 0.3).all()
+    for row in summary.itertuples():
+        mine = evals[evals["algorithm"] == row.algorithm]
+        average, rank0 = (mine[mine["model"] == m].sort_values("iteration") for m in ("average", "rank0"))
+        assert row.final_accuracy == average["test_accuracy"].iloc[-1]
+        assert row.final_accuracy_rank0 == rank0["test_accuracy"].iloc[-1]
+        reached = average[average["test_accuracy"] >= 0.3]
+        if reached.empty:
+            assert math.isnan(row.time_to_target_s)
+            continue
+        # At most the plain wall time to that evaluation: evaluation time is taken out, not added.
+        start = steps.loc[steps["algorithm"] == row.algorithm, "start_s"].min()
+        assert 0 < row.time_to_target_s <= reached["time_s"].iloc[0] - start
+    assert not math.isnan(ar["time_to_target_s"])  # 30 % on digits is within reach of 8 steps
+    table = (ops_run / "summary.txt").read_text()
+    assert table.splitlines()[0].split()[:5] == ["algorithm", "ranks", "samples/s", "vs", "allreduce_sgd"]
+    assert "to 30% s" in table and "acc r0 %" in table and "\nconsensus: mean over ranks of ||x_i - x_mean||^2" in table

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import subprocess
 import sys
 
@@ -10,14 +12,19 @@ import pandas as pd
 import pytest
 
 from harness.results.records import STEP_COLUMNS, SUMMARY_COLUMNS
+from harness.scenario.loader import scenario_from_dict
 from harness.sim.calibration import (
     Calibration,
     CalibrationEntry,
+    CalibrationError,
     ComputePoint,
+    EvalPoint,
     NetworkModel,
+    load_calibration,
     save_calibration,
 )
 from harness.sim.compare import COMPARE_COLUMNS
+from harness.sim.runs import calibration_entry
 from conftest import harness_cli, run_scenario, write_scenario_file
 
 # Emulated compute: the local work is a sleep, so the comparison tests the communication model
@@ -34,16 +41,22 @@ SMALL = {
 }
 
 
-def calibration_file(path, ranks=(4,), latency_s=3e-4):
+def calibration_file(path, ranks=(4,), latency_s=3e-4, cpus=2):
     entries = [
         CalibrationEntry(ranks=r, network=NetworkModel(latency_s=latency_s, bandwidth_bytes_per_s=1e9),
                          compute=[ComputePoint(model="mlp", dataset="mnist5k", batch_size=32, median_s=0.003,
                                                p95_s=0.004, samples=10)])
         for r in ranks
     ]
-    save_calibration(Calibration(created_at="2026-01-01T00:00:00+00:00", harness_version="test", cpus=2,
+    save_calibration(Calibration(created_at="2026-01-01T00:00:00+00:00", harness_version="test", cpus=cpus,
                                  entries=entries), path)
     return path
+
+
+def real_compute(data):
+    """``data`` with real compute (its communicated size is then the model's own)."""
+    workload = {k: v for k, v in data["workload"].items() if k != "params"}
+    return {**data, "workload": {**workload, "compute": "real"}}
 
 
 def test_simulate_writes_a_marked_run_with_the_real_columns(tmp_path) -> None:
@@ -57,6 +70,8 @@ def test_simulate_writes_a_marked_run_with_the_real_columns(tmp_path) -> None:
     meta = json.loads((run / "run.json").read_text())
     assert meta["simulated"] is True and meta["mode"] == "predictive" and meta["status"] == "complete"
     assert meta["events"] > 0
+    assert meta["calibration"] is None and meta["calibration_ranks"] is None
+    assert meta["wagma_group_sizes"] == {"wagma": [2, 2]}
     summary = pd.read_csv(run / "summary.csv")
     assert tuple(summary.columns) == SUMMARY_COLUMNS
     assert list(summary["algorithm"]) == ["allreduce_sgd", "local_sgd", "sgp", "wagma"]
@@ -78,20 +93,85 @@ def test_simulate_scales_past_a_thousand_ranks(tmp_path) -> None:
     assert pd.read_csv(run / "summary.csv")["ranks"].tolist() == [1100]
 
 
-def test_simulate_real_compute_needs_a_calibration(tmp_path) -> None:
-    data = {**SMALL, "workload": {**SMALL["workload"], "compute": "real"}}
-    data["workload"].pop("params")
-    scenario = write_scenario_file(tmp_path, data)
-    proc = harness_cli("simulate", str(scenario), "--out", str(tmp_path / "out"),
-                       "--calibration", str(tmp_path / "missing.json"))
+def test_simulate_real_compute_needs_a_calibration_and_gives_the_command(tmp_path) -> None:
+    scenario = write_scenario_file(tmp_path, real_compute(SMALL))
+    missing = tmp_path / "missing.json"
+    proc = harness_cli("simulate", str(scenario), "--out", str(tmp_path / "out"), "--calibration", str(missing))
     assert proc.returncode == 2
-    assert "missing.json" in proc.stderr and "calibrate" in proc.stderr
-    # A calibration without this workload's compute time is named as such.
-    cal = calibration_file(tmp_path / "cal.json")
+    assert proc.stderr.startswith(f"error: {missing}: no calibration file")
+    command = f"python -m harness calibrate --scenario {scenario} --ranks 4 --output {missing}"
+    assert proc.stderr.splitlines()[-1] == f"  {command}"
+    # A calibration without this workload's compute time is named as such; the command
+    # measures it at the rank count of the entry the simulation takes (8, for 4 ranks on 2 CPUs).
+    cal = calibration_file(tmp_path / "cal.json", ranks=(8,))
     proc = harness_cli("simulate", str(scenario), "--out", str(tmp_path / "out"), "--calibration", str(cal))
     assert proc.returncode == 2
-    assert "no compute time for model mlp, dataset digits, batch 8" in proc.stderr
+    assert "the calibration for 8 ranks has no compute time for model mlp, dataset digits, batch 8" in proc.stderr
+    command = f"python -m harness calibrate --scenario {scenario} --ranks 8 --output {cal}"
+    assert proc.stderr.splitlines()[-1] == f"  {command}"
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_the_printed_calibrate_command_makes_simulate_work(tmp_path) -> None:
+    data = real_compute({**SMALL, "ranks": 2, "algorithms": ["allreduce_sgd"], "imbalance": []})
+    scenario = write_scenario_file(tmp_path, data)
+    # This machine's CPU count, or calibrate would replace the file instead of merging into it.
+    cal = calibration_file(tmp_path / "cal.json", ranks=(2,), cpus=os.cpu_count())
+    args = ("simulate", str(scenario), "--out", str(tmp_path / "out"), "--calibration", str(cal))
+    proc = harness_cli(*args)
+    assert proc.returncode == 2
+    command = shlex.split(proc.stderr.splitlines()[-1])
+    assert command[:3] == ["python", "-m", "harness"]
+    calibrated = harness_cli(*command[3:], "--quick", timeout=300)
+    assert calibrated.returncode == 0, calibrated.stderr[-3000:]
+    (entry,) = load_calibration(cal).entries
+    # The new workload is added; the one already measured is kept.
+    assert {(p.dataset, p.batch_size) for p in entry.compute} == {("digits", 8), ("mnist5k", 32)}
+    proc = harness_cli(*args)
+    assert proc.returncode == 0, proc.stderr
+    assert "note:" not in proc.stderr
+
+
+def test_a_new_entry_keeps_the_other_workloads_of_the_one_it_replaces() -> None:
+    def point(batch, seconds):
+        return ComputePoint(model="mlp", dataset="digits", batch_size=batch, median_s=seconds, p95_s=seconds,
+                            samples=1)
+
+    net = NetworkModel(latency_s=1e-6, bandwidth_bytes_per_s=1e9)
+    old = CalibrationEntry(ranks=2, network=net, compute=[point(8, 1.0), point(16, 2.0)],
+                           evaluation=[EvalPoint(model="mlp", dataset="digits", median_s=0.1)])
+    new = CalibrationEntry(ranks=2, network=net.model_copy(update={"latency_s": 5e-6}), compute=[point(8, 3.0)])
+    other = CalibrationEntry(ranks=4, network=net)
+    cal = Calibration(created_at="x", harness_version="x", cpus=2, entries=[old, other]).with_entry(new)
+    merged = cal.choose(2).entry
+    assert merged.network.latency_s == 5e-6
+    assert merged.compute_s("mlp", "digits", 8) == 3.0 and merged.compute_s("mlp", "digits", 16) == 2.0
+    assert merged.evaluation_s("mlp", "digits") == 0.1
+    assert [e.ranks for e in cal.entries] == [2, 4]
+
+
+def test_trace_replay_of_real_compute_needs_no_compute_time() -> None:
+    scenario = scenario_from_dict(real_compute(SMALL), source="test")
+    cal = Calibration(created_at="x", harness_version="x", cpus=2,
+                      entries=[CalibrationEntry(ranks=4, network=NetworkModel(latency_s=1e-6,
+                                                                              bandwidth_bytes_per_s=1e9))])
+    assert calibration_entry(scenario, cal, "s.yaml", needs_compute=False) == (cal.entries[0], None)
+    with pytest.raises(CalibrationError, match="python -m harness calibrate --scenario s.yaml --ranks 4$"):
+        calibration_entry(scenario, cal, "s.yaml")
+
+
+def test_simulate_says_which_rank_count_it_took_the_calibration_from(tmp_path) -> None:
+    cal = calibration_file(tmp_path / "cal.json", ranks=(2, 8))
+    proc = harness_cli("simulate", str(write_scenario_file(tmp_path, SMALL)), "--out", str(tmp_path / "out"),
+                       "--calibration", str(cal), "--iterations", "4")
+    assert proc.returncode == 0, proc.stderr
+    assert ("note: no calibration for 4 ranks (measured: 2, 8): using the one measured at 2 ranks "
+            "(the most ranks that did not share the 2 CPUs)") in proc.stderr
+    (run,) = (tmp_path / "out" / "simcheck").iterdir()
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["calibration"] == str(cal) and meta["calibration_ranks"] == 2
 
 
 def test_simulate_rejects_bad_input(tmp_path) -> None:
@@ -130,8 +210,20 @@ def test_a_small_real_run_agrees_with_its_simulation(real_run, tmp_path) -> None
     assert (real_run / "compare.png").stat().st_size > 0
     for mode in ("trace", "predictive"):
         meta = json.loads((real_run / f"sim-{mode}" / "run.json").read_text())
-        assert meta["simulated"] and meta["mode"] == mode
-    assert "median |error|" in proc.stdout
+        assert meta["simulated"] and meta["mode"] == mode and meta["calibration_ranks"] == 4
+    assert (table["calibration_ranks"] == 4).all()
+    assert "median |error|" in proc.stdout and "note: no calibration" not in proc.stderr
+    assert json.loads((real_run / "run.json").read_text())["wagma_group_sizes"] == {"wagma": [2, 2]}
+
+
+def test_compare_says_which_rank_count_it_took_the_calibration_from(real_run, tmp_path) -> None:
+    cal = calibration_file(tmp_path / "cal.json", ranks=(8,))
+    proc = harness_cli("compare", str(real_run), "--calibration", str(cal), "--mode", "trace")
+    assert proc.returncode == 0, proc.stderr
+    assert "note: no calibration for 4 ranks (measured: 8): using the one measured at 8 ranks" in proc.stderr
+    table = pd.read_csv(real_run / "compare.csv")
+    assert set(table["mode"]) == {"trace"} and (table["calibration_ranks"] == 8).all()
+    assert json.loads((real_run / "sim-trace" / "run.json").read_text())["calibration_ranks"] == 8
 
 
 def test_compare_rejects_what_it_cannot_compare(real_run, tmp_path) -> None:
@@ -142,7 +234,10 @@ def test_compare_rejects_what_it_cannot_compare(real_run, tmp_path) -> None:
     proc = harness_cli("compare", str(simulated), "--calibration", str(tmp_path / "c.json"))
     assert proc.returncode == 2 and "simulated run" in proc.stderr
     proc = harness_cli("compare", str(real_run), "--calibration", str(tmp_path / "nothing.json"))
-    assert proc.returncode == 2 and "nothing.json" in proc.stderr
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: {tmp_path / 'nothing.json'}: no calibration file")
+    command = (f"python -m harness calibrate --scenario {real_run}/scenario.resolved.yaml --ranks 4 "
+               f"--output {tmp_path / 'nothing.json'}")
+    assert proc.stderr.splitlines()[-1] == f"  {command}"
 
 
 def test_simulate_imports_neither_torch_nor_mpi(tmp_path) -> None:

@@ -42,11 +42,15 @@ def _entry(ranks: int) -> CalibrationEntry:
     return CalibrationEntry(ranks=ranks, network=NetworkModel(latency_s=ranks * 1e-6, bandwidth_bytes_per_s=1e9))
 
 
-def test_entry_for_prefers_the_rank_count_then_the_uncontended_one() -> None:
+def test_choose_prefers_the_rank_count_then_the_uncontended_one_and_says_so() -> None:
     cal = Calibration(created_at="x", harness_version="x", cpus=2, entries=[_entry(1), _entry(2), _entry(8)])
-    assert cal.entry_for(8).ranks == 8
-    assert cal.entry_for(1024).ranks == 2  # the most ranks that did not share cores
+    assert cal.choose(8).entry.ranks == 8 and cal.choose(8).note is None
+    entry, note = cal.choose(1024)
+    assert entry.ranks == 2  # the most ranks that did not share cores
+    assert note == ("no calibration for 1024 ranks (measured: 1, 2, 8): using the one measured at 2 ranks "
+                    "(the most ranks that did not share the 2 CPUs)")
     only_contended = Calibration(created_at="x", harness_version="x", cpus=2, entries=[_entry(8), _entry(4)])
-    assert only_contended.entry_for(16).ranks == 4
+    entry, note = only_contended.choose(16)
+    assert entry.ranks == 4 and "using the one measured at 4 ranks (the fewest ranks" in note
     with pytest.raises(CalibrationError, match="no entries"):
-        Calibration(created_at="x", harness_version="x", cpus=2, entries=[]).entry_for(8)
+        Calibration(created_at="x", harness_version="x", cpus=2, entries=[]).choose(8)

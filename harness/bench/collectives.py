@@ -43,7 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.bench.arguments import argtype, int_at_least, job_size_matches, say, worker_main
+from harness.arguments import argtype, int_at_least, split_list
+from harness.bench.arguments import job_size_matches, say, worker_main
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -95,9 +96,10 @@ def parse_size(text: str) -> int:
 
 def parse_sizes(text: str) -> list[int]:
     """Comma-separated sizes (see ``parse_size``), ascending, duplicates dropped."""
-    parts = text.split(",")
-    if any(not p.strip() for p in parts):
-        raise SizeError(f"bad size list {text!r}: empty entry (write sizes like 4K,64K,1M)")
+    try:
+        parts = split_list(text, "size", "4K,64K,1M")
+    except ValueError as exc:
+        raise SizeError(str(exc)) from None
     return sorted({parse_size(p) for p in parts})
 
 
@@ -129,7 +131,7 @@ def _nonnegative_float(text: str) -> float:
 
 def parse_ops(text: str) -> list[str]:
     """Comma-separated op names out of ``OPS``, in the order given, duplicates dropped."""
-    names = [p.strip() for p in text.split(",")]
+    names = split_list(text, "op", "allreduce,broadcast")
     bad = [n for n in names if n not in OPS]
     if bad:
         raise ValueError(f"unknown op {bad[0]!r}: choose from {', '.join(OPS)}")

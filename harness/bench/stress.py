@@ -65,7 +65,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.bench.arguments import argtype, int_at_least, job_size_matches, say, worker_main
+from harness.arguments import argtype, int_at_least, split_list
+from harness.bench.arguments import job_size_matches, say, worker_main
 
 DEFAULT_RANKS = 8  # for the parent command (harness.commands.bench) when it launches the job
 DEFAULT_ROUNDS = 10_000
@@ -373,7 +374,7 @@ def _float_in(low: float, high: float) -> Callable[[str], float]:
 
 def parse_parts(text: str) -> list[str]:
     """Comma-separated parts out of ``PARTS``, run in the order of ``PARTS``."""
-    names = {p.strip() for p in text.split(",")}
+    names = set(split_list(text, "part", ",".join(PARTS)))
     bad = sorted(names - set(PARTS))
     if bad:
         raise ValueError(f"unknown part {bad[0]!r}: choose from {', '.join(PARTS)}")

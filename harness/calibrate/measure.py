@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from harness.arguments import split_list
+
 KIB = 1024
 MIB = 1024 * KIB
 
@@ -150,11 +152,8 @@ def allreduce_sizes(model_bytes: Iterable[int]) -> list[int]:
 
 def parse_ranks(text: str) -> list[int]:
     """Comma-separated rank counts, each >= 2: ``"2,8"`` -> ``[2, 8]`` (ascending, distinct)."""
-    parts = [p.strip() for p in text.split(",")]
-    if not text.strip() or any(not p for p in parts):
-        raise ValueError(f"bad rank list {text!r}: write rank counts like 2,8")
     counts = []
-    for p in parts:
+    for p in split_list(text, "rank", "2,8"):
         try:
             n = int(p)
         except ValueError:

@@ -14,8 +14,9 @@ with a note). Emulated-compute scenarios add no compute point, only their commun
 to the allreduce sizes.
 
 Saving: the entry of each rank count is merged into ``--output`` (default
-``results/calibration.json``; entries of other rank counts already there are kept, unless
-the file was measured on a machine with another CPU count) and the file is saved atomically
+``results/calibration.json``; entries of other rank counts already there are kept, and so
+are the compute and evaluation times of workloads this run did not measure, unless the file
+was measured on a machine with another CPU count) and the file is saved atomically
 right after that rank count succeeds, so a long calibration keeps its finished rank counts
 when a later one fails or is interrupted. An existing file that does not load is an error
 (exit 2) and is left alone. ``--quick`` takes few repetitions (seconds per rank count; for
@@ -39,6 +40,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from harness.arguments import argtype
 from harness.calibrate.measure import MIN_RANKS, Plan, parse_ranks
 
 
@@ -51,19 +53,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--scenario", action="append", metavar="FILE", type=Path, default=None,
                         help="scenario file whose workloads and rank counts to calibrate (repeatable; "
                              "default: every scenarios/*.yaml here that loads)")
-    parser.add_argument("--ranks", type=_rank_list, metavar="N[,N...]",
+    parser.add_argument("--ranks", type=argtype(parse_ranks), metavar="N[,N...]",
                         help="rank counts to calibrate, e.g. 2,8 (default: the scenarios' rank counts)")
     parser.add_argument("--output", type=Path, default=DEFAULT_PATH, metavar="FILE",
                         help=f"calibration file to merge into (default {DEFAULT_PATH})")
     parser.add_argument("--quick", action="store_true", help="few repetitions (seconds per rank count)")
     parser.set_defaults(func=run)
-
-
-def _rank_list(text: str) -> list[int]:
-    try:
-        return parse_ranks(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _error(message: str, status: int = 2) -> int:

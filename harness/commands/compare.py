@@ -3,7 +3,10 @@
 Simulates the run's scenario trace-driven (the local work each rank measured) and predictive
 (calibrated compute only), prints measured and predicted time per iteration and throughput
 with the relative error per algorithm, and writes ``compare.csv``, ``compare.png`` and the
-simulated runs (``sim-trace/``, ``sim-predictive/``) into RUN_DIR.
+simulated runs (``sim-trace/``, ``sim-predictive/``) into RUN_DIR. When the calibration has no
+entry for the run's rank count, a note names the one used (``calibration_ranks`` in
+compare.csv and in the simulated runs' run.json); a real-compute workload the calibration
+lacks is an error (exit 2) giving the exact ``calibrate`` command to run.
 
 Example::
 
@@ -34,8 +37,9 @@ def run(args: argparse.Namespace) -> int:
 
     from harness.results.records import RUN_FILE, SCENARIO_FILE, RunDirectory
     from harness.scenario import ScenarioError, load_scenario
-    from harness.sim.calibration import DEFAULT_PATH, CalibrationError, load_calibration
-    from harness.sim.compare import COMPARE_FILE, COMPARE_PLOT, MODES, compare_run, error_summary
+    from harness.sim.calibration import DEFAULT_PATH, CalibrationError, calibrate_command, load_calibration
+    from harness.sim.compare import COMPARE_FILE, COMPARE_PLOT, MODES, compare_run, compared_scenario, error_summary
+    from harness.sim.runs import calibration_entry
     from harness.sim.timing import TimingError
 
     run_dir: Path = args.run_dir
@@ -46,13 +50,26 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {run_dir}: is a simulated run; compare takes a real one", file=sys.stderr)
         return 2
     calibration_path = args.calibration or DEFAULT_PATH
+    modes = MODES if args.mode == "both" else (args.mode,)
     try:
-        scenario = load_scenario(run_dir / SCENARIO_FILE)
-        calibration = load_calibration(calibration_path)
         run = RunDirectory.open(run_dir)
-        modes = MODES if args.mode == "both" else (args.mode,)
-        table = compare_run(run, scenario, calibration, str(calibration_path), modes)
-    except (ScenarioError, CalibrationError, TimingError, ValueError) as exc:
+        scenario = compared_scenario(run, load_scenario(run_dir / SCENARIO_FILE))
+        if not calibration_path.exists():
+            command = calibrate_command(run_dir / SCENARIO_FILE, scenario.ranks, calibration_path)
+            raise CalibrationError(f"{calibration_path}: no calibration file; compare needs this machine's: "
+                                   f"measure it with (or pass --calibration FILE):\n  {command}")
+        calibration = load_calibration(calibration_path)
+        # Checked before anything is simulated or written; trace mode takes compute from the run.
+        entry, note = calibration_entry(scenario, calibration, run_dir / SCENARIO_FILE, calibration_path,
+                                        needs_compute="predictive" in modes)
+    except (ScenarioError, CalibrationError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+    try:
+        table = compare_run(run, scenario, entry, str(calibration_path), modes)
+    except (CalibrationError, TimingError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     rows = [

@@ -11,14 +11,18 @@ first makes sure its data exist, in manifest order:
 - a simulated sweep (:class:`~paper_figs.manifest.Sweep`): ``<results>/figures/<name>.csv``
   (``<name>-quick.csv`` with ``--quick``) is reused, otherwise computed.
 
-``--rerun`` makes everything again. Then each figure is drawn into ``--out`` (default
-``paper_figs/out/``) as ``<name>.png`` and ``<name>.csv``. Progress goes to stderr; a failed
-experiment stops the command with its error (exit 1) and leaves what was finished.
+``--rerun`` makes everything again. Then each figure is drawn as ``<name>.png`` and
+``<name>.csv`` into ``<results>/figures/`` (``<results>/figures/quick/`` with ``--quick``), which
+git ignores, so a regeneration never changes the checkout; ``--gallery`` writes into
+``paper_figs/out/`` instead (the committed images the README shows; full runs only), ``--out DIR``
+anywhere. Progress goes to stderr; a failed experiment stops the command with its error (exit
+1) and leaves what was finished.
 
 Example::
 
     python -m harness figures --quick
     python -m harness figures --only fig5_real_vs_sim,fig6_timeline
+    python -m harness figures --gallery        # refresh the README's images
 """
 
 from __future__ import annotations
@@ -31,7 +35,10 @@ import sys
 import time
 from pathlib import Path
 
-DEFAULT_OUT = Path("paper_figs") / "out"
+from harness.arguments import name_list
+
+FIGURES_DIR = "figures"  # under the results root: sweeps' CSVs and, by default, the drawn figures
+QUICK_DIR = "quick"  # under FIGURES_DIR: figures drawn with --quick, kept apart from the full ones
 
 
 class FiguresError(Exception):
@@ -42,9 +49,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("figures", help="run the missing experiments and draw the papers' figures",
                        description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smaller runs and sweeps (minutes, for a first look)")
-    p.add_argument("--only", help="comma-separated figure names (default: all of paper_figs/manifest.py)")
+    p.add_argument("--only", type=name_list("figure", "fig5_real_vs_sim,fig6_timeline"), metavar="FIG[,FIG...]",
+                   help="comma-separated figure names (default: all of paper_figs/manifest.py)")
     p.add_argument("--results", type=Path, default=Path("results"), help="results root (default: results/)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default: {DEFAULT_OUT}/)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--out", type=Path, help=f"output directory (default: RESULTS/{FIGURES_DIR}/, "
+                                                f"RESULTS/{FIGURES_DIR}/{QUICK_DIR}/ with --quick)")
+    where.add_argument("--gallery", action="store_true",
+                       help="write into paper_figs/out/, the committed images the README shows (not with --quick)")
     p.add_argument("--rerun", action="store_true", help="make every experiment again instead of reusing results")
     p.set_defaults(func=run)
 
@@ -109,7 +121,7 @@ def sweep(name: str, experiment, args: argparse.Namespace) -> Path:
     """The CSV of a simulated sweep (computed if missing)."""
     from harness.results import atomic
 
-    path = args.results / "figures" / (f"{name}-quick.csv" if args.quick else f"{name}.csv")
+    path = args.results / FIGURES_DIR / (f"{name}-quick.csv" if args.quick else f"{name}.csv")
     if path.is_file() and not args.rerun:
         _say(f"reusing {path}")
         return path
@@ -123,15 +135,32 @@ def sweep(name: str, experiment, args: argparse.Namespace) -> Path:
     return path
 
 
+def output_dir(args: argparse.Namespace) -> Path:
+    """Where the figures go: ``--out``, the gallery with ``--gallery``, else under the results root."""
+    from paper_figs import GALLERY_DIR
+
+    if args.out is not None:
+        return args.out
+    if args.gallery:
+        return GALLERY_DIR
+    figures = args.results / FIGURES_DIR
+    return figures / QUICK_DIR if args.quick else figures
+
+
 def run(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
     from harness.scenario import ScenarioError
-    from paper_figs import manifest, style
+    from paper_figs import GALLERY_DIR, manifest, style
 
+    if args.gallery and args.quick:
+        print("error: --gallery with --quick: the gallery shows the full experiments; drop --quick, or draw the "
+              "quick figures elsewhere (the default, or --out DIR)", file=sys.stderr)
+        return 2
+    out = output_dir(args)
     figures = manifest.FIGURES
     if args.only:
-        wanted = [name.strip() for name in args.only.split(",") if name.strip()]
+        wanted = args.only
         known = {f.module for f in figures}
         unknown = [name for name in wanted if name not in known]
         if unknown:
@@ -152,14 +181,15 @@ def run(args: argparse.Namespace) -> int:
                         inputs[key] = real_run(experiment, args)
             module = importlib.import_module(f"paper_figs.{figure.module}")
             fig, table = module.draw({key: inputs[key] for key in figure.inputs})
-            png, csv = style.save(fig, table, args.out, module.NAME)
+            png, csv = style.save(fig, table, out, module.NAME)
             rows.append([module.NAME, str(png), str(csv), len(table)])
             _say(f"drew {png}")
     except (FiguresError, ScenarioError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("interrupted: figures drawn so far are kept", file=sys.stderr)
+        print(f"interrupted: figures drawn so far are kept in {out}", file=sys.stderr)
         return 130
     print(tabulate(rows, headers=["figure", "png", "csv", "points"], tablefmt="simple", disable_numparse=True))
+    print(f"figures written to {out}" + (" (the README's gallery)" if out.resolve() == GALLERY_DIR else ""))
     return 0

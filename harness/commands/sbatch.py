@@ -81,7 +81,7 @@ def batch_script(name: str, ranks: int, scenario: Path, out: Path, args: argpars
     for option in ("only", "ranks", "iterations"):
         value = getattr(args, option)
         if value is not None:
-            run += [f"--{option}", str(value)]
+            run += [f"--{option}", ",".join(value) if option == "only" else str(value)]
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     lines = [
         "#!/bin/bash",

@@ -3,8 +3,12 @@
 Needs neither MPI nor torch. The network (and, for real compute, the time per iteration) comes
 from the calibration file of ``python -m harness calibrate``; a scenario with emulated compute
 can also be simulated without one, on a default cluster network (README, "Simulation").
-Writes a run directory ``results/<scenario>/sim-<time>/`` with the real run's files and
-columns (no losses, no evaluations), and prints the summary with the simulator's speed.
+Notes on stderr say when the calibration of another rank count is used (run.json records it
+as ``calibration_ranks``) and which WAGMA groups form when they are not of ``group_size``; a
+real-compute workload that was never calibrated is an error (exit 2) that gives the exact
+``calibrate`` command to run. Writes a run directory ``results/<scenario>/sim-<time>/`` with
+the real run's files and columns (no losses, no evaluations), and prints the summary with the
+simulator's speed.
 
 Example::
 
@@ -30,20 +34,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def load_optional_calibration(path: Path | None):
-    """The calibration at ``path`` (must exist), or the default file if it exists, or None."""
+def load_optional_calibration(path: Path | None, real_compute: bool):
+    """(calibration or None, the file it is or would be read from): the file at ``path``
+    (default: results/calibration.json). None where the file does not exist and the simulation
+    can go on or say what to run instead: the default file with emulated compute (the default
+    network), or real compute (``calibration_entry`` then gives the ``calibrate`` command).
+    A ``path`` given for emulated compute must exist."""
     from harness.sim.calibration import DEFAULT_PATH, load_calibration
 
-    if path is not None:
-        return load_calibration(path), str(path)
-    if DEFAULT_PATH.exists():
-        return load_calibration(DEFAULT_PATH), str(DEFAULT_PATH)
-    return None, None
+    file = path or DEFAULT_PATH
+    if file.exists() or (path is not None and not real_compute):
+        return load_calibration(file), file
+    return None, file
 
 
 def run(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
+    from harness.algorithms.wagma_groups import group_notes
     from harness.results.summary import format_table
     from harness.scenario import ScenarioError, load_scenario
     from harness.sim.calibration import CalibrationError
@@ -55,16 +63,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         scenario = load_scenario(args.scenario, overrides=_overrides(args))
-        calibration, calibration_name = load_optional_calibration(args.calibration)
-        entry = calibration_entry(scenario, calibration)
+        calibration, calibration_file = load_optional_calibration(args.calibration, scenario.workload.compute == "real")
+        entry, note = calibration_entry(scenario, calibration, args.scenario, calibration_file)
     except (ScenarioError, CalibrationError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if calibration is None:
-        print("note: no calibration file: simulating on the default network (2 us, 12.5 GB/s)", file=sys.stderr)
-    elif entry.ranks != scenario.ranks:
-        print(f"note: no calibration for {scenario.ranks} ranks: using the one measured at {entry.ranks}",
-              file=sys.stderr)
+    for line in ([note] if note else []) + group_notes(scenario):
+        print(f"note: {line}", file=sys.stderr)
     if scenario.faults:
         print(f"note: the scenario's {len(scenario.faults)} faults are not simulated (the model predicts the "
               "run without them)", file=sys.stderr)
@@ -85,8 +90,12 @@ def run(args: argparse.Namespace) -> int:
         return 130
     path = new_simulated_run_path(Path(args.out), scenario.name)
     trace_ranks = DEFAULT_TRACE_RANKS if args.trace_ranks is None else args.trace_ranks
-    run_dir = write_simulated_run(path, scenario, frames, stats, "predictive", calibration_name, trace_ranks)
-    summary = run_dir.write_summary(scenario.workload.batch_size, scenario.workload.iterations, ranks=scenario.ranks)
+    calibrated = calibration is not None  # else the default network: run.json says null for both
+    run_dir = write_simulated_run(path, scenario, frames, stats, "predictive",
+                                  str(calibration_file) if calibrated else None, trace_ranks,
+                                  calibration_ranks=entry.ranks if calibrated else None)
+    summary = run_dir.write_summary(scenario.workload.batch_size, scenario.workload.iterations, ranks=scenario.ranks,
+                                    target_accuracy=scenario.results.target_accuracy)
     print("simulated (predictive):")
     print(format_table(summary))
     total_events, total_s = sum(s.events for s in stats), sum(s.host_s for s in stats)

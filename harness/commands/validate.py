@@ -2,7 +2,8 @@
 
 Exit status 0 when the file is valid, 2 with one ``error:`` line per problem on stderr otherwise
 (a scenario asking for a device this machine lacks, ``device: cuda`` without a usable GPU, is
-refused too).
+refused too). A valid file's notes go to stderr: WAGMA groups that are not of ``group_size``
+ranks (``harness.algorithms.wagma_groups``).
 
 Example::
 
@@ -14,6 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from harness.algorithms.wagma_groups import group_notes
+from harness.arguments import algorithm_list
 from harness.device import scenario_device_problem
 from harness.scenario import Scenario, ScenarioError, load_scenario
 from harness.scenario.network import link_table
@@ -25,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("file", help="scenario YAML file")
     parser.add_argument("--ranks", type=int, help="override the rank count")
     parser.add_argument("--iterations", type=int, help="override the iterations per algorithm")
-    parser.add_argument("--only", nargs="+", metavar="ALGORITHM", help="keep only these algorithms")
+    parser.add_argument("--only", type=algorithm_list, metavar="A[,B...]",
+                        help="comma-separated subset of the scenario's algorithms")
     parser.set_defaults(func=run)
 
 
@@ -43,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {args.file}: {problem}", file=sys.stderr)
         return 2
     print(summary(scenario))
+    for note in group_notes(scenario):
+        print(f"note: {note}", file=sys.stderr)
     return 0
 
 

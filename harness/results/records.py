@@ -44,6 +44,19 @@ EVAL_COLUMNS = (
     "consensus_distance",
 )
 COMM_OP_COLUMNS = ("algorithm", "rank", "op", "post_s", "start_s", "end_s", "bytes")
+# Every value comm_ops.csv's ``op`` can take: the names the native layer (kernels/) gives the
+# operations it records. tests/test_results.py holds this tuple, those C++ sources and
+# results/README.md together.
+COMM_OP_NAMES = (
+    "allreduce",
+    "broadcast",
+    "barrier",
+    "exchange",
+    "push",
+    "pair_request",
+    "wa_group_round",
+    "wa_sync_round",
+)
 SUMMARY_COLUMNS = (
     "algorithm",
     "ranks",
@@ -52,6 +65,8 @@ SUMMARY_COLUMNS = (
     "steps_recorded",
     "wall_s",
     "samples_per_s",
+    "baseline",
+    "throughput_vs_baseline",
     "iter_time_median_s",
     "iter_time_p95_s",
     "compute_fraction",
@@ -59,8 +74,11 @@ SUMMARY_COLUMNS = (
     "injected_fraction",
     "bytes_sent_per_step",
     "final_accuracy",
+    "final_accuracy_rank0",
     "final_test_loss",
     "final_consensus_distance",
+    "target_accuracy",
+    "time_to_target_s",
     "complete",
 )
 
@@ -362,11 +380,18 @@ class RunDirectory:
         batch_size: int | Mapping[str, int],
         iterations: int | Mapping[str, int],
         ranks: int | Mapping[str, int] | None = None,
+        *,
+        target_accuracy: float | None,
     ) -> pd.DataFrame:
-        """Write summary.csv and the readable summary.txt; return the summary frame."""
+        """Write summary.csv and the readable summary.txt; return the summary frame.
+
+        ``target_accuracy`` (the scenario's ``results.target_accuracy``) is required so that no
+        writer silently reports time to accuracy against a target the scenario did not set.
+        """
         from harness.results.summary import format_table, summarize  # avoids an import cycle
 
-        summary = summarize(self.steps, self.evals, batch_size, iterations, ranks=ranks)
+        summary = summarize(self.steps, self.evals, batch_size, iterations, ranks=ranks,
+                            target_accuracy=target_accuracy)
         atomic.write_csv(self.path / SUMMARY_FILE, summary)
         atomic.write_text(self.path / SUMMARY_TABLE_FILE, format_table(summary) + "\n")
         return summary

@@ -6,17 +6,22 @@ Definitions (also in ``results/README.md``), over one algorithm's step rows:
 - ``samples_per_s`` = steps_recorded * batch_size / wall_s, which equals
   ranks * batch_size * iterations / wall_s for a complete run and counts only the samples
   actually processed for an incomplete one;
+- ``throughput_vs_baseline`` = samples_per_s / the ``baseline`` algorithm's samples_per_s, the
+  baseline being ``allreduce_sgd`` when it is in the summary, else the first algorithm;
 - ``iter_time_median_s``, ``iter_time_p95_s``: median and 95th percentile (numpy's linear
   interpolation) of end_s - start_s over all ranks' rows;
 - ``compute_fraction``, ``wait_fraction``, ``injected_fraction``: sum of compute_s,
   comm_blocked_s, injected_delay_s over the sum of end_s - start_s;
 - ``final_accuracy``, ``final_test_loss``: from the last "average" eval (highest iteration,
-  then time_s); ``final_consensus_distance``: from the last eval of any model with a value.
+  then time_s); ``final_accuracy_rank0``: from the last "rank0" eval;
+  ``final_consensus_distance``: from the last eval of any model with a value;
+- ``time_to_target_s``: see :func:`time_to_target`.
 """
 
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Mapping
 
 import numpy as np
@@ -24,6 +29,11 @@ import pandas as pd
 from tabulate import tabulate
 
 from harness.results.records import EVAL_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS, to_frame
+
+
+# Throughput is compared with this algorithm when the run has it: the synchronous method every
+# other one claims to beat.
+BASELINE_ALGORITHM = "allreduce_sgd"
 
 
 def _per_algorithm(value: int | Mapping[str, int] | None, algorithm: str) -> int | None:
@@ -56,6 +66,29 @@ def _ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator > 0 else math.nan
 
 
+def time_to_target(steps: pd.DataFrame, average: pd.DataFrame, target: float | None) -> float:
+    """Training seconds until the averaged model first reached ``target`` test accuracy.
+
+    ``average``: the algorithm's evals of the "average" model. The first of them (by iteration,
+    then time_s) with ``test_accuracy >= target`` ends the count; it starts at the algorithm's
+    first step (min start_s over ranks). Evaluation is not training, and how often a scenario
+    evaluates must not change the result, so the time each earlier evaluation took is
+    subtracted: from its ``time_s`` (when rank 0, the rank that tests the models, took them) to
+    rank 0's start of the next iteration (nothing for an evaluation without that step row).
+    NaN when the target is None, never reached, or the algorithm has no steps.
+    """
+    if target is None or steps.empty:
+        return math.nan
+    reached = average[average["test_accuracy"] >= target]
+    if reached.empty:
+        return math.nan
+    hit = reached.sort_values(["iteration", "time_s"], kind="stable").iloc[0]
+    earlier = average[average["iteration"] < hit["iteration"]]
+    resumed = earlier["iteration"].map(steps[steps["rank"] == 0].groupby("iteration")["start_s"].min())
+    evaluating = float((resumed - earlier["time_s"]).clip(lower=0.0).fillna(0.0).sum())
+    return float(hit["time_s"]) - float(steps["start_s"].min()) - evaluating
+
+
 def _summary_row(
     algorithm: str,
     steps: pd.DataFrame,
@@ -63,6 +96,7 @@ def _summary_row(
     batch_size: int,
     iterations: int,
     ranks: int | None,
+    target_accuracy: float | None,
 ) -> dict:
     if ranks is None:
         ranks = int(steps["rank"].nunique())
@@ -71,6 +105,7 @@ def _summary_row(
     wall = float(steps["end_s"].max() - steps["start_s"].min()) if len(steps) else math.nan
     has_steps = len(steps) > 0
     average = evals[evals["model"] == "average"]
+    rank0 = evals[evals["model"] == "rank0"]
     return {
         "algorithm": algorithm,
         "ranks": ranks,
@@ -86,8 +121,11 @@ def _summary_row(
         "injected_fraction": _ratio(float(steps["injected_delay_s"].sum()), busy),
         "bytes_sent_per_step": float(steps["bytes_sent"].mean()) if has_steps else math.nan,
         "final_accuracy": _last(average, "test_accuracy"),
+        "final_accuracy_rank0": _last(rank0, "test_accuracy"),
         "final_test_loss": _last(average, "test_loss"),
         "final_consensus_distance": _last(evals, "consensus_distance"),
+        "target_accuracy": math.nan if target_accuracy is None else float(target_accuracy),
+        "time_to_target_s": time_to_target(steps, average, target_accuracy),
         "complete": _complete(steps, ranks, iterations),
     }
 
@@ -98,13 +136,19 @@ def summarize(
     batch_size: int | Mapping[str, int],
     iterations: int | Mapping[str, int],
     ranks: int | Mapping[str, int] | None = None,
+    *,
+    target_accuracy: float | None = None,
 ) -> pd.DataFrame:
     """One row per algorithm (order of first appearance) with :data:`SUMMARY_COLUMNS`.
 
     ``batch_size``, ``iterations`` and ``ranks`` are per-rank values, given once or per
     algorithm; ``ranks`` defaults to the number of distinct ranks in that algorithm's steps
     (pass it explicitly so that a rank that recorded nothing makes the run incomplete).
+    ``target_accuracy`` (fraction) is what ``time_to_target_s`` measures; None leaves it and
+    ``target_accuracy`` NaN (callers that only want throughput).
     """
+    if target_accuracy is not None and not 0.0 < target_accuracy <= 1.0:
+        raise ValueError(f"target_accuracy must be a fraction in (0, 1], got {target_accuracy!r}")
     steps = to_frame(steps_df, STEP_COLUMNS)
     evals = to_frame(evals_df if evals_df is not None else [], EVAL_COLUMNS)
     algorithms = list(dict.fromkeys([*steps["algorithm"], *evals["algorithm"]]))
@@ -122,12 +166,19 @@ def summarize(
                 int(bs),
                 int(iters),
                 _per_algorithm(ranks, algorithm),
+                target_accuracy,
             )
         )
+    baseline = BASELINE_ALGORITHM if BASELINE_ALGORITHM in algorithms else next(iter(algorithms), "")
+    base_rate = next((r["samples_per_s"] for r in rows if r["algorithm"] == baseline), math.nan)
+    for row in rows:
+        row["baseline"] = baseline
+        row["throughput_vs_baseline"] = _ratio(row["samples_per_s"], base_rate)
     frame = pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
     return frame.astype(
         {
             "algorithm": str,
+            "baseline": str,
             "ranks": "int64",
             "iterations": "int64",
             "batch_size": "int64",
@@ -143,41 +194,82 @@ def _fmt(value: float, spec: str, scale: float = 1.0) -> str:
     return format(value * scale, spec)
 
 
-TABLE_HEADERS = (
-    "algorithm",
-    "ranks",
-    "samples/s",
-    "iter median ms",
-    "iter p95 ms",
-    "waiting %",
-    "injected %",
-    "accuracy %",
-    "consensus",
-    "complete",
-)
+def _percent(fraction: float) -> str:
+    return f"{100.0 * fraction:g}%"
+
+
+def _table_labels(summary_df: pd.DataFrame) -> tuple[str, str, str]:
+    """The headers of the relative-throughput and time-to-target columns and the target in
+    words: they name the baseline and the target, which are the same on every row."""
+    baseline = str(summary_df["baseline"].iloc[0]) if len(summary_df) else BASELINE_ALGORITHM
+    targets = summary_df["target_accuracy"].dropna()
+    if targets.empty:
+        return f"vs {baseline}", "to target s", "the target"
+    target = _percent(float(targets.iloc[0]))
+    return f"vs {baseline}", f"to {target} s", target
+
+
+FOOTNOTE_WIDTH = 100  # characters: the footnotes wrap, the (wider) table does not
+
+
+def _footnotes(vs: str, to_target: str, target: str) -> list[str]:
+    # The table is read without results/README.md at hand: say what the less obvious columns mean.
+    return [
+        f"{vs}: samples/s over that algorithm's (1.00 = as fast, 2.00 = twice the throughput).",
+        "acc avg %: final test accuracy of the average of all ranks' models, which no rank holds"
+        " for gossip methods and EASGD; acc r0 %: of rank 0's own model.",
+        f"{to_target}: training time from the first step until an evaluation of the averaged"
+        f" model first reached {target} test accuracy, evaluation time excluded; '-': never"
+        " (or no accuracy: simulated runs).",
+        "consensus: mean over ranks of ||x_i - x_mean||^2 at the last evaluation, the squared L2"
+        " distance of each rank's parameters to their average (about 0, rounding only, when all ranks"
+        " hold the same model; methods that let ranks drift apart keep it well above 0).",
+    ]
 
 
 def format_table(summary_df: pd.DataFrame) -> str:
-    """A fixed-width text table of a summary frame for terminals and logs."""
+    """A fixed-width text table of a summary frame for terminals and logs, then footnotes
+    that define the relative, accuracy and consensus columns."""
+    vs, to_target, target = _table_labels(summary_df)
+    headers = (
+        "algorithm",
+        "ranks",
+        "samples/s",
+        vs,
+        "iter median ms",
+        "iter p95 ms",
+        "waiting %",
+        "injected %",
+        "acc avg %",
+        "acc r0 %",
+        to_target,
+        "consensus",
+        "complete",
+    )
     rows = [
         (
             row.algorithm,
             str(row.ranks),
             _fmt(row.samples_per_s, ",.1f"),
+            _fmt(row.throughput_vs_baseline, ".2f"),
             _fmt(row.iter_time_median_s, ".2f", 1e3),
             _fmt(row.iter_time_p95_s, ".2f", 1e3),
             _fmt(row.wait_fraction, ".1f", 100.0),
             _fmt(row.injected_fraction, ".1f", 100.0),
             _fmt(row.final_accuracy, ".2f", 100.0),
+            _fmt(row.final_accuracy_rank0, ".2f", 100.0),
+            _fmt(row.time_to_target_s, ".3f"),
             _fmt(row.final_consensus_distance, ".3g"),
             "yes" if row.complete else "no",
         )
         for row in summary_df.itertuples(index=False)
     ]
-    return tabulate(
+    table = tabulate(
         rows,
-        headers=TABLE_HEADERS,
+        headers=headers,
         tablefmt="simple",
         disable_numparse=True,
-        colalign=("left",) + ("right",) * (len(TABLE_HEADERS) - 2) + ("left",),
+        colalign=("left",) + ("right",) * (len(headers) - 2) + ("left",),
     )
+    notes = [textwrap.fill(note, FOOTNOTE_WIDTH, subsequent_indent="  ") for note in _footnotes(vs, to_target, target)]
+    return "\n".join([table, "", *notes])

@@ -14,8 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 
 def main(run_dir: str, resume: bool = False) -> int:
     from mpi4py import MPI
@@ -49,11 +47,14 @@ def _train_all(world, run, scenario, faults, beat) -> None:
     import torch
 
     from harness.algorithms import algorithm_class
+    from harness.algorithms import wagma_groups
     from harness.algorithms.base import AlgorithmContext
     from harness.comm import Communicator, Link
     from harness.device import dataset_on, local_rank, mpi_cuda_aware, torch_device
     from harness.injection import InjectionPlan
-    from harness.results.atomic import save_torch
+    from harness.results.provenance import ProvenanceWriter
+    from harness.results.provenance import level as provenance_level
+    from harness.results.records import PROVENANCE_DIR
     from harness.results.summary import format_table
     from harness.runner.heartbeat import Phase
     from harness.runner.loop import train
@@ -75,11 +76,11 @@ def _train_all(world, run, scenario, faults, beat) -> None:
     plan = InjectionPlan.from_scenario(scenario)
     dataset = dataset_on(load_dataset(scenario.workload.dataset, scenario.seed), device)
 
-    provenance = run.provenance_dir() if rank == 0 else None
-    shards = world.gather(shard_indices(dataset.num_train, scenario.ranks, rank, scenario.seed), root=0)
-    if rank == 0:
-        np.savez_compressed(provenance / "shards.npz", **{f"rank{r}": s for r, s in enumerate(shards)})
-        save_torch(provenance / "initial_model.pt", build_state(scenario, 0, dataset, device).params.clone())
+    provenance = ProvenanceWriter(run.path / PROVENANCE_DIR, provenance_level(scenario))
+    if provenance.keeps_anything:
+        shards = world.gather(shard_indices(dataset.num_train, scenario.ranks, rank, scenario.seed), root=0)
+        if rank == 0:
+            provenance.write_start(shards, build_state(scenario, 0, dataset, device).params.clone())
 
     finished = [a.name for a in scenario.algorithms if a.name in run.finished_algorithms]
     for index, params in enumerate(scenario.algorithms):
@@ -100,20 +101,29 @@ def _train_all(world, run, scenario, faults, beat) -> None:
             bar.close()
         beat.stage(Phase.RESULTS)
         steps, evals, ops = (world.gather(x, root=0) for x in (steps, evals, ops))
-        finals = world.gather(algorithm.eval_params().detach().clone(), root=0)
+        average = finals = None
+        if provenance.keeps_anything:
+            # Averaged as the last evaluation averaged it: bit for bit the model final_accuracy tested.
+            average = algorithm.eval_params().detach().clone()
+            eval_comm.allreduce(average, op="mean")
+        if provenance.keeps_rank_models:
+            finals = world.gather(algorithm.eval_params().detach().clone(), root=0)
         if rank == 0:
             run.append_algorithm(params.name, [s for r in steps for s in r], [e for r in evals for e in r],
                                  [o for r in ops for o in r])
-            save_torch(provenance / f"final_models_{params.name}.pt", torch.stack(finals))
+            provenance.write_final(params.name, average, torch.stack(finals) if finals is not None else None)
             finished.append(params.name)
-            run.write_summary(scenario.workload.batch_size, scenario.workload.iterations, ranks=scenario.ranks)
+            run.write_summary(scenario.workload.batch_size, scenario.workload.iterations, ranks=scenario.ranks,
+                              target_accuracy=scenario.results.target_accuracy)
             run.write_trace()
             done = len(finished) == len(scenario.algorithms)
             run.write_run_json("complete" if done else "incomplete", finished, ranks=scenario.ranks, hosts=hosts,
-                               extra=placement)
+                               extra={**placement, "provenance": provenance.keep,
+                                      **wagma_groups.run_json_keys(scenario)})
     if rank == 0:
         print(format_table(run.write_summary(scenario.workload.batch_size, scenario.workload.iterations,
-                                             ranks=scenario.ranks)))
+                                             ranks=scenario.ranks, target_accuracy=scenario.results.target_accuracy)))
+        print(provenance.report())
         print(f"results: {run.path}")
     eval_comm.close()
     comm.close()
@@ -128,6 +138,9 @@ def _progress_bar(name: str, total: int):
 if __name__ == "__main__":
     if len(sys.argv) not in (2, 3) or sys.argv[2:] not in ([], ["--resume"]):
         raise SystemExit("usage: python -m harness.runner.worker RUN_DIR [--resume]")
+    from harness.launch import exit_promptly_when_interrupted
+
+    exit_promptly_when_interrupted()  # an interrupt ends this rank with a status, never hangs it
     try:
         sys.exit(main(sys.argv[1], resume=sys.argv[2:] == ["--resume"]))
     except KeyboardInterrupt:  # Ctrl+C, forwarded by the launcher: the parent says what happened

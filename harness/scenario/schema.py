@@ -428,6 +428,27 @@ class Watchdog(StrictModel):
     startup_timeout_s: PosFloat = 120.0
 
 
+ProvenanceSetting = Literal["auto", "full", "final", "none"]
+
+
+class ResultsSettings(StrictModel):
+    """What a run keeps and how its summary judges the algorithms.
+
+    ``provenance``: what goes into ``provenance/`` (``results/README.md``; written by
+    ``harness/results/provenance.py``). ``final`` saves the initial model, the data shards and
+    per algorithm the average of the ranks' final models (the model ``final_accuracy`` was
+    measured on); ``full`` adds every rank's final model of each algorithm; ``none`` saves
+    nothing. ``auto`` (the default) is ``full`` with real compute and ``none`` with emulated
+    compute; ``python -m harness run`` resolves it, and ``--provenance`` overrides the setting.
+    ``target_accuracy``: a test accuracy (fraction in (0, 1]); summary.csv's ``time_to_target_s``
+    is the training time until an evaluation of the averaged model first reached it (evaluation
+    time excluded; defined in results/README.md), shown as ``to 90% s`` in summary.txt.
+    """
+
+    provenance: ProvenanceSetting = "auto"
+    target_accuracy: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9
+
+
 # ---------------------------------------------------------------------------------------------
 # scenario
 
@@ -468,6 +489,7 @@ class Scenario(StrictModel):
     network: Network = Network()
     faults: list[AnyFaultSpec] = []
     watchdog: Watchdog = Watchdog()
+    results: ResultsSettings = ResultsSettings()
 
     @field_validator("name")
     @classmethod

@@ -18,18 +18,23 @@ ranks share the cores. An entry has:
 The models validate the file on load, so a hand-edited or truncated file fails with one
 message naming the bad field.
 
+A simulation of P ranks uses the entry measured at P ranks, or another one
+(:meth:`Calibration.choose`, which also says which and why, for the commands to print and
+record as ``calibration_ranks``).
+
 Example::
 
     cal = load_calibration(Path("results/calibration.json"))
-    entry = cal.entry_for(8)
+    entry, note = cal.choose(8)
     entry.network.latency_s, entry.compute_s("mlp", "mnist5k", 32)
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -129,23 +134,60 @@ class Calibration(_Strict):
     cpus: Annotated[int, Field(ge=1)]  # logical CPUs of the machine that was measured
     entries: list[CalibrationEntry]
 
-    def entry_for(self, ranks: int) -> CalibrationEntry:
-        """The entry measured at ``ranks``; otherwise the one measured with the most ranks that
-        did not oversubscribe the cores (the cluster-like per-rank cost), else the smallest."""
+    def choose(self, ranks: int) -> EntryChoice:
+        """The entry to simulate ``ranks`` ranks with: the one measured at ``ranks``; otherwise the
+        one measured with the most ranks that did not oversubscribe the cores (the cluster-like
+        per-rank cost), else the smallest; with a note saying so in those two cases."""
         if not self.entries:
             raise CalibrationError("the calibration file has no entries: run `python -m harness calibrate`")
         for entry in self.entries:
             if entry.ranks == ranks:
-                return entry
+                return EntryChoice(entry, None)
+        measured = ", ".join(str(e.ranks) for e in self.entries)
         uncontended = [e for e in self.entries if e.ranks <= self.cpus]
         if uncontended:
-            return max(uncontended, key=lambda e: e.ranks)
-        return min(self.entries, key=lambda e: e.ranks)
+            entry = max(uncontended, key=lambda e: e.ranks)
+            why = f"the most ranks that did not share the {self.cpus} CPUs"
+        else:
+            entry = min(self.entries, key=lambda e: e.ranks)
+            why = f"the fewest ranks; every entry shared the {self.cpus} CPUs"
+        return EntryChoice(entry, f"no calibration for {ranks} ranks (measured: {measured}): using the one "
+                                  f"measured at {entry.ranks} ranks ({why})")
 
     def with_entry(self, entry: CalibrationEntry) -> Calibration:
-        """A copy with ``entry`` replacing any entry of the same rank count (sorted by ranks)."""
+        """A copy with ``entry`` replacing any entry of the same rank count (sorted by ranks).
+
+        The replaced entry's compute and evaluation times of workloads ``entry`` did not
+        measure are kept, so calibrating one scenario's workload loses no other's.
+        """
+        old = next((e for e in self.entries if e.ranks == entry.ranks), None)
+        if old is not None:
+            new = {(p.model, p.dataset, p.batch_size) for p in entry.compute}
+            new_eval = {(p.model, p.dataset) for p in entry.evaluation}
+            entry = entry.model_copy(update={
+                "compute": [*entry.compute, *(p for p in old.compute if (p.model, p.dataset, p.batch_size) not in new)],
+                "evaluation": [*entry.evaluation, *(p for p in old.evaluation if (p.model, p.dataset) not in new_eval)],
+            })
         kept = [e for e in self.entries if e.ranks != entry.ranks]
         return self.model_copy(update={"entries": sorted([*kept, entry], key=lambda e: e.ranks)})
+
+
+class EntryChoice(NamedTuple):
+    """The entry a simulation uses, and a note when it was measured at another rank count."""
+
+    entry: CalibrationEntry
+    note: str | None
+
+
+def calibrate_command(scenario_file: str | Path, ranks: int, output: Path = DEFAULT_PATH) -> str:
+    """The command line that measures ``scenario_file``'s workloads at ``ranks`` ranks into ``output``."""
+    from harness.calibrate.measure import MIN_RANKS
+
+    words = ["python", "-m", "harness", "calibrate", "--scenario", str(scenario_file), "--ranks",
+             str(max(ranks, MIN_RANKS))]
+    if Path(output) != DEFAULT_PATH:
+        words += ["--output", str(output)]
+    return shlex.join(words)
 
 
 def fit_alpha_beta(points: list[P2PPoint]) -> NetworkModel:

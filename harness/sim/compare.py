@@ -7,10 +7,12 @@ Two modes:
   steps.csv; the simulator predicts only the communication and the waiting.
 - ``predictive``: the calibrated compute model only; nothing is taken from the run.
 
-Both use the calibrated network of the run's rank count and the scenario's injection plan.
-Per algorithm and mode, ``compare.csv`` (columns :data:`COMPARE_COLUMNS`) holds measured and
-predicted time per iteration (``wall_s / iterations``) and throughput, and the relative
-throughput error ``predicted / measured - 1``. ``compare.png`` plots predicted against measured
+Both use the calibrated network of the run's rank count (or of the entry
+:meth:`~harness.sim.calibration.Calibration.choose` falls back to, recorded as
+``calibration_ranks``) and the scenario's injection plan. Per algorithm and mode,
+``compare.csv`` (columns :data:`COMPARE_COLUMNS`) holds measured and predicted time per
+iteration (``wall_s / iterations``) and throughput, and the relative throughput error
+``predicted / measured - 1``. ``compare.png`` plots predicted against measured
 throughput. The simulated runs themselves are written next to them (``sim-trace/``,
 ``sim-predictive/``) so their traces can be opened beside the real one.
 """
@@ -27,7 +29,7 @@ from harness.results import atomic
 from harness.results.records import RunDirectory
 from harness.results.summary import summarize
 from harness.scenario.schema import Scenario
-from harness.sim.calibration import Calibration
+from harness.sim.calibration import CalibrationEntry
 from harness.sim.runs import predict, replay, write_simulated_run
 
 MODES = ("trace", "predictive")
@@ -43,18 +45,23 @@ COMPARE_COLUMNS = (
     "throughput_error",
     "measured_wait_fraction",
     "predicted_wait_fraction",
+    "calibration_ranks",
 )
 
 
-def compare_run(run: RunDirectory, scenario: Scenario, calibration: Calibration, calibration_name: str,
-                modes: tuple[str, ...] = MODES) -> pd.DataFrame:
-    """Simulate ``run``'s finished algorithms in each mode; write and return the comparison."""
+def compared_scenario(run: RunDirectory, scenario: Scenario) -> Scenario:
+    """``scenario`` with only the algorithms ``run`` finished; ValueError if there are none."""
     finished = [a for a in run.algorithms if a in {p.name for p in scenario.algorithms}]
     if not finished:
         raise ValueError(f"{run.path}: the run has no finished algorithm to compare")
-    scenario = scenario.model_copy(update={"algorithms": [p for p in scenario.algorithms if p.name in finished]})
+    return scenario.model_copy(update={"algorithms": [p for p in scenario.algorithms if p.name in finished]})
+
+
+def compare_run(run: RunDirectory, scenario: Scenario, entry: CalibrationEntry, calibration_name: str,
+                modes: tuple[str, ...] = MODES) -> pd.DataFrame:
+    """Simulate ``run``'s finished algorithms (``scenario`` from :func:`compared_scenario`) in
+    each mode with calibration ``entry``; write and return the comparison."""
     w = scenario.workload
-    entry = calibration.entry_for(scenario.ranks)
     measured = summarize(run.steps, run.evals, w.batch_size, w.iterations, ranks=scenario.ranks)
     rows = []
     for mode in modes:
@@ -65,7 +72,8 @@ def compare_run(run: RunDirectory, scenario: Scenario, calibration: Calibration,
         else:
             raise ValueError(f"unknown mode {mode!r} (valid: {', '.join(MODES)})")
         _replace_dir(run.path / f"sim-{mode}", lambda path, frames=frames, stats=stats, mode=mode: write_simulated_run(
-            path, scenario, frames, stats, mode, calibration_name, run_id=f"sim-{mode}"))
+            path, scenario, frames, stats, mode, calibration_name, run_id=f"sim-{mode}",
+            calibration_ranks=entry.ranks))
         predicted = summarize(pd.concat(frames.values()), None, w.batch_size, w.iterations, ranks=scenario.ranks)
         both = measured.merge(predicted, on="algorithm", suffixes=("_measured", "_predicted"))
         for row in both.itertuples(index=False):
@@ -79,6 +87,7 @@ def compare_run(run: RunDirectory, scenario: Scenario, calibration: Calibration,
                 "throughput_error": row.samples_per_s_predicted / row.samples_per_s_measured - 1.0,
                 "measured_wait_fraction": row.wait_fraction_measured,
                 "predicted_wait_fraction": row.wait_fraction_predicted,
+                "calibration_ranks": entry.ranks,
             })
     table = pd.DataFrame(rows, columns=list(COMPARE_COLUMNS))
     atomic.write_csv(run.path / COMPARE_FILE, table)
@@ -93,36 +102,56 @@ def error_summary(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot_comparison(table: pd.DataFrame, path: Path, title: str) -> None:
-    """Predicted versus measured throughput, one marker per algorithm and mode, with +-10% bands."""
+    """Write :func:`comparison_figure` of ``table`` to ``path`` (PNG)."""
+    import matplotlib.pyplot as plt
+
+    fig = comparison_figure(table, title)
+    with atomic.atomic_open(path, "wb") as handle:
+        fig.savefig(handle, format="png", dpi=120)
+    plt.close(fig)
+
+
+def comparison_figure(table: pd.DataFrame, title: str):
+    """Predicted versus measured throughput with +-10% bands: one colour and marker per
+    algorithm (``paper_figs.style``, as in every figure), filled for ``trace``, hollow for
+    ``predictive``, the two joined by a thin line. Names go in a legend beside the axes, not
+    next to the points: the points of a run cluster on the diagonal and their labels overprint."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-    fig, ax = plt.subplots(figsize=(6.5, 6))
+    from paper_figs import style
+
+    fig, ax = plt.subplots(figsize=(8.5, 6))
     values = table[["measured_samples_per_s", "predicted_samples_per_s"]].to_numpy()
     low, high = float(np.nanmin(values)) * 0.8, float(np.nanmax(values)) * 1.2
     line = np.array([low, high])
-    ax.plot(line, line, color="black", linewidth=1, label="exact")
-    ax.fill_between(line, line * 0.9, line * 1.1, color="grey", alpha=0.2, label="±10%")
-    for mode, marker in zip(MODES, ("o", "s")):
-        part = table[table["mode"] == mode]
-        if part.empty:
-            continue
-        ax.scatter(part["measured_samples_per_s"], part["predicted_samples_per_s"], marker=marker, label=mode)
-        for row in part.itertuples(index=False):
-            ax.annotate(row.algorithm, (row.measured_samples_per_s, row.predicted_samples_per_s), fontsize=7,
-                        xytext=(3, 3), textcoords="offset points")
+    ax.plot(line, line, color="black", linewidth=1)
+    ax.fill_between(line, line * 0.9, line * 1.1, color="grey", alpha=0.2)
+    handles = [Line2D([], [], color="black", linewidth=1, label="exact"),
+               plt.Rectangle((0, 0), 1, 1, color="grey", alpha=0.2, label="±10%")]
+    fills = dict(zip(MODES, ("full", "none")))
+    for mode in MODES:
+        handles.append(Line2D([], [], linestyle="", marker="o", color="dimgrey", fillstyle=fills[mode], label=mode))
+    for algorithm in style.ordered(table["algorithm"]):
+        rows = table[table["algorithm"] == algorithm].set_index("mode")
+        look = {"color": style.color(algorithm), "marker": style.marker(algorithm)}
+        ax.plot(rows["measured_samples_per_s"], rows["predicted_samples_per_s"], linewidth=0.8, alpha=0.5,
+                color=look["color"])
+        for mode in rows.index:
+            ax.plot(rows.loc[mode, "measured_samples_per_s"], rows.loc[mode, "predicted_samples_per_s"], linestyle="",
+                    markersize=8, fillstyle=fills[mode], markeredgewidth=1.5, **look)
+        handles.append(Line2D([], [], linestyle="", markersize=8, label=style.label(algorithm), **look))
     ax.set_xlim(low, high)
     ax.set_ylim(low, high)
     ax.set_xlabel("measured throughput (samples/s)")
     ax.set_ylabel("simulated throughput (samples/s)")
     ax.set_title(title)
-    ax.legend(loc="upper left")
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
     fig.tight_layout()
-    with atomic.atomic_open(path, "wb") as handle:
-        fig.savefig(handle, format="png", dpi=120)
-    plt.close(fig)
+    return fig
 
 
 def _replace_dir(path: Path, write) -> None:

@@ -14,9 +14,18 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.algorithms import wagma_groups
 from harness.results.records import RunDirectory
 from harness.scenario.schema import Scenario
-from harness.sim.calibration import Calibration, CalibrationEntry, CalibrationError, NetworkModel
+from harness.sim.calibration import (
+    DEFAULT_PATH,
+    Calibration,
+    CalibrationEntry,
+    CalibrationError,
+    EntryChoice,
+    NetworkModel,
+    calibrate_command,
+)
 from harness.sim.simulate import SimStats, injection_arrays, simulate_scenario
 from harness.sim.timing import PredictiveTiming, TraceTiming
 
@@ -26,16 +35,34 @@ DEFAULT_NETWORK = NetworkModel(latency_s=2e-6, bandwidth_bytes_per_s=12.5e9)
 DEFAULT_TRACE_RANKS = 64  # trace.json of a 1,024-rank simulation would be hundreds of MB
 
 
-def calibration_entry(scenario: Scenario, calibration: Calibration | None) -> CalibrationEntry:
-    """The calibration entry to simulate ``scenario`` with (or the default network, emulated compute only)."""
-    if calibration is not None:
-        return calibration.entry_for(scenario.ranks)
-    if scenario.workload.compute == "real":
-        raise CalibrationError(
-            "no calibration file: a workload with real compute needs measured compute times; "
-            "run `python -m harness calibrate` first (or pass --calibration FILE)"
-        )
-    return CalibrationEntry(ranks=scenario.ranks, network=DEFAULT_NETWORK)
+def calibration_entry(scenario: Scenario, calibration: Calibration | None, scenario_file: str | Path,
+                      calibration_file: Path = DEFAULT_PATH, needs_compute: bool = True) -> EntryChoice:
+    """The entry to simulate ``scenario`` with, and the note to print about it: the calibration's
+    choice (:meth:`Calibration.choose`), or without a calibration the default network
+    (emulated compute only).
+
+    A real-compute workload needs its calibrated compute time (``needs_compute``: false for a
+    trace-driven replay, which takes it from the run): CalibrationError otherwise, ending with
+    the exact ``calibrate`` command for ``scenario_file`` that measures it into ``calibration_file``.
+    """
+    w = scenario.workload
+    real = needs_compute and w.compute == "real"
+    workload = f"model {w.model}, dataset {w.dataset}, batch {w.batch_size}"
+    if calibration is None:
+        if real:
+            command = calibrate_command(scenario_file, scenario.ranks, calibration_file)
+            raise CalibrationError(f"{calibration_file}: no calibration file, and real compute ({workload}) needs "
+                                   f"its measured time; measure it with (or pass --calibration FILE):\n  {command}")
+        net = DEFAULT_NETWORK
+        return EntryChoice(CalibrationEntry(ranks=scenario.ranks, network=net),
+                           f"no calibration file: simulating on the default network ({net.latency_s * 1e6:g} us, "
+                           f"{net.bandwidth_bytes_per_s / 1e9:g} GB/s)")
+    choice = calibration.choose(scenario.ranks)
+    if real and choice.entry.compute_s(w.model, w.dataset, w.batch_size) is None:
+        command = calibrate_command(scenario_file, choice.entry.ranks, calibration_file)
+        raise CalibrationError(f"{calibration_file}: the calibration for {choice.entry.ranks} ranks has no compute "
+                               f"time for {workload} (real compute); measure it with:\n  {command}")
+    return choice
 
 
 def predict(scenario: Scenario, entry: CalibrationEntry, on_done=None) -> tuple[dict[str, pd.DataFrame], list[SimStats]]:
@@ -56,24 +83,28 @@ def replay(scenario: Scenario, real_steps: pd.DataFrame, network: NetworkModel,
 
 def write_simulated_run(path: Path, scenario: Scenario, frames: dict[str, pd.DataFrame], stats: list[SimStats],
                         mode: str, calibration: str | None, trace_ranks: int = DEFAULT_TRACE_RANKS,
-                        run_id: str | None = None) -> RunDirectory:
+                        run_id: str | None = None, *, calibration_ranks: int | None) -> RunDirectory:
     """Write a simulated run directory at ``path`` (created; must not exist); ``run_id``
-    defaults to the directory's name."""
+    defaults to the directory's name. ``calibration_ranks``: the rank count of the calibration
+    entry used (None: the default network)."""
     path.mkdir(parents=True)
     run = RunDirectory(path, scenario.name, run_id or path.name, datetime.now(timezone.utc).isoformat(timespec="seconds"))
     run.write_resolved_scenario(scenario.resolved_dict())
     for name, frame in frames.items():
         run.append_algorithm(name, frame)
     w = scenario.workload
-    run.write_summary(w.batch_size, w.iterations, ranks=scenario.ranks)
+    run.write_summary(w.batch_size, w.iterations, ranks=scenario.ranks,
+                      target_accuracy=scenario.results.target_accuracy)  # no evals: no time to it
     run.write_trace(include_comm_ops=False, max_ranks=trace_ranks)
     run.write_run_json("complete", list(frames), ranks=scenario.ranks, extra={
         "simulated": True,
         "mode": mode,
         "calibration": calibration,
+        "calibration_ranks": calibration_ranks,
         "trace_ranks": min(trace_ranks, scenario.ranks),
         "events": sum(s.events for s in stats),
         "host_s": sum(s.host_s for s in stats),
+        **wagma_groups.run_json_keys(scenario),
     })
     return run
 

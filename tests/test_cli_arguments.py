@@ -1,0 +1,108 @@
+"""One list syntax for every command: ``--only a,b``, ``--ranks 2,8``, ``--sizes 4K,1M``."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from harness.arguments import name_list, split_list
+from harness.cli import build_parser, main
+from conftest import harness_cli, write_scenario_file
+
+SCENARIO = {
+    "name": "lists",
+    "ranks": 4,
+    "seed": 1,
+    "workload": {"model": "mlp", "dataset": "digits", "batch_size": 8, "iterations": 4, "eval_every": 4,
+                 "compute": {"emulate_ms": 1}, "params": 100},
+    "algorithms": ["allreduce_sgd", "sgp", {"name": "wagma", "group_size": 2}],
+}
+
+
+def _parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """(command path, parser) of every command and sub-command, e.g. (("bench", "stress"), parser)."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, (*path, name))
+
+
+def _option(parser: argparse.ArgumentParser, flag: str) -> argparse.Action | None:
+    return next((a for a in parser._actions if flag in a.option_strings), None)
+
+
+def test_every_only_option_takes_a_comma_list() -> None:
+    commands = {path: _option(p, "--only") for path, p in _parsers(build_parser())}
+    commands = {" ".join(path): action for path, action in commands.items() if action is not None}
+    assert set(commands) == {"run", "validate", "sbatch", "simulate", "figures"}
+    for name, action in commands.items():
+        assert action.nargs is None, f"{name} --only must be one comma-separated argument"
+        assert action.type("sgp,wagma") == ["sgp", "wagma"], name
+        assert action.type(" sgp , wagma,sgp") == ["sgp", "wagma"], name  # spaces ignored, duplicates dropped
+        with pytest.raises(argparse.ArgumentTypeError, match="empty entry"):
+            action.type("sgp,,wagma")
+
+
+@pytest.mark.parametrize(("command", "flag", "good", "expected"), [
+    (("calibrate",), "--ranks", "8,2", [2, 8]),
+    (("bench", "collectives"), "--sizes", "4K,1M", [4096, 1 << 20]),
+    (("bench", "collectives"), "--ops", "broadcast,allreduce", ["broadcast", "allreduce"]),
+    (("bench", "stress"), "--parts", "push,wagma", ["wagma", "push"]),  # run in their fixed order
+])
+def test_other_list_options_share_the_syntax_and_its_errors(command, flag, good, expected) -> None:
+    parser = dict(_parsers(build_parser()))[command]
+    action = _option(parser, flag)
+    assert action.type(good) == expected
+    for bad, message in ((",", "empty entry"), ("", "it is empty")):
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
+            action.type(bad)
+
+
+def test_split_list_names_the_list_and_an_example() -> None:
+    assert split_list("a, b,c", "name", "x,y") == ["a", "b", "c"]
+    with pytest.raises(ValueError, match=r"bad rank list '2,,8': empty entry \(write it like 2,8\)"):
+        split_list("2,,8", "rank", "2,8")
+    assert name_list("name", "x,y")("b,a,b") == ["b", "a"]
+
+
+def test_validate_takes_a_comma_list_and_names_the_valid_algorithms(tmp_path, capsys) -> None:
+    path = write_scenario_file(tmp_path, SCENARIO)
+    assert main(["validate", str(path), "--only", "wagma,sgp"]) == 0
+    out = capsys.readouterr().out
+    assert "allreduce_sgd" not in out and "  sgp" in out and "  wagma" in out
+    assert main(["validate", str(path), "--only", "sgp,nope"]) == 2
+    assert "'nope' is not among the algorithms (available: allreduce_sgd, sgp, wagma)" in capsys.readouterr().err
+
+
+def test_validate_refuses_space_separated_names_with_a_usage_error(tmp_path) -> None:
+    proc = harness_cli("validate", str(write_scenario_file(tmp_path, SCENARIO)), "--only", "sgp", "wagma")
+    assert proc.returncode == 2 and "unrecognized arguments: wagma" in proc.stderr
+
+
+def test_run_applies_the_comma_list_before_launching(tmp_path) -> None:
+    path = write_scenario_file(tmp_path, SCENARIO)
+    proc = harness_cli("run", str(path), "--out", str(tmp_path / "out"), "--only", "sgp,nope", timeout=60)
+    assert proc.returncode == 2 and "'nope' is not among the algorithms" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_simulate_keeps_the_listed_algorithms(tmp_path) -> None:
+    path = write_scenario_file(tmp_path, SCENARIO)
+    proc = harness_cli("simulate", str(path), "--out", str(tmp_path / "out"), "--only", "wagma,sgp", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (run,) = (tmp_path / "out" / "lists").iterdir()
+    assert (run / "summary.csv").read_text().splitlines()[1].startswith("sgp,")
+
+
+def test_sbatch_writes_the_comma_list_into_its_script(tmp_path) -> None:
+    path = write_scenario_file(tmp_path, SCENARIO)
+    assert main(["sbatch", str(path), "--out", str(tmp_path / "out"), "--only", "sgp,wagma"]) == 0
+    script = (tmp_path / "out" / "lists" / "lists.sbatch").read_text()
+    assert "--only sgp,wagma" in script
+
+
+def test_figures_takes_a_comma_list_of_figures() -> None:
+    proc = harness_cli("figures", "--only", "fig99_nothing,fig98_neither")
+    assert proc.returncode == 2 and "unknown figures fig99_nothing, fig98_neither (known: " in proc.stderr

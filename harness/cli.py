@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     except LaunchError as exc:  # e.g. srun tasks MPI cannot join, found by any command that launches
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl+C or SIGINT in a command that has no cleanup of its own
+        print("interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # output piped into `head` and the like: not an error
         # Point stdout at /dev/null so the interpreter's final flush does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -18,16 +18,23 @@ Three ways to start a job (``python -m harness run --launcher ...``):
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 LAUNCHERS = ("auto", "mpiexec", "slurm")
+
+INTERRUPT_GRACE_S = 5.0  # an interrupted rank ends within this, whatever it was doing
+RANKS_STOP_S = 2.5  # stop_job: for ranks given SIGINT to end by themselves (< INTERRUPT_GRACE_S)
+SIGNAL_STOP_S = 3.0  # stop_job: for the launcher after a signal to its process group
+IMPORT_RETRY_S = 0.05  # an interrupt arriving during an import is delivered again after this
 
 
 class LaunchError(RuntimeError):
@@ -190,29 +197,179 @@ def run_ranks(ranks: int, argv: Sequence[str], *, timeout: float | None = None, 
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def stop_job(proc: subprocess.Popen) -> None:
-    """End the launcher's whole process group: SIGINT (MPICH's launcher forwards it and cleans
-    up), then SIGTERM, then SIGKILL, giving each a few seconds; finally SIGKILL whatever of
-    the group outlived the launcher."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=3)
-            break
-        except subprocess.TimeoutExpired:
-            continue
+def stop_job(proc: subprocess.Popen, reported_in: Collection[int] | None = None) -> None:
+    """End the job the launcher ``proc`` (mpiexec) runs, leaving no process of it behind.
+
+    ``reported_in``: the pids of the ranks known to handle SIGINT, all of them on this host
+    (the watchdog's; a rank still starting up may not handle it yet), or None when unknown.
+
+    SIGINT goes straight to those ranks (the launcher's grandchildren, under Hydra's proxies;
+    when unknown, to every one found), which then end with an exit status, so mpiexec ends
+    quietly as after any exit. A rank that has not ended within ``RANKS_STOP_S`` (one blocked
+    in a collective whose peers have left, one still starting) is ended by force, but mpiexec
+    is killed first: it reports every rank that ends by a signal as a "BAD TERMINATION" that
+    "typically refers to a problem with your application", which a stop asked for is not.
+
+    When unknown and none is found (ranks on other hosts, or started by srun): SIGINT to the
+    launcher's process group, which mpiexec forwards (ranks end within ``INTERRUPT_GRACE_S``,
+    see :func:`exit_promptly_when_interrupted`), then SIGTERM, then SIGKILL. Last, SIGKILL to
+    whatever of the group, of the proxies and of their ranks outlived the launcher.
+    """
+    proxies = _children_of([proc.pid])
+    ranks = _children_of(proxies, below=True)
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        if ranks or reported_in is not None:
+            asked = [fd for pid, fd in ranks.items() if reported_in is None or pid in reported_in]
+            for fd in asked:
+                _send(fd, signal.SIGINT)
+            if not (asked and _waited(proc, RANKS_STOP_S)):
+                _signal_group(proc, signal.SIGKILL)
+        else:
+            for sig, wait_s in ((signal.SIGINT, INTERRUPT_GRACE_S + SIGNAL_STOP_S), (signal.SIGTERM, SIGNAL_STOP_S)):
+                if not _signal_group(proc, sig) or _waited(proc, wait_s):
+                    break
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait()
+        for fd in proxies.values():
+            _send(fd, signal.SIGSTOP)  # a stopped proxy starts no rank while the last are found
+        for pid, fd in _children_of(proxies, below=True).items():
+            if pid in ranks:
+                os.close(fd)
+            else:
+                ranks[pid] = fd
+        for fd in [*ranks.values(), *proxies.values()]:
+            _send(fd, signal.SIGKILL)
+    finally:
+        for fd in [*ranks.values(), *proxies.values()]:
+            os.close(fd)
+
+
+def _waited(proc: subprocess.Popen, seconds: float) -> bool:
+    """Whether ``proc`` ended within ``seconds``."""
+    try:
+        proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> bool:
+    """Send ``sig`` to the launcher's process group; False when the group is gone."""
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _children_of(parents, below: bool = False) -> dict[int, int]:
+    """{pid: pidfd} of the live children of ``parents`` on this host (with ``below``, of
+    their descendants too); {} where /proc or pidfds are missing. A pidfd names one process
+    for good: a signal sent through it never reaches a later process that reuses the pid."""
+    children: dict[int, list[int]] = {}
+    try:
+        pids = [int(e.name) for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        return {}
+    for pid in pids:
+        parent = _parent(pid)
+        if parent is not None:
+            children.setdefault(parent, []).append(pid)
+    found: dict[int, int] = {}
+    todo = [(child, parent) for parent in parents for child in children.get(parent, [])]
+    while todo:
+        pid, parent = todo.pop()
+        try:
+            fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            continue
+        if _parent(pid) != parent:  # it ended, and the pid is someone else's now
+            os.close(fd)
+            continue
+        found[pid] = fd
+        if below:
+            todo += [(child, pid) for child in children.get(pid, [])]
+    return found
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat.rsplit(b")", 1)[1].split()[1])  # the name in (...) may hold spaces
+
+
+def _send(pidfd: int, sig: int) -> None:
+    try:
+        signal.pidfd_send_signal(pidfd, sig)
     except ProcessLookupError:
         pass
 
 
+_interrupt_guard: tuple | None = None  # what exit_promptly_when_interrupted keeps alive
+_interrupted = False  # whether this rank got SIGINT or SIGTERM (with the guard on)
+
+
+def exit_promptly_when_interrupted(grace_s: float = INTERRUPT_GRACE_S) -> None:
+    """In a rank, from its main thread: SIGINT and SIGTERM raise KeyboardInterrupt (whatever
+    disposition the process inherited; after the import under way, if any), and the process
+    ends with an exit status within ``grace_s`` even if its main thread cannot run Python by
+    then.
+
+    Python runs signal handlers only between bytecodes of the main thread, so a rank blocked
+    in a native wait (a collective whose peers have already left) would never see its
+    KeyboardInterrupt; ended by SIGTERM or SIGKILL instead, it makes mpiexec report a "BAD
+    TERMINATION" that "typically refers to a problem with your application", which an
+    interrupt is not. So the signal is also written to a wake-up pipe, and a thread blocked on
+    it arms faulthandler's timer, a C thread that needs no interpreter lock, to ``_exit(1)``
+    after ``grace_s`` unless the rank has ended by then (normally with 130, by itself).
+    """
+    global _interrupt_guard
+    if _interrupt_guard is not None:
+        return
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)  # the C signal handler must never block on it
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _raise_interrupt)
+    signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    sink = open(os.devnull, "w")  # where the timer writes the traceback nobody asked for
+
+    def arm_on_interrupt() -> None:
+        while True:
+            got = os.read(read_end, 64)  # the numbers of the signals caught, one byte each
+            if any(sig in got for sig in (signal.SIGINT, signal.SIGTERM)):
+                faulthandler.dump_traceback_later(grace_s, exit=True, file=sink)
+                return
+
+    threading.Thread(target=arm_on_interrupt, name="exit-when-interrupted", daemon=True).start()
+    _interrupt_guard = (read_end, write_end, sink)
+
+
+def _raise_interrupt(signum: int, frame) -> None:
+    """SIGINT, SIGTERM: KeyboardInterrupt, but never in the middle of an import. Raised there, it
+    can be swallowed, turned into an ImportError, or make the interpreter end by SIGINT at
+    exit (seen importing torch); so the signal comes again a little later instead."""
+    global _interrupted
+    _interrupted = True
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            again = threading.Timer(IMPORT_RETRY_S, os.kill, (os.getpid(), signum))
+            again.daemon = True  # never keeps an exiting rank waiting
+            again.start()
+            return
+        frame = frame.f_back
+    raise KeyboardInterrupt
+
+
 def abort_job_after_error() -> int:
     """In a rank's worker, after an exception: print it and abort the whole MPI job, so no other
-    rank waits in a collective forever. Returns the exit status 1."""
+    rank waits in a collective forever; returns the exit status 1. After an interrupt (see
+    :func:`exit_promptly_when_interrupted`) the error is its doing, e.g. an import it cut short
+    and that reported it as an ImportError: nothing is printed and the status is 130."""
+    if _interrupted:
+        return 130
     import traceback
 
     traceback.print_exc()

@@ -268,7 +268,7 @@ def test_only_keeps_file_order_and_refuses_unknown_names() -> None:
     s = load_scenario(FULL, overrides={"only": ["wagma", "allreduce_sgd"]})
     assert [a.name for a in s.algorithms] == ["allreduce_sgd", "wagma"]
     message = _error(FULL, only=["sgp"])
-    assert message == f"{FULL}: only: 'sgp' is not among the algorithms (available: allreduce_sgd, wagma)"
+    assert message == f"{FULL}: --only: 'sgp' is not among the scenario's algorithms (available: allreduce_sgd, wagma)"
 
 
 def test_unknown_override_is_a_programming_error() -> None:

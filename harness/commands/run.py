@@ -19,14 +19,23 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import get_args
+
+from harness.arguments import algorithm_list
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from harness.scenario.schema import ProvenanceSetting
+
     p = sub.add_parser("run", help="train every algorithm of a scenario on real MPI ranks",
                        description=__doc__.splitlines()[0])
     add_scenario_arguments(p, scenario_optional=True)
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="finish the algorithms this run did not (no FILE; faults are not injected again)")
+    p.add_argument("--provenance", choices=get_args(ProvenanceSetting),
+                   help="what provenance/ keeps, instead of the scenario's results.provenance: final (initial "
+                        "model, shards, each algorithm's averaged final model), full (final plus every rank's "
+                        "final model), none; auto: full with real compute, none with emulated compute")
     add_launch_arguments(p)
     p.set_defaults(func=run)
 
@@ -45,7 +54,8 @@ def add_scenario_arguments(p: argparse.ArgumentParser, scenario_optional: bool =
     """The scenario file, the results root and the overrides (``run`` and ``simulate``)."""
     p.add_argument("scenario", nargs="?" if scenario_optional else None, help="scenario YAML file")
     p.add_argument("--out", default="results", help="results root (default: results/)")
-    p.add_argument("--only", help="comma-separated subset of the scenario's algorithms")
+    p.add_argument("--only", type=algorithm_list, metavar="A[,B...]",
+                   help="comma-separated subset of the scenario's algorithms")
     p.add_argument("--ranks", type=int, help="override the scenario's rank count")
     p.add_argument("--iterations", type=int, help="override iterations per algorithm")
 
@@ -56,8 +66,8 @@ def _overrides(args: argparse.Namespace) -> dict:
         out["ranks"] = args.ranks
     if args.iterations is not None:
         out["iterations"] = args.iterations
-    if args.only:
-        out["only"] = [a.strip() for a in args.only.split(",") if a.strip()]
+    if args.only is not None:
+        out["only"] = args.only
     return out
 
 
@@ -67,9 +77,21 @@ def _error(message: str, status: int) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    # SIGINT is Ctrl+C from the start, whatever disposition was inherited: a non-interactive
+    # shell starts a script's `cmd &` with SIGINT ignored, and Python then leaves it ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return _run(args)
+    except KeyboardInterrupt:  # before any rank started: once they run, _launch handles it
+        print("interrupted before the ranks started", file=sys.stderr)
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
     from harness.algorithms import implemented
     from harness.device import scenario_device_problem
     from harness.launch import Launch, LaunchError, inside_mpi_job
+    from harness.results import provenance
     from harness.scenario import ScenarioError, load_scenario
 
     try:
@@ -86,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         return _error("--launcher and --hosts are for starting ranks; this process already is one of an MPI job "
                       f"of {in_job} ranks", 2)
     if args.resume is not None:
-        if args.scenario is not None or _overrides(args):
+        if args.scenario is not None or _overrides(args) or args.provenance is not None:
             return _error("--resume takes only the run directory: the scenario and its settings are the run's own "
                           "(RUN_DIR/scenario.resolved.yaml)", 2)
         try:
@@ -103,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
             scenario = load_scenario(args.scenario, overrides=_overrides(args))
         except ScenarioError as exc:
             return _error(str(exc), 2)
+        # The resolved scenario says what the run keeps: auto and --provenance resolved here.
+        scenario = provenance.resolve(scenario, args.provenance)
         run_dir = None
     source = args.resume or args.scenario
     missing = [a.name for a in scenario.algorithms if a.name not in implemented()]
@@ -115,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
 
     if in_job is not None:
         return _run_in_place(scenario, args, in_job, run_dir)
+    problem = _provenance_problem(scenario, run_dir, args.out)
+    if problem is not None:
+        return _error(f"{source}: {problem}", 2)
     if run_dir is None:
         run_dir = _create_run_dir(scenario, args.out)
     else:
@@ -123,12 +150,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _create_run_dir(scenario, out: str):
+    from harness.algorithms import wagma_groups
     from harness.results.records import RunDirectory
 
     run_dir = RunDirectory.create(out, scenario.name)
     run_dir.write_resolved_scenario(scenario.resolved_dict())
-    run_dir.write_run_json("incomplete", [], ranks=scenario.ranks)
+    run_dir.write_run_json("incomplete", [], ranks=scenario.ranks,
+                           extra={"provenance": scenario.results.provenance, **wagma_groups.run_json_keys(scenario)})
     return run_dir
+
+
+def _provenance_problem(scenario, run_dir, out: str) -> str | None:
+    """Why the provenance of the algorithms still to train would not fit on the disk, or None."""
+    from harness.results.provenance import disk_problem
+
+    todo = sum(run_dir is None or a.name not in run_dir.finished_algorithms for a in scenario.algorithms)
+    return disk_problem(scenario, todo, run_dir.path if run_dir is not None else Path(out))
 
 
 def _open_for_resume(path: Path):
@@ -183,13 +220,16 @@ def _launch(scenario, run_dir, launch, resume: bool) -> int:
     verb = "resuming" if resume else "running"
     print(f"{scenario.name}: {scenario.ranks} ranks, {verb} {len(todo)} algorithm{'s' * (len(todo) != 1)} "
           f"-> {run_dir.path}", file=sys.stderr)
+    _print_notes(scenario)
     env = {k: v for k, v in os.environ.items() if k != heartbeat.ENV_VAR}
     argv = [sys.executable, "-m", "harness.runner.worker", str(run_dir.path), *(["--resume"] if resume else [])]
-    # A SIGTERM (batch system, timeout) stops the ranks like Ctrl+C instead of orphaning them.
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # Ctrl+C, SIGINT and SIGTERM (batch system, timeout) stop the ranks instead of orphaning them.
+    previous = {sig: signal.signal(sig, signal.default_int_handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     proc = None
+    watched = False
     try:
-        if launch.single_host():
+        watched = launch.single_host()
+        if watched:
             with heartbeat.temporary_table(scenario.ranks) as (table_path, table):
                 proc = start_ranks(scenario.ranks, argv, env={**env, heartbeat.ENV_VAR: table_path}, launch=launch)
                 watchdog = Watchdog(scenario, time.monotonic(), faults_enabled=not resume)
@@ -202,15 +242,18 @@ def _launch(scenario, run_dir, launch, resume: bool) -> int:
     except LaunchError as exc:
         return _error(str(exc), 1)
     except KeyboardInterrupt:
-        if proc is not None:
-            stop_job(proc)
+        for sig in previous:  # a second Ctrl+C must not cut the (bounded) stop short and orphan ranks
+            signal.signal(sig, signal.SIG_IGN)
+        if proc is not None and proc.poll() is None:  # supervise stops the job it watches itself
+            stop_job(proc, () if watched else None)  # no rank known to have reported in
         remove_partial_files(run_dir.path)
         _mark_stopped(run_dir.path, "incomplete", {"stopped": "interrupted (Ctrl+C or SIGTERM)"})
         print(f"interrupted: finished algorithms are kept in {run_dir.path}; "
               f"python -m harness run --resume {run_dir.path} finishes the others", file=sys.stderr)
         return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     remove_partial_files(run_dir.path)
     if rc == 0:
         return 0
@@ -219,6 +262,14 @@ def _launch(scenario, run_dir, launch, resume: bool) -> int:
     print(f"\nerror: {why}\nstopped all ranks; finished algorithms are kept in {run_dir.path} (run.json says which); "
           f"python -m harness run --resume {run_dir.path} finishes the others", file=sys.stderr)
     return 1
+
+
+def _print_notes(scenario) -> None:
+    """What the run will do that the scenario file does not say outright: WAGMA's effective groups."""
+    from harness.algorithms.wagma_groups import group_notes
+
+    for note in group_notes(scenario):
+        print(f"note: {note}", file=sys.stderr)
 
 
 def _mark_stopped(path: Path, status: str, extra: dict) -> None:
@@ -231,17 +282,30 @@ def _mark_stopped(path: Path, status: str, extra: dict) -> None:
 def _run_in_place(scenario, args, job_size: int, run_dir) -> int:
     from mpi4py import MPI
 
+    from harness.launch import exit_promptly_when_interrupted
     from harness.runner.worker import main as worker_main
+
+    exit_promptly_when_interrupted()  # as every rank `run` launches itself
 
     if job_size != scenario.ranks:
         return _error(f"{args.resume or args.scenario}: the scenario needs {scenario.ranks} ranks but this MPI job "
                       f"has {job_size}" + ("" if args.resume else " (use --ranks to override)"), 2)
-    path = None
-    if MPI.COMM_WORLD.rank == 0:  # every rank of the user's job gets here; one writes
-        if run_dir is None:
+    path = problem = None
+    if MPI.COMM_WORLD.rank == 0:  # every rank of the user's job gets here; one checks and writes
+        _print_notes(scenario)
+        problem = _provenance_problem(scenario, run_dir, args.out)
+        if problem is None and run_dir is None:
             run_dir = _create_run_dir(scenario, args.out)
-        else:
+        elif problem is None:
             _begin_resume(run_dir)
-        path = str(run_dir.path)
-    path = MPI.COMM_WORLD.bcast(path, root=0)
-    return worker_main(path, resume=args.resume is not None)
+        path = None if problem else str(run_dir.path)
+    path, problem = MPI.COMM_WORLD.bcast((path, problem), root=0)
+    if problem is not None:
+        return _error(f"{args.resume or args.scenario}: {problem}", 2) if MPI.COMM_WORLD.rank == 0 else 2
+    try:
+        return worker_main(path, resume=args.resume is not None)
+    except KeyboardInterrupt:  # the user's launcher forwarded Ctrl+C (or SIGTERM)
+        if MPI.COMM_WORLD.rank == 0:
+            print(f"interrupted: finished algorithms are kept in {path}; "
+                  f"python -m harness run --resume {path} finishes the others", file=sys.stderr)
+        return 130

@@ -11,7 +11,9 @@ sleeps in ``poll()`` until a process ends or ``POLL_S`` passes. Three things end
   a rank that is not waiting in communication: the others are usually waiting for it.
 
 The verdict names the rank, the algorithm, the iteration and what happened, and says when the
-scenario itself injected that fault.
+scenario itself injected that fault. It judges only consistent rows (``TableReader``), and never
+counts a rank's silence from before the launch: a rank that reported in without a progress time
+(or with one older than the launch) has been quiet since the launch, not since the machine booted.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import time
 
 import numpy as np
 
-from harness.runner.heartbeat import Field, Phase
+from harness.runner.heartbeat import Field, Phase, TableReader
 from harness.scenario.schema import FaultSpec, HangFault, KillFault, Scenario, SlowStartFault
 from harness.scenario.schema import Watchdog as WatchdogSettings
 
@@ -65,9 +67,9 @@ class RankState:
         return self.phase in (Phase.DONE, Phase.FAILED)
 
 
-def read_states(table: np.ndarray) -> list[RankState]:
-    """A snapshot of the table (copied first, so the rows do not change while read)."""
-    rows = np.array(table, dtype=np.float64, copy=True)
+def read_states(reader: TableReader) -> list[RankState]:
+    """Every rank's state, each row as its rank last wrote it completely."""
+    rows = reader.read()
     return [
         RankState(r, int(row[Field.PID]), Phase(int(row[Field.PHASE])), int(row[Field.ALGORITHM]),
                   int(row[Field.ITERATION]), float(row[Field.PROGRESS_AT]),
@@ -98,6 +100,10 @@ class Watchdog:
         self.algorithms = [a.name for a in scenario.algorithms]
         self.faults = list(scenario.faults) if faults_enabled else []
         self.launched_at = launched_at
+
+    def quiet_for(self, state: RankState, now: float) -> float:
+        """Seconds since ``state``'s last progress, counted from the launch at the earliest."""
+        return now - max(state.progress_at, self.launched_at)
 
     # -- timeouts ----------------------------------------------------------------------------
     def iteration_timeout(self, states: list[RankState]) -> tuple[float, str] | None:
@@ -131,7 +137,7 @@ class Watchdog:
         if absent and waited > self.settings.startup_timeout_s:
             return self._not_started(absent, waited)
         running = [st for st in states if st.started and not st.finished]
-        stuck = [st for st in running if now - st.progress_at > self.timeout(st, states)[0]]
+        stuck = [st for st in running if self.quiet_for(st, now) > self.timeout(st, states)[0]]
         if stuck:
             return self._stuck(running, states, now)
         return None
@@ -167,7 +173,7 @@ class Watchdog:
         culprit = min(running, key=lambda st: (st.phase == Phase.COMMUNICATING, st.algorithm, st.iteration,
                                                st.progress_at))
         timeout, how = self.timeout(culprit, states)
-        what = (f"rank {culprit.rank} made no progress for {now - culprit.progress_at:.1f} s "
+        what = (f"rank {culprit.rank} made no progress for {self.quiet_for(culprit, now):.1f} s "
                 f"{self._where(culprit)} ({_DOING[culprit.phase]}); timeout {how}")
         others = [st for st in running if st is not culprit]
         if others:
@@ -216,33 +222,45 @@ def _tally(states: list[RankState]) -> str:
 def supervise(proc: subprocess.Popen, table: np.ndarray, watchdog: Watchdog,
               stop_job) -> tuple[int, Verdict | None]:
     """Wait for the launcher ``proc``, judging the ranks every ``POLL_S``; returns its exit
-    status and the verdict, if any. ``stop_job(proc)`` ends the whole job."""
+    status and the verdict, if any. ``stop_job(proc, reported_in)`` ends the whole job, given
+    the pids of the ranks that have reported in (those handle an interrupt; the others are
+    still starting). A KeyboardInterrupt (Ctrl+C, SIGTERM) stops the job before it goes on."""
     processes = _ProcessWatch(proc)
+    reader = TableReader(table)
+
+    def stop() -> None:
+        stop_job(proc, {st.pid for st in read_states(reader) if st.started})
+
     verdict: Verdict | None = None
     deadline = None
-    states = read_states(table)
-    while proc.poll() is None:
-        processes.watch([st.pid for st in states])
-        processes.wait(POLL_S)
-        if proc.poll() is not None:
-            break
-        states = read_states(table)
-        if verdict is None:
-            verdict = watchdog.check(states, time.monotonic(), processes.ended_ranks(states))
-            if verdict is not None and verdict.kind in ("stuck", "not_started"):
-                stop_job(proc)
+    states = read_states(reader)
+    try:
+        while proc.poll() is None:
+            processes.watch([st.pid for st in states])
+            processes.wait(POLL_S)
+            if proc.poll() is not None:
                 break
-            if verdict is not None:
-                deadline = time.monotonic() + GRACE_S
-        elif deadline is not None and time.monotonic() > deadline:
-            stop_job(proc)  # the launcher did not end the others by itself
-            break
-    processes.close()
+            states = read_states(reader)
+            if verdict is None:
+                verdict = watchdog.check(states, time.monotonic(), processes.ended_ranks(states))
+                if verdict is not None and verdict.kind in ("stuck", "not_started"):
+                    stop()
+                    break
+                if verdict is not None:
+                    deadline = time.monotonic() + GRACE_S
+            elif deadline is not None and time.monotonic() > deadline:
+                stop()  # the launcher did not end the others by itself
+                break
+    except KeyboardInterrupt:
+        stop()
+        raise
+    finally:
+        processes.close()
     rc = proc.wait()
     if verdict is None and rc != 0:
         # The launcher ended first (it ends the job when a rank dies). Judge by the ends seen,
         # or, if none was seen, by every rank: all of them have ended with the launcher.
-        states = read_states(table)
+        states = read_states(reader)
         ended = processes.ended_ranks(states)
         if all(states[r].phase == Phase.DONE for r in ended):
             ended = {st.rank for st in states if st.started}

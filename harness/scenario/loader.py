@@ -135,8 +135,10 @@ def _apply_overrides(data: dict[str, Any], overrides: Mapping[str, Any], source:
         missing = [n for n in overrides["only"] if n not in names]
         if missing:
             available = ", ".join(str(n) for n in names)
-            reason = f"{missing[0]!r} is not among the algorithms (available: {available})"
-            raise ScenarioError(f"{source}: only: {reason}")
+            unknown = ", ".join(repr(n) for n in missing)
+            verb = "is" if len(missing) == 1 else "are"
+            reason = f"{unknown} {verb} not among the scenario's algorithms (available: {available})"
+            raise ScenarioError(f"{source}: --only: {reason}")
         data["algorithms"] = [e for e, n in zip(entries, names) if n in overrides["only"]]
     return data
 

@@ -444,12 +444,13 @@ def test_bad_params_exit_2(tmp_path, ranks, entry, message):
 
 @pytest.mark.mpi
 @pytest.mark.slow
-@pytest.mark.parametrize("ranks, peers", [(3, 1), (4, 2), (6, 2)])
+@pytest.mark.parametrize("ranks, peers", [(6, 2)])
 def test_sgp_is_bit_reproducible(tmp_path, ranks, peers):
     """Blocking SGP mixes exactly round t's messages in iteration t, added in source order, so two
     runs of one scenario give bit-identical final models however the ranks' timing differed (a
     random straggler makes in-peers run ahead; at 6 ranks with 2 peers a rank keeps its own share
-    in every other round)."""
+    in every other round). At 3 and 4 ranks the hooks are checked the same way, with random
+    sleeps that differ between the two runs (gossip_checks.py, sgp_is_bit_reproducible_...)."""
     fields = dict(
         ranks=ranks,
         workload={"model": "logreg", "dataset": "digits", "batch_size": 8, "iterations": 24, "eval_every": 24},

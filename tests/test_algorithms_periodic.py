@@ -48,7 +48,8 @@ SLOW_LINK = {"name": "periodic_slow_link", "ranks": 3, "seed": 7,
              "network": {"links": [{"rank": 0, "latency_ms": 100}]}}
 EMULATED = {"name": "periodic_emulated", "ranks": 3, "seed": 7,
             "workload": {**WORKLOAD, "iterations": 12, "eval_every": 6, "compute": {"emulate_ms": 5}},
-            "algorithms": list(PERIODIC)}
+            "algorithms": list(PERIODIC),
+            "results": {"provenance": "full"}}  # emulated compute keeps none by default
 
 
 def final_models(run: Path, algorithm: str):

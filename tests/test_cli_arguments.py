@@ -73,7 +73,7 @@ def test_validate_takes_a_comma_list_and_names_the_valid_algorithms(tmp_path, ca
     out = capsys.readouterr().out
     assert "allreduce_sgd" not in out and "  sgp" in out and "  wagma" in out
     assert main(["validate", str(path), "--only", "sgp,nope"]) == 2
-    assert "'nope' is not among the algorithms (available: allreduce_sgd, sgp, wagma)" in capsys.readouterr().err
+    assert "--only: 'nope' is not among the scenario's algorithms (available: allreduce_sgd, sgp, wagma)" in capsys.readouterr().err
 
 
 def test_validate_refuses_space_separated_names_with_a_usage_error(tmp_path) -> None:
@@ -84,7 +84,7 @@ def test_validate_refuses_space_separated_names_with_a_usage_error(tmp_path) -> 
 def test_run_applies_the_comma_list_before_launching(tmp_path) -> None:
     path = write_scenario_file(tmp_path, SCENARIO)
     proc = harness_cli("run", str(path), "--out", str(tmp_path / "out"), "--only", "sgp,nope", timeout=60)
-    assert proc.returncode == 2 and "'nope' is not among the algorithms" in proc.stderr
+    assert proc.returncode == 2 and "--only: 'nope' is not among the scenario's algorithms" in proc.stderr
     assert not (tmp_path / "out").exists()
 
 

@@ -106,6 +106,30 @@ def sgp_conserves_mass_and_weight(comm: Communicator) -> None:
 
 
 @check
+def sgp_is_bit_reproducible_whatever_the_timing(comm: Communicator) -> None:
+    """Two SGP runs from the same start with the same updates but different random sleeps (so
+    messages arrive in other orders and in-peers run ahead differently) end bit-identical."""
+    if SIZE < 3:
+        raise Skip("needs 3 ranks: with 2 each round has one message, order cannot matter")
+    iterations, peers = 10, min(2, SIZE - 1)
+    finals = []
+    for attempt in range(2):
+        sleeps = np.random.default_rng([attempt, RANK]).uniform(0.0, 0.004, iterations)
+        alg = SGP(SGPParams(peers=peers), context(comm, rank_vector(7), iterations))
+
+        def update(t, at_forward):  # a "gradient" that depends on the de-biased model it is taken at
+            time.sleep(sleeps[t])
+            return 0.05 * at_forward + 0.01 * (RANK + 1)
+
+        drive(alg, iterations, update)
+        finals.append((alg.ctx.params.clone(), alg.weight))
+        comm.barrier()
+    (x0, w0), (x1, w1) = finals
+    same = WORLD.allgather(bool(torch.equal(x0, x1) and w0 == w1))
+    assert all(same), f"ranks whose models differ between the two runs: {[r for r, ok in enumerate(same) if not ok]}"
+
+
+@check
 def sgp_evaluates_the_gradient_at_the_debiased_model(comm: Communicator) -> None:
     """Forward/backward see z = x / w; the step sees the exact numerator; eval_params is z."""
     for cls, params in ((SGP, SGPParams()), (OSGP, OSGPParams())):

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
     from harness.algorithms.wagma_groups import group_notes
-    from harness.results.summary import format_table
+    from harness.results.records import SUMMARY_TABLE_FILE
     from harness.scenario import ScenarioError, load_scenario
     from harness.sim.calibration import CalibrationError
     from harness.sim.runs import DEFAULT_TRACE_RANKS, calibration_entry, new_simulated_run_path, predict
@@ -94,10 +94,8 @@ def run(args: argparse.Namespace) -> int:
     run_dir = write_simulated_run(path, scenario, frames, stats, "predictive",
                                   str(calibration_file) if calibrated else None, trace_ranks,
                                   calibration_ranks=entry.ranks if calibrated else None)
-    summary = run_dir.write_summary(scenario.workload.batch_size, scenario.workload.iterations, ranks=scenario.ranks,
-                                    target_accuracy=scenario.results.target_accuracy)
     print("simulated (predictive):")
-    print(format_table(summary))
+    print((run_dir.path / SUMMARY_TABLE_FILE).read_text(), end="")  # written with the run
     total_events, total_s = sum(s.events for s in stats), sum(s.host_s for s in stats)
     print(tabulate([[f"{total_events:,}", f"{total_s:.2f}", f"{total_events / max(total_s, 1e-9):,.0f}"]],
                    headers=["events", "simulator s", "events/s"], tablefmt="simple", disable_numparse=True))

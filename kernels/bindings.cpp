@@ -651,6 +651,26 @@ PYBIND11_MODULE(_core, m) {
   });
   m.def("now", &now, "Seconds on CLOCK_MONOTONIC (the clock of time.monotonic()).");
   m.def("is_sync_round", &wa_is_sync_round, py::arg("round"), py::arg("sync_every"));
+  // The allreduce's steps as member `me` of `p` runs them for `count` floats: per step, its sends
+  // and receives as (member, floats). The simulator's decomposition is tested against it.
+  m.def(
+      "allreduce_steps",
+      [](int p, int me, int64_t count, int64_t ring_threshold_bytes) {
+        if (p < 1 || me < 0 || me >= p || count < 0)
+          throw CommError("allreduce_steps: need 0 <= me < p and count >= 0 (p=" + std::to_string(p) +
+                          ", me=" + std::to_string(me) + ", count=" + std::to_string(count) + ")");
+        std::vector<float> buf(static_cast<size_t>(count > 0 ? count : 1));
+        Schedule s = allreduce_schedule(p, me, buf.data(), count, ring_threshold_bytes);
+        py::list steps;
+        for (const Step& step : s.steps) {
+          py::list sends, recvs;
+          for (const Xfer& x : step.sends) sends.append(py::make_tuple(x.peer, x.count));
+          for (const Xfer& x : step.recvs) recvs.append(py::make_tuple(x.peer, x.count));
+          steps.append(py::make_tuple(sends, recvs));
+        }
+        return steps;
+      },
+      py::arg("p"), py::arg("me"), py::arg("count"), py::arg("ring_threshold_bytes"));
 
   py::class_<Handle>(m, "Handle")
       .def("wait", &Handle::wait, py::arg("timeout") = py::none())

@@ -17,7 +17,8 @@ from harness.scenario.loader import scenario_from_dict
 from harness.scenario.network import Link
 from harness.sim import algorithms as sim_algorithms
 from harness.sim.calibration import CalibrationEntry, NetworkModel
-from harness.sim.network import SimNetwork, allreduce_schedule, run_schedule
+from harness.schedules import RING_THRESHOLD_BYTES
+from harness.sim.network import FLOAT_BYTES, SimNetwork, allreduce_schedule, run_schedule
 from harness.sim.runs import predict
 
 ALPHA, BANDWIDTH = 1e-3, 1e6
@@ -99,6 +100,37 @@ def test_ring_is_chosen_and_sends_what_the_native_ring_sends() -> None:
     assert schedule.bytes_sent[0] == 827_972 and schedule.bytes_sent[1] == 827_976
     assert schedule.bytes_sent[7] == 827_968
     assert allreduce_schedule(8, 100, 64 * 1024).steps == 3  # small: recursive doubling
+
+
+def _member_steps(schedule, me: int) -> list[tuple[list, list]]:
+    """Member ``me``'s part of the simulator's aligned schedule, as the native layer lists it:
+    its non-empty steps, each as (sends, receives) of (member, floats)."""
+    out = []
+    for i in range(schedule.steps):
+        to, frm = int(schedule.send_to[i, me]), int(schedule.recv_from[i, me])
+        sends = [(to, int(schedule.send_bytes[i, me]) // FLOAT_BYTES)] if to >= 0 else []
+        recvs = [(frm, int(schedule.send_bytes[i, frm]) // FLOAT_BYTES)] if frm >= 0 else []
+        if sends or recvs:
+            out.append((sends, recvs))
+    return out
+
+
+# Sizes around every case of the choice: empty, fewer floats than members, and both sides of the
+# ring threshold (64 KiB = 16,384 floats), with remainders that make the ring's chunks unequal.
+_COUNTS = (0, 1, 3, 100, 16_383, 16_384, 16_385, 50_001)
+
+
+@pytest.mark.parametrize("p", [*range(1, 18), 31, 64])
+def test_allreduce_schedule_is_the_native_layers(p: int) -> None:
+    """The simulator's decomposition against the native layer's own step builder (exported from
+    _core), member by member: same peers, same sizes, same order, odd p and the fold included."""
+    core = pytest.importorskip("harness._core")
+    for count in _COUNTS:
+        schedule = allreduce_schedule(p, count, RING_THRESHOLD_BYTES)
+        for me in range(p):
+            native = [([tuple(x) for x in sends], [tuple(x) for x in recvs])
+                      for sends, recvs in core.allreduce_steps(p, me, count, RING_THRESHOLD_BYTES)]
+            assert _member_steps(schedule, me) == native, (p, count, me)
 
 
 @pytest.mark.parametrize("p,count", [(5, 10), (6, 70_000), (40, 100), (40, 70_000)])

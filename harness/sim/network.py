@@ -221,7 +221,9 @@ def _ring_steps(p: int, count: int) -> list[tuple[list[int], list[int], list[int
 @lru_cache(maxsize=256)
 def allreduce_schedule(p: int, count: int, ring_threshold_bytes: int = RING_THRESHOLD_BYTES) -> Schedule:
     """Same choice as the native ``allreduce_schedule``: ring for p > 2, count >= p and at least
-    ``ring_threshold_bytes``; recursive doubling otherwise; nothing for p == 1."""
+    ``ring_threshold_bytes``; recursive doubling otherwise; nothing for p == 1.
+    ``tests/test_sim_model.py`` compares it, member by member, with the native builder
+    (``harness._core.allreduce_steps``)."""
     if p < 1 or count < 0:
         raise ValueError(f"allreduce of {count} floats over {p} members")
     if p == 1:

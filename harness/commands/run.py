@@ -248,8 +248,7 @@ def _launch(scenario, run_dir, launch, resume: bool) -> int:
             stop_job(proc, () if watched else None)  # no rank known to have reported in
         remove_partial_files(run_dir.path)
         _mark_stopped(run_dir.path, "incomplete", {"stopped": "interrupted (Ctrl+C or SIGTERM)"})
-        print(f"interrupted: finished algorithms are kept in {run_dir.path}; "
-              f"python -m harness run --resume {run_dir.path} finishes the others", file=sys.stderr)
+        _say_interrupted(run_dir.path)
         return 130
     finally:
         for sig, handler in previous.items():
@@ -270,6 +269,11 @@ def _print_notes(scenario) -> None:
 
     for note in group_notes(scenario):
         print(f"note: {note}", file=sys.stderr)
+
+
+def _say_interrupted(path) -> None:
+    print(f"interrupted: finished algorithms are kept in {path}; "
+          f"python -m harness run --resume {path} finishes the others", file=sys.stderr)
 
 
 def _mark_stopped(path: Path, status: str, extra: dict) -> None:
@@ -306,6 +310,5 @@ def _run_in_place(scenario, args, job_size: int, run_dir) -> int:
         return worker_main(path, resume=args.resume is not None)
     except KeyboardInterrupt:  # the user's launcher forwarded Ctrl+C (or SIGTERM)
         if MPI.COMM_WORLD.rank == 0:
-            print(f"interrupted: finished algorithms are kept in {path}; "
-                  f"python -m harness run --resume {path} finishes the others", file=sys.stderr)
+            _say_interrupted(path)
         return 130

@@ -103,11 +103,12 @@ def _train_all(world, run, scenario, faults, beat) -> None:
         steps, evals, ops = (world.gather(x, root=0) for x in (steps, evals, ops))
         average = finals = None
         if provenance.keeps_anything:
+            final = algorithm.eval_params().detach().clone()
+            if provenance.keeps_rank_models:
+                finals = world.gather(final, root=0)
             # Averaged as the last evaluation averaged it: bit for bit the model final_accuracy tested.
-            average = algorithm.eval_params().detach().clone()
+            average = final.clone()
             eval_comm.allreduce(average, op="mean")
-        if provenance.keeps_rank_models:
-            finals = world.gather(algorithm.eval_params().detach().clone(), root=0)
         if rank == 0:
             run.append_algorithm(params.name, [s for r in steps for s in r], [e for r in evals for e in r],
                                  [o for r in ops for o in r])

@@ -105,7 +105,7 @@ class Mailboxes:
         self.env.timeout(arrival - self.env.now).callbacks.append(lambda _event: self._deliver(dst, round))
         return arrival
 
-    def _deliver(self, dst: int, round: int) -> None:
+    def _deliver(self, dst: int, round: int | None) -> None:
         self.delivered[dst] += 1
         keys: tuple[tuple[int, int | None], ...] = ((dst, None),)
         if round is not None:

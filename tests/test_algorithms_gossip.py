@@ -181,7 +181,7 @@ def test_sgp_keeps_self_addressed_shares(ranks, peers, t, kept_shares, sent_to):
 
     comm = _Comm(rank=0, size=ranks)
     x = torch.tensor([3.0, -1.5, 0.25, 7.0])
-    alg = SGP(SGPParams(peers=peers), AlgorithmContext(comm, x.clone(), torch.zeros(4), None, 0.0, 0, 10))
+    alg = SGP(SGPParams(peers=peers), AlgorithmContext(comm, x.clone(), torch.zeros(4), 0.0, 0))
     alg.rounds = t
     assert alg.push() == len(sent_to)
     (peers_sent, round_sent, message), = comm.channel.sent

@@ -8,7 +8,8 @@
   with every round synchronous against Local SGD with period 1, eager-SGD against
   Allreduce-SGD, no late gradient lost.
 * End to end (``python -m harness run``): fast ranks do not wait for a slow one; both train.
-* Validation (``python -m harness validate``): impossible parameters exit 2.
+* Validation (``python -m harness validate``): impossible parameters exit 2; the old spelling
+  ``sync_period`` still validates, with a note giving the ``period`` it stands for.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 from conftest import assert_check, check_names, harness_cli as harness, report_cache, run_scenario
 from conftest import write_scenario_file as write_scenario
-from harness.algorithms import algorithm_class
+from harness.algorithms import algorithm_class, params_model
 from harness.algorithms.base import AlgorithmContext
 from harness.algorithms.eager_sgd import EagerSGD
 from harness.algorithms.params import EagerSGDParams, WAGMAParams
@@ -79,17 +80,17 @@ class FakeComm:
 def fake_ctx(rank=1, size=4, n=3, seed=7):
     params = torch.arange(n, dtype=torch.float32) + 10 * rank
     grads = torch.full((n,), 4.0)
-    return AlgorithmContext(FakeComm(rank, size), params, grads, None, 0.1, seed, 10)
+    return AlgorithmContext(FakeComm(rank, size), params, grads, 0.1, seed)
 
 
 def test_registry_finds_both():
-    assert algorithm_class("wagma") is WAGMA and WAGMA.Params is WAGMAParams
-    assert algorithm_class("eager_sgd") is EagerSGD and EagerSGD.Params is EagerSGDParams
+    assert algorithm_class("wagma") is WAGMA and params_model("wagma") is WAGMAParams
+    assert algorithm_class("eager_sgd") is EagerSGD and params_model("eager_sgd") is EagerSGDParams
 
 
 def test_wagma_wiring_publishes_the_pre_step_model_and_averages_in_place():
     ctx = fake_ctx(rank=5, size=8)
-    algo = WAGMA(WAGMAParams(group_size=2, sync_period=4), ctx)
+    algo = WAGMA(WAGMAParams(group_size=2, period=5), ctx)
     op = ctx.comm.op
     assert op.phases == wagma_phases(5, 8, 2) and op.sync_every == 5 and not op.accumulate
     assert np.array_equal(op.initial, ctx.params.numpy())
@@ -108,7 +109,7 @@ def test_wagma_wiring_publishes_the_pre_step_model_and_averages_in_place():
 
 def test_wagma_refuses_a_skipped_round():
     ctx = fake_ctx()
-    algo = WAGMA(WAGMAParams(group_size=2, sync_period=4), ctx)
+    algo = WAGMA(WAGMAParams(group_size=2, period=5), ctx)
     ctx.comm.op.next_sum = [0.0, 0.0, 0.0]
     with pytest.raises(RuntimeError, match="iteration 3 ran round 0"):
         algo.after_backward(3)
@@ -120,7 +121,7 @@ def test_eager_wiring_publishes_g_over_p_and_applies_the_sum(mode):
     flags = []
     for rank in range(size):
         ctx = fake_ctx(rank=rank, size=size, seed=seed)
-        algo = EagerSGD(EagerSGDParams(mode=mode, sync_period=5), ctx)
+        algo = EagerSGD(EagerSGDParams(mode=mode, period=5), ctx)
         op = ctx.comm.op
         assert op.accumulate and op.sync_every == 5 and op.phases == [[0, 1, 2, 3]]
         for t in range(12):
@@ -172,8 +173,8 @@ def imbalanced_run(tmp_path_factory):
     return run_scenario(tmp_path_factory.mktemp("imbalance"), {
         "name": "wa_imbalance", "ranks": 4, "seed": 5,
         "workload": {**WORKLOAD, "iterations": 20, "eval_every": 20},
-        "algorithms": ["allreduce_sgd", {"name": "wagma", "group_size": 2, "sync_period": 10},
-                       {"name": "eager_sgd", "mode": "solo", "sync_period": 10}],
+        "algorithms": ["allreduce_sgd", {"name": "wagma", "group_size": 2, "period": 11},
+                       {"name": "eager_sgd", "mode": "solo", "period": 10}],
         "imbalance": [{"kind": "fixed", "ranks": [SLOW_RANK], "delay_ms": int(DELAY_S * 1000)}],
     })
 
@@ -208,8 +209,8 @@ def training_run(tmp_path_factory):
         "name": "wa_train", "ranks": 4, "seed": 3,
         "workload": {**WORKLOAD, "iterations": 60, "eval_every": 30},
         "optimizer": {"lr": 0.05},
-        "algorithms": ["allreduce_sgd", {"name": "wagma", "group_size": 2, "sync_period": 10},
-                       {"name": "eager_sgd", "mode": "solo", "sync_period": 10}],
+        "algorithms": ["allreduce_sgd", {"name": "wagma", "group_size": 2, "period": 11},
+                       {"name": "eager_sgd", "mode": "solo", "period": 10}],
     })
 
 
@@ -237,10 +238,12 @@ def test_eager_models_stay_identical(training_run):
     [
         ({"name": "wagma", "group_size": 8}, "algorithms[0].group_size: must be <= ranks (4) (got 8)"),
         ({"name": "wagma", "group_size": 1}, "algorithms[0].group_size: must be >= 2 when ranks > 1"),
-        ({"name": "wagma", "sync_period": 0}, "algorithms[0].sync_period"),
+        ({"name": "wagma", "period": 0}, "algorithms[0].period: must be >= 1 (got 0)"),
         ({"name": "wagma", "groups": 2}, "algorithms[0].groups: unknown key"),
+        ({"name": "wagma", "sync_period": 10, "period": 11}, "algorithms[0].sync_period: give period only"),
         ({"name": "eager_sgd", "mode": "bogus"}, "algorithms[0].mode: must be 'solo' or 'majority' (got 'bogus')"),
-        ({"name": "eager_sgd", "sync_period": 0}, "algorithms[0].sync_period"),
+        ({"name": "eager_sgd", "period": 0}, "algorithms[0].period: must be >= 1 (got 0)"),
+        ({"name": "eager_sgd", "sync_period": 0}, "algorithms[0].sync_period: must be an integer >= 1 (got 0)"),
     ],
 )
 def test_bad_params_exit_2(tmp_path, entry, message):
@@ -257,4 +260,20 @@ def test_good_params_validate(tmp_path):
                                                     {"name": "eager_sgd", "mode": "majority"}]})
     proc = harness("validate", str(path), timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert "wagma group_size=4 sync_period=10" in proc.stdout
+    assert "wagma group_size=4 period=11" in proc.stdout
+
+
+def test_old_sync_period_spelling_validates_with_a_note(tmp_path):
+    path = write_scenario(tmp_path, {"name": "old", "ranks": 4, "workload": {**WORKLOAD, "iterations": 4},
+                                     "algorithms": [{"name": "wagma", "group_size": 2, "sync_period": 10},
+                                                    {"name": "eager_sgd", "sync_period": 33}]})
+    proc = harness("validate", str(path), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    # The same schedules: WAGMA's sync_period counted the group rounds between two global ones.
+    assert "wagma group_size=2 period=11" in proc.stdout and "eager_sgd mode=solo period=33" in proc.stdout
+    assert proc.stderr.splitlines() == [
+        f"note: {path}: wagma: sync_period: 10 is the old spelling of period: 11 (a synchronous round every "
+        "11 rounds); write period: 11",
+        f"note: {path}: eager_sgd: sync_period: 33 is the old spelling of period: 33 (a synchronous round "
+        "every 33 rounds); write period: 33",
+    ]

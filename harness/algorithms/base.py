@@ -32,16 +32,17 @@ class AlgorithmContext:
     """What an algorithm may use: the communicator and the flat model and gradient buffers.
 
     ``params`` and ``grads`` are 1-D float32 CPU tensors that the model's parameters and
-    gradients are views into, so one collective moves the whole model.
+    gradients are views into, so one collective moves the whole model. In the simulator the
+    same hooks run on a simulated communicator with stand-in buffers that have the model's
+    length but no values (``harness.sim.standin``, whose docstring says the two rules an
+    algorithm must follow there).
     """
 
-    comm: Any  # harness.comm.Communicator
-    params: Any  # torch.Tensor
-    grads: Any  # torch.Tensor
-    optimizer: Any  # harness.runner.flat_sgd.FlatSGD over the flat buffers (None: emulated compute)
+    comm: Any  # harness.comm.Communicator, or harness.sim.comm.SimCommunicator in the simulator
+    params: Any  # torch.Tensor (harness.sim.standin.StandIn in the simulator)
+    grads: Any  # torch.Tensor (StandIn in the simulator)
     lr: float
     seed: int
-    iterations: int
 
     @property
     def rank(self) -> int:

@@ -166,16 +166,16 @@ def _run_loop(comm: Any, scenario: Any, state: Any) -> list[float]:
     """Run ``train`` on every rank at once with no-op hooks; this rank's iteration start times."""
     from harness.algorithms.base import Algorithm, AlgorithmContext  # noqa: PLC0415
     from harness.injection import InjectionPlan  # noqa: PLC0415
+    from harness.runner.local_work import LocalWork  # noqa: PLC0415
     from harness.runner.loop import train  # noqa: PLC0415
 
     class Idle(Algorithm):
         name = "calibrate"
 
-    ctx = AlgorithmContext(comm, state.params, state.grads, state.optimizer, scenario.optimizer.lr, scenario.seed,
-                           scenario.workload.iterations)
+    ctx = AlgorithmContext(comm, state.params, state.grads, scenario.optimizer.lr, scenario.seed)
     comm.barrier()
-    steps, _, _ = train(scenario, Idle(None, ctx), state, comm, comm, InjectionPlan.from_scenario(scenario),
-                        time.monotonic())
+    work = LocalWork(scenario, state, comm.rank, InjectionPlan.from_scenario(scenario), comm, Idle.name)
+    steps, _, _ = train(scenario, Idle(None, ctx), comm, work, time.monotonic())
     comm.drain_records()
     return [s.start_s for s in steps]
 
@@ -246,7 +246,7 @@ def measure_loop_overhead(comm: Any, world: Any, effort: measure.Effort) -> floa
 def reference_algorithms(ranks: int) -> list[str | dict[str, Any]]:
     """The reference trainings' algorithms: a collective per iteration, whole-model exchanges,
     push-sum gossip and wait-avoiding group rounds (groups of up to 4, as in the scenarios)."""
-    return ["allreduce_sgd", "dpsgd", "sgp", {"name": "wagma", "group_size": min(4, ranks), "sync_period": 10}]
+    return ["allreduce_sgd", "dpsgd", "sgp", {"name": "wagma", "group_size": min(4, ranks), "period": 11}]
 
 
 def measure_reference_runs(comm: Any, world: Any, effort: measure.Effort, workload: Workload,
@@ -261,7 +261,8 @@ def measure_reference_runs(comm: Any, world: Any, effort: measure.Effort, worklo
     from harness.algorithms import algorithm_class  # noqa: PLC0415
     from harness.algorithms.base import AlgorithmContext  # noqa: PLC0415
     from harness.injection import InjectionPlan  # noqa: PLC0415
-    from harness.results.records import STEP_COLUMNS, to_frame  # noqa: PLC0415
+    from harness.results.columns import STEP_COLUMNS, to_frame  # noqa: PLC0415
+    from harness.runner.local_work import LocalWork  # noqa: PLC0415
     from harness.runner.loop import train  # noqa: PLC0415
     from harness.runner.workload_state import build_state  # noqa: PLC0415
 
@@ -273,13 +274,11 @@ def measure_reference_runs(comm: Any, world: Any, effort: measure.Effort, worklo
         state = build_state(scenario, comm.rank, dataset)
         params = scenario.algorithms[0]
         name = params.name
-        ctx = AlgorithmContext(comm, state.params, state.grads, state.optimizer, scenario.optimizer.lr,
-                               scenario.seed, scenario.workload.iterations)
+        ctx = AlgorithmContext(comm, state.params, state.grads, scenario.optimizer.lr, scenario.seed)
         algorithm = algorithm_class(name)(params, ctx)
         comm.barrier()
-        steps, _, _ = train(scenario, algorithm, state, comm, comm, InjectionPlan.from_scenario(scenario),
-                            time.monotonic())
-        algorithm.finish()
+        work = LocalWork(scenario, state, comm.rank, InjectionPlan.from_scenario(scenario), comm, name)
+        steps, _, _ = train(scenario, algorithm, comm, work, time.monotonic())  # finish() included
         comm.drain_records()
         gathered = world.gather(steps, root=0)
         if comm.rank == 0:

@@ -55,12 +55,12 @@ def level(scenario: Scenario) -> str:
 
 def expected_bytes(scenario: Scenario, algorithms: int) -> int:
     """An upper bound of what a run training ``algorithms`` algorithms writes into ``provenance/``."""
-    from harness.sim.workload_size import communicated_floats  # torch-free, exact
+    from harness.workload.models import communicated_floats  # noqa: PLC0415  (imports torch)
 
     keep = level(scenario)
     if keep == NONE:
         return 0
-    model = FLOAT32 * communicated_floats(scenario)
+    model = FLOAT32 * communicated_floats(scenario.workload)
     initial = model + FILE_OVERHEAD
     shards = INT64 * DATASET_SAMPLES[scenario.workload.dataset] + FILE_OVERHEAD * (1 + scenario.ranks)
     per_algorithm = model + FILE_OVERHEAD  # final_average_<algorithm>.pt

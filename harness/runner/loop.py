@@ -1,128 +1,141 @@
-"""The one training loop. Every algorithm runs through it; algorithms plug in through hooks.
+"""The one training loop. Real ranks and simulated ranks both run it; algorithms plug in through hooks.
 
-Iteration t on rank r (times on ``time.monotonic()``, relative to the run's t0):
-    start -> before_forward -> injected sleep -> forward/backward (or emulated sleep), with
-    the injected compute factor -> after_backward -> optimizer step -> after_step ->
-    end_iteration -> end.
-``comm_blocked_s`` is the time spent inside the algorithm's hooks; ``compute_s`` the forward,
-backward and optimizer step (or the emulated sleep); ``injected_delay_s`` the injected sleep.
-Injected faults strike at ``start``; the heartbeat tells the watchdog where the rank is.
+Iteration t on rank r (times on the backend's clock, relative to the run's t0)::
+
+    start -> before_forward -> injected sleep -> local work: the gradient (forward and backward,
+    an emulated sleep, or the simulator's timing), with the injected compute factor
+    -> after_backward -> optimizer step -> after_step -> end_iteration -> end
+    -> [evaluation point | the gap until the next start]
+
+and after the last iteration ``finish()`` (flush what is in flight), then the final evaluation.
+What differs between a real rank and a simulated one (the clock, how local work is done or
+timed, how an evaluation is run) is the ``work`` object: :class:`harness.runner.local_work.LocalWork`
+for real ranks, ``harness.sim.simulate.SimulatedWork`` for simulated ones; the communicator is
+the native layer's or the simulated one. Everything else, in particular the order of the hooks
+and how the records are made, is written here once.
+
+Records per iteration: ``compute_s`` is the local work (gradient and optimizer step, or the
+emulated sleep); ``injected_delay_s`` the injected sleep; ``comm_blocked_s`` the time spent in
+the algorithm's hooks; ``bytes_sent`` the bytes sent by the operations this rank posted during
+the iteration (attributed to the iteration that posted them, whenever they finish; traffic the
+native layer's progress threads send on their own, such as answers to pairwise requests, is in
+no iteration); ``staleness`` the algorithm's own. Injected faults strike at ``start``; the
+heartbeat tells the watchdog where the rank is.
 """
 
 from __future__ import annotations
 
-import math
-import time
+import bisect
 from collections.abc import Callable
-
-import torch
+from typing import Protocol
 
 from harness.algorithms.base import Algorithm
-from harness.compute_time import emulated_compute_s
 from harness.faults import FaultPlan
-from harness.injection import InjectionPlan
-from harness.results.records import CommOpRecord, EvalRecord, StepRecord
-from harness.runner.evaluate import evaluate
+from harness.results.columns import CommOpRecord, EvalRecord, StepRecord
 from harness.runner.heartbeat import Heartbeat, Phase
-from harness.runner.workload_state import TrainState
 from harness.scenario.schema import Scenario
+
+_HOOKS = ("before_forward", "after_backward", "after_step", "end_iteration")
+
+
+class Work(Protocol):
+    """The backend of one rank: its clock, its local work and its evaluations."""
+
+    def now(self) -> float: ...
+    def sleep(self, seconds: float) -> None: ...
+    def injected(self, t: int) -> tuple[float, float]:
+        """This rank's injected delay (s) and compute factor at iteration t."""
+    def gradient(self, t: int, factor: float) -> tuple[float, float]:
+        """Compute (or time) iteration t's gradient; returns (seconds, loss)."""
+    def step(self, t: int, factor: float, gradient_s: float) -> float:
+        """The local optimizer step (and the injected stretch of real compute); returns seconds."""
+    def evaluate(self, iteration: int, time_s: float, params, final: bool) -> list[EvalRecord]:
+        """An evaluation point after ``iteration`` iterations (collective)."""
+    def between(self, t: int) -> None:
+        """After iteration t when it is no evaluation point, before iteration t + 1."""
 
 
 def train(
     scenario: Scenario,
     algorithm: Algorithm,
-    state: TrainState,
     comm,
-    eval_comm,
-    plan: InjectionPlan,
+    work: Work,
     t0: float,
     progress: Callable[[int], None] | None = None,
     heartbeat: Heartbeat | None = None,
     faults: FaultPlan | None = None,
+    keep_ops: bool = True,
 ) -> tuple[list[StepRecord], list[EvalRecord], list[CommOpRecord]]:
     """Run ``scenario.workload.iterations`` iterations of ``algorithm`` on this rank.
 
-    ``eval_comm`` is a communicator of its own for evaluation, so evaluation traffic never
-    shows up in the algorithm's records and never crosses emulated slow links.
+    Returns its step records, evaluation records (rank 0 only) and, with ``keep_ops``, the
+    records of every operation it posted (the simulator has no use for them).
     """
     w = scenario.workload
+    iterations, eval_every = w.iterations, w.eval_every
     rank, name = comm.rank, algorithm.name
     beat = heartbeat if heartbeat is not None else Heartbeat(None, rank)
-    steps: list[StepRecord] = []
+    now = work.now
+    rows: list[tuple] = []  # per iteration: start, end, compute, delay, blocked, loss, staleness
     evals: list[EvalRecord] = []
-    ops: list[CommOpRecord] = []
+    ops = []
     comm.drain_records()
-
-    def collect_ops() -> int:
-        sent = 0
-        for r in comm.drain_records():
-            sent += r.bytes
-            ops.append(CommOpRecord(name, rank, r.op, r.post_s - t0, r.start_s - t0, r.end_s - t0, r.bytes))
-        return sent
+    hooks = [getattr(algorithm, h) if getattr(type(algorithm), h) is not getattr(Algorithm, h) else None
+             for h in _HOOKS]
+    before_forward, after_backward, after_step, end_iteration = hooks
 
     def hook(fn, t: int) -> float:
-        h0 = time.monotonic()
+        if fn is None:
+            return 0.0
+        h0 = now()
         beat.phase(Phase.COMMUNICATING)
         fn(t)
         beat.phase(Phase.LOCAL)
-        return time.monotonic() - h0
+        return now() - h0
 
-    for t in range(w.iterations):
+    for t in range(iterations):
         beat.iteration(t)
         if faults:
             faults.at_iteration(name, t)
-        delays, factors = plan.at(t)
-        start = time.monotonic()
-        blocked = hook(algorithm.before_forward, t)
-        delay = float(delays[rank])
+        delay, factor = work.injected(t)
+        start = now()
+        blocked = hook(before_forward, t)
         if delay > 0:
             beat.expect(delay)
-            time.sleep(delay)
-        c0 = time.monotonic()
-        loss = math.nan
-        if state.model is None:
-            sleeps = emulated_compute_s(w.compute.emulate_ms, w.compute.jitter, scenario.seed, t, scenario.ranks,
-                                        factors)
-            time.sleep(float(sleeps[rank]))
-        else:
-            state.staging.params_to_device()  # the algorithm may have changed them (no-op on the CPU)
-            x, y = state.batch(t, w.batch_size, scenario.seed, rank)
-            state.optimizer.zero_grad(set_to_none=False)  # keep .grad as views into the flat buffer
-            out = torch.nn.functional.cross_entropy(state.model(x), y)
-            out.backward()
-            loss = float(out.detach())
-            state.staging.grads_to_host()
-        compute = time.monotonic() - c0
-        blocked += hook(algorithm.after_backward, t)
-        s0 = time.monotonic()
-        if state.optimizer is not None:
-            state.staging.params_to_device()
-            state.staging.grads_to_device()
-            state.optimizer.step()
-            state.staging.params_to_host()
-        compute += time.monotonic() - s0
-        if factors[rank] != 1.0 and state.model is not None:
-            # Injected slowdown / jitter: stretch this rank's compute by the factor.
-            extra = compute * (float(factors[rank]) - 1.0)
-            if extra > 0:
-                time.sleep(extra)
-                compute += extra
-        blocked += hook(algorithm.after_step, t)
-        blocked += hook(algorithm.end_iteration, t)
-        end = time.monotonic()
+            work.sleep(delay)
+        compute, loss = work.gradient(t, factor)
+        blocked += hook(after_backward, t)
+        compute += work.step(t, factor, compute)
+        blocked += hook(after_step, t)
+        blocked += hook(end_iteration, t)
+        end = now()
         beat.iteration_done(end - start)
-        steps.append(
-            StepRecord(name, rank, t, start - t0, end - t0, compute, delay, blocked, loss, collect_ops(),
-                       int(algorithm.staleness))
-        )
+        rows.append((start, end, compute, delay, blocked, loss, int(algorithm.staleness)))
+        ops += comm.drain_records()
         if progress is not None:
             progress(t)
-        if (t + 1) % w.eval_every == 0 and t + 1 < w.iterations:
+        if (t + 1) % eval_every == 0 and t + 1 < iterations:
             beat.stage(Phase.EVALUATING)
-            evals += evaluate(eval_comm, name, t + 1, time.monotonic() - t0, algorithm.eval_params(), state)
+            evals += work.evaluate(t + 1, now() - t0, algorithm.eval_params(), False)
+        else:
+            work.between(t)
     beat.phase(Phase.COMMUNICATING)
     algorithm.finish()
-    collect_ops()
+    ops += comm.drain_records()
     beat.stage(Phase.EVALUATING)
-    evals += evaluate(eval_comm, name, w.iterations, time.monotonic() - t0, algorithm.eval_params(), state)
-    return steps, evals, ops
+    evals += work.evaluate(iterations, now() - t0, algorithm.eval_params(), True)
+    kept = [CommOpRecord(name, rank, r.op, r.post_s - t0, r.start_s - t0, r.end_s - t0, r.bytes) for r in ops] \
+        if keep_ops else []
+    return _step_records(name, rank, rows, ops, t0), evals, kept
+
+
+def _step_records(name: str, rank: int, rows: list[tuple], ops, t0: float) -> list[StepRecord]:
+    """One record per iteration; ``bytes_sent`` from the operations posted inside it."""
+    sent = [0] * len(rows)
+    starts = [row[0] for row in rows]
+    for r in ops:
+        t = bisect.bisect_right(starts, r.post_s) - 1
+        if t >= 0 and r.post_s <= rows[t][1]:
+            sent[t] += r.bytes
+    return [StepRecord(name, rank, t, start - t0, end - t0, compute, delay, blocked, loss, sent[t], staleness)
+            for t, (start, end, compute, delay, blocked, loss, staleness) in enumerate(rows)]

@@ -57,6 +57,7 @@ def _train_all(world, run, scenario, faults, beat) -> None:
     from harness.results.records import PROVENANCE_DIR
     from harness.results.summary import format_table
     from harness.runner.heartbeat import Phase
+    from harness.runner.local_work import LocalWork
     from harness.runner.loop import train
     from harness.runner.workload_state import build_state, warm_up_torch
     from harness.scenario.network import link_table
@@ -88,13 +89,13 @@ def _train_all(world, run, scenario, faults, beat) -> None:
             continue
         beat.algorithm(index)
         state = build_state(scenario, rank, dataset, device)
-        ctx = AlgorithmContext(comm, state.params, state.grads, state.optimizer, scenario.optimizer.lr,
-                               scenario.seed, scenario.workload.iterations)
+        ctx = AlgorithmContext(comm, state.params, state.grads, scenario.optimizer.lr, scenario.seed)
         algorithm = algorithm_class(params.name)(params, ctx)
         bar = _progress_bar(params.name, scenario.workload.iterations) if rank == 0 else None
         comm.barrier()
         t0 = time.monotonic()  # common origin: every rank leaves the barrier at about the same time
-        steps, evals, ops = train(scenario, algorithm, state, comm, eval_comm, plan, t0,
+        work = LocalWork(scenario, state, rank, plan, eval_comm, params.name)
+        steps, evals, ops = train(scenario, algorithm, comm, work, t0,
                                   progress=(lambda t: bar.update(1)) if bar else None, heartbeat=beat,
                                   faults=faults)
         if bar:

@@ -39,6 +39,8 @@ from typing import Annotated, NamedTuple
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from harness.config import HarnessError
+
 FORMAT_VERSION = 1
 DEFAULT_PATH = Path("results") / "calibration.json"
 
@@ -46,7 +48,7 @@ PosFloat = Annotated[float, Field(gt=0.0)]
 NonNegFloat = Annotated[float, Field(ge=0.0)]
 
 
-class CalibrationError(Exception):
+class CalibrationError(HarnessError):
     """A calibration file that is missing, malformed, or lacks what a simulation needs."""
 
 
@@ -104,7 +106,7 @@ class EvalPoint(_Strict):
 class CalibrationEntry(_Strict):
     ranks: Annotated[int, Field(ge=1)]
     network: NetworkModel  # what simulate uses
-    network_source: str = "given"  # how ``network`` was obtained (README, "Calibration")
+    network_source: str = "given"  # how ``network`` was obtained (README, "Simulation", paragraph "Calibration")
     network_fit_error: NonNegFloat | None = None  # rms relative error left on what it was fitted to
     p2p_network: NetworkModel | None = None  # alpha-beta fit of the quiet point-to-point times
     p2p: list[P2PPoint] = []

@@ -61,6 +61,7 @@ class SimNetwork:
                 raise ValueError(f"link {link.src}->{link.dst} outside ranks 0..{ranks - 1}")
             bandwidth = link.bandwidth_bytes_per_s
             self._links[(link.src, link.dst)] = (link.latency_s, 0.0 if bandwidth is None else 1.0 / bandwidth)
+        self._sources = {src for src, _ in self._links}
         self._busy: dict[tuple[int, int], list[tuple[float, float]]] = {}  # per link: busy intervals
         self._matrix = None
         if self._links and ranks <= _MATRIX_MAX_RANKS:
@@ -71,6 +72,10 @@ class SimNetwork:
     @property
     def emulated(self) -> bool:
         return bool(self._links)
+
+    def links_from(self, src: int) -> bool:
+        """Whether any message ``src`` sends may cross an emulated link."""
+        return src in self._sources
 
     def load_factor(self) -> float:
         """How much slower the progress threads are now: ``computing / shared_cores``, at least 1.
@@ -231,6 +236,48 @@ def allreduce_schedule(p: int, count: int, ring_threshold_bytes: int = RING_THRE
     if p > 2 and count >= p and count * FLOAT_BYTES >= ring_threshold_bytes:
         return _schedule(_ring_steps(p, count), p)
     return _schedule(_rd_steps(p, count), p)
+
+
+@lru_cache(maxsize=64)
+def barrier_schedule(p: int) -> Schedule:
+    """The native dissemination barrier (``dissemination_barrier`` in kernels/schedule.cpp):
+    in step d = 1, 2, 4, ... < p member m sends an empty message to m + d and receives one from m - d."""
+    steps = []
+    d = 1
+    while d < p:
+        steps.append(([(m + d) % p for m in range(p)], [0] * p, [(m - d) % p for m in range(p)]))
+        d <<= 1
+    return _schedule(steps, p)
+
+
+def broadcast_times(p: int, root: int, world: Sequence[int], join: Sequence[float], nbytes: int,
+                    network: "SimNetwork") -> list[float]:
+    """Completion time of every member of the native binomial broadcast (``binomial_bcast`` in
+    kernels/schedule.cpp): member v (counted from the root) receives from v minus its lowest set
+    bit, then sends to v + mask for every lower mask, all posted when its data is there; it
+    completes when it has the data and its sends are released."""
+    ready = [0.0] * p
+    done = [0.0] * p
+    order = sorted(range(p), key=lambda v: (v & -v) if v else p + 1, reverse=True)  # parents before children
+    for v in order:
+        m = (v + root) % p
+        if v == 0:
+            ready[v] = join[m]
+        top = 1
+        while top < p and not (v & top):
+            top <<= 1
+        finish = ready[v]
+        mask = top >> 1
+        while mask > 0:
+            child = v + mask
+            if child < p:
+                c = (child + root) % p
+                release, arrival = network.message(world[m], world[c], nbytes, ready[v])
+                ready[child] = max(join[c], arrival)
+                finish = max(finish, release)
+            mask >>= 1
+        done[v] = finish
+    return [done[(m - root) % p] for m in range(p)]
 
 
 _PYTHON_MAX_MEMBERS = 32  # below this, plain Python beats numpy's per-call overhead

@@ -1,14 +1,14 @@
-"""The SimPy model of a scenario: every rank runs the training loop's structure in simulated time.
+"""The SimPy model of a scenario: every simulated rank runs the real training loop and the real
+algorithm, on a simulated communicator, in simulated time.
 
-Iteration t on rank r, in the order of ``harness.runner.loop.train``::
-
-    start -> before_forward -> injected sleep -> local work (compute) -> after_backward
-          -> after_step -> end -> [evaluation point | bookkeeping until the next start]
-
-Hooks are the algorithm's timing model (``harness.sim.algorithms``); the injected sleeps and
-compute factors come from the scenario's ``InjectionPlan`` (the real run's pure function); the
-local work from a timing source (``harness.sim.timing``). ``comm_blocked_s`` is the time spent
-in the hooks, as in the real loop. The result is a steps frame with the real run's columns.
+Each rank is a greenlet (:mod:`harness.sim.engine`) running ``harness.runner.loop.train`` with
+the algorithm class the scenario names, constructed exactly as on a real rank but on stand-in
+buffers of the model's length (:mod:`harness.sim.standin`) and a
+:class:`harness.sim.comm.SimCommunicator`. What a real rank computes, a simulated rank waits
+for: :class:`SimulatedWork` takes the local work of each iteration from a timing source
+(:mod:`harness.sim.timing`), the injected sleeps and compute factors from the scenario's
+``InjectionPlan`` (the real run's pure function), and models evaluation points. The result is a
+steps frame with the real run's columns, made by the same loop code.
 
 Example::
 
@@ -24,15 +24,19 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from harness.algorithms import algorithm_class
+from harness.algorithms.base import AlgorithmContext
 from harness.injection import InjectionPlan
+from harness.results.columns import STEP_COLUMNS
+from harness.runner.loop import train
 from harness.scenario.network import link_table
 from harness.scenario.schema import Scenario
-from harness.sim.algorithms import MODELS, SimAlgorithm, SimContext
 from harness.sim.calibration import NetworkModel
+from harness.sim.comm import SimFabric
+from harness.sim.engine import SimEngine
 from harness.sim.network import SimNetwork
-from harness.sim.primitives import Collective, CountingEnvironment, wait_until
-from harness.sim.workload_size import communicated_floats
-from harness.results.records import STEP_COLUMNS
+from harness.sim.standin import StandIn
+from harness.workload.models import communicated_floats
 
 
 @dataclass
@@ -57,131 +61,135 @@ def injection_arrays(scenario: Scenario) -> tuple[np.ndarray, np.ndarray]:
     return delays, factors
 
 
-class _Evaluation:
-    """Evaluation points: a global collective, then (predictive) rank 0 tests alone, or
-    (trace-driven) each rank resumes after its measured time past the last arrival."""
+class _Evaluations:
+    """Evaluation points, on a communicator of their own (no emulated links, as in a real run).
 
-    def __init__(self, env, ranks: int, count: int, base: NetworkModel, timing) -> None:
-        self.env = env
+    Predictive: what the real ``evaluate`` does (an allreduce of the model, one of one float,
+    then rank 0 tests alone for the calibrated time). Trace-driven: every rank meets the others,
+    then resumes after the time it took in the real run past the last arrival.
+    """
+
+    def __init__(self, engine: SimEngine, ranks: int, count: int, base: NetworkModel, timing) -> None:
+        self.fabric = SimFabric(engine, SimNetwork(ranks, base), ranks)
+        self.comms = self.fabric.communicators()
+        self.engine = engine
         self.count = count
-        self.network = SimNetwork(ranks, base)  # the evaluation communicator: no emulated links
         self.timing = timing
-        self.points: dict[tuple[int, int], Collective] = {}
-        self.ranks = ranks
 
-    def _collective(self, t: int, part: int, count: int) -> Collective:
-        op = self.points.get((t, part))
-        if op is None:
-            op = self.points[(t, part)] = Collective(self.env, self.network, range(self.ranks), count)
-        return op
-
-    def run(self, r: int, t: int):
+    def run(self, r: int, t: int) -> None:
+        """Rank r's part of the evaluation point after iteration t (0-based)."""
+        comm = self.comms[r]
         if self.timing.trace_driven:
-            barrier = self._collective(t, 0, 0)
-            barrier.join(r)
-            if barrier.done_at is None:
-                yield barrier.complete
-            yield from wait_until(self.env, max(barrier.join_at) + self.timing.after_eval(t, r))
-            return
-        for part, count in ((0, self.count), (1, 1)):  # the averaged model, then the consensus distance
-            op = self._collective(t, part, count)
-            op.join(r)
-            yield from op.wait(r)
-        if r == 0 and self.timing.eval_s > 0:
-            yield self.env.timeout(self.timing.eval_s)
+            handle = comm.ibarrier()
+            handle.wait()
+            op = handle.op
+            self.engine.sleep_until(max(op.join_at) + self.timing.after_eval(t, r))
+        else:
+            comm.allreduce(StandIn(self.count), op="mean")  # the averaged model
+            comm.allreduce(StandIn(1), op="mean")  # the consensus distance
+            if r == 0:
+                self.engine.sleep(self.timing.eval_s)
+        comm.drain_records()  # evaluation traffic is in no record, as in a real run
+
+
+class SimulatedWork:
+    """A simulated rank's side of the training loop (``harness.runner.loop.Work``)."""
+
+    def __init__(self, engine: SimEngine, network: SimNetwork, rank: int, timing, delays: list[float],
+                 factors: list[float], evaluations: _Evaluations) -> None:
+        self.engine = engine
+        self.network = network
+        self.rank = rank
+        self.timing = timing
+        self._delays = delays
+        self._factors = factors
+        self._evaluations = evaluations
+        self.now = engine.now
+        self.sleep = engine.sleep
+
+    def injected(self, t: int) -> tuple[float, float]:
+        return self._delays[t], self._factors[t]
+
+    def gradient(self, t: int, factor: float) -> tuple[float, float]:
+        local = self.timing.compute(t, self.rank)  # the whole iteration's local work, factor included
+        network = self.network
+        network.computing += 1  # shared cores: progress threads slow down while ranks compute
+        self.engine.sleep(local)
+        network.computing -= 1
+        return local, float("nan")
+
+    def step(self, t: int, factor: float, gradient_s: float) -> float:
+        return 0.0  # timed with the gradient
+
+    def evaluate(self, iteration: int, time_s: float, params, final: bool) -> list:
+        if not final:
+            self._evaluations.run(self.rank, iteration - 1)
+        return []
+
+    def between(self, t: int) -> None:
+        gap = self.timing.between(t, self.rank)
+        if gap > 0:
+            self.engine.sleep(gap)
 
 
 def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
-                       delays: np.ndarray | None = None) -> tuple[pd.DataFrame, SimStats]:
+                       delays: np.ndarray | None = None, factors: np.ndarray | None = None,
+                       ) -> tuple[pd.DataFrame, SimStats]:
     """Simulate one algorithm of ``scenario``; returns its steps frame (STEP_COLUMNS) and stats."""
-    if delays is None:
-        delays, _ = injection_arrays(scenario)
-    ranks, iterations = scenario.ranks, scenario.workload.iterations
-    eval_every = scenario.workload.eval_every
-    count = communicated_floats(scenario)
-    env = CountingEnvironment()
+    if delays is None or factors is None:
+        delays, factors = injection_arrays(scenario)
+    ranks = scenario.ranks
+    count = communicated_floats(scenario.workload)
+    engine = SimEngine()
     network = SimNetwork(ranks, base, link_table(scenario))
-    ctx = SimContext(env, network, ranks, count, scenario.seed)
-    model = MODELS[params.name](params, ctx)
-    evaluation = _Evaluation(env, ranks, count, base, timing)
-    rows: list[list[tuple]] = [[] for _ in range(ranks)]  # per rank: (start, end, compute, blocked, sent, staleness)
-    delay_of = delays.T.tolist()  # plain lists: numpy scalar indexing would dominate the inner loop
-    base_hooks = SimAlgorithm
-    before_forward = model.before_forward if type(model).before_forward is not base_hooks.before_forward else None
-    after_backward = model.after_backward if type(model).after_backward is not base_hooks.after_backward else None
-    after_step = model.after_step if type(model).after_step is not base_hooks.after_step else None
-    finished = [0]
+    fabric = SimFabric(engine, network, ranks)
+    evaluations = _Evaluations(engine, ranks, count, base, timing)
+    cls = algorithm_class(params.name)
+    delay_of, factor_of = delays.T.tolist(), factors.T.tolist()  # plain lists: fast indexing per rank
+    steps: list[list] = [[] for _ in range(ranks)]
 
-    def rank_process(r: int):
-        offset = timing.start_offset(r)
-        if offset > 0:
-            yield env.timeout(offset)
-        record, my_delays, bytes_sent, staleness = rows[r].append, delay_of[r], model.bytes_sent, model.staleness
-        for t in range(iterations):
-            t_start = env.now
-            if before_forward is not None:
-                yield from before_forward(r, t)
-            waited = env.now - t_start
-            delay = my_delays[t]
-            if delay > 0:
-                yield env.timeout(delay)
-            local = timing.compute(t, r)
-            network.computing += 1
-            yield env.timeout(local)
-            network.computing -= 1
-            h0 = env.now
-            if after_backward is not None:
-                yield from after_backward(r, t)
-            if after_step is not None:
-                yield from after_step(r, t)
-            now = env.now
-            record((t_start, now, local, waited + now - h0, bytes_sent[r], staleness[r]))
-            bytes_sent[r] = 0
-            if t + 1 < iterations:
-                if (t + 1) % eval_every == 0:
-                    yield from evaluation.run(r, t)
-                else:
-                    gap = timing.between(t, r)
-                    if gap > 0:
-                        yield env.timeout(gap)
-        finished[0] += 1
+    def rank_body(r: int, comm) -> Callable[[], None]:
+        def body() -> None:
+            ctx = AlgorithmContext(comm, StandIn(count), StandIn(count), scenario.optimizer.lr, scenario.seed)
+            algorithm = cls(params, ctx)
+            work = SimulatedWork(engine, network, r, timing, delay_of[r], factor_of[r], evaluations)
+            steps[r], _, _ = train(scenario, algorithm, comm, work, 0.0, keep_ops=False)
+        return body
 
-    for r in range(ranks):
-        env.process(rank_process(r))
+    for r, comm in enumerate(fabric.communicators()):
+        engine.spawn(r, rank_body(r, comm), at=timing.start_offset(r))
     host0 = time.perf_counter()
-    env.run()
+    engine.run()
     host_s = time.perf_counter() - host0
-    unfinished = ranks - finished[0]
-    if unfinished:
-        raise RuntimeError(f"simulation of {params.name} deadlocked: {unfinished} ranks did not finish")
-    table = np.array(rows, dtype=float).reshape(ranks, iterations, 6).transpose(1, 0, 2)  # [t, r, field]
-    start, end, compute, blocked = (table[:, :, i] for i in range(4))
-    sent, staleness = table[:, :, 4].astype(np.int64), table[:, :, 5].astype(np.int64)
+    return _steps_frame(params.name, steps, scenario), SimStats(params.name, engine.env.events_scheduled, host_s)
+
+
+def _steps_frame(name: str, steps: list[list], scenario: Scenario) -> pd.DataFrame:
+    """The steps frame in the real run's row order (iteration-major, then rank)."""
+    ranks, iterations = scenario.ranks, scenario.workload.iterations
+    fields = [f for f in STEP_COLUMNS if f not in ("algorithm", "rank", "iteration")]
+    columns = {}
+    for f in fields:
+        values = np.array([[getattr(s, f) for s in per_rank] for per_rank in steps])  # [rank, iteration]
+        columns[f] = values.T.ravel()
     frame = pd.DataFrame({
-        "algorithm": params.name,
+        "algorithm": name,
         "rank": np.tile(np.arange(ranks), iterations),
         "iteration": np.repeat(np.arange(iterations), ranks),
-        "start_s": start.ravel(),
-        "end_s": end.ravel(),
-        "compute_s": compute.ravel(),
-        "injected_delay_s": delays.ravel(),
-        "comm_blocked_s": blocked.ravel(),
-        "loss": np.nan,
-        "bytes_sent": sent.ravel(),
-        "staleness": staleness.ravel(),
+        **columns,
     }, columns=list(STEP_COLUMNS))
-    return frame, SimStats(params.name, env.events_scheduled, host_s)
+    return frame
 
 
 def simulate_scenario(scenario: Scenario, base: NetworkModel, timing_for: Callable[[str], object],
                       on_done: Callable[[str, pd.DataFrame, SimStats], None] | None = None,
                       ) -> tuple[dict[str, pd.DataFrame], list[SimStats]]:
     """Simulate every algorithm of ``scenario``; ``timing_for(name)`` gives its timing source."""
-    delays, _ = injection_arrays(scenario)
+    delays, factors = injection_arrays(scenario)
     frames: dict[str, pd.DataFrame] = {}
     stats: list[SimStats] = []
     for params in scenario.algorithms:
-        frame, stat = simulate_algorithm(scenario, params, timing_for(params.name), base, delays)
+        frame, stat = simulate_algorithm(scenario, params, timing_for(params.name), base, delays, factors)
         frames[params.name] = frame
         stats.append(stat)
         if on_done is not None:

@@ -22,11 +22,12 @@ import numpy as np
 import pandas as pd
 
 from harness.compute_time import emulated_compute_s
+from harness.config import HarnessError
 from harness.scenario.schema import Scenario
 from harness.sim.calibration import CalibrationEntry, CalibrationError
 
 
-class TimingError(ValueError):
+class TimingError(HarnessError):
     """A timing source that cannot serve this scenario (missing calibration or trace rows)."""
 
 

@@ -138,6 +138,16 @@ def _normalize(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndar
     )
 
 
+# (channels, height, width) and classes of each built-in dataset as load_dataset returns it
+# (synthetic: make_synthetic's defaults, which scenarios use). Lets the simulator size a model
+# without loading data; tests/test_workload.py pins it to what load_dataset returns.
+DATASET_SHAPES: dict[str, tuple[tuple[int, int, int], int]] = {
+    "mnist5k": ((1, 28, 28), 10),
+    "digits": ((1, 8, 8), 10),
+    "synthetic": ((1, 28, 28), 10),
+}
+
+
 def load_dataset(
     name: str, seed: int, test_fraction: float = TEST_FRACTION, **synthetic_options
 ) -> Dataset:

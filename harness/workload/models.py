@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness.scenario.schema import Model as _ModelName
+from harness.workload.data import DATASET_SHAPES
 
 MODEL_NAMES: tuple[str, ...] = get_args(_ModelName)  # the scenario schema names them, once
 
@@ -169,6 +170,23 @@ def build_model(
         torch.manual_seed(int(seed))
         model = builder(shape, int(num_classes))
     return model.float()
+
+
+def parameter_count(name: str, input_shape: tuple[int, ...], num_classes: int) -> int:
+    """Trainable parameters of model ``name`` (its flat buffer's length), counted on a model
+    built on the meta device: no memory, no arithmetic."""
+    with torch.device("meta"):
+        model = build_model(name, input_shape, num_classes, seed=0)
+    return sum(p.numel() for p in model.parameters())
+
+
+def communicated_floats(workload) -> int:
+    """Length of the flat buffer the algorithms communicate for a scenario's ``workload``:
+    ``workload.params`` if set (emulated compute at paper scale), else the model's own."""
+    if workload.params:
+        return int(workload.params)
+    shape, classes = DATASET_SHAPES[workload.dataset]
+    return parameter_count(workload.model, shape, classes)
 
 
 # --- Flat parameter and gradient buffers -----------------------------------------------------

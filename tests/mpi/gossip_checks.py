@@ -42,7 +42,7 @@ def world_sum(a: torch.Tensor | float) -> np.ndarray:
 
 
 def context(comm: Communicator, x0: torch.Tensor, iterations: int) -> AlgorithmContext:
-    return AlgorithmContext(comm, x0.clone(), torch.zeros_like(x0), None, 0.0, 0, iterations)
+    return AlgorithmContext(comm, x0.clone(), torch.zeros_like(x0), 0.0, 0)
 
 
 def drive(alg, iterations: int, update=None, sleep_s: float = 0.0, on_iteration=None) -> None:

@@ -20,10 +20,9 @@ import torch
 from mpi4py import MPI
 
 from checklib import Checks, Skip, run_checks
-from harness.algorithms import algorithm_class
+from harness.algorithms import algorithm_class, params_model
 from harness.algorithms.base import AlgorithmContext
 from harness.schedules import periodic_sync
-from harness.algorithms.params import ALGORITHM_PARAMS
 from harness.comm import Communicator, Link
 
 WORLD = MPI.COMM_WORLD
@@ -63,8 +62,8 @@ def local_step(x, r: int, t: int):
 
 def make(comm: Communicator, name: str, n: int, iterations: int, **params):
     x = torch.from_numpy(x0(n).copy())
-    ctx = AlgorithmContext(comm, x, torch.zeros_like(x), None, LR, 0, iterations)
-    return algorithm_class(name)(ALGORITHM_PARAMS[name].model_validate({"name": name, **params}), ctx)
+    ctx = AlgorithmContext(comm, x, torch.zeros_like(x), LR, 0)
+    return algorithm_class(name)(params_model(name).model_validate({"name": name, **params}), ctx)
 
 
 def drive(alg, iterations: int, before_sync=None, after_sync=None, compute_s: float = 0.0):

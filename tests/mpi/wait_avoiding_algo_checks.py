@@ -32,6 +32,7 @@ from harness.algorithms.params import AllreduceSGDParams, EagerSGDParams, LocalS
 from harness.algorithms.wagma import WAGMA
 from harness.comm import Communicator
 from harness.injection import InjectionPlan
+from harness.runner.local_work import LocalWork
 from harness.runner.loop import train
 from harness.runner.workload_state import build_state
 from harness.scenario import scenario_from_dict
@@ -62,14 +63,14 @@ def f(rank: int, k: int) -> float:
 
 # -- fake context --------------------------------------------------------------------------------
 
-def fake_context(comm: Communicator, n: int, value: float, lr: float) -> AlgorithmContext:
-    """Flat params / grads with one torch Parameter viewing them and a plain SGD (no momentum)."""
+def fake_context(comm: Communicator, n: int, value: float, lr: float) -> tuple[AlgorithmContext, torch.optim.SGD]:
+    """Flat params / grads with one torch Parameter viewing them, and a plain SGD (no momentum) on them."""
     params = torch.full((n,), value, dtype=torch.float32)
     grads = torch.zeros(n, dtype=torch.float32)
     weight = torch.nn.Parameter(params)  # shares params' memory, as the model's parameters do
     weight.grad = grads
     opt = torch.optim.SGD([weight], lr=lr, momentum=0.0)
-    return AlgorithmContext(comm, params, grads, opt, lr, seed=5, iterations=0)
+    return AlgorithmContext(comm, params, grads, lr, seed=5), opt
 
 
 _FAKE_WAGMA: dict = {}
@@ -79,9 +80,9 @@ def fake_wagma_run(comm: Communicator) -> dict:
     """WAGMA over a fake context, rank SLOW sleeping before every round; cached across checks."""
     if _FAKE_WAGMA:
         return _FAKE_WAGMA
-    n, rounds, sync_period, lr, sleep_s = 5, 8, 3, 0.5, 0.12
-    ctx = fake_context(comm, n, f(RANK, -1), lr)
-    algo = WAGMA(WAGMAParams(group_size=GROUP_SIZE, sync_period=sync_period), ctx)
+    n, rounds, period, lr, sleep_s = 5, 8, 4, 0.5, 0.12
+    ctx, opt = fake_context(comm, n, f(RANK, -1), lr)
+    algo = WAGMA(WAGMAParams(group_size=GROUP_SIZE, period=period), ctx)
     comm.barrier()
     infos, averaged, stepped, grads = [], [], [], []
     for k in range(rounds):
@@ -91,13 +92,13 @@ def fake_wagma_run(comm: Communicator) -> dict:
         ctx.grads.fill_(RANK + k + 1.0)  # "computed at" f(RANK, k)
         algo.after_backward(k)
         averaged.append(ctx.params.clone())
-        ctx.optimizer.step()  # what the loop does next
+        opt.step()  # what the loop does next
         stepped.append(ctx.params.clone())
         grads.append(RANK + k + 1.0)
         infos.append(dict(algo.info, algo_staleness=algo.staleness))
     algo.finish()
     _FAKE_WAGMA.update(infos=infos, averaged=averaged, stepped=stepped, grads=grads, lr=lr,
-                       sync_every=sync_period + 1, all_infos=WORLD.allgather(infos))
+                       sync_every=period, all_infos=WORLD.allgather(infos))
     return _FAKE_WAGMA
 
 
@@ -167,13 +168,12 @@ def dataset():
 def run_loop(comm: Communicator, cls, params, sc, wrap=None):
     """One algorithm through the real training loop; returns (algorithm, final flat model)."""
     state = build_state(sc, RANK, dataset())
-    ctx = AlgorithmContext(comm, state.params, state.grads, state.optimizer, sc.optimizer.lr, sc.seed,
-                           sc.workload.iterations)
+    ctx = AlgorithmContext(comm, state.params, state.grads, sc.optimizer.lr, sc.seed)
     algo = cls(params, ctx)
     if wrap is not None:
         wrap(algo)
     comm.barrier()
-    train(sc, algo, state, comm, EVAL_COMM, InjectionPlan.from_scenario(sc), time.monotonic())
+    train(sc, algo, comm, LocalWork(sc, state, RANK, InjectionPlan.from_scenario(sc), EVAL_COMM, algo.name), time.monotonic())
     return algo, algo.eval_params().detach().clone()
 
 
@@ -207,7 +207,7 @@ TOL = {"rtol": 1e-5, "atol": 1e-6}
 
 @check
 def wagma_sync_every_round_vs_local_sgd_period_1(comm: Communicator) -> str | None:
-    """Proof 1: WAGMA with every round synchronous (sync_period 0) against Local SGD with period 1.
+    """Proof 1: WAGMA with every round synchronous (period 1) against Local SGD with period 1.
 
     WAGMA:     x_i <- OPT(mean_j x_j, g_i(x_i))        gradient at the rank's pre-average model
     Local SGD: y_i <- mean_j OPT(y_j, g_j(y_j))        average after the step
@@ -220,10 +220,8 @@ def wagma_sync_every_round_vs_local_sgd_period_1(comm: Communicator) -> str | No
           at the mean (the reference stops before the last average);
       (c) and the two references differ after a few iterations: (a) does not extend beyond one
           iteration, since g_i(x_i) != g_i(mean x) once the models have diverged.
-    ``sync_period = 0`` is below the scenario schema's minimum (1), so the check builds the
-    parameters without validation.
     """
-    every_round = WAGMAParams.model_construct(name="wagma", group_size=GROUP_SIZE, sync_period=0)
+    every_round = WAGMAParams(group_size=GROUP_SIZE, period=1)
     one, many = scenario(1), scenario(6)
     # Every collective first, every assertion after: a failure on one rank must not leave the
     # others waiting in a collective.
@@ -263,7 +261,7 @@ def wagma_models_identical_after_sync_rounds_in_the_loop(comm: Communicator) -> 
 
         algo.after_backward = after_backward
 
-    run_loop(comm, WAGMA, WAGMAParams(group_size=GROUP_SIZE, sync_period=2), scenario(9), wrap=record)
+    run_loop(comm, WAGMA, WAGMAParams(group_size=GROUP_SIZE, period=3), scenario(9), wrap=record)
     same = [same_on_all_ranks(model) for model in synced]  # the sync rounds are the same on every rank
     assert len(synced) == 3, f"expected sync rounds 2, 5, 8; saw {len(synced)}"
     assert all(same), f"models differ after sync rounds: {[3 * i + 2 for i, ok in enumerate(same) if not ok]}"
@@ -271,10 +269,10 @@ def wagma_models_identical_after_sync_rounds_in_the_loop(comm: Communicator) -> 
 
 @check
 def eager_sync_every_round_equals_allreduce_sgd(comm: Communicator) -> str | None:
-    """eager-SGD with sync_period 1 is Allreduce-SGD (sum of g/P vs mean of g: rounding only)."""
+    """eager-SGD with period 1 is Allreduce-SGD (sum of g/P vs mean of g: rounding only)."""
     sc = scenario(6)
     _, ar = run_loop(comm, AllreduceSGD, AllreduceSGDParams(), sc)
-    eager = {mode: run_loop(comm, EagerSGD, EagerSGDParams(mode=mode, sync_period=1), sc)[1]
+    eager = {mode: run_loop(comm, EagerSGD, EagerSGDParams(mode=mode, period=1), sc)[1]
              for mode in ("solo", "majority")}
     identical = {mode: same_on_all_ranks(model) for mode, model in eager.items()}
     for mode, model in eager.items():
@@ -292,11 +290,11 @@ def eager_late_gradients_are_carried_not_lost(comm: Communicator) -> str | None:
     """
     if SIZE < 2:
         raise Skip("needs 2 ranks: one late")
-    rounds, sync_period = 9, 3
+    rounds, period = 9, 3
     outcomes = {}
     for mode in ("solo", "majority"):
-        ctx = fake_context(comm, 4, 0.0, 0.1)
-        algo = EagerSGD(EagerSGDParams(mode=mode, sync_period=sync_period), ctx)
+        ctx, _ = fake_context(comm, 4, 0.0, 0.1)
+        algo = EagerSGD(EagerSGDParams(mode=mode, period=period), ctx)
         comm.barrier()
         applied, infos = [], []
         for k in range(rounds):
@@ -314,7 +312,7 @@ def eager_late_gradients_are_carried_not_lost(comm: Communicator) -> str | None:
         total = torch.stack(applied).double().sum(0)
         assert torch.all(total == want), f"{mode}: applied {total[0].item()}, published {want}"
         assert all(same), f"{mode}: rounds {[k for k, ok in enumerate(same) if not ok]} applied different sums"
-        assert all(i["sync"] == is_sync_round(k, sync_period) for k, i in enumerate(infos))
+        assert all(i["sync"] == is_sync_round(k, period) for k, i in enumerate(infos))
         if mode == "solo":
             assert max(late) > 0, f"solo: the late rank was never late ({late})"
     return "late rank's staleness per round: " + ", ".join(f"{m} {o[3]}" for m, o in outcomes.items())

@@ -1,0 +1,105 @@
+"""Simulated ranks as greenlets on one SimPy clock.
+
+Every simulated rank runs ordinary blocking code (the training loop and the algorithm's hooks,
+the very code real ranks run) in a greenlet of its own. Whenever that code would block (a
+sleep, a ``wait()`` on a communication handle) it parks: it hangs a "switch back to me"
+callback on a SimPy event and switches to the hub, the greenlet running SimPy's event loop.
+When SimPy processes the event, the callback switches into the rank, which runs until it parks
+again. So simulated time advances only through SimPy events, the ranks' code stays straight-line,
+and nothing runs concurrently: results are deterministic.
+
+Example::
+
+    engine = SimEngine()
+    engine.spawn(0, lambda: engine.sleep(1.5))
+    engine.run()            # engine.now() == 1.5
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import simpy
+from greenlet import greenlet
+
+
+class CountingEnvironment(simpy.Environment):
+    """A SimPy environment that counts the events it schedules (the benchmark's events/s)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events_scheduled = 0
+
+    def schedule(self, event, priority=1, delay=0):  # noqa: D401 - SimPy's signature
+        self.events_scheduled += 1
+        super().schedule(event, priority, delay)
+
+
+class SimDeadlock(RuntimeError):
+    """Simulated ranks still waiting when no event is left: they can never continue."""
+
+
+class SimEngine:
+    """The SimPy environment plus the greenlets of the simulated ranks."""
+
+    def __init__(self) -> None:
+        self.env = CountingEnvironment()
+        self._hub: greenlet | None = None
+        self._ranks: dict[int, greenlet] = {}
+        self._finished: set[int] = set()
+        self._waiting_for: dict[greenlet, str] = {}  # what a rank last blocked on (deadlock reports)
+
+    # -- time, for the code inside a rank ---------------------------------------------------------
+    def now(self) -> float:
+        return self.env.now
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            self._park(self.env.timeout(seconds))
+
+    def sleep_until(self, when: float) -> None:
+        now = self.env.now
+        if when > now:
+            self._park(self.env.timeout(when - now))
+
+    def wait(self, event: simpy.Event, what: str) -> None:
+        """Block the calling rank until ``event`` has been processed (at once if it has);
+        ``what`` names the wait if the simulation deadlocks there."""
+        if event.callbacks is not None:
+            current = greenlet.getcurrent()
+            self._waiting_for[current] = what
+            event.callbacks.append(current.switch)
+            self._hub.switch()
+
+    def _park(self, event: simpy.Event) -> None:
+        event.callbacks.append(greenlet.getcurrent().switch)
+        self._hub.switch()
+
+    # -- ranks ----------------------------------------------------------------------------------
+    def spawn(self, rank: int, body: Callable[[], None], at: float = 0.0) -> None:
+        """Run ``body()`` as simulated rank ``rank``, starting at simulated time ``at``."""
+
+        def run(_event: object) -> None:  # first switched to by SimPy's callback, with the event
+            body()
+            self._finished.add(rank)
+
+        g = greenlet(run)
+        self._ranks[rank] = g
+        self.env.timeout(max(0.0, at)).callbacks.append(g.switch)
+
+    def run(self) -> None:
+        """Process events until none is left; raise :class:`SimDeadlock` if a rank is still blocked.
+
+        An exception inside a rank propagates out of here (through SimPy's event loop).
+        """
+        self._hub = greenlet.getcurrent()
+        for g in self._ranks.values():
+            g.parent = self._hub
+        self.env.run()
+        stuck = sorted(set(self._ranks) - self._finished)
+        if stuck:
+            shown = ", ".join(f"rank {r} waits for {self._waiting_for.get(self._ranks[r], 'time')}"
+                              for r in stuck[:8])
+            more = f" and {len(stuck) - 8} more" if len(stuck) > 8 else ""
+            raise SimDeadlock(f"simulation deadlocked at t={self.env.now:.6f} s: {len(stuck)} ranks wait forever: "
+                              f"{shown}{more}")

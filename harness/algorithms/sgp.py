@@ -45,7 +45,6 @@ from harness.schedules import exponential_out_peers
 
 class SGP(Algorithm):
     name = "sgp"
-    Params = SGPParams
 
     def __init__(self, params: SGPParams, ctx: AlgorithmContext) -> None:
         super().__init__(params, ctx)
@@ -53,8 +52,8 @@ class SGP(Algorithm):
         self.weight = 1.0
         n = ctx.params.numel()
         self.numerator = torch.empty_like(ctx.params)  # x, kept aside while ctx.params holds z
-        self.message = torch.empty(n + 1, dtype=torch.float32)
-        self.inbox = torch.zeros(n + 1, dtype=torch.float32)
+        self.message = ctx.params.new_empty(n + 1)  # derived from the model: a stand-in in the simulator
+        self.inbox = ctx.params.new_zeros(n + 1)
         self.channel = ctx.comm.push_channel(n + 1) if self.peers else None  # collective
         self.rounds = 0  # rounds pushed so far; every rank pushes rounds 0, 1, 2, ... in this order
         self.expected = 0  # messages addressed to this rank in the rounds pushed so far

@@ -93,7 +93,10 @@ def train(
         beat.phase(Phase.LOCAL)
         return now() - h0
 
+    begin_iteration = getattr(comm, "begin_iteration", None)  # a call log (harness.comm.call_log) wants t
     for t in range(iterations):
+        if begin_iteration is not None:
+            begin_iteration(t)
         beat.iteration(t)
         if faults:
             faults.at_iteration(name, t)
@@ -119,6 +122,8 @@ def train(
             evals += work.evaluate(t + 1, now() - t0, algorithm.eval_params(), False)
         else:
             work.between(t)
+    if begin_iteration is not None:
+        begin_iteration(None)  # finish() belongs to no iteration
     beat.phase(Phase.COMMUNICATING)
     algorithm.finish()
     ops += comm.drain_records()

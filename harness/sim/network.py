@@ -28,6 +28,7 @@ computed first and left no gap.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -234,8 +235,58 @@ def allreduce_schedule(p: int, count: int, ring_threshold_bytes: int = RING_THRE
     if p == 1:
         return _schedule([], 1)
     if p > 2 and count >= p and count * FLOAT_BYTES >= ring_threshold_bytes:
-        return _schedule(_ring_steps(p, count), p)
+        return RingSchedule(p, count)
     return _schedule(_rd_steps(p, count), p)
+
+
+class RingSchedule:
+    """The ring allreduce of ``count`` floats over ``p`` members, without its 2(p-1) x p step
+    table unless someone asks for it (``steps_schedule``): at 16,384 members the table would
+    hold half a billion entries.
+
+    Member m sends every chunk but chunk m+1 in the reduce-scatter and every chunk but m+2 in
+    the allgather (``_ring_steps``), which gives ``bytes_sent`` directly; on the base network
+    :func:`run_schedule` uses the closed form of the ring's max-plus recurrence
+    (:func:`_ring_completion`) instead of walking the steps.
+    """
+
+    def __init__(self, p: int, count: int) -> None:
+        self.p = p
+        self.count = count
+        base, extra = divmod(count, p)
+        sizes = np.array([(base + (1 if k < extra else 0)) * FLOAT_BYTES for k in range(p)], dtype=float)
+        members = np.arange(p)
+        self.bytes_sent = 2 * sizes.sum() - sizes[(members + 1) % p] - sizes[(members + 2) % p]
+        self.chunk_bytes = float(sizes.max())  # chunks differ by at most one float
+        self.steps = 2 * (p - 1)
+
+    @functools.cached_property
+    def steps_schedule(self) -> Schedule:
+        return _schedule(_ring_steps(self.p, self.count), self.p)
+
+
+def _ring_completion(join: np.ndarray, cost: float) -> np.ndarray:
+    """Completion times of a ring allreduce whose every message takes ``cost`` after its source
+    finished the previous step, members joining at ``join``.
+
+    Step by step, t_m <- max(t_m, t_(m-1) + cost) for 2(p-1) steps, whose solution is
+    t_m = max over j = 0..2(p-1) of join_(m-j) + j cost (indices mod p). For each source k the
+    largest admissible j is taken, which splits into a prefix maximum, a suffix maximum and the
+    one source (m+1) reachable only p-1 steps back: O(p) instead of O(p^2). With unequal chunks
+    ``cost`` is the largest chunk's, a bound within one float per step of the step-by-step times.
+    """
+    p = len(join)
+    m = np.arange(p, dtype=float)
+    u = join - m * cost
+    prefix = np.maximum.accumulate(u)  # max over k <= m of u_k
+    suffix = np.maximum.accumulate(u[::-1])[::-1]  # max over k >= m of u_k
+    done = (m + p) * cost + prefix
+    done[:-2] = np.maximum(done[:-2], (m[:-2] + 2 * p) * cost + suffix[2:])  # sources k >= m + 2
+    done[:-1] = np.maximum(done[:-1], join[1:] + (p - 1) * cost)  # source m + 1
+    # Member p-1: its special source is member 0, which the prefix must not count as p + p-1 back.
+    last = (p - 1 + p) * cost + (u[1:].max() if p > 1 else -np.inf)
+    done[-1] = max(last, join[0] + (p - 1) * cost, join[-1])
+    return done
 
 
 @lru_cache(maxsize=64)
@@ -283,13 +334,19 @@ def broadcast_times(p: int, root: int, world: Sequence[int], join: Sequence[floa
 _PYTHON_MAX_MEMBERS = 32  # below this, plain Python beats numpy's per-call overhead
 
 
-def run_schedule(schedule: Schedule, world: Sequence[int], join: Sequence[float], network: SimNetwork) -> list[float]:
+def run_schedule(schedule: "Schedule | RingSchedule", world: Sequence[int], join: Sequence[float], network: SimNetwork) -> list[float]:
     """Completion time of every member of a collective that member m joined at ``join[m]``.
 
     ``world[m]`` is member m's rank (for link lookup). Max-plus over the aligned steps; see the
     module docstring. Small collectives on the base network run in plain Python (the common
     case of WAGMA groups), everything else vectorised; both compute the same times.
     """
+    if isinstance(schedule, RingSchedule):
+        if not network.emulated:
+            load = network.load_factor()
+            cost = (network.alpha + schedule.chunk_bytes * network.inv_bandwidth) * load
+            return _ring_completion(np.asarray(join, dtype=float), cost).tolist()
+        schedule = schedule.steps_schedule
     if not network.emulated and len(join) <= _PYTHON_MAX_MEMBERS:
         return _run_small(schedule, list(join), network)
     t = np.array(join, dtype=float)

@@ -134,8 +134,13 @@ class SimulatedWork:
 
 def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
                        delays: np.ndarray | None = None, factors: np.ndarray | None = None,
+                       wrap_comm: Callable[[int, object], object] | None = None,
                        ) -> tuple[pd.DataFrame, SimStats]:
-    """Simulate one algorithm of ``scenario``; returns its steps frame (STEP_COLUMNS) and stats."""
+    """Simulate one algorithm of ``scenario``; returns its steps frame (STEP_COLUMNS) and stats.
+
+    ``wrap_comm(rank, comm)``, if given, returns what the rank's algorithm and loop use instead
+    of its simulated communicator (e.g. a call log).
+    """
     if delays is None or factors is None:
         delays, factors = injection_arrays(scenario)
     ranks = scenario.ranks
@@ -157,6 +162,8 @@ def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
         return body
 
     for r, comm in enumerate(fabric.communicators()):
+        if wrap_comm is not None:
+            comm = wrap_comm(r, comm)
         engine.spawn(r, rank_body(r, comm), at=timing.start_offset(r))
     host0 = time.perf_counter()
     engine.run()
@@ -183,13 +190,16 @@ def _steps_frame(name: str, steps: list[list], scenario: Scenario) -> pd.DataFra
 
 def simulate_scenario(scenario: Scenario, base: NetworkModel, timing_for: Callable[[str], object],
                       on_done: Callable[[str, pd.DataFrame, SimStats], None] | None = None,
+                      wrap_comm: Callable[[str, int, object], object] | None = None,
                       ) -> tuple[dict[str, pd.DataFrame], list[SimStats]]:
-    """Simulate every algorithm of ``scenario``; ``timing_for(name)`` gives its timing source."""
+    """Simulate every algorithm of ``scenario``; ``timing_for(name)`` gives its timing source,
+    ``wrap_comm(name, rank, comm)`` optionally wraps each rank's communicator."""
     delays, factors = injection_arrays(scenario)
     frames: dict[str, pd.DataFrame] = {}
     stats: list[SimStats] = []
     for params in scenario.algorithms:
-        frame, stat = simulate_algorithm(scenario, params, timing_for(params.name), base, delays, factors)
+        wrap = None if wrap_comm is None else (lambda r, c, name=params.name: wrap_comm(name, r, c))
+        frame, stat = simulate_algorithm(scenario, params, timing_for(params.name), base, delays, factors, wrap)
         frames[params.name] = frame
         stats.append(stat)
         if on_done is not None:

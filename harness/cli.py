@@ -4,6 +4,10 @@ Each command lives in its own module under ``harness/commands/`` and exposes
 ``register(subparsers)``, which adds its parser and sets ``func`` to a callable taking the
 parsed arguments and returning an exit status. Commands import their heavy dependencies
 (torch, mpi4py) lazily, so ``validate`` and ``--help`` stay fast.
+
+A command reports bad input by raising a :class:`~harness.config.HarnessError` (a scenario
+file that does not load, a calibration file that lacks what is needed, a launcher that cannot
+start the ranks): ``main`` prints it as ``error:`` lines and exits 2, for every command alike.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import argparse
 import importlib
 import os
 import sys
+
+from harness.config import HarnessError
 
 COMMANDS = ("run", "validate", "sbatch", "bench", "calibrate", "simulate", "compare", "figures")
 
@@ -28,13 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from harness.launch import LaunchError
-
+    """Run the command ``argv`` names; its exit status. A user error (:class:`HarnessError`)
+    from any command is printed without a traceback and exits 2."""
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except LaunchError as exc:  # e.g. srun tasks MPI cannot join, found by any command that launches
-        print(f"error: {exc}", file=sys.stderr)
+    except HarnessError as exc:  # a bad file or option, a machine that cannot do what was asked
+        print(error_text(exc), file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl+C or SIGINT in a command that has no cleanup of its own
         print("interrupted", file=sys.stderr)
@@ -43,6 +49,14 @@ def main(argv: list[str] | None = None) -> int:
         # Point stdout at /dev/null so the interpreter's final flush does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+def error_text(exc: HarnessError) -> str:
+    """``exc``'s message as ``error:`` lines: one per problem (an unindented line of the message,
+    e.g. each field of a scenario file that is wrong); indented lines, such as a command to
+    run, continue the problem above them as they are."""
+    lines = str(exc).splitlines() or [type(exc).__name__]
+    return "\n".join(line if line[:1].isspace() else f"error: {line}" for line in lines)
 
 
 if __name__ == "__main__":

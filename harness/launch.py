@@ -29,6 +29,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.config import HarnessError
+
 LAUNCHERS = ("auto", "mpiexec", "slurm")
 
 INTERRUPT_GRACE_S = 5.0  # an interrupted rank ends within this, whatever it was doing
@@ -37,7 +39,7 @@ SIGNAL_STOP_S = 3.0  # stop_job: for the launcher after a signal to its process 
 IMPORT_RETRY_S = 0.05  # an interrupt arriving during an import is delivered again after this
 
 
-class LaunchError(RuntimeError):
+class LaunchError(HarnessError):
     """The ranks could not be started or did not finish."""
 
 

@@ -45,6 +45,7 @@ import numpy as np
 
 from harness.arguments import argtype, int_at_least, split_list
 from harness.bench.arguments import job_size_matches, say, worker_main
+from harness.config import HarnessError
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -66,8 +67,9 @@ _SUFFIX = {"": 1, "K": KIB, "M": MIB, "G": GIB}
 _SIZE_RE = re.compile(r"(\d+)\s*(?:([KMG])I?)?B?", re.IGNORECASE)
 
 
-class SizeError(ValueError):
-    """A size argument that is not a positive whole number of float32 elements."""
+class SizeError(HarnessError, ValueError):
+    """A size argument that is not a positive whole number of float32 elements (a ValueError,
+    which ``harness.arguments.argtype`` turns into the option's usage error)."""
 
 
 def parse_bytes(text: str) -> int:

@@ -20,7 +20,7 @@ import argparse
 import sys
 
 from harness.bench import collectives, simulator, stress
-from harness.launch import LaunchError, inside_mpi_job, run_ranks
+from harness.launch import inside_mpi_job, run_ranks
 
 DEFAULT_RANKS = 4
 
@@ -64,8 +64,6 @@ def run_collectives(args: argparse.Namespace) -> int:
     argv = [sys.executable, "-m", "harness.bench.collectives", *collectives.to_argv(args, ranks)]
     try:
         return run_ranks(ranks, argv).returncode
-    except LaunchError as exc:
-        return _error(str(exc))
     except KeyboardInterrupt:  # run_ranks has already killed the job
         return 130
 
@@ -80,8 +78,6 @@ def run_stress(args: argparse.Namespace) -> int:
     ranks = stress.DEFAULT_RANKS if args.ranks is None else args.ranks
     try:
         return run_ranks(ranks, stress.worker_argv(args, ranks)).returncode
-    except LaunchError as exc:
-        return _error(str(exc))
     except KeyboardInterrupt:  # run_ranks has already stopped the job
         return 130
 

@@ -125,15 +125,9 @@ def _merge(cal, entry):
 def run(args: argparse.Namespace) -> int:
     from harness.calibrate.measure import format_table, plan_from_scenarios  # noqa: PLC0415
     from harness.launch import LaunchError, inside_mpi_job, run_ranks  # noqa: PLC0415
-    from harness.scenario import ScenarioError  # noqa: PLC0415
     from harness.sim.calibration import CalibrationEntry, CalibrationError, save_calibration  # noqa: PLC0415
 
-    try:
-        scenarios = _load_scenarios(args)
-    except ScenarioError as exc:
-        for line in str(exc).splitlines():
-            print(f"error: {line}", file=sys.stderr)
-        return 2
+    scenarios = _load_scenarios(args)
     plan = plan_from_scenarios(scenarios, quick=args.quick)
     job = inside_mpi_job()
     if args.ranks is not None:

@@ -36,11 +36,10 @@ def run(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
     from harness.results.records import RUN_FILE, SCENARIO_FILE, RunDirectory
-    from harness.scenario import ScenarioError, load_scenario
+    from harness.scenario import load_scenario
     from harness.sim.calibration import DEFAULT_PATH, CalibrationError, calibrate_command, load_calibration
     from harness.sim.compare import COMPARE_FILE, COMPARE_PLOT, MODES, compare_run, compared_scenario, error_summary
     from harness.sim.runs import calibration_entry
-    from harness.sim.timing import TimingError
 
     run_dir: Path = args.run_dir
     if not (run_dir / SCENARIO_FILE).is_file():
@@ -51,25 +50,28 @@ def run(args: argparse.Namespace) -> int:
         return 2
     calibration_path = args.calibration or DEFAULT_PATH
     modes = MODES if args.mode == "both" else (args.mode,)
+    # The run's own files and harness.sim.compare say what makes a run unusable (a run.json that
+    # is not JSON, a CSV without its columns, no finished algorithm) with a plain ValueError.
+    # Scenario, calibration and timing problems are user errors harness.cli reports.
     try:
         run = RunDirectory.open(run_dir)
         scenario = compared_scenario(run, load_scenario(run_dir / SCENARIO_FILE))
-        if not calibration_path.exists():
-            command = calibrate_command(run_dir / SCENARIO_FILE, scenario.ranks, calibration_path)
-            raise CalibrationError(f"{calibration_path}: no calibration file; compare needs this machine's: "
-                                   f"measure it with (or pass --calibration FILE):\n  {command}")
-        calibration = load_calibration(calibration_path)
-        # Checked before anything is simulated or written; trace mode takes compute from the run.
-        entry, note = calibration_entry(scenario, calibration, run_dir / SCENARIO_FILE, calibration_path,
-                                        needs_compute="predictive" in modes)
-    except (ScenarioError, CalibrationError, ValueError) as exc:
+    except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if not calibration_path.exists():
+        command = calibrate_command(run_dir / SCENARIO_FILE, scenario.ranks, calibration_path)
+        raise CalibrationError(f"{calibration_path}: no calibration file; compare needs this machine's: "
+                               f"measure it with (or pass --calibration FILE):\n  {command}")
+    calibration = load_calibration(calibration_path)
+    # Checked before anything is simulated or written; trace mode takes compute from the run.
+    entry, note = calibration_entry(scenario, calibration, run_dir / SCENARIO_FILE, calibration_path,
+                                    needs_compute="predictive" in modes)
     if note:
         print(f"note: {note}", file=sys.stderr)
     try:
         table = compare_run(run, scenario, entry, str(calibration_path), modes)
-    except (CalibrationError, TimingError, ValueError) as exc:
+    except ValueError as exc:  # records the simulation cannot replay, as above
         print(f"error: {exc}", file=sys.stderr)
         return 2
     rows = [

@@ -16,7 +16,7 @@ first makes sure its data exist, in manifest order:
 git ignores, so a regeneration never changes the checkout; ``--gallery`` writes into
 ``paper_figs/out/`` instead (the committed images the README shows; full runs only), ``--out DIR``
 anywhere. Progress goes to stderr; a failed experiment stops the command with its error (exit
-1) and leaves what was finished.
+1) and leaves what was finished; a manifest scenario that does not load is bad input (exit 2).
 
 Example::
 
@@ -36,13 +36,15 @@ import time
 from pathlib import Path
 
 from harness.arguments import name_list
+from harness.config import HarnessError
 
 FIGURES_DIR = "figures"  # under the results root: sweeps' CSVs and, by default, the drawn figures
 QUICK_DIR = "quick"  # under FIGURES_DIR: figures drawn with --quick, kept apart from the full ones
 
 
-class FiguresError(Exception):
-    """An experiment that could not be made, or a figure that could not be drawn."""
+class FiguresError(HarnessError):
+    """An experiment that could not be made, or a figure that could not be drawn. ``figures``
+    exits 1 on it, as ``run`` does on a failed job: the experiment failed, not the input."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -150,7 +152,6 @@ def output_dir(args: argparse.Namespace) -> Path:
 def run(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
-    from harness.scenario import ScenarioError
     from paper_figs import GALLERY_DIR, manifest, style
 
     if args.gallery and args.quick:
@@ -184,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
             png, csv = style.save(fig, table, out, module.NAME)
             rows.append([module.NAME, str(png), str(csv), len(table)])
             _say(f"drew {png}")
-    except (FiguresError, ScenarioError, ValueError) as exc:
+    except (FiguresError, ValueError) as exc:  # paper_figs say a figure's data are unusable with ValueError
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

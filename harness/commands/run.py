@@ -88,25 +88,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from harness.algorithms import implemented
     from harness.device import scenario_device_problem
-    from harness.launch import Launch, LaunchError, inside_mpi_job
+    from harness.launch import Launch, inside_mpi_job
     from harness.results import provenance
-    from harness.scenario import ScenarioError, load_scenario
+    from harness.scenario import load_scenario_with_notes
 
-    try:
-        in_job = inside_mpi_job()
-    except LaunchError as exc:
-        return _error(str(exc), 2)
+    # A LaunchError or ScenarioError raised before the ranks start is bad input: harness.cli
+    # prints it (exit 2), and nothing has been written yet.
+    in_job = inside_mpi_job()
     launch = None
     if in_job is None:
-        try:
-            launch = Launch.choose(args.launcher, args.hosts)
-        except LaunchError as exc:
-            return _error(str(exc), 2)
+        launch = Launch.choose(args.launcher, args.hosts)
     elif args.launcher != "auto" or args.hosts is not None:
         return _error("--launcher and --hosts are for starting ranks; this process already is one of an MPI job "
                       f"of {in_job} ranks", 2)
+    renamed: list[str] = []  # notes on old parameter spellings in the scenario file
     if args.resume is not None:
         if args.scenario is not None or _overrides(args) or args.provenance is not None:
             return _error("--resume takes only the run directory: the scenario and its settings are the run's own "
@@ -121,24 +117,17 @@ def _run(args: argparse.Namespace) -> int:
     else:
         if args.scenario is None:
             return _error("give a scenario FILE, or --resume RUN_DIR", 2)
-        try:
-            scenario = load_scenario(args.scenario, overrides=_overrides(args))
-        except ScenarioError as exc:
-            return _error(str(exc), 2)
+        scenario, renamed = load_scenario_with_notes(args.scenario, overrides=_overrides(args))
         # The resolved scenario says what the run keeps: auto and --provenance resolved here.
         scenario = provenance.resolve(scenario, args.provenance)
         run_dir = None
     source = args.resume or args.scenario
-    missing = [a.name for a in scenario.algorithms if a.name not in implemented()]
-    if missing:
-        return _error(f"{source}: algorithms {', '.join(missing)} are valid but not implemented yet "
-                      f"(available: {', '.join(implemented())}); use --only", 2)
     problem = scenario_device_problem(scenario)
     if problem is not None:
         return _error(f"{source}: {problem}", 2)
 
     if in_job is not None:
-        return _run_in_place(scenario, args, in_job, run_dir)
+        return _run_in_place(scenario, args, in_job, run_dir, renamed)
     problem = _provenance_problem(scenario, run_dir, args.out)
     if problem is not None:
         return _error(f"{source}: {problem}", 2)
@@ -146,7 +135,7 @@ def _run(args: argparse.Namespace) -> int:
         run_dir = _create_run_dir(scenario, args.out)
     else:
         _begin_resume(run_dir)
-    return _launch(scenario, run_dir, launch, resume=args.resume is not None)
+    return _launch(scenario, run_dir, launch, resume=args.resume is not None, renamed=renamed)
 
 
 def _create_run_dir(scenario, out: str):
@@ -205,7 +194,7 @@ def _begin_resume(run_dir) -> None:
     run_dir.update_run_json("incomplete")
 
 
-def _launch(scenario, run_dir, launch, resume: bool) -> int:
+def _launch(scenario, run_dir, launch, resume: bool, renamed: list[str]) -> int:
     """Start the ranks under the venv's mpiexec and watch them until they end.
 
     The watchdog sees the ranks' heartbeats and processes only when they all run on this host;
@@ -220,7 +209,7 @@ def _launch(scenario, run_dir, launch, resume: bool) -> int:
     verb = "resuming" if resume else "running"
     print(f"{scenario.name}: {scenario.ranks} ranks, {verb} {len(todo)} algorithm{'s' * (len(todo) != 1)} "
           f"-> {run_dir.path}", file=sys.stderr)
-    _print_notes(scenario)
+    _print_notes(scenario, renamed)
     env = {k: v for k, v in os.environ.items() if k != heartbeat.ENV_VAR}
     argv = [sys.executable, "-m", "harness.runner.worker", str(run_dir.path), *(["--resume"] if resume else [])]
     # Ctrl+C, SIGINT and SIGTERM (batch system, timeout) stop the ranks instead of orphaning them.
@@ -263,11 +252,12 @@ def _launch(scenario, run_dir, launch, resume: bool) -> int:
     return 1
 
 
-def _print_notes(scenario) -> None:
-    """What the run will do that the scenario file does not say outright: WAGMA's effective groups."""
+def _print_notes(scenario, renamed: list[str]) -> None:
+    """What the run will do that the scenario file does not say outright: the new spelling of old
+    parameter names it uses (``renamed``), WAGMA's effective groups."""
     from harness.algorithms.wagma_groups import group_notes
 
-    for note in group_notes(scenario):
+    for note in renamed + group_notes(scenario):
         print(f"note: {note}", file=sys.stderr)
 
 
@@ -283,7 +273,7 @@ def _mark_stopped(path: Path, status: str, extra: dict) -> None:
     RunDirectory.open(path).update_run_json(status, extra)
 
 
-def _run_in_place(scenario, args, job_size: int, run_dir) -> int:
+def _run_in_place(scenario, args, job_size: int, run_dir, renamed: list[str]) -> int:
     from mpi4py import MPI
 
     from harness.launch import exit_promptly_when_interrupted
@@ -296,7 +286,7 @@ def _run_in_place(scenario, args, job_size: int, run_dir) -> int:
                       f"has {job_size}" + ("" if args.resume else " (use --ranks to override)"), 2)
     path = problem = None
     if MPI.COMM_WORLD.rank == 0:  # every rank of the user's job gets here; one checks and writes
-        _print_notes(scenario)
+        _print_notes(scenario, renamed)
         problem = _provenance_problem(scenario, run_dir, args.out)
         if problem is None and run_dir is None:
             run_dir = _create_run_dir(scenario, args.out)

@@ -41,12 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from harness.commands.run import _overrides
     from harness.results import atomic
-    from harness.scenario import ScenarioError, load_scenario
+    from harness.scenario import load_scenario
 
-    try:
-        scenario = load_scenario(args.scenario, overrides=_overrides(args))
-    except ScenarioError as exc:
-        return _error(str(exc))
+    scenario = load_scenario(args.scenario, overrides=_overrides(args))
     if not _TIME.match(args.time):
         return _error(f"--time {args.time!r}: not a SLURM time limit (e.g. 30, 01:00:00, 1-12:00:00)")
     if args.nodes is not None and not 1 <= args.nodes <= scenario.ranks:

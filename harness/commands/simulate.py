@@ -53,22 +53,17 @@ def run(args: argparse.Namespace) -> int:
 
     from harness.algorithms.wagma_groups import group_notes
     from harness.results.records import SUMMARY_TABLE_FILE
-    from harness.scenario import ScenarioError, load_scenario
-    from harness.sim.calibration import CalibrationError
+    from harness.scenario import load_scenario_with_notes
     from harness.sim.runs import DEFAULT_TRACE_RANKS, calibration_entry, new_simulated_run_path, predict
     from harness.sim.runs import write_simulated_run
 
     if args.trace_ranks is not None and args.trace_ranks < 0:
         print(f"error: --trace-ranks must be >= 0 (got {args.trace_ranks})", file=sys.stderr)
         return 2
-    try:
-        scenario = load_scenario(args.scenario, overrides=_overrides(args))
-        calibration, calibration_file = load_optional_calibration(args.calibration, scenario.workload.compute == "real")
-        entry, note = calibration_entry(scenario, calibration, args.scenario, calibration_file)
-    except (ScenarioError, CalibrationError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    for line in ([note] if note else []) + group_notes(scenario):
+    scenario, renamed = load_scenario_with_notes(args.scenario, overrides=_overrides(args))
+    calibration, calibration_file = load_optional_calibration(args.calibration, scenario.workload.compute == "real")
+    entry, note = calibration_entry(scenario, calibration, args.scenario, calibration_file)
+    for line in renamed + ([note] if note else []) + group_notes(scenario):
         print(f"note: {line}", file=sys.stderr)
     if scenario.faults:
         print(f"note: the scenario's {len(scenario.faults)} faults are not simulated (the model predicts the "
@@ -82,9 +77,6 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         frames, stats = predict(scenario, entry, on_done=report)
-    except CalibrationError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("interrupted: nothing written", file=sys.stderr)
         return 130

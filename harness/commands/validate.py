@@ -2,8 +2,9 @@
 
 Exit status 0 when the file is valid, 2 with one ``error:`` line per problem on stderr otherwise
 (a scenario asking for a device this machine lacks, ``device: cuda`` without a usable GPU, is
-refused too). A valid file's notes go to stderr: WAGMA groups that are not of ``group_size``
-ranks (``harness.algorithms.wagma_groups``).
+refused too). A valid file's notes go to stderr: old spellings of parameters it uses (e.g.
+``sync_period``, now ``period``) and WAGMA groups that are not of ``group_size`` ranks
+(``harness.algorithms.wagma_groups``).
 
 Example::
 
@@ -18,7 +19,7 @@ import sys
 from harness.algorithms.wagma_groups import group_notes
 from harness.arguments import algorithm_list
 from harness.device import scenario_device_problem
-from harness.scenario import Scenario, ScenarioError, load_scenario
+from harness.scenario import Scenario, load_scenario_with_notes
 from harness.scenario.network import link_table
 
 
@@ -34,20 +35,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load ``args.file``; print its summary (0) or its errors (2)."""
+    """Load ``args.file``; print its summary (0). A file that does not load raises ScenarioError,
+    which ``harness.cli`` prints as one ``error:`` line per problem (2)."""
     overrides = {"ranks": args.ranks, "iterations": args.iterations, "only": args.only}
-    try:
-        scenario = load_scenario(args.file, overrides=overrides)
-    except ScenarioError as exc:
-        for line in str(exc).splitlines():
-            print(f"error: {line}", file=sys.stderr)
-        return 2
+    scenario, renamed = load_scenario_with_notes(args.file, overrides=overrides)
     problem = scenario_device_problem(scenario)
     if problem is not None:
         print(f"error: {args.file}: {problem}", file=sys.stderr)
         return 2
     print(summary(scenario))
-    for note in group_notes(scenario):
+    for note in renamed + group_notes(scenario):
         print(f"note: {note}", file=sys.stderr)
     return 0
 

@@ -6,7 +6,13 @@ Example::
     scenario = load_scenario("scenarios/straggler.yaml", overrides={"ranks": 4})
 """
 
-from harness.scenario.loader import ScenarioError, load_scenario, read_yaml, scenario_from_dict
+from harness.scenario.loader import (
+    ScenarioError,
+    load_scenario,
+    load_scenario_with_notes,
+    read_yaml,
+    scenario_from_dict,
+)
 from harness.scenario.schema import Scenario
 
-__all__ = ["Scenario", "ScenarioError", "load_scenario", "read_yaml", "scenario_from_dict"]
+__all__ = ["Scenario", "ScenarioError", "load_scenario", "load_scenario_with_notes", "read_yaml", "scenario_from_dict"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import sys
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ import yaml
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
+from harness.algorithms.params import RenamedParameterWarning
+from harness.config import HarnessError
 from harness.scenario.schema import Scenario
 
 MAX_ERROR_LINES = 10
@@ -24,7 +27,7 @@ _PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
 OVERRIDES = ("ranks", "iterations", "only")
 
 
-class ScenarioError(Exception):
+class ScenarioError(HarnessError):
     """A scenario cannot be used; the message names the file, the field path and the bad value."""
 
 
@@ -75,6 +78,27 @@ def load_scenario(path: str | Path, overrides: Mapping[str, Any] | None = None) 
     see the overridden rank count. Raises ScenarioError.
     """
     return scenario_from_dict(read_yaml(path), source=str(path), overrides=overrides)
+
+
+def load_scenario_with_notes(
+    path: str | Path, overrides: Mapping[str, Any] | None = None
+) -> tuple[Scenario, list[str]]:
+    """:func:`load_scenario`, plus one note per old parameter spelling the file uses.
+
+    The notes (``FILE: wagma: sync_period: 10 is the old spelling of period: 11 ...``) are the
+    RenamedParameterWarnings of the validation, taken here instead of shown; the commands print
+    them as ``note:`` lines. Other warnings go on as usual.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RenamedParameterWarning)
+        scenario = load_scenario(path, overrides)
+    notes = []
+    for warning in caught:
+        if issubclass(warning.category, RenamedParameterWarning):
+            notes.append(f"{path}: {warning.message}")
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return scenario, notes
 
 
 def read_yaml(path: str | Path) -> Any:
@@ -245,12 +269,10 @@ def _input_path(loc: tuple[Any, ...], data: Any, missing: bool) -> tuple[Any, ..
 
 
 def _discriminator_value(entry: Any) -> Any:
-    """What pydantic puts into ``loc`` after the index of a list entry of a discriminated union."""
-    if isinstance(entry, str):
-        return entry  # a bare algorithm name
-    if isinstance(entry, dict):
-        return entry.get("kind", entry.get("name"))
-    return None
+    """What pydantic puts into ``loc`` after the index of a list entry of a union discriminated on
+    ``kind`` (imbalance, faults). Algorithm entries pick their model by ``name`` in a validator of
+    their own, which adds nothing to ``loc``."""
+    return entry.get("kind") if isinstance(entry, dict) else None
 
 
 def _plain(ctx: dict[str, Any]) -> dict[str, Any]:

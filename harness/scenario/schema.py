@@ -11,10 +11,14 @@ import math
 import re
 from typing import Annotated, Any, ClassVar, Literal, Union
 
+import numpy as np
 from pydantic import (
-    BeforeValidator,
+    BaseModel,
+    ConfigDict,
     Discriminator,
     Field,
+    PlainValidator,
+    SerializeAsAny,
     Tag,
     ValidationInfo,
     field_validator,
@@ -22,17 +26,15 @@ from pydantic import (
     model_validator,
 )
 
-from harness.algorithms.params import AnyAlgorithmParams, ParamError, StrictModel
+from harness.algorithms.params import AlgorithmParams
+from harness.algorithms.registry import names, params_model
+from harness.config import NonNegativeFloat, NonNegativeInt, ParamError, PositiveFloat, PositiveInt, StrictModel
 
 Model = Literal["logreg", "mlp", "tiny_cnn", "mnist_cnn", "resnet20"]
 Dataset = Literal["mnist5k", "digits", "synthetic"]
 Device = Literal["cpu", "cuda"]  # cuda: each rank takes the GPU of its local rank (harness/device.py)
 
-NonNegInt = Annotated[int, Field(ge=0)]
-PosInt = Annotated[int, Field(ge=1)]
-NonNegFloat = Annotated[float, Field(ge=0.0)]
-PosFloat = Annotated[float, Field(gt=0.0)]
-Rank = NonNegInt  # "< ranks" is checked by Scenario, which knows ranks
+Rank = NonNegativeInt  # "< ranks" is checked by Scenario, which knows ranks
 MAX_RANKS = 1 << 16  # far beyond any run here; stops a typo from allocating per-rank tables
 
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
@@ -68,8 +70,8 @@ def _check_each(items: list[Any], ranks: int, *prefix: str) -> None:
 class EmulatedCompute(StrictModel):
     """Sleep ``emulate_ms`` instead of forward/backward; ``jitter`` is the lognormal sigma."""
 
-    emulate_ms: NonNegFloat
-    jitter: NonNegFloat = 0.0
+    emulate_ms: NonNegativeFloat
+    jitter: NonNegativeFloat = 0.0
 
 
 def _compute_form(value: Any) -> str | None:
@@ -95,11 +97,11 @@ class Workload(StrictModel):
 
     model: Model
     dataset: Dataset
-    batch_size: PosInt  # per rank
-    iterations: PosInt  # per algorithm
+    batch_size: PositiveInt  # per rank
+    iterations: PositiveInt  # per algorithm
     compute: Compute = "real"
-    params: PosInt | None = None  # emulated compute only: communicated size; None: the model's own
-    eval_every: PosInt  # default max(1, iterations // 6), filled in by _default_eval_every
+    params: PositiveInt | None = None  # emulated compute only: communicated size; None: the model's own
+    eval_every: PositiveInt  # default max(1, iterations // 6), filled in by _default_eval_every
     device: Device = "cpu"
 
     @model_validator(mode="before")
@@ -140,10 +142,10 @@ class Workload(StrictModel):
 class Optimizer(StrictModel):
     """Local momentum SGD: m <- mu*m + g + wd*x; x <- x - lr*m (optionally Nesterov)."""
 
-    lr: PosFloat = 0.05
+    lr: PositiveFloat = 0.05
     momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
     nesterov: bool = False
-    weight_decay: NonNegFloat = 1e-4
+    weight_decay: NonNegativeFloat = 1e-4
 
     @model_validator(mode="after")
     def _nesterov_needs_momentum(self) -> Optimizer:
@@ -157,11 +159,18 @@ class Optimizer(StrictModel):
 
 
 class InjectorSpec(StrictModel):
-    """One imbalance entry; it acts on iterations in [start, stop) (stop None: to the end)."""
+    """One imbalance entry; it acts on iterations in [start, stop) (stop None: to the end).
+
+    Each kind says in :meth:`effect` what it does to the ranks at one iteration;
+    ``harness.injection.InjectionPlan`` combines a scenario's entries and seeds the random ones.
+    """
+
+    # True: effect() draws from the generator it is given (one per seed, entry and iteration).
+    random: ClassVar[bool] = False
 
     kind: str
-    start: NonNegInt = 0
-    stop: PosInt | None = None
+    start: NonNegativeInt = 0
+    stop: PositiveInt | None = None
 
     @model_serializer(mode="wrap")
     def _window_last(self, handler: Any) -> dict[str, Any]:
@@ -177,17 +186,45 @@ class InjectorSpec(StrictModel):
     def check(self, ranks: int) -> None:
         """Raise ParamError if the entry names a rank that does not exist."""
 
+    def active(self, iteration: int) -> bool:
+        """Whether ``iteration`` lies in the entry's [start, stop) window."""
+        return self.start <= iteration and (self.stop is None or iteration < self.stop)
+
+    def effect(self, ranks: int, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray]:
+        """Sleep in seconds and compute-time factor of each of ``ranks`` ranks at one iteration
+        in the window (fresh arrays); ``rng`` is the generator to draw from when ``random``."""
+        raise NotImplementedError
+
+
+def _at_ranks(ranks: int, listed: list[int], value: float, fill: float) -> np.ndarray:
+    vector = np.full(ranks, fill)
+    vector[listed] = value
+    return vector
+
+
+def _generator(kind: str, rng: np.random.Generator | None) -> np.random.Generator:
+    if rng is None:
+        raise ValueError(f"imbalance kind {kind!r} draws at random: pass its generator")
+    return rng
+
 
 class RandomRanksSpec(InjectorSpec):
     """Every iteration ``count`` ranks drawn at random (same draw everywhere) sleep ``delay_ms``."""
 
+    random: ClassVar[bool] = True
+
     kind: Literal["random_ranks"]
-    count: PosInt
-    delay_ms: NonNegFloat
+    count: PositiveInt
+    delay_ms: NonNegativeFloat
 
     def check(self, ranks: int) -> None:
         if self.count > ranks:
             raise ParamError("count", f"must be <= ranks ({ranks})", self.count)
+
+    def effect(self, ranks: int, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray]:
+        delay_s = np.zeros(ranks)
+        delay_s[_generator(self.kind, rng).choice(ranks, size=self.count, replace=False)] = self.delay_ms / 1e3
+        return delay_s, np.ones(ranks)
 
 
 class FixedSpec(InjectorSpec):
@@ -195,24 +232,35 @@ class FixedSpec(InjectorSpec):
 
     kind: Literal["fixed"]
     ranks: Annotated[list[Rank], Field(min_length=1)]
-    delay_ms: NonNegFloat
+    delay_ms: NonNegativeFloat
 
     def check(self, ranks: int) -> None:
         _check_ranks("ranks", self.ranks, ranks)
 
+    def effect(self, ranks: int, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray]:
+        return _at_ranks(ranks, self.ranks, self.delay_ms / 1e3, 0.0), np.ones(ranks)
+
 
 class LinearSpec(InjectorSpec):
-    """Rank i sleeps i * ``offset_ms`` every iteration."""
+    """Rank i sleeps i * ``offset_ms`` every iteration (the papers' usleep(rank * 1 ms) skew)."""
 
     kind: Literal["linear"]
-    offset_ms: NonNegFloat
+    offset_ms: NonNegativeFloat
+
+    def effect(self, ranks: int, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray]:
+        return np.arange(ranks) * (self.offset_ms / 1e3), np.ones(ranks)
 
 
 class JitterSpec(InjectorSpec):
     """Compute time of every rank is multiplied by exp(N(0, ``sigma``)), drawn per rank and iteration."""
 
+    random: ClassVar[bool] = True
+
     kind: Literal["jitter"]
-    sigma: NonNegFloat
+    sigma: NonNegativeFloat
+
+    def effect(self, ranks: int, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray]:
+        return np.zeros(ranks), np.exp(_generator(self.kind, rng).normal(0.0, self.sigma, ranks))
 
 
 class SlowdownSpec(InjectorSpec):
@@ -220,10 +268,13 @@ class SlowdownSpec(InjectorSpec):
 
     kind: Literal["slowdown"]
     ranks: Annotated[list[Rank], Field(min_length=1)]
-    factor: PosFloat
+    factor: PositiveFloat
 
     def check(self, ranks: int) -> None:
         _check_ranks("ranks", self.ranks, ranks)
+
+    def effect(self, ranks: int, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray]:
+        return np.zeros(ranks), _at_ranks(ranks, self.ranks, self.factor, 1.0)
 
 
 AnyInjectorSpec = Annotated[
@@ -240,8 +291,8 @@ class LinkSettings(StrictModel):
 
     input_only_keys: ClassVar[tuple[str, ...]] = ("latency_ms",)
 
-    latency_us: NonNegFloat = 0.0
-    bandwidth_gbps: PosFloat | None = None  # gigabits per second; None: no emulated limit
+    latency_us: NonNegativeFloat = 0.0
+    bandwidth_gbps: PositiveFloat | None = None  # gigabits per second; None: no emulated limit
 
     @model_validator(mode="before")
     @classmethod
@@ -385,7 +436,7 @@ class IterationFault(FaultSpec):
     """A fault that strikes at the start of iteration ``at_iteration`` of ``algorithm``
     (None: the first algorithm the run trains)."""
 
-    at_iteration: NonNegInt
+    at_iteration: NonNegativeInt
     algorithm: str | None = None
 
 
@@ -405,7 +456,7 @@ class SlowStartFault(FaultSpec):
     """The rank starts ``delay_s`` late: it sleeps before it reports in and joins the first barrier."""
 
     kind: Literal["slow_start"]
-    delay_s: NonNegFloat
+    delay_s: NonNegativeFloat
 
 
 AnyFaultSpec = Annotated[Union[KillFault, HangFault, SlowStartFault], Field(discriminator="kind")]
@@ -422,10 +473,10 @@ class Watchdog(StrictModel):
     that is longer).
     """
 
-    stall_timeout_s: PosFloat | None = None
+    stall_timeout_s: PositiveFloat | None = None
     factor: Annotated[float, Field(ge=1.0)] = 20.0
-    min_timeout_s: PosFloat = 10.0
-    startup_timeout_s: PosFloat = 120.0
+    min_timeout_s: PositiveFloat = 10.0
+    startup_timeout_s: PositiveFloat = 120.0
 
 
 ProvenanceSetting = Literal["auto", "full", "final", "none"]
@@ -467,11 +518,29 @@ def _fit_ranks(value: Any, info: ValidationInfo) -> Any:
     return value
 
 
-def _name_to_mapping(value: Any) -> Any:
-    return {"name": value} if isinstance(value, str) else value
+class _Named(BaseModel):
+    """What an ``algorithms`` entry needs before its parameter model can be picked: a string ``name``."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+    name: str
 
 
-AlgorithmEntry = Annotated[AnyAlgorithmParams, BeforeValidator(_name_to_mapping)]
+def _algorithm_entry(value: Any) -> AlgorithmParams:
+    """A bare algorithm name or a mapping with ``name``, validated by that algorithm's registered
+    parameter model (``harness.algorithms.registry``), so algorithms registered at run time count."""
+    if isinstance(value, AlgorithmParams) and isinstance(value, params_model(value.name)):
+        return value
+    if isinstance(value, str):
+        value = {"name": value}
+    name = _Named.model_validate(value).name
+    if name not in names():
+        raise ParamError("name", f"unknown algorithm (valid: {', '.join(names())})", name).to_pydantic()
+    # A ValidationError raised here reaches the scenario's errors with this entry's path in front.
+    return params_model(name).model_validate(value)
+
+
+# SerializeAsAny: dump each entry with its own model's fields, not only AlgorithmParams' `name`.
+AlgorithmEntry = Annotated[SerializeAsAny[AlgorithmParams], PlainValidator(_algorithm_entry)]
 
 
 class Scenario(StrictModel):
@@ -481,7 +550,7 @@ class Scenario(StrictModel):
     name: str
     description: str = ""
     ranks: Annotated[int, Field(ge=1, le=MAX_RANKS)]
-    seed: NonNegInt = 0
+    seed: NonNegativeInt = 0
     workload: Workload
     optimizer: Optimizer = Optimizer()
     algorithms: Annotated[list[AlgorithmEntry], Field(min_length=1)]

@@ -1,0 +1,77 @@
+"""What every configuration model stands on: the strict base model, the field types, the user error.
+
+Scenario settings (``harness.scenario.schema``) and algorithm parameters
+(``harness.algorithms.params``) are both :class:`StrictModel` with these field types, so a
+scenario file and an algorithm's parameters refuse the same things in the same words.
+
+:class:`HarnessError` is the base of every error that is the user's to fix: a file, an option
+or a machine that cannot do what was asked. ``python -m harness`` prints its message and exits
+with status 2, without a traceback (``harness.cli``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+PositiveInt = Annotated[int, Field(ge=1)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+PositiveFloat = Annotated[float, Field(gt=0.0)]
+NonNegativeFloat = Annotated[float, Field(ge=0.0)]
+
+
+class HarnessError(Exception):
+    """An error the user can fix; its message says what is wrong and where, in one line or block."""
+
+
+class ParamError(HarnessError, ValueError):
+    """A value is impossible: carries the field path (relative), a reason and the bad value.
+
+    A ValueError too: pydantic turns a ValueError raised in a validator into a validation
+    error, and ``resolve_algorithm_params`` promises one.
+    """
+
+    def __init__(self, path: str | tuple[str | int, ...], reason: str, value: Any, note: str = "") -> None:
+        self.path = (path,) if isinstance(path, str) else tuple(path)
+        self.reason = reason
+        self.value = value
+        self.note = note  # said after the value, e.g. "the default"
+        where = ".".join(str(p) for p in self.path)
+        super().__init__(f"{where}: {reason} (got {value!r}{', ' + note if note else ''})")
+
+    def within(self, *prefix: str | int) -> ParamError:
+        """The same error seen from a containing object: its path gets ``prefix`` in front."""
+        return ParamError((*prefix, *self.path), self.reason, self.value, self.note)
+
+    def to_pydantic(self) -> PydanticCustomError:
+        """The same error raised inside a validator: the scenario loader reads path, value and note back."""
+        ctx = {"reason": self.reason, "path": self.path, "value": self.value, "note": self.note}
+        return PydanticCustomError("field", "{reason}", ctx)
+
+
+class StrictModel(BaseModel):
+    """Base of every configuration model: frozen, strict types, no NaN or infinity, unknown keys
+    refused by name.
+
+    ``input_only_keys`` lists keys a before-validator consumes (e.g. ``latency_ms``).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+    input_only_keys: ClassVar[tuple[str, ...]] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unknown_keys(cls, data: Any) -> Any:
+        # extra="forbid" alone says "Extra inputs are not permitted"; say which keys would do.
+        if isinstance(data, dict):
+            valid = [f.alias or name for name, f in cls.model_fields.items()] + list(cls.input_only_keys)
+            for key in data:
+                if key not in valid:
+                    raise ParamError(
+                        (key,) if isinstance(key, (str, int)) else (repr(key),),
+                        f"unknown key (valid: {', '.join(valid)})",
+                        key,
+                    ).to_pydantic()
+        return data

@@ -70,6 +70,12 @@ struct OpState {
     }
     return cv.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return done; });
   }
+
+  // Throws the error the op ended with, if any: a caller must learn why its op failed.
+  void throw_if_failed() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!error.empty()) throw CommError(error);
+  }
 };
 
 }  // namespace harness

@@ -39,20 +39,6 @@ MPI_Comm Engine::dup_comm() {
   return c;
 }
 
-MPI_Comm Engine::create_group_comm(const std::vector<int>& world_ranks) {
-  MPI_Group world_group, group;
-  MPI_Comm_group(comm_, &world_group);
-  MPI_Group_incl(world_group, static_cast<int>(world_ranks.size()), world_ranks.data(), &group);
-  MPI_Comm c = MPI_COMM_NULL;
-  // The tag keeps concurrent creations of different groups apart.
-  int rc = MPI_Comm_create_group(comm_, group, 7001, &c);
-  MPI_Group_free(&group);
-  MPI_Group_free(&world_group);
-  check_mpi(rc, "MPI_Comm_create_group");
-  MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
-  return c;
-}
-
 std::shared_ptr<OpState> Engine::submit(std::unique_ptr<Op> op) {
   auto state = op->state();
   state->t_post = now();

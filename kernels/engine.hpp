@@ -96,8 +96,6 @@ class Engine {
   // Duplicates the engine's communicator (collective); used by persistent ops that need a
   // private tag space.
   MPI_Comm dup_comm();
-  // Creates a communicator over `world_ranks` (collective over those ranks only).
-  MPI_Comm create_group_comm(const std::vector<int>& world_ranks);
 
   // Progress-thread side -----------------------------------------------------------------
   // Posts a send of `count` floats to `peer` of `comm`, whose world rank is `world_peer`

@@ -83,22 +83,19 @@ class Communicator:
         spin_us: float = 500.0,
         max_sleep_us: float = 200.0,
         ring_threshold_bytes: int = RING_THRESHOLD_BYTES,
-        _native: Any = None,
     ) -> None:
-        if _native is None:
-            from mpi4py import MPI  # noqa: PLC0415  (keeps import of this module cheap)
+        from mpi4py import MPI  # noqa: PLC0415  (keeps import of this module cheap)
 
-            mpi_comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
-            if mpi_comm == MPI.COMM_NULL:
-                raise CommError("cannot build a Communicator on MPI.COMM_NULL")
-            _native = _core.Comm(
-                MPI._handleof(mpi_comm),
-                spin_us=spin_us,
-                max_sleep_us=max_sleep_us,
-                ring_threshold_bytes=ring_threshold_bytes,
-            )
-            _live.add(self)
-        self._native = _native
+        mpi_comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+        if mpi_comm == MPI.COMM_NULL:
+            raise CommError("cannot build a Communicator on MPI.COMM_NULL")
+        self._native = _core.Comm(
+            MPI._handleof(mpi_comm),
+            spin_us=spin_us,
+            max_sleep_us=max_sleep_us,
+            ring_threshold_bytes=ring_threshold_bytes,
+        )
+        _live.add(self)
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -108,11 +105,6 @@ class Communicator:
     @property
     def size(self) -> int:
         return self._native.size
-
-    @property
-    def world_ranks(self) -> list[int]:
-        """World rank of each member (identity for the world communicator)."""
-        return list(self._native.world_ranks)
 
     @property
     def closed(self) -> bool:
@@ -153,14 +145,7 @@ class Communicator:
     def exchange(self, send: Any, recv: Any, peer: int) -> None:
         self.iexchange(send, recv, peer).wait()
 
-    # -- groups and persistent operations ----------------------------------------------------
-    def subgroup(self, ranks: Sequence[int]) -> "Communicator":
-        """A communicator over ``ranks`` (world ranks) sharing this one's progress thread.
-
-        Collective over the members only; every member passes the same list.
-        """
-        return Communicator(_native=self._native.subgroup([int(r) for r in ranks]))
-
+    # -- persistent operations ----------------------------------------------------------------
     def push_channel(self, count: int) -> "PushChannel":
         """A push-sum gossip channel for buffers of ``count`` floats (collective)."""
         return PushChannel(self._native.push_channel(int(count)))
@@ -207,9 +192,8 @@ class Communicator:
         link is free; a link carries one message after another. Replaces earlier settings.
         """
         table = []
-        me = self.world_ranks[self.rank]
         for link in links:
-            if link.src != me:
+            if link.src != self.rank:
                 continue
             bw = float("inf") if link.bandwidth_bytes_per_s is None else float(link.bandwidth_bytes_per_s)
             table.append((int(link.dst), float(link.latency_s), bw))
@@ -297,13 +281,6 @@ class WaitAvoidingAllreduce:
     def __init__(self, native: Any) -> None:
         self._native = native
 
-    @property
-    def next_round(self) -> int:
-        return self._native.next_round
-
-    def is_sync_round(self, t: int) -> bool:
-        return self._native.is_sync_round(t)
-
     def iround(self, buf: Any, out: Any, may_activate: bool = True) -> _core.RoundHandle:
         return self._native.iround(as_float32_buffer(buf, "published buffer"), as_float32_buffer(out, "result buffer"), may_activate)
 
@@ -313,7 +290,10 @@ class WaitAvoidingAllreduce:
         return handle.info()
 
     def close(self) -> None:
-        """Collective: ends the op once every rank finished its rounds."""
+        """Collective: ends the op once every rank finished its rounds.
+
+        Raises ``CommError`` with the op's error if it failed (a peer's error, a shutdown).
+        """
         self._native.close()
 
 
@@ -343,4 +323,8 @@ class PairwiseAverager:
         return self._native.drain(as_float32_buffer(out, "drain target"))
 
     def close(self) -> None:
+        """Collective: ends the averager once every request has been answered.
+
+        Raises ``CommError`` with the op's error if it failed (a peer's error, a shutdown).
+        """
         self._native.close()

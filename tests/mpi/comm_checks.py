@@ -75,26 +75,6 @@ def broadcast_from_every_root(comm: Communicator) -> None:
 
 
 @check
-def subgroup_allreduce_matches_mpi_split(comm: Communicator) -> None:
-    color = RANK % 2
-    members = [r for r in range(SIZE) if r % 2 == color]
-    sub = comm.subgroup(members)
-    split = WORLD.Split(color, RANK)
-    got, ref = [], []
-    for n in LENGTHS:
-        x = rank_data(n, 3)
-        r = np.empty_like(x)
-        split.Allreduce(x, r, op=MPI.SUM)
-        sub.allreduce(x)
-        got.append(x)
-        ref.append(r)
-    split.Free()
-    assert sub.size == len(members) and sub.world_ranks == members
-    for x, r in zip(got, ref):
-        np.testing.assert_allclose(x, r, rtol=1e-5, atol=1e-5 * SIZE)
-
-
-@check
 def exchange_with_partner(comm: Communicator) -> None:
     if SIZE < 2:
         raise Skip("needs 2 ranks")
@@ -412,6 +392,26 @@ def size_mismatch_is_an_error_not_a_hang(comm: Communicator) -> None:
     own.close()
     assert "mismatch" in outcomes, outcomes
     assert not any(o.startswith("other") for o in outcomes if "did not complete" not in o), outcomes
+
+
+@check
+def close_raises_the_error_the_operation_ended_with(comm: Communicator) -> None:
+    # A user who only closes an op must still learn why it failed; here its communicator was
+    # shut down under it, which fails every op still running.
+    own = Communicator(WORLD)  # a communicator of its own: this check shuts it down
+    x = np.zeros(3, dtype=np.float32)
+    ops = {
+        "wait-avoiding allreduce": own.wait_avoiding(x, phases=[list(range(SIZE))], sync_every=0),
+        "pairwise averager": own.pairwise_averager(x),
+    }
+    own.close()
+    for name, op in ops.items():
+        try:
+            op.close()
+        except CommError as exc:
+            assert "shut down" in str(exc), f"{name}: close() raised an unrelated error: {exc}"
+        else:
+            raise AssertionError(f"{name}: close() after a shutdown raised nothing")
 
 
 @check

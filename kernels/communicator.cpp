@@ -1,0 +1,109 @@
+#include "communicator.hpp"
+
+#include <unordered_map>
+
+namespace harness {
+
+Communicator::Communicator(MPI_Comm parent, EngineOptions options, int64_t ring_threshold_bytes)
+    : engine_(std::make_shared<Engine>(parent, options)), ring_threshold_(ring_threshold_bytes) {
+  exchange_comm_ = engine_->dup_comm();
+}
+
+std::shared_ptr<OpState> Communicator::iallreduce(FloatSpan buf, const std::string& op) {
+  check_open();
+  if (op != "sum" && op != "mean") throw CommError("allreduce op must be 'sum' or 'mean' (got '" + op + "')");
+  Schedule s = allreduce_schedule(size(), rank(), buf.data, buf.count, ring_threshold_);
+  s.result = buf.data;
+  s.count = buf.count;
+  s.divide_by = op == "mean" ? size() : 1;
+  return submit("allreduce", std::move(s));
+}
+
+std::shared_ptr<OpState> Communicator::ibroadcast(FloatSpan buf, int root) {
+  check_open();
+  check_rank(root, size(), "broadcast root");
+  return submit("broadcast", binomial_bcast(size(), rank(), root, buf.data, buf.count));
+}
+
+std::shared_ptr<OpState> Communicator::ibarrier() {
+  check_open();
+  return submit("barrier", dissemination_barrier(size(), rank()));
+}
+
+std::shared_ptr<OpState> Communicator::iexchange(FloatSpan send, FloatSpan recv, int peer) {
+  check_open();
+  check_rank(peer, size(), "exchange peer");
+  if (peer == rank())
+    throw CommError("exchange peer must be another rank (got this rank, " + std::to_string(peer) + ")");
+  if (send.count != recv.count)
+    throw CommError("exchange buffers differ in length (" + std::to_string(send.count) + " vs " +
+                    std::to_string(recv.count) + ")");
+  if (send.data == recv.data) throw CommError("exchange send and receive buffers must not be the same memory");
+  int64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(seq_mu_);
+    seq = exchange_seq_[peer]++;
+  }
+  Schedule sch;
+  sch.steps.push_back({{{1, send.data, send.count}}, {{1, recv.data, recv.count}}, {}});
+  auto st = std::make_shared<OpState>();
+  const int me = rank();
+  engine_->submit(std::make_unique<ScheduleOp>(
+      "exchange", st,
+      StepExecutor(exchange_comm_, {me, peer}, {me, peer}, static_cast<int>(seq % engine_->tag_ub()), std::move(sch))));
+  return st;
+}
+
+std::unique_ptr<PushChannel> Communicator::push_channel(int64_t count) {
+  check_open();
+  return std::make_unique<PushChannel>(engine_, count);
+}
+
+std::unique_ptr<WaitAvoiding> Communicator::wait_avoiding(FloatSpan initial, int sync_every, bool accumulate,
+                                                          std::vector<std::vector<int>> phases) {
+  check_open();
+  return std::make_unique<WaitAvoiding>(engine_, initial, sync_every, accumulate, std::move(phases), ring_threshold_);
+}
+
+std::unique_ptr<PairwiseAverager> Communicator::pairwise_averager(FloatSpan initial) {
+  check_open();
+  return std::make_unique<PairwiseAverager>(engine_, initial);
+}
+
+void Communicator::set_links(const std::vector<std::tuple<int, double, double>>& links) {
+  std::unordered_map<int, LinkParams> table;
+  for (auto& [dst, lat, bw] : links) {
+    check_rank(dst, size(), "link destination");
+    if (!(lat >= 0)) throw CommError("link latency must be >= 0 s (got " + std::to_string(lat) + ")");
+    if (!(bw > 0)) throw CommError("link bandwidth must be > 0 B/s (got " + std::to_string(bw) + ")");
+    table[dst] = LinkParams{lat, bw};
+  }
+  engine_->links().set_links(table);
+}
+
+void Communicator::shutdown() {
+  engine_->shutdown();
+  closed_ = true;
+}
+
+void Communicator::check_open() const {
+  if (closed()) throw CommError("communicator is shut down");
+}
+
+std::shared_ptr<OpState> Communicator::submit(const char* name, Schedule s) {
+  int64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(seq_mu_);
+    seq = collective_seq_++;
+  }
+  std::vector<int> members(static_cast<size_t>(size()));
+  for (int i = 0; i < size(); ++i) members[i] = i;
+  auto st = std::make_shared<OpState>();
+  // The engine's communicator duplicates the world: members are world ranks as well.
+  const int tag = static_cast<int>(seq % engine_->tag_ub());
+  engine_->submit(
+      std::make_unique<ScheduleOp>(name, st, StepExecutor(engine_->comm(), members, members, tag, std::move(s))));
+  return st;
+}
+
+}  // namespace harness

@@ -1,0 +1,68 @@
+// The caller side of the world communicator: one-shot collectives, pairwise exchanges, the
+// factories of the persistent operations, link emulation and the op records.
+//
+// One-shot operations return the OpState to wait on; their buffers must stay alive until it
+// is done (bindings.cpp keeps the Python objects for that long).
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "async_pairwise_caller.hpp"
+#include "caller.hpp"
+#include "push_channel_caller.hpp"
+#include "wait_avoiding_caller.hpp"
+
+namespace harness {
+
+class Communicator {
+ public:
+  // Collective over `parent`, which the engine duplicates for its own traffic.
+  Communicator(MPI_Comm parent, EngineOptions options, int64_t ring_threshold_bytes);
+
+  int rank() const { return engine_->rank(); }
+  int size() const { return engine_->size(); }
+
+  // In-place allreduce; `op` is "sum" or "mean".
+  std::shared_ptr<OpState> iallreduce(FloatSpan buf, const std::string& op);
+  std::shared_ptr<OpState> ibroadcast(FloatSpan buf, int root);
+  std::shared_ptr<OpState> ibarrier();
+  // Symmetric exchange with `peer`: both sides call it; exchanges between the same two ranks
+  // are matched in the order they are posted.
+  std::shared_ptr<OpState> iexchange(FloatSpan send, FloatSpan recv, int peer);
+
+  // The persistent operations; each construction is collective.
+  std::unique_ptr<PushChannel> push_channel(int64_t count);
+  std::unique_ptr<WaitAvoiding> wait_avoiding(FloatSpan initial, int sync_every, bool accumulate,
+                                              std::vector<std::vector<int>> phases);
+  std::unique_ptr<PairwiseAverager> pairwise_averager(FloatSpan initial);
+
+  // Outgoing links of this rank: (dst rank, latency s, bandwidth B/s or inf).
+  void set_links(const std::vector<std::tuple<int, double, double>>& links);
+  std::vector<OpRecord> drain_records() { return engine_->drain_records(); }
+
+  // Stops the progress thread; operations still running fail. Idempotent.
+  void shutdown();
+  bool closed() const { return closed_ || !engine_->running(); }
+
+ private:
+  void check_open() const;
+  std::shared_ptr<OpState> submit(const char* name, Schedule s);
+
+  std::shared_ptr<Engine> engine_;
+  int64_t ring_threshold_;
+  // Exchanges run on a communicator of their own, tagged by how many exchanges this rank had
+  // with the peer so far (both sides count alike), so they never match collectives' messages.
+  MPI_Comm exchange_comm_ = MPI_COMM_NULL;
+  std::mutex seq_mu_;  // guards the two counters below; callers may be several Python threads
+  std::map<int, int64_t> exchange_seq_;
+  int64_t collective_seq_ = 0;  // one tag per collective, in the order this rank posts them
+  std::atomic<bool> closed_{false};
+};
+
+}  // namespace harness

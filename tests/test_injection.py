@@ -8,12 +8,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 import pytest
 
-from harness.injection import INJECTORS, InjectionPlan
+from harness.injection import InjectionPlan
 from harness.scenario import load_scenario
+from harness.scenario.schema import AnyInjectorSpec, InjectorSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 EVERYTHING = [
@@ -25,8 +27,22 @@ EVERYTHING = [
 ]
 
 
-def test_every_kind_has_a_class() -> None:
-    assert set(INJECTORS) == {"random_ranks", "fixed", "linear", "jitter", "slowdown"}
+def test_every_kind_has_its_own_effect() -> None:
+    kinds = get_args(get_args(AnyInjectorSpec)[0])
+    specs = [InjectionPlan(0, [entry], ranks=8).specs[0] for entry in EVERYTHING]
+    assert {type(spec) for spec in specs} == set(kinds)  # EVERYTHING covers every kind
+    rng = np.random.default_rng(0)
+    for spec in specs:
+        assert type(spec).effect is not InjectorSpec.effect, spec.kind
+        delay_s, factor = spec.effect(8, rng)
+        assert delay_s.shape == factor.shape == (8,), spec.kind
+
+
+def test_a_random_kind_refuses_to_run_without_its_generator() -> None:
+    spec = InjectionPlan(0, [EVERYTHING[0]], ranks=8).specs[0]
+    assert spec.random
+    with pytest.raises(ValueError, match="'random_ranks' draws at random"):
+        spec.effect(8, None)
 
 
 def test_same_values_from_fresh_plans_in_any_query_order() -> None:

@@ -14,7 +14,7 @@ import torch
 
 from harness.results import atomic
 from conftest import run_scenario
-from harness.results.records import (
+from harness.results.columns import (
     COMM_OP_COLUMNS,
     COMM_OP_NAMES,
     EVAL_COLUMNS,
@@ -22,10 +22,10 @@ from harness.results.records import (
     SUMMARY_COLUMNS,
     CommOpRecord,
     EvalRecord,
-    RunDirectory,
     StepRecord,
     read_frame,
 )
+from harness.results.records import RunDirectory
 from harness.results.summary import format_table, summarize
 from harness.results.trace import COMM_TID_BASE, chrome_trace
 
@@ -470,10 +470,10 @@ OPS_SCENARIO = {
     "seed": 7,
     "workload": {"model": "logreg", "dataset": "digits", "batch_size": 16, "iterations": 8, "eval_every": 4},
     "optimizer": {"lr": 0.05},
-    "algorithms": ["sgp", "allreduce_sgd", "dpsgd", "adpsgd", {"name": "wagma", "group_size": 2, "sync_period": 4}],
+    "algorithms": ["sgp", "allreduce_sgd", "dpsgd", "adpsgd", {"name": "wagma", "group_size": 2, "period": 5}],
     "results": {"target_accuracy": 0.3},
 }
-# What each algorithm's training issues (wagma: rounds 3 and 7 are synchronous).
+# What each algorithm's training issues (wagma, period 5 over 8 iterations: round 4 is synchronous).
 EXPECTED_OPS = {
     "sgp": {"push"},
     "allreduce_sgd": {"allreduce"},

@@ -12,7 +12,7 @@ import yaml
 
 from conftest import harness_cli
 from harness.launch import mpiexec_path
-from harness.results.records import COMM_OP_COLUMNS, EVAL_COLUMNS, STEP_COLUMNS
+from harness.results.columns import COMM_OP_COLUMNS, EVAL_COLUMNS, STEP_COLUMNS
 
 SMALL = {
     "name": "small",

@@ -1,14 +1,13 @@
-"""Record types, CSV column schemas and the run directory that collects a run's results.
+"""The run directory: collects a run's records and writes (or reads back) every file of it.
 
-The schema of every file is documented in ``results/README.md``; the column tuples below are
-the single source of truth for column names and order.
+The top of ``harness.results``: it builds on ``columns`` (the files' columns and record
+types), ``summary`` and ``trace``, none of which imports it. The file layout is documented in
+``results/README.md``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 import re
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
@@ -21,70 +20,22 @@ import pandas as pd
 
 from harness.results import atomic
 
-STEP_COLUMNS = (
-    "algorithm",
-    "rank",
-    "iteration",
-    "start_s",
-    "end_s",
-    "compute_s",
-    "injected_delay_s",
-    "comm_blocked_s",
-    "loss",
-    "bytes_sent",
-    "staleness",
+# harness.runner.loop and harness.sim.simulate still import record types and STEP_COLUMNS from
+# here, where they were defined before columns.py; import them from columns in new code.
+from harness.results.columns import (
+    COMM_OP_COLUMNS,
+    EVAL_COLUMNS,
+    STEP_COLUMNS,
+    CommOpRecord,
+    EvalRecord,
+    StepRecord,
+    read_frame,
+    to_frame,
 )
-EVAL_COLUMNS = (
-    "algorithm",
-    "iteration",
-    "time_s",
-    "model",
-    "test_loss",
-    "test_accuracy",
-    "consensus_distance",
-)
-COMM_OP_COLUMNS = ("algorithm", "rank", "op", "post_s", "start_s", "end_s", "bytes")
-# Every value comm_ops.csv's ``op`` can take: the names the native layer (kernels/) gives the
-# operations it records. tests/test_results.py holds this tuple, those C++ sources and
-# results/README.md together.
-COMM_OP_NAMES = (
-    "allreduce",
-    "broadcast",
-    "barrier",
-    "exchange",
-    "push",
-    "pair_request",
-    "wa_group_round",
-    "wa_sync_round",
-)
-SUMMARY_COLUMNS = (
-    "algorithm",
-    "ranks",
-    "iterations",
-    "batch_size",
-    "steps_recorded",
-    "wall_s",
-    "samples_per_s",
-    "baseline",
-    "throughput_vs_baseline",
-    "iter_time_median_s",
-    "iter_time_p95_s",
-    "compute_fraction",
-    "wait_fraction",
-    "injected_fraction",
-    "bytes_sent_per_step",
-    "final_accuracy",
-    "final_accuracy_rank0",
-    "final_test_loss",
-    "final_consensus_distance",
-    "target_accuracy",
-    "time_to_target_s",
-    "complete",
-)
+from harness.results.summary import format_table, summarize
+from harness.results.trace import chrome_trace
 
-EVAL_MODELS = ("average", "rank0")
 RUN_STATUSES = ("complete", "incomplete", "failed")
-NO_STALENESS = -1
 
 STEPS_FILE = "steps.csv"
 EVALS_FILE = "evals.csv"
@@ -96,115 +47,13 @@ SCENARIO_FILE = "scenario.resolved.yaml"
 RUN_FILE = "run.json"
 PROVENANCE_DIR = "provenance"
 
-_INT = "int64"
-_FLOAT = "float64"
-_DTYPES: dict[str, str] = {
-    "rank": _INT,
-    "iteration": _INT,
-    "bytes_sent": _INT,
-    "staleness": _INT,
-    "bytes": _INT,
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class StepRecord:
-    """One iteration of one rank; times in seconds since the run's t0 on a common clock."""
-
-    algorithm: str
-    rank: int
-    iteration: int
-    start_s: float
-    end_s: float
-    compute_s: float
-    injected_delay_s: float
-    comm_blocked_s: float
-    loss: float = math.nan
-    bytes_sent: int = 0
-    staleness: int = NO_STALENESS
-
-    def as_row(self) -> dict[str, Any]:
-        """The record as ``{column: value}`` in :data:`STEP_COLUMNS` order."""
-        return {name: getattr(self, name) for name in STEP_COLUMNS}
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalRecord:
-    """One evaluation of one model ("average" or "rank0") on the test set."""
-
-    algorithm: str
-    iteration: int
-    time_s: float
-    model: str
-    test_loss: float
-    test_accuracy: float
-    consensus_distance: float = math.nan
-
-    def __post_init__(self) -> None:
-        if self.model not in EVAL_MODELS:
-            raise ValueError(f"model must be one of {EVAL_MODELS}, got {self.model!r}")
-
-    def as_row(self) -> dict[str, Any]:
-        """The record as ``{column: value}`` in :data:`EVAL_COLUMNS` order."""
-        return {name: getattr(self, name) for name in EVAL_COLUMNS}
-
-
-@dataclasses.dataclass(frozen=True)
-class CommOpRecord:
-    """One operation of the native communication layer, as seen by one rank."""
-
-    algorithm: str
-    rank: int
-    op: str
-    post_s: float
-    start_s: float
-    end_s: float
-    bytes: int
-
-    def as_row(self) -> dict[str, Any]:
-        """The record as ``{column: value}`` in :data:`COMM_OP_COLUMNS` order."""
-        return {name: getattr(self, name) for name in COMM_OP_COLUMNS}
-
-
-def _typed(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
-    """Reorder to ``columns`` and coerce dtypes: ints int64, text str, everything else float64."""
-    missing = [c for c in columns if c not in frame.columns]
-    if missing:
-        raise ValueError(f"missing columns: {missing}")
-    frame = frame.loc[:, list(columns)].copy()
-    for name in columns:
-        if name in ("algorithm", "model", "op"):
-            frame[name] = frame[name].astype(str)
-        else:
-            frame[name] = frame[name].astype(_DTYPES.get(name, _FLOAT))
-    return frame.reset_index(drop=True)
-
-
-def to_frame(records: Iterable[Any] | pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
-    """A typed DataFrame from records (anything with ``as_row()``) or an existing DataFrame."""
-    if isinstance(records, pd.DataFrame):
-        return _typed(records, columns)
-    rows = [r.as_row() for r in records]
-    frame = pd.DataFrame(rows, columns=list(columns))
-    return _typed(frame, columns)
-
-
-def read_frame(path: str | Path, columns: Sequence[str]) -> pd.DataFrame:
-    """Read one of the run's CSV files back with the schema's dtypes; empty if absent."""
-    path = Path(path)
-    if not path.exists():
-        return to_frame([], columns)
-    # keep_default_na=False so an op or algorithm named e.g. "NA" stays text.
-    frame = pd.read_csv(path, keep_default_na=False, na_values=[atomic.CSV_NA_REP])
-    return _typed(frame, columns)
-
 
 def _concat(frames: Iterable[pd.DataFrame], columns: Sequence[str]) -> pd.DataFrame:
     # Empty frames are dropped: concatenating them changes dtypes and warns in pandas.
     frames = [f for f in frames if len(f)]
     if not frames:
         return to_frame([], columns)
-    return _typed(pd.concat(frames, ignore_index=True), columns)
+    return to_frame(pd.concat(frames, ignore_index=True), columns)
 
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -293,9 +142,9 @@ class RunDirectory:
         comm_ops = read_frame(path / COMM_OPS_FILE, COMM_OP_COLUMNS)
         names = dict.fromkeys([*steps["algorithm"], *evals["algorithm"], *comm_ops["algorithm"]])
         for name in names:
-            run._steps[name] = _typed(steps[steps["algorithm"] == name], STEP_COLUMNS)
-            run._evals[name] = _typed(evals[evals["algorithm"] == name], EVAL_COLUMNS)
-            run._comm_ops[name] = _typed(comm_ops[comm_ops["algorithm"] == name], COMM_OP_COLUMNS)
+            run._steps[name] = to_frame(steps[steps["algorithm"] == name], STEP_COLUMNS)
+            run._evals[name] = to_frame(evals[evals["algorithm"] == name], EVAL_COLUMNS)
+            run._comm_ops[name] = to_frame(comm_ops[comm_ops["algorithm"] == name], COMM_OP_COLUMNS)
         return run
 
     # --- What has been collected -----------------------------------------------------------
@@ -388,8 +237,6 @@ class RunDirectory:
         ``target_accuracy`` (the scenario's ``results.target_accuracy``) is required so that no
         writer silently reports time to accuracy against a target the scenario did not set.
         """
-        from harness.results.summary import format_table, summarize  # avoids an import cycle
-
         summary = summarize(self.steps, self.evals, batch_size, iterations, ranks=ranks,
                             target_accuracy=target_accuracy)
         atomic.write_csv(self.path / SUMMARY_FILE, summary)
@@ -401,8 +248,6 @@ class RunDirectory:
 
         ``max_ranks``: only ranks below it (a 1,024-rank simulation would make a huge trace).
         """
-        from harness.results.trace import chrome_trace  # avoids an import cycle
-
         steps, ops = self.steps, self.comm_ops if include_comm_ops else None
         if max_ranks is not None:
             steps = steps[steps["rank"] < max_ranks]

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 from tabulate import tabulate
 
-from harness.results.records import EVAL_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS, to_frame
+from harness.results.columns import EVAL_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS, to_frame
 
 
 # Throughput is compared with this algorithm when the run has it: the synchronous method every

@@ -6,9 +6,13 @@ ops are given, a thread ``tid = COMM_TID_BASE + r`` ("rank r comm") with one spa
 
 Within an iteration the step record only gives durations, so the spans are placed by the
 order the training loop uses: the injected delay first (the loop sleeps before the forward
-pass), then compute (forward+backward), then blocked communication, all from ``start_s``:
+pass), then compute (forward, backward and the optimizer step), then blocked communication,
+all from ``start_s``:
 
-    start_s | injected_delay_s | compute_s | comm_blocked_s | (rest, e.g. optimizer) | end_s
+    start_s | injected_delay_s | compute_s | comm_blocked_s | (rest: loop bookkeeping) | end_s
+
+The optimizer step really runs after the ``after_backward`` hook, and blocked time comes in
+several pieces; each part is drawn as one span all the same.
 
 An enclosing "iteration" span covers [start_s, end_s]. Child spans are clipped to end at
 end_s (only if the record's parts add up to more than its duration) so they always nest.
@@ -22,7 +26,7 @@ from typing import Any
 
 import pandas as pd
 
-from harness.results.records import COMM_OP_COLUMNS, STEP_COLUMNS, to_frame
+from harness.results.columns import COMM_OP_COLUMNS, STEP_COLUMNS, to_frame
 
 COMM_TID_BASE = 1_000_000
 

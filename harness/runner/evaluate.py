@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from harness.results.records import EvalRecord
+from harness.results.columns import EvalRecord
 
 
 @torch.no_grad()

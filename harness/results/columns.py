@@ -1,0 +1,184 @@
+"""The columns of a run's CSV files, the records that fill them, and typed frames of them.
+
+The schema of every file is documented in ``results/README.md``; the column tuples below are
+the single source of truth for column names and order. This module is the bottom of
+``harness.results``: it imports only ``atomic``, so every other module can import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness.results import atomic
+
+STEP_COLUMNS = (
+    "algorithm",
+    "rank",
+    "iteration",
+    "start_s",
+    "end_s",
+    "compute_s",
+    "injected_delay_s",
+    "comm_blocked_s",
+    "loss",
+    "bytes_sent",
+    "staleness",
+)
+EVAL_COLUMNS = (
+    "algorithm",
+    "iteration",
+    "time_s",
+    "model",
+    "test_loss",
+    "test_accuracy",
+    "consensus_distance",
+)
+COMM_OP_COLUMNS = ("algorithm", "rank", "op", "post_s", "start_s", "end_s", "bytes")
+# Every value comm_ops.csv's ``op`` can take: the names the native layer (kernels/) gives the
+# operations it records. tests/test_results.py holds this tuple, those C++ sources and
+# results/README.md together.
+COMM_OP_NAMES = (
+    "allreduce",
+    "broadcast",
+    "barrier",
+    "exchange",
+    "push",
+    "pair_request",
+    "wa_group_round",
+    "wa_sync_round",
+)
+SUMMARY_COLUMNS = (
+    "algorithm",
+    "ranks",
+    "iterations",
+    "batch_size",
+    "steps_recorded",
+    "wall_s",
+    "samples_per_s",
+    "baseline",
+    "throughput_vs_baseline",
+    "iter_time_median_s",
+    "iter_time_p95_s",
+    "compute_fraction",
+    "wait_fraction",
+    "injected_fraction",
+    "bytes_sent_per_step",
+    "final_accuracy",
+    "final_accuracy_rank0",
+    "final_test_loss",
+    "final_consensus_distance",
+    "target_accuracy",
+    "time_to_target_s",
+    "complete",
+)
+
+EVAL_MODELS = ("average", "rank0")
+NO_STALENESS = -1
+
+_INT = "int64"
+_FLOAT = "float64"
+_DTYPES: dict[str, str] = {
+    "rank": _INT,
+    "iteration": _INT,
+    "bytes_sent": _INT,
+    "staleness": _INT,
+    "bytes": _INT,
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One iteration of one rank; times in seconds since the run's t0 on a common clock."""
+
+    algorithm: str
+    rank: int
+    iteration: int
+    start_s: float
+    end_s: float
+    compute_s: float
+    injected_delay_s: float
+    comm_blocked_s: float
+    loss: float = math.nan
+    bytes_sent: int = 0
+    staleness: int = NO_STALENESS
+
+    def as_row(self) -> dict[str, Any]:
+        """The record as ``{column: value}`` in :data:`STEP_COLUMNS` order."""
+        return {name: getattr(self, name) for name in STEP_COLUMNS}
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalRecord:
+    """One evaluation of one model ("average" or "rank0") on the test set."""
+
+    algorithm: str
+    iteration: int
+    time_s: float
+    model: str
+    test_loss: float
+    test_accuracy: float
+    consensus_distance: float = math.nan
+
+    def __post_init__(self) -> None:
+        if self.model not in EVAL_MODELS:
+            raise ValueError(f"model must be one of {EVAL_MODELS}, got {self.model!r}")
+
+    def as_row(self) -> dict[str, Any]:
+        """The record as ``{column: value}`` in :data:`EVAL_COLUMNS` order."""
+        return {name: getattr(self, name) for name in EVAL_COLUMNS}
+
+
+@dataclasses.dataclass(frozen=True)
+class CommOpRecord:
+    """One operation of the native communication layer, as seen by one rank."""
+
+    algorithm: str
+    rank: int
+    op: str
+    post_s: float
+    start_s: float
+    end_s: float
+    bytes: int
+
+    def as_row(self) -> dict[str, Any]:
+        """The record as ``{column: value}`` in :data:`COMM_OP_COLUMNS` order."""
+        return {name: getattr(self, name) for name in COMM_OP_COLUMNS}
+
+
+def _typed(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """Reorder to ``columns`` and coerce dtypes: ints int64, text str, everything else float64."""
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ValueError(f"missing columns: {missing}")
+    frame = frame.loc[:, list(columns)].copy()
+    for name in columns:
+        if name in ("algorithm", "model", "op"):
+            frame[name] = frame[name].astype(str)
+        else:
+            frame[name] = frame[name].astype(_DTYPES.get(name, _FLOAT))
+    return frame.reset_index(drop=True)
+
+
+def to_frame(records: Iterable[Any] | pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """A typed DataFrame from records (anything with ``as_row()``) or an existing DataFrame."""
+    if isinstance(records, pd.DataFrame):
+        return _typed(records, columns)
+    rows = [r.as_row() for r in records]
+    frame = pd.DataFrame(rows, columns=list(columns))
+    return _typed(frame, columns)
+
+
+def read_frame(path: str | Path, columns: Sequence[str]) -> pd.DataFrame:
+    """Read one of the run's CSV files back with the schema's dtypes; empty if absent."""
+    path = Path(path)
+    if not path.exists():
+        return to_frame([], columns)
+    # keep_default_na=False so an op or algorithm named e.g. "NA" stays text.
+    frame = pd.read_csv(path, keep_default_na=False, na_values=[atomic.CSV_NA_REP])
+    return _typed(frame, columns)

@@ -70,7 +70,7 @@ def is_sync_round(t: int, sync_every: int) -> bool:
     """Whether round ``t`` is a synchronous round over all ranks (every ``sync_every``-th round,
     ending each period: ``t % sync_every == sync_every - 1``). ``sync_every == 0``: never.
 
-    WAGMA-SGD with sync period tau uses ``sync_every = tau + 1``; eager-SGD uses its period.
+    WAGMA-SGD and eager-SGD use ``sync_every = period`` (their ``period`` parameter).
     The native layer applies the same rule (``harness._core.is_sync_round``); a test pins them.
     """
     return sync_every > 0 and t % sync_every == sync_every - 1

@@ -43,7 +43,7 @@ WAGMA_SERIES: dict[str, Any] = {
     "adpsgd": "adpsgd",
     "sgp": "sgp",
     "eager_sgd": {"name": "eager_sgd", "mode": "majority"},
-    "wagma": {"name": "wagma", "group_size": 8, "sync_period": 10},
+    "wagma": {"name": "wagma", "group_size": 8, "period": 11},
 }
 SGP_SERIES: dict[str, Any] = {
     "allreduce_sgd": "allreduce_sgd",
@@ -55,7 +55,7 @@ IMBALANCE_SERIES: dict[str, Any] = {
     "allreduce_sgd": "allreduce_sgd",
     "eager_sgd_solo": {"name": "eager_sgd", "mode": "solo"},
     "eager_sgd_majority": {"name": "eager_sgd", "mode": "majority"},
-    "wagma": {"name": "wagma", "group_size": 8, "sync_period": 10},
+    "wagma": {"name": "wagma", "group_size": 8, "period": 11},
 }
 
 # The SGP paper's two networks (Assran et al., ICML'19: 10 Gb/s Ethernet vs 100 Gb/s InfiniBand).
@@ -160,7 +160,7 @@ def imbalance_sweep(quick: bool, delays_ms: Sequence[float] | None = None, ranks
     """Time per iteration vs injected delay: 2 random ranks of 64 sleep ``delay_ms`` per iteration.
 
     Allreduce-SGD, eager-SGD solo and majority (sync every 33 rounds), WAGMA-SGD (groups of 8,
-    sync period 10); compute and network as in :func:`wagma_scaling`. Iterations: 100 (quick: 33).
+    sync every 11 rounds); compute and network as in :func:`wagma_scaling`. Iterations: 100 (quick: 33).
 
     Columns: algorithm (series key: ``eager_sgd_solo`` / ``eager_sgd_majority`` for the two
     eager modes), delay_ms, ranks, iterations, iter_time_s, samples_per_s.

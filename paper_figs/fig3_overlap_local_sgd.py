@@ -3,7 +3,8 @@
 family (Local SGD, Overlap Local SGD, EASGD, CoCoD-SGD, BMUF).
 
 Input ``slow_link``: a real run of ``scenarios/slow_link.yaml``. Every algorithm of
-:data:`ALGORITHMS` that the run holds evaluations for is drawn (at least one must be there).
+:func:`algorithms` (the registered algorithms of the synchronous and periodic families) that the
+run holds evaluations for is drawn (at least one must be there).
 
 - y: ``test_accuracy`` (in %) of the ``average`` model rows of ``evals.csv``.
 - Panel 0, x: ``time_s`` of the evaluation minus the algorithm's first step start (the smallest
@@ -31,13 +32,19 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from harness.algorithms import registry
 from paper_figs import readers, style
 
 NAME = "fig3_overlap_local_sgd"
 INPUT = "slow_link"
-# The paper's methods, in its order; its "fully synchronous SGD" is our Allreduce-SGD.
-ALGORITHMS = ("allreduce_sgd", "local_sgd", "overlap_local_sgd", "easgd", "cocod_sgd", "bmuf")
+# The paper compares fully synchronous SGD (our Allreduce-SGD) with the periodic-averaging family.
+FAMILIES = ("synchronous", "periodic")
 LABELS = {"allreduce_sgd": "Synchronous SGD"}
+
+
+def algorithms() -> list[str]:
+    """The algorithms this figure draws: the registered ones of :data:`FAMILIES`, in registry order."""
+    return [name for name in registry.names() if registry.registration(name).family in FAMILIES]
 
 
 def _series_label(algorithm: str) -> str:
@@ -68,9 +75,9 @@ def _sizes(path: Path, algorithm: str) -> tuple[int, int]:
 def table(path: Path) -> pd.DataFrame:
     """The plotted data of the run at ``path`` (see the module docstring)."""
     accuracy = readers.accuracy_over_time(path)
-    present = [a for a in ALGORITHMS if a in set(accuracy["algorithm"])]
+    present = [a for a in algorithms() if a in set(accuracy["algorithm"])]
     if not present:
-        raise ValueError(f"{NAME}: run {path} has no 'average' evaluations of any of {', '.join(ALGORITHMS)}")
+        raise ValueError(f"{NAME}: run {path} has no 'average' evaluations of any of {', '.join(algorithms())}")
     train = _train_samples(path)
     rows = []
     for algorithm in present:

@@ -23,9 +23,7 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
     sweep = pd.read_csv(inputs["imbalance_sweep"])
     fig, ax = plt.subplots(figsize=(7.5, 5))
     rows: list[dict] = []
-    present = set(sweep["algorithm"])
-    order = [a for a in style.ALGORITHMS if a in present] + sorted(present - set(style.ALGORITHMS))
-    for algorithm in order:
+    for algorithm in style.ordered(set(sweep["algorithm"])):
         part = sweep[sweep["algorithm"] == algorithm].sort_values("delay_ms").dropna(subset=["iter_time_s"])
         name = style.label(algorithm)
         ax.plot(part["delay_ms"], part["iter_time_s"], color=style.color(algorithm), marker=style.marker(algorithm),

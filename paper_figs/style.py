@@ -1,6 +1,9 @@
 """The shared look of every figure: one colour and label per algorithm, readable fonts, and
 one way to save a figure together with the data it plots.
 
+Labels and colours come from each algorithm's registration (``harness.algorithms.registry``),
+so an algorithm registered there, built in or at run time, looks the same in every figure.
+
 Example::
 
     from paper_figs import style
@@ -21,68 +24,54 @@ matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from harness.algorithms import registry  # noqa: E402
 from harness.results import atomic  # noqa: E402
 
-# Fixed order and colours, so an algorithm looks the same in every figure (tab20 pairs, the
-# synchronous baseline in black).
-ALGORITHMS = (
-    "allreduce_sgd", "local_sgd", "overlap_local_sgd", "easgd", "cocod_sgd", "bmuf",
-    "sgp", "osgp", "dpsgd", "adpsgd", "wagma", "eager_sgd", "eager_sgd_solo", "eager_sgd_majority",
-)
-_COLORS = {
-    "allreduce_sgd": "#000000",
-    "local_sgd": "#1f77b4",
-    "overlap_local_sgd": "#aec7e8",
-    "easgd": "#17becf",
-    "cocod_sgd": "#9edae5",
-    "bmuf": "#7f7f7f",
-    "sgp": "#2ca02c",
-    "osgp": "#98df8a",
-    "dpsgd": "#8c564b",
-    "adpsgd": "#c49c94",
-    "wagma": "#d62728",
-    "eager_sgd": "#ff7f0e",
-    "eager_sgd_solo": "#ffbb78",
-    "eager_sgd_majority": "#ff7f0e",
+# Series that are one algorithm under one setting (experiments.py's eager-SGD modes): labelled
+# after the algorithm, each in a colour of its own.
+VARIANTS = {
+    "eager_sgd_solo": ("eager_sgd", "solo", "#ffbb78"),
+    "eager_sgd_majority": ("eager_sgd", "majority", "#ff7f0e"),
 }
-_LABELS = {
-    "allreduce_sgd": "Allreduce-SGD",
-    "local_sgd": "Local SGD",
-    "overlap_local_sgd": "Overlap Local SGD",
-    "easgd": "EASGD",
-    "cocod_sgd": "CoCoD-SGD",
-    "bmuf": "BMUF",
-    "sgp": "SGP",
-    "osgp": "1-OSGP",
-    "dpsgd": "D-PSGD",
-    "adpsgd": "AD-PSGD",
-    "wagma": "WAGMA-SGD",
-    "eager_sgd": "eager-SGD",
-    "eager_sgd_solo": "eager-SGD (solo)",
-    "eager_sgd_majority": "eager-SGD (majority)",
-}
+UNKNOWN_COLOUR = "#bcbd22"
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p", "d", "8")
 
 
-def ordered(algorithms) -> list[str]:
-    """``algorithms`` in the fixed order of :data:`ALGORITHMS`, unknown names last (sorted)."""
-    present = set(algorithms)
-    known = [a for a in ALGORITHMS if a in present]
+def algorithms() -> list[str]:
+    """Every series name figures know, in their fixed order: the registered algorithms (registry
+    order: the synchronous baseline, then family by family), each followed by its variants."""
+    order = []
+    for name in registry.names():
+        order += [name, *(variant for variant, (base, _, _) in VARIANTS.items() if base == name)]
+    return order
+
+
+def ordered(names) -> list[str]:
+    """``names`` in the fixed order of :func:`algorithms`, unknown names last (sorted)."""
+    present = set(names)
+    known = [a for a in algorithms() if a in present]
     return known + sorted(present - set(known))
 
 
 def color(algorithm: str) -> str:
-    """The algorithm's colour (grey for a name not in :data:`ALGORITHMS`)."""
-    return _COLORS.get(algorithm, "#bcbd22")
+    """The algorithm's colour from its registration (olive for a name no one registered)."""
+    if algorithm in VARIANTS:
+        return VARIANTS[algorithm][2]
+    return registry.registration(algorithm).colour if algorithm in registry.names() else UNKNOWN_COLOUR
 
 
 def label(algorithm: str) -> str:
-    """The algorithm's display name (the name itself when unknown)."""
-    return _LABELS.get(algorithm, algorithm)
+    """The algorithm's display name from its registration (the name itself when unknown)."""
+    if algorithm in VARIANTS:
+        base, setting, _ = VARIANTS[algorithm]
+        return f"{label(base)} ({setting})"
+    return registry.registration(algorithm).label if algorithm in registry.names() else algorithm
 
 
 def marker(algorithm: str) -> str:
-    return MARKERS[ALGORITHMS.index(algorithm) % len(MARKERS)] if algorithm in ALGORITHMS else "o"
+    """The series' marker: markers cycle along the fixed order ("o" for an unknown name)."""
+    known = algorithms()
+    return MARKERS[known.index(algorithm) % len(MARKERS)] if algorithm in known else "o"
 
 
 def setup() -> None:

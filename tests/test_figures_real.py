@@ -45,7 +45,7 @@ def test_fig3_draws_its_table(figure_results, tmp_path):
     assert {"panel", "series", "x", "y"} <= set(table.columns)
     _assert_same(style.plotted(fig), table, ["panel", "series", "x", "y"])
     # The quick slow_link run has every algorithm, so all six methods are drawn in both panels.
-    assert set(table["algorithm"]) == set(fig3.ALGORITHMS)
+    assert set(table["algorithm"]) == set(fig3.algorithms())
     assert set(table["panel"]) == {0, 1}
     assert table["y"].between(0, 100).all()
     assert (table.loc[table["panel"] == 0, "x"] > 0).all()

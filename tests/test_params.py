@@ -1,11 +1,14 @@
-"""Algorithm parameter models: defaults, refused values, checks against the rank count."""
+"""Algorithm parameter models: defaults, refused values, checks against the rank count, and the
+old spelling ``sync_period`` of WAGMA-SGD's and eager-SGD's ``period``."""
 
 from __future__ import annotations
 
 import pydantic
 import pytest
 
-from harness.algorithms.params import ALGORITHM_PARAMS, ParamError, WAGMAParams, resolve_algorithm_params
+from harness.algorithms.params import EagerSGDParams, ParamError, RenamedParameterWarning, WAGMAParams
+from harness.algorithms.registry import names, params_model, resolve_algorithm_params
+from harness.schedules import is_sync_round
 
 DEFAULTS = {
     "allreduce_sgd": {},
@@ -18,8 +21,8 @@ DEFAULTS = {
     "osgp": {"peers": 1, "graph": "exponential", "synch_freq": 0},
     "dpsgd": {"graph": "ring"},
     "adpsgd": {},
-    "wagma": {"group_size": 8, "sync_period": 10},
-    "eager_sgd": {"mode": "solo", "sync_period": 33},
+    "wagma": {"group_size": 8, "period": 11},
+    "eager_sgd": {"mode": "solo", "period": 33},
 }
 
 
@@ -29,8 +32,9 @@ def test_defaults(name: str) -> None:
 
 
 def test_registry_covers_every_algorithm_with_a_documented_model() -> None:
-    assert set(ALGORITHM_PARAMS) == set(DEFAULTS)
-    for name, cls in ALGORITHM_PARAMS.items():
+    assert set(names()) == set(DEFAULTS)
+    for name in names():
+        cls = params_model(name)
         assert cls.__doc__ and cls.__doc__.strip(), name
         assert cls().name == name
 
@@ -125,3 +129,48 @@ def test_easgd_alpha_must_keep_the_center_stable():
     with pytest.raises(ParamError, match=r"alpha: must be < 2 / \(ranks \+ 1\)"):
         resolve_algorithm_params("easgd", {}, 10)
     assert resolve_algorithm_params("easgd", {"alpha": 0.09}, 10)["alpha"] == 0.09
+
+
+# -- sync_period, the old spelling of period ------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("model", "old", "period"), [(WAGMAParams, 10, 11), (WAGMAParams, 0, 1), (EagerSGDParams, 33, 33)]
+)
+def test_old_sync_period_reads_as_period_with_a_warning(model, old: int, period: int) -> None:
+    name = model().name
+    with pytest.warns(RenamedParameterWarning, match=rf"{name}: sync_period: {old} is the old spelling of "
+                                                      rf"period: {period} .* write period: {period}"):
+        params = model.model_validate({"name": name, "sync_period": old})
+    assert params.period == period and "sync_period" not in params.model_dump()
+
+
+def test_old_and_new_spelling_give_the_same_synchronous_rounds() -> None:
+    # WAGMA's sync_period S was S group rounds between global ones (sync_every S + 1); eager-SGD's
+    # sync_period was its sync_every already.
+    for model, old, sync_every in [(WAGMAParams, 3, 4), (EagerSGDParams, 3, 3)]:
+        with pytest.warns(RenamedParameterWarning):
+            period = model.model_validate({"sync_period": old}).period
+        old_rounds = [t for t in range(12) if t % sync_every == sync_every - 1]
+        assert [t for t in range(12) if is_sync_round(t, period)] == old_rounds
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "match"),
+    [
+        ("wagma", {"sync_period": 10, "period": 11}, r"^sync_period: give period only \(sync_period is its old"),
+        ("eager_sgd", {"period": 5, "sync_period": 5}, r"^sync_period: give period only"),
+        ("wagma", {"sync_period": -1}, r"^sync_period: must be an integer >= 0 \(got -1\)"),
+        ("eager_sgd", {"sync_period": 0}, r"^sync_period: must be an integer >= 1 \(got 0\)"),
+        ("wagma", {"sync_period": True}, r"^sync_period: must be an integer >= 0 \(got True\)"),
+        ("eager_sgd", {"sync_period": "33"}, r"^sync_period: must be an integer >= 1 \(got '33'\)"),
+        ("wagma", {"period": 0}, r"^period: .* \(got 0\)"),
+    ],
+)
+def test_bad_sync_period_names_the_field(name: str, raw: dict, match: str) -> None:
+    with pytest.raises(ParamError, match=match):
+        resolve_algorithm_params(name, raw, ranks=8)
+
+
+def test_sync_period_is_not_a_parameter_of_other_algorithms() -> None:
+    with pytest.raises(ParamError, match=r"^sync_period: unknown key \(valid: name, period\)"):
+        resolve_algorithm_params("local_sgd", {"sync_period": 2}, ranks=4)

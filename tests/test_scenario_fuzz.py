@@ -32,7 +32,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, event, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from harness.algorithms.params import ALGORITHM_PARAMS  # noqa: E402
+from harness.algorithms.registry import names, params_model  # noqa: E402
 from harness.scenario import Scenario, ScenarioError, load_scenario, scenario_from_dict  # noqa: E402
 from harness.scenario.loader import MAX_ERROR_LINES  # noqa: E402
 from harness.scenario.network import link_table  # noqa: E402
@@ -51,7 +51,8 @@ FUZZ = settings(
 )
 TEXT_FUZZ = settings(FUZZ, max_examples=600)
 
-ALGORITHMS = sorted(ALGORITHM_PARAMS)
+ALGORITHMS = sorted(names())
+MODELS = [params_model(name) for name in ALGORITHMS]
 KINDS = ["random_ranks", "fixed", "linear", "jitter", "slowdown"]
 # Every key some model knows: set in the wrong place, each is an "unknown key" of another kind.
 KNOWN_KEYS = sorted(
@@ -60,9 +61,9 @@ KNOWN_KEYS = sorted(
     | {"emulate_ms", "jitter", "lr", "momentum", "nesterov", "weight_decay"}
     | {"kind", "start", "stop", "count", "delay_ms", "offset_ms", "sigma", "factor"}
     | {"default", "links", "between", "from", "to", "rank", "latency_us", "latency_ms", "bandwidth_gbps"}
-    | {field for cls in ALGORITHM_PARAMS.values() for field in cls.model_fields}
+    | {field for cls in MODELS for field in cls.model_fields}
 )
-ALGORITHM_FIELDS = sorted({f for cls in ALGORITHM_PARAMS.values() for f in cls.model_fields} - {"name"})
+ALGORITHM_FIELDS = sorted({f for cls in MODELS for f in cls.model_fields} - {"name"})
 
 # ---------------------------------------------------------------------------------------------
 # values

@@ -11,7 +11,7 @@ import sys
 import pandas as pd
 import pytest
 
-from harness.results.records import STEP_COLUMNS, SUMMARY_COLUMNS
+from harness.results.columns import STEP_COLUMNS, SUMMARY_COLUMNS
 from harness.scenario.loader import scenario_from_dict
 from harness.sim.calibration import (
     Calibration,
@@ -36,7 +36,7 @@ SMALL = {
     "workload": {"model": "mlp", "dataset": "digits", "batch_size": 8, "iterations": 24, "eval_every": 12,
                  "compute": {"emulate_ms": 20}, "params": 2000},
     "algorithms": ["allreduce_sgd", {"name": "local_sgd", "period": 3}, "sgp",
-                   {"name": "wagma", "group_size": 2, "sync_period": 3}],
+                   {"name": "wagma", "group_size": 2, "period": 4}],
     "imbalance": [{"kind": "random_ranks", "count": 1, "delay_ms": 40}],
 }
 
@@ -86,7 +86,7 @@ def test_simulate_writes_a_marked_run_with_the_real_columns(tmp_path) -> None:
 
 def test_simulate_scales_past_a_thousand_ranks(tmp_path) -> None:
     scenario = write_scenario_file(tmp_path, {**SMALL, "algorithms": [{"name": "wagma", "group_size": 8,
-                                                                       "sync_period": 3}]})
+                                                                       "period": 4}]})
     proc = harness_cli("simulate", str(scenario), "--ranks", "1100", "--iterations", "5", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     (run,) = (tmp_path / "simcheck").iterdir()

@@ -22,7 +22,7 @@ def _scenario(ranks: int, group_size: int, **changes) -> dict:
         "seed": 2,
         "workload": {"model": "mlp", "dataset": "digits", "batch_size": 4, "iterations": 3, "eval_every": 3,
                      "compute": {"emulate_ms": 1}, "params": 64},
-        "algorithms": ["sgp", {"name": "wagma", "group_size": group_size, "sync_period": 2}],
+        "algorithms": ["sgp", {"name": "wagma", "group_size": group_size, "period": 3}],
         **changes,
     }
 

@@ -28,7 +28,6 @@ from harness.schedules import bipartite_peer
 
 class ADPSGD(Algorithm):
     name = "adpsgd"
-    Params = ADPSGDParams
 
     def __init__(self, params: ADPSGDParams, ctx: AlgorithmContext) -> None:
         super().__init__(params, ctx)

@@ -7,12 +7,10 @@ then the local momentum-SGD step with g_bar. All models stay identical.
 from __future__ import annotations
 
 from harness.algorithms.base import Algorithm
-from harness.algorithms.params import AllreduceSGDParams
 
 
 class AllreduceSGD(Algorithm):
     name = "allreduce_sgd"
-    Params = AllreduceSGDParams
 
     def after_backward(self, t: int) -> None:
         self.ctx.comm.allreduce(self.ctx.grads, op="mean")

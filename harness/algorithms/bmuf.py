@@ -27,7 +27,6 @@ from harness.algorithms.params import BMUFParams
 
 class BMUF(Algorithm):
     name = "bmuf"
-    Params = BMUFParams
 
     def __init__(self, params: BMUFParams, ctx: AlgorithmContext) -> None:
         super().__init__(params, ctx)

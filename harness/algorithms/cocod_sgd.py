@@ -29,7 +29,6 @@ from harness.algorithms.params import CoCoDSGDParams
 
 class CoCoDSGD(Algorithm):
     name = "cocod_sgd"
-    Params = CoCoDSGDParams
 
     def __init__(self, params: CoCoDSGDParams, ctx: AlgorithmContext) -> None:
         super().__init__(params, ctx)

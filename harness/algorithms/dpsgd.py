@@ -43,7 +43,6 @@ from harness.schedules import bipartite_exponential_shift, mixing_row
 
 class DPSGD(Algorithm):
     name = "dpsgd"
-    Params = DPSGDParams
 
     def __init__(self, params: DPSGDParams, ctx: AlgorithmContext) -> None:
         super().__init__(params, ctx)

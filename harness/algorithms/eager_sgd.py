@@ -12,7 +12,7 @@ Every rank receives the same g_bar for round t, so with one initial model all mo
 identical. Who triggers round t: ``solo``: the first rank to arrive (every rank may
 activate); ``majority``: only ``harness.schedules.majority_initiator(seed, t, P)``, a draw
 shared by all ranks, so on average half the ranks have arrived. Rounds with
-``t % sync_period == sync_period - 1`` are synchronous allreduces of fresh buffers.
+``t % period == period - 1`` are synchronous allreduces of fresh buffers.
 
 Deliberate choice (as in the reference): a rank that is late for round t has its progress
 thread contribute whatever its send buffer holds (zeros when everything it published was
@@ -25,7 +25,7 @@ With emulated compute (no optimizer) the zero gradient buffer is communicated al
 
 Example (a scenario ``algorithms`` entry)::
 
-    - {name: eager_sgd, mode: majority, sync_period: 33}
+    - {name: eager_sgd, mode: majority, period: 33}
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ class EagerSGD(Algorithm):
     """
 
     name = "eager_sgd"
-    Params = EagerSGDParams
 
     def __init__(self, params: EagerSGDParams, ctx: AlgorithmContext) -> None:
         super().__init__(params, ctx)
@@ -54,7 +53,7 @@ class EagerSGD(Algorithm):
         self._send = torch.zeros_like(ctx.grads)
         # Collective. One group of every rank; the op starts from an empty (zero) send buffer.
         self._op = ctx.comm.wait_avoiding(
-            self._send, phases=[list(range(ctx.size))], sync_every=params.sync_period, accumulate=True
+            self._send, phases=[list(range(ctx.size))], sync_every=params.period, accumulate=True
         )
 
     def may_activate(self, t: int) -> bool:

@@ -38,7 +38,6 @@ from harness.algorithms.params import EASGDParams
 
 class EASGD(Algorithm):
     name = "easgd"
-    Params = EASGDParams
 
     def __init__(self, params: EASGDParams, ctx: AlgorithmContext) -> None:
         super().__init__(params, ctx)

@@ -54,7 +54,6 @@ from harness.schedules import osgp_rounds_due
 
 class OSGP(SGP):
     name = "osgp"
-    Params = OSGPParams
 
     def __init__(self, params: OSGPParams, ctx) -> None:
         super().__init__(params, ctx)

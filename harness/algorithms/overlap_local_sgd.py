@@ -31,7 +31,6 @@ from harness.algorithms.params import OverlapLocalSGDParams
 
 class OverlapLocalSGD(Algorithm):
     name = "overlap_local_sgd"
-    Params = OverlapLocalSGDParams
 
     def __init__(self, params: OverlapLocalSGDParams, ctx: AlgorithmContext) -> None:
         super().__init__(params, ctx)

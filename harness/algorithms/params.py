@@ -1,76 +1,35 @@
 """Parameters of every algorithm: one frozen model each, validated by the algorithm's own rules.
 
-Each model carries a ``name`` literal, which is how a scenario file spells the algorithm, so a
-scenario's ``algorithms`` list is a union discriminated on ``name``. Defaults are the reference
-settings listed in docs/algorithms.md ("Parameters at a glance"); checks that need the rank
-count live in ``check(ranks)``.
+Each model carries a ``name`` literal, which is how a scenario file spells the algorithm;
+``harness.algorithms.registry`` maps each name to its model, and a scenario's ``algorithms``
+entries are validated by the model their ``name`` picks. Defaults are the reference settings
+listed in docs/algorithms.md ("Parameters at a glance"); checks that need the rank count live
+in ``check(ranks)``.
+
+``period`` means one thing wherever it appears: the algorithm synchronizes all ranks at the end
+of every ``period``-th iteration (``t % period == period - 1``).
 
 Example::
 
-    >>> resolve_algorithm_params("wagma", {"group_size": 4}, ranks=8)
-    {'group_size': 4, 'sync_period': 10}
+    >>> WAGMAParams(group_size=4)
+    WAGMAParams(name='wagma', group_size=4, period=11)
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal, Union, get_args
+import warnings
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import Field, model_validator
 
-PositiveInt = Annotated[int, Field(ge=1)]
+from harness.config import NonNegativeInt, ParamError, PositiveFloat, PositiveInt, StrictModel
+
 Fraction = Annotated[float, Field(ge=0.0, lt=1.0)]  # momentum-like: 1.0 would never forget
 Rate = Annotated[float, Field(gt=0.0, le=1.0)]  # moving / pull rate: 0 would never move
 
 # Periodic averaging shares one default period: the reference setting of the Overlap Local SGD
 # paper is tau = 2, and comparing the family is only fair on one schedule.
 DEFAULT_PERIOD = 2
-
-
-class ParamError(ValueError):
-    """A value is impossible: carries the field path (relative), a reason and the bad value."""
-
-    def __init__(self, path: str | tuple[str | int, ...], reason: str, value: Any, note: str = "") -> None:
-        self.path = (path,) if isinstance(path, str) else tuple(path)
-        self.reason = reason
-        self.value = value
-        self.note = note  # said after the value, e.g. "the default"
-        where = ".".join(str(p) for p in self.path)
-        super().__init__(f"{where}: {reason} (got {value!r}{', ' + note if note else ''})")
-
-    def within(self, *prefix: str | int) -> ParamError:
-        """The same error seen from a containing object: its path gets ``prefix`` in front."""
-        return ParamError((*prefix, *self.path), self.reason, self.value, self.note)
-
-    def to_pydantic(self) -> PydanticCustomError:
-        """The same error raised inside a validator: the scenario loader reads path, value and note back."""
-        ctx = {"reason": self.reason, "path": self.path, "value": self.value, "note": self.note}
-        return PydanticCustomError("field", "{reason}", ctx)
-
-
-class StrictModel(BaseModel):
-    """Base of every configuration model: frozen, strict types, unknown keys refused by name.
-
-    ``input_only_keys`` lists keys a before-validator consumes (e.g. ``latency_ms``).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
-    input_only_keys: ClassVar[tuple[str, ...]] = ()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_unknown_keys(cls, data: Any) -> Any:
-        # extra="forbid" alone says "Extra inputs are not permitted"; say which keys would do.
-        if isinstance(data, dict):
-            valid = [f.alias or name for name, f in cls.model_fields.items()] + list(cls.input_only_keys)
-            for key in data:
-                if key not in valid:
-                    raise ParamError(
-                        (key,) if isinstance(key, (str, int)) else (repr(key),),
-                        f"unknown key (valid: {', '.join(valid)})",
-                        key,
-                    ).to_pydantic()
-        return data
 
 
 class AlgorithmParams(StrictModel):
@@ -141,7 +100,7 @@ class BMUFParams(AlgorithmParams):
     name: Literal["bmuf"] = "bmuf"
     period: PositiveInt = DEFAULT_PERIOD
     block_momentum: Fraction = 0.7
-    block_lr: Annotated[float, Field(gt=0.0)] = 1.0
+    block_lr: PositiveFloat = 1.0
 
 
 class SGPParams(AlgorithmParams):
@@ -163,7 +122,7 @@ class OSGPParams(SGPParams):
     """
 
     name: Literal["osgp"] = "osgp"  # type: ignore[assignment]
-    synch_freq: Annotated[int, Field(ge=0)] = 0
+    synch_freq: NonNegativeInt = 0
 
 
 def _need_even(params: AlgorithmParams, ranks: int, what: str) -> None:
@@ -192,12 +151,51 @@ class ADPSGDParams(AlgorithmParams):
         _need_even(self, ranks, "adpsgd")
 
 
+class RenamedParameterWarning(FutureWarning):
+    """A scenario used the old spelling of a parameter: it still works, the message gives the new one.
+
+    A FutureWarning rather than a DeprecationWarning: it is for whoever wrote the scenario file,
+    and Python shows FutureWarning by default. ``validate``, ``run`` and ``simulate`` print it as a
+    ``note:`` line instead (``harness.scenario.load_scenario_with_notes``).
+    """
+
+
+def _renamed_sync_period(data: Any, name: str, extra_rounds: int) -> Any:
+    """Read the old ``sync_period: S`` as ``period: S + extra_rounds``, warning that it is renamed.
+
+    WAGMA-SGD's ``sync_period`` counted the group rounds between two synchronous ones (a
+    synchronous round every S + 1 rounds); eager-SGD's already was the period.
+    """
+    if not isinstance(data, dict) or "sync_period" not in data:
+        return data
+    old = data["sync_period"]
+    if "period" in data:
+        raise ParamError("sync_period", "give period only (sync_period is its old spelling)", old).to_pydantic()
+    lowest = 1 - extra_rounds  # what makes period >= 1
+    if type(old) is not int or old < lowest:
+        raise ParamError("sync_period", f"must be an integer >= {lowest}", old).to_pydantic()
+    period = old + extra_rounds
+    warnings.warn(f"{name}: sync_period: {old} is the old spelling of period: {period} (a synchronous "
+                  f"round every {period} rounds); write period: {period}", RenamedParameterWarning, stacklevel=2)
+    return {**{key: value for key, value in data.items() if key != "sync_period"}, "period": period}
+
+
 class WAGMAParams(AlgorithmParams):
-    """WAGMA-SGD: wait-avoiding group model averaging (Li et al., IEEE TPDS 2021)."""
+    """WAGMA-SGD: wait-avoiding group model averaging (Li et al., IEEE TPDS 2021).
+
+    ``period``: rounds t with ``t % period == period - 1`` average all ranks' fresh models; the
+    others are group rounds. The paper's tau (group rounds between two global ones) is
+    ``period - 1``; the old spelling ``sync_period: tau`` is read as ``period: tau + 1``.
+    """
 
     name: Literal["wagma"] = "wagma"
     group_size: PositiveInt = 8
-    sync_period: PositiveInt = 10
+    period: PositiveInt = 11
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_spelling(cls, data: Any) -> Any:
+        return _renamed_sync_period(data, "wagma", extra_rounds=1)
 
     def check(self, ranks: int) -> None:
         if self.group_size > ranks:
@@ -208,53 +206,18 @@ class WAGMAParams(AlgorithmParams):
 
 
 class EagerSGDParams(AlgorithmParams):
-    """eager-SGD: solo or majority partial allreduce of gradients (Li et al., PPoPP 2020)."""
+    """eager-SGD: solo or majority partial allreduce of gradients (Li et al., PPoPP 2020).
+
+    ``period``: rounds t with ``t % period == period - 1`` are synchronous allreduces of fresh
+    gradients; the old spelling ``sync_period`` meant the same and is read as ``period``.
+    """
 
     name: Literal["eager_sgd"] = "eager_sgd"
     mode: Literal["solo", "majority"] = "solo"
-    sync_period: PositiveInt = 33
+    period: PositiveInt = 33
 
+    @model_validator(mode="before")
+    @classmethod
+    def _old_spelling(cls, data: Any) -> Any:
+        return _renamed_sync_period(data, "eager_sgd", extra_rounds=0)
 
-AnyAlgorithmParams = Annotated[
-    Union[
-        AllreduceSGDParams,
-        LocalSGDParams,
-        OverlapLocalSGDParams,
-        EASGDParams,
-        CoCoDSGDParams,
-        BMUFParams,
-        SGPParams,
-        OSGPParams,
-        DPSGDParams,
-        ADPSGDParams,
-        WAGMAParams,
-        EagerSGDParams,
-    ],
-    Field(discriminator="name"),
-]
-"""One scenario ``algorithms`` entry, chosen by its ``name``."""
-
-ALGORITHM_PARAMS: dict[str, type[AlgorithmParams]] = {
-    cls.model_fields["name"].default: cls for cls in get_args(get_args(AnyAlgorithmParams)[0])
-}
-"""Scenario name -> parameter model."""
-
-
-def resolve_algorithm_params(name: str, raw: dict[str, Any], ranks: int) -> dict[str, Any]:
-    """Validate ``raw`` parameters of algorithm ``name`` for ``ranks`` ranks; return them with defaults.
-
-    Raises ParamError (a ValueError) naming the parameter and its value, or listing the valid
-    names for an unknown algorithm.
-    """
-    cls = ALGORITHM_PARAMS.get(name)
-    if cls is None:
-        raise ParamError("name", f"unknown algorithm (valid: {', '.join(ALGORITHM_PARAMS)})", name)
-    try:
-        params = cls.model_validate({**raw, "name": name})
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        if err["type"] == "field":  # raised by StrictModel, already phrased
-            raise ParamError(err["ctx"]["path"], err["ctx"]["reason"], err["ctx"]["value"]) from None
-        raise ParamError(err["loc"], err["msg"], err["input"]) from None
-    params.check(ranks)
-    return params.model_dump(exclude={"name"})

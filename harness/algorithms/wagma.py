@@ -4,12 +4,12 @@ Shigang Li, Tal Ben-Nun, Giorgi Nadiradze, Salvatore Di Girolamo, Nikoli Dryden,
 Torsten Hoefler: "Breaking (Global) Barriers in Parallel Stochastic Optimization with
 Wait-Avoiding Group Averaging". Rule (docs/algorithms.md, "WAGMA-SGD"), iteration t at rank i::
 
-    B_i <- x_i                                            publish the current model
-    sync round (t % (tau+1) == tau):  x_i <- mean over ALL ranks of B_j      (fresh, blocking)
-    otherwise:                        x_i <- (sum_{j in G_i(t)} B_j + x_i) / (S + 1)
-                                      (B_j may be stale: a late member's progress thread
-                                       contributes the model it published last)
-    x_i <- OPT(x_i, g_i)              g_i was computed at the pre-average x_i
+    B_i <- x_i                                  publish the current model
+    sync round (t % period == period - 1):      x_i <- mean over ALL ranks of B_j  (fresh, blocking)
+    otherwise:                                  x_i <- (sum_{j in G_i(t)} B_j + x_i) / (S + 1)
+                                                (B_j may be stale: a late member's progress thread
+                                                 contributes the model it published last)
+    x_i <- OPT(x_i, g_i)                        g_i was computed at the pre-average x_i
 
 On the loop's hooks: the loop computes g_i at x_i, then calls ``after_backward``, which
 publishes x_i (``ctx.params`` before the step), runs the round and overwrites ``ctx.params``
@@ -21,12 +21,13 @@ Groups come from ``harness.schedules.wagma_phases`` (base-S digits, or the docum
 mixed-radix rule when P is not a power of S); the wait avoidance (first arrival activates the
 round, late members contribute their stale buffer through their progress thread, a late
 caller takes the finished sum without waiting) is the native op's
-(``Communicator.wait_avoiding``). ``sync_every = sync_period + 1``; ``sync_period = 0`` would
-make every round synchronous (the scenario schema currently asks for >= 1).
+(``Communicator.wait_avoiding``) with ``sync_every = period``: a synchronous round every
+``period`` rounds, the paper's tau = ``period - 1`` group rounds between two of them;
+``period: 1`` makes every round synchronous.
 
 Example (a scenario ``algorithms`` entry)::
 
-    - {name: wagma, group_size: 4, sync_period: 10}
+    - {name: wagma, group_size: 4, period: 11}
 """
 
 from __future__ import annotations
@@ -76,11 +77,10 @@ class WAGMA(Algorithm):
     """
 
     name = "wagma"
-    Params = WAGMAParams
 
     def __init__(self, params: WAGMAParams, ctx: AlgorithmContext) -> None:
         super().__init__(params, ctx)
-        self.sync_every = params.sync_period + 1
+        self.sync_every = params.period
         self.phases = wagma_phases(ctx.rank, ctx.size, params.group_size)
         self.info: dict = {}
         self._sum = torch.empty_like(ctx.params)

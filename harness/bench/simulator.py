@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks", type=int, default=DEFAULT_RANKS, help=f"simulated ranks (default {DEFAULT_RANKS})")
     parser.add_argument("--iterations", type=int, default=DEFAULT_ITERATIONS,
                         help=f"iterations (default {DEFAULT_ITERATIONS})")
-    parser.add_argument("--algorithm", default="{name: wagma, group_size: 8, sync_period: 10}",
+    parser.add_argument("--algorithm", default="{name: wagma, group_size: 8, period: 11}",
                         help="the algorithm entry as YAML (default: WAGMA-SGD, S=8, tau=10)")
     parser.add_argument("--repeat", type=int, default=1, help="repetitions (default 1); medians are reported")
 

@@ -1,0 +1,236 @@
+"""The one place an algorithm is registered: scenario name, parameter model, class and figure look.
+
+A new algorithm is one module (its ``Algorithm`` subclass; its ``AlgorithmParams`` model in
+``params.py`` or beside the class) plus one entry in :data:`BUILT_IN`, or one :func:`register`
+call at run time. Everything else reads from here: scenario validation
+(``harness.scenario.schema``), :func:`algorithm_class` (the runner), the figures' labels and
+colours (``paper_figs.style``) and the families figure 3 draws (``family``).
+
+Classes given as ``"module:Class"`` are imported on first use, so listing names and validating
+scenarios never import torch. A registration made at run time lives in the process that made
+it: ``python -m harness run`` starts its ranks as new processes, which know the built-in table
+and whatever the modules they import register.
+
+Example::
+
+    >>> from harness.algorithms.registry import names, register, unregister
+    >>> names()[:3]
+    ['allreduce_sgd', 'local_sgd', 'overlap_local_sgd']
+    >>> from harness.algorithms.allreduce_sgd import AllreduceSGD
+    >>> from harness.algorithms.params import AlgorithmParams
+    >>> from typing import Literal
+    >>> class MineParams(AlgorithmParams):
+    ...     '''My variant of Allreduce-SGD.'''
+    ...     name: Literal["mine"] = "mine"
+    >>> register("mine", MineParams, AllreduceSGD).colour   # no colour given: the first spare one
+    '#9467bd'
+    >>> unregister("mine")
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from harness.algorithms.base import Algorithm
+from harness.algorithms.params import (
+    ADPSGDParams,
+    AlgorithmParams,
+    AllreduceSGDParams,
+    BMUFParams,
+    CoCoDSGDParams,
+    DPSGDParams,
+    EagerSGDParams,
+    EASGDParams,
+    LocalSGDParams,
+    OSGPParams,
+    OverlapLocalSGDParams,
+    ParamError,
+    SGPParams,
+    WAGMAParams,
+)
+
+# The sections of docs/algorithms.md; figure 3 draws the synchronous and periodic ones.
+FAMILIES = ("synchronous", "periodic", "gossip", "wait_avoiding")
+
+# Colours for a registration that names none: tab20 shades no built-in uses, taken in turn.
+SPARE_COLOURS = ("#9467bd", "#e377c2", "#ff9896", "#c5b0d5", "#f7b6d2", "#dbdb8d", "#c7c7c7")
+
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+_CLASS_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+@dataclass(frozen=True)
+class Registration:
+    """Everything the harness knows about one algorithm.
+
+    ``name``: how a scenario spells it (``algorithms: [{name: ...}]``) and its key in results.
+    ``params``: its parameter model; the model's ``name`` field defaults to ``name``.
+    ``cls``: its ``Algorithm`` subclass, or that class's ``"module:Class"`` path.
+    ``label``, ``colour``: its display name and colour (any matplotlib colour) in figures.
+    ``family``: its section of docs/algorithms.md (one of :data:`FAMILIES`), or None.
+    """
+
+    name: str
+    params: type[AlgorithmParams]
+    cls: str | type
+    label: str
+    colour: str
+    family: str | None = None
+
+
+BUILT_IN = (
+    Registration("allreduce_sgd", AllreduceSGDParams, "harness.algorithms.allreduce_sgd:AllreduceSGD",
+                 "Allreduce-SGD", "#000000", "synchronous"),
+    Registration("local_sgd", LocalSGDParams, "harness.algorithms.local_sgd:LocalSGD",
+                 "Local SGD", "#1f77b4", "periodic"),
+    Registration("overlap_local_sgd", OverlapLocalSGDParams, "harness.algorithms.overlap_local_sgd:OverlapLocalSGD",
+                 "Overlap Local SGD", "#aec7e8", "periodic"),
+    Registration("easgd", EASGDParams, "harness.algorithms.easgd:EASGD", "EASGD", "#17becf", "periodic"),
+    Registration("cocod_sgd", CoCoDSGDParams, "harness.algorithms.cocod_sgd:CoCoDSGD",
+                 "CoCoD-SGD", "#9edae5", "periodic"),
+    Registration("bmuf", BMUFParams, "harness.algorithms.bmuf:BMUF", "BMUF", "#7f7f7f", "periodic"),
+    Registration("sgp", SGPParams, "harness.algorithms.sgp:SGP", "SGP", "#2ca02c", "gossip"),
+    Registration("osgp", OSGPParams, "harness.algorithms.osgp:OSGP", "1-OSGP", "#98df8a", "gossip"),
+    Registration("dpsgd", DPSGDParams, "harness.algorithms.dpsgd:DPSGD", "D-PSGD", "#8c564b", "gossip"),
+    Registration("adpsgd", ADPSGDParams, "harness.algorithms.adpsgd:ADPSGD", "AD-PSGD", "#c49c94", "gossip"),
+    Registration("wagma", WAGMAParams, "harness.algorithms.wagma:WAGMA", "WAGMA-SGD", "#d62728", "wait_avoiding"),
+    Registration("eager_sgd", EagerSGDParams, "harness.algorithms.eager_sgd:EagerSGD",
+                 "eager-SGD", "#ff7f0e", "wait_avoiding"),
+)
+"""The twelve algorithms of the harness, in the order figures list them."""
+
+_REGISTRATIONS: dict[str, Registration] = {}
+
+
+def register(
+    name: str,
+    params: type[AlgorithmParams],
+    cls: str | type,
+    label: str | None = None,
+    colour: str | None = None,
+    family: str | None = None,
+) -> Registration:
+    """Register algorithm ``name``; return its registration.
+
+    ``label`` defaults to ``name``; ``colour`` to the first of :data:`SPARE_COLOURS` no
+    registration uses. Raises ValueError naming the bad argument, e.g. for a name that is
+    already registered.
+    """
+    entry = Registration(
+        name, params, cls,
+        label=name if label is None else label,
+        colour=_spare_colour() if colour is None else colour,
+        family=family,
+    )
+    _add(entry)
+    return entry
+
+
+def unregister(name: str) -> None:
+    """Forget the run-time registration ``name`` (built-in ones stay: the docs and tests pin them)."""
+    if name in {entry.name for entry in BUILT_IN}:
+        raise ValueError(f"algorithm {name!r} is built in and cannot be unregistered")
+    registration(name)  # unknown: say so
+    del _REGISTRATIONS[name]
+
+
+def names() -> list[str]:
+    """Every registered algorithm's name: the built-in ones in :data:`BUILT_IN` order, then the others."""
+    return list(_REGISTRATIONS)
+
+
+def registration(name: str) -> Registration:
+    """The registration of ``name``; the error lists the registered names."""
+    entry = _REGISTRATIONS.get(name)
+    if entry is None:
+        raise ValueError(f"unknown algorithm {name!r} (registered: {', '.join(_REGISTRATIONS)})")
+    return entry
+
+
+def params_model(name: str) -> type[AlgorithmParams]:
+    """The parameter model of algorithm ``name``."""
+    return registration(name).params
+
+
+def algorithm_class(name: str) -> type[Algorithm]:
+    """The class implementing algorithm ``name``, imported now if it was registered by path."""
+    target = registration(name).cls
+    if not isinstance(target, str):
+        return target
+    module, attr = target.split(":")
+    cls = getattr(importlib.import_module(module), attr, None)
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise TypeError(f"algorithm {name!r}: {target} is not an Algorithm subclass (got {cls!r})")
+    return cls
+
+
+def resolve_algorithm_params(name: str, raw: dict[str, Any], ranks: int) -> dict[str, Any]:
+    """Validate ``raw`` parameters of algorithm ``name`` for ``ranks`` ranks; return them with defaults.
+
+    Raises ParamError (a ValueError) naming the parameter and its value, or listing the valid
+    names for an unknown algorithm.
+
+    >>> resolve_algorithm_params("wagma", {"group_size": 4}, ranks=8)
+    {'group_size': 4, 'period': 11}
+    """
+    entry = _REGISTRATIONS.get(name)
+    if entry is None:
+        raise ParamError("name", f"unknown algorithm (valid: {', '.join(_REGISTRATIONS)})", name)
+    try:
+        params = entry.params.model_validate({**raw, "name": name})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        if err["type"] == "field":  # raised by StrictModel, already phrased
+            raise ParamError(err["ctx"]["path"], err["ctx"]["reason"], err["ctx"]["value"]) from None
+        raise ParamError(err["loc"], err["msg"], err["input"]) from None
+    params.check(ranks)
+    return params.model_dump(exclude={"name"})
+
+
+def _spare_colour() -> str:
+    used = {entry.colour for entry in _REGISTRATIONS.values()}
+    free = [colour for colour in SPARE_COLOURS if colour not in used]
+    return free[0] if free else SPARE_COLOURS[len(_REGISTRATIONS) % len(SPARE_COLOURS)]
+
+
+def _add(entry: Registration) -> None:
+    """Check ``entry`` (a ValueError names the bad field) and store it."""
+    name = entry.name
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(f"algorithm name must be a letter, then letters, digits and '_' (got {name!r})")
+    if name in _REGISTRATIONS:
+        raise ValueError(f"algorithm {name!r} is already registered (class {_REGISTRATIONS[name].cls}); "
+                         "pick another name")
+    if not (isinstance(entry.params, type) and issubclass(entry.params, AlgorithmParams)):
+        raise ValueError(f"algorithm {name!r}: params must be an AlgorithmParams subclass (got {entry.params!r})")
+    declared = entry.params.model_fields["name"].default
+    if declared != name:
+        # A scenario entry is validated as {"name": name, ...}: the model must accept that name.
+        raise ValueError(f"algorithm {name!r}: {entry.params.__name__} must declare "
+                         f"name: Literal[{name!r}] = {name!r} (its name defaults to {declared!r})")
+    cls = entry.cls
+    if isinstance(cls, str):
+        valid = _CLASS_PATH.fullmatch(cls) is not None  # whether it imports is known on first use
+    else:
+        valid = isinstance(cls, type) and issubclass(cls, Algorithm)
+    if not valid:
+        raise ValueError(f"algorithm {name!r}: cls must be an Algorithm subclass or a 'module:Class' path "
+                         f"(got {cls!r})")
+    for field in ("label", "colour"):
+        value = getattr(entry, field)
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"algorithm {name!r}: {field} must be a non-empty string (got {value!r})")
+    if entry.family is not None and entry.family not in FAMILIES:
+        raise ValueError(f"algorithm {name!r}: family must be one of {', '.join(FAMILIES)} or None "
+                         f"(got {entry.family!r})")
+    _REGISTRATIONS[name] = entry
+
+
+for _entry in BUILT_IN:
+    _add(_entry)
+del _entry

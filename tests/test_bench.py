@@ -134,3 +134,14 @@ def test_simulator_benchmark_prints_its_speed() -> None:
     assert proc.stdout.count("repetition") == 2
     bad = harness_cli("bench", "simulator", "--ranks", "16", "--algorithm", "{name: wagma, group_size: 32}")
     assert bad.returncode == 2 and "group_size" in bad.stderr
+
+
+def test_simulator_benchmark_runs_every_registered_algorithm() -> None:
+    from harness.algorithms import registry
+
+    proc = harness_cli("bench", "simulator", "--all", "--ranks", "4", "--iterations", "3", "--setting", "resnet20",
+                       timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    table = proc.stdout.split("simulated s", 1)[1]
+    for name in registry.names():
+        assert f"\n{name} " in table, name

@@ -21,7 +21,7 @@ import atexit
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from harness import _core
 from harness._core import CommError
@@ -39,8 +39,7 @@ def _shutdown_all() -> None:
         comm.close()
 
 
-@dataclass(frozen=True)
-class OpRecord:
+class OpRecord(NamedTuple):
     """One finished native operation: times on the ``time.monotonic()`` clock, bytes sent."""
 
     op: str

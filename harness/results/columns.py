@@ -11,7 +11,7 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
@@ -53,6 +53,9 @@ COMM_OP_NAMES = (
     "wa_group_round",
     "wa_sync_round",
 )
+# comm_calls.csv (only when the scenario sets results.comm_calls): every call an algorithm made
+# to its communicator, logged by harness.comm.call_log.CallLog, whose CALL_NAMES are the ops.
+COMM_CALL_COLUMNS = ("algorithm", "rank", "iteration", "seq", "op", "peers", "floats", "detail", "result")
 SUMMARY_COLUMNS = (
     "algorithm",
     "ranks",
@@ -89,12 +92,17 @@ _DTYPES: dict[str, str] = {
     "bytes_sent": _INT,
     "staleness": _INT,
     "bytes": _INT,
+    "seq": _INT,
+    "floats": _INT,
 }
+_TEXT = frozenset({"algorithm", "model", "op", "peers", "detail", "result"})
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class StepRecord:
-    """One iteration of one rank; times in seconds since the run's t0 on a common clock."""
+class StepRecord(NamedTuple):
+    """One iteration of one rank; times in seconds since the run's t0 on a common clock.
+
+    A named tuple rather than a dataclass: a simulation of thousands of ranks makes millions.
+    """
 
     algorithm: str
     rank: int
@@ -151,6 +159,25 @@ class CommOpRecord:
         return {name: getattr(self, name) for name in COMM_OP_COLUMNS}
 
 
+@dataclasses.dataclass(frozen=True)
+class CommCallRecord:
+    """One call an algorithm made to its communicator (``harness.comm.call_log.Call``) on one rank."""
+
+    algorithm: str
+    rank: int
+    iteration: int
+    seq: int
+    op: str
+    peers: str
+    floats: int
+    detail: str
+    result: str
+
+    def as_row(self) -> dict[str, Any]:
+        """The record as ``{column: value}`` in :data:`COMM_CALL_COLUMNS` order."""
+        return {name: getattr(self, name) for name in COMM_CALL_COLUMNS}
+
+
 def _typed(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
     """Reorder to ``columns`` and coerce dtypes: ints int64, text str, everything else float64."""
     missing = [c for c in columns if c not in frame.columns]
@@ -158,7 +185,7 @@ def _typed(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
         raise ValueError(f"missing columns: {missing}")
     frame = frame.loc[:, list(columns)].copy()
     for name in columns:
-        if name in ("algorithm", "model", "op"):
+        if name in _TEXT:
             frame[name] = frame[name].astype(str)
         else:
             frame[name] = frame[name].astype(_DTYPES.get(name, _FLOAT))

@@ -80,13 +80,12 @@ def train(
     evals: list[EvalRecord] = []
     ops = []
     comm.drain_records()
+    # Hooks the algorithm does not override are skipped (thousands of simulated ranks run this).
     hooks = [getattr(algorithm, h) if getattr(type(algorithm), h) is not getattr(Algorithm, h) else None
              for h in _HOOKS]
     before_forward, after_backward, after_step, end_iteration = hooks
 
     def hook(fn, t: int) -> float:
-        if fn is None:
-            return 0.0
         h0 = now()
         beat.phase(Phase.COMMUNICATING)
         fn(t)
@@ -102,15 +101,18 @@ def train(
             faults.at_iteration(name, t)
         delay, factor = work.injected(t)
         start = now()
-        blocked = hook(before_forward, t)
+        blocked = hook(before_forward, t) if before_forward else 0.0
         if delay > 0:
             beat.expect(delay)
             work.sleep(delay)
         compute, loss = work.gradient(t, factor)
-        blocked += hook(after_backward, t)
+        if after_backward:
+            blocked += hook(after_backward, t)
         compute += work.step(t, factor, compute)
-        blocked += hook(after_step, t)
-        blocked += hook(end_iteration, t)
+        if after_step:
+            blocked += hook(after_step, t)
+        if end_iteration:
+            blocked += hook(end_iteration, t)
         end = now()
         beat.iteration_done(end - start)
         rows.append((start, end, compute, delay, blocked, loss, int(algorithm.staleness)))

@@ -145,11 +145,16 @@ class _ExchangeHandle(_Handle):
 
     def end(self):
         arrival = self.mail.arrival(self.peer, self.me, self.seq)
-        return None if arrival is None else max(arrival, self.release)
+        if arrival is None:
+            return None
+        return arrival if arrival > self.release else self.release
 
     def wait(self, timeout=None):
-        self.mail.receive(self.peer, self.me, self.seq)
-        self.engine.sleep_until(self.release)
+        end = self.end()
+        if end is None:
+            self.mail.receive(self.peer, self.me, self.seq)  # not sent yet: wait for it to be
+            end = self.end()
+        self.engine.sleep_until(end)
 
 
 # -- the communicator -----------------------------------------------------------------------------
@@ -219,9 +224,10 @@ class SimCommunicator:
 
     # -- point to point -------------------------------------------------------------------------
     def iexchange(self, send: Any, recv: Any, peer: int) -> _Handle:
-        peer = self._check_peer(peer, "exchange peer")
-        n = _floats(send)
-        if _floats(recv) != n:
+        if not 0 <= peer < self.fabric.ranks or peer == self._rank:
+            self._check_peer(peer, "exchange peer")  # raises
+        n = send.numel()
+        if recv.numel() != n:
             raise SimCommError(f"exchange buffers differ in length ({n} vs {_floats(recv)})")
         seq = self._exchanges[peer]
         self._exchanges[peer] = seq + 1

@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable
+from heapq import heappush
 
 import simpy
 from greenlet import greenlet
@@ -31,8 +32,10 @@ class CountingEnvironment(simpy.Environment):
         self.events_scheduled = 0
 
     def schedule(self, event, priority=1, delay=0):  # noqa: D401 - SimPy's signature
+        # simpy.Environment.schedule inlined (its queue entries, as SimPy 4 keeps them): this runs
+        # for every event of thousands of simulated ranks.
         self.events_scheduled += 1
-        super().schedule(event, priority, delay)
+        heappush(self._queue, (self._now + delay, priority, next(self._eid), event))
 
 
 class SimDeadlock(RuntimeError):
@@ -62,9 +65,10 @@ class SimEngine:
         if when > now:
             self._park(self.env.timeout(when - now))
 
-    def wait(self, event: simpy.Event, what: str) -> None:
+    def wait(self, event: simpy.Event, what: "str | Callable[[], str]") -> None:
         """Block the calling rank until ``event`` has been processed (at once if it has);
-        ``what`` names the wait if the simulation deadlocks there."""
+        ``what`` (or what it returns, formatted only if needed) names the wait if the simulation
+        deadlocks there."""
         if event.callbacks is not None:
             current = greenlet.getcurrent()
             self._waiting_for[current] = what
@@ -98,8 +102,11 @@ class SimEngine:
         self.env.run()
         stuck = sorted(set(self._ranks) - self._finished)
         if stuck:
-            shown = ", ".join(f"rank {r} waits for {self._waiting_for.get(self._ranks[r], 'time')}"
-                              for r in stuck[:8])
+            def what(r: int) -> str:
+                label = self._waiting_for.get(self._ranks[r], "time")
+                return label() if callable(label) else label
+
+            shown = ", ".join(f"rank {r} waits for {what(r)}" for r in stuck[:8])
             more = f" and {len(stuck) - 8} more" if len(stuck) > 8 else ""
             raise SimDeadlock(f"simulation deadlocked at t={self.env.now:.6f} s: {len(stuck)} ranks wait forever: "
                               f"{shown}{more}")

@@ -116,8 +116,9 @@ class SimNetwork:
 
     def message(self, src: int, dst: int, nbytes: float, post: float) -> tuple[float, float]:
         """(release, arrival) of one message posted at ``post``."""
-        release = self._hold(src, dst, nbytes, post) if (src, dst) in self._links else post
-        return release, release + (self.alpha + nbytes * self.inv_bandwidth) * self.load_factor()
+        release = self._hold(src, dst, nbytes, post) if self._links and (src, dst) in self._links else post
+        cost = self.alpha + nbytes * self.inv_bandwidth
+        return release, release + (cost * self.load_factor() if self.shared_cores else cost)
 
     def messages(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray,
                  post: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

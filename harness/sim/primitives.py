@@ -32,7 +32,7 @@ class Collective:
     """
 
     __slots__ = ("engine", "network", "kind", "members", "index", "count", "root", "join_at", "joined", "done_at",
-                 "complete", "schedule")
+                 "complete", "schedule", "_sent")
 
     def __init__(self, engine: SimEngine, network: SimNetwork, kind: str, members: Sequence[int], count: int,
                  root: int = 0) -> None:
@@ -44,6 +44,7 @@ class Collective:
         self.count = count
         self.root = root
         self.join_at = [0.0] * len(self.members)
+        self._sent: list[int] | None = None
         self.joined = 0
         self.done_at: list[float] | None = None
         self.complete = engine.env.event()
@@ -73,14 +74,16 @@ class Collective:
     def wait(self, rank: int) -> None:
         """Block ``rank`` until its part of the collective has completed."""
         if self.done_at is None:
-            self.engine.wait(self.complete, f"a {self.kind} over {len(self.members)} ranks "
-                                            f"({len(self.members) - self.joined} have not joined)")
+            self.engine.wait(self.complete, lambda: f"a {self.kind} over {len(self.members)} ranks "
+                                                    f"({len(self.members) - self.joined} have not joined)")
         self.engine.sleep_until(self.done_at[self.index[rank]])
 
     def sent_by(self, rank: int) -> int:
         """Bytes ``rank`` sends in this collective (the native layer's count)."""
         if self.schedule is not None:
-            return int(self.schedule.bytes_sent[self.index[rank]])
+            if self._sent is None:
+                self._sent = [int(b) for b in self.schedule.bytes_sent]
+            return self._sent[self.index[rank]]
         return broadcast_bytes_sent(len(self.members), self.root, self.index[rank], self.count * FLOAT_BYTES)
 
 
@@ -109,8 +112,9 @@ class Mailboxes:
         self._pending_total = [0] * ranks  # push messages arrived and not taken, per rank
         self._pending_rounds: list[dict[int, int]] = [{} for _ in range(ranks)]  # ... per rank and round
         self._count_waiters: dict[tuple[int, int | None], list[tuple[int, simpy.Event]]] = defaultdict(list)
-        self._pair_arrivals: dict[tuple[int, int], list[float]] = defaultdict(list)
-        self._pair_waiters: dict[tuple[int, int, int], simpy.Event] = {}
+        self._ranks = ranks
+        self._pair_arrivals: dict[int, list[float]] = {}  # src * ranks + dst -> arrival of each message
+        self._pair_waiters: dict[tuple[int, int], simpy.Event] = {}  # (pair, seq) -> receiver waiting
 
     # -- counted, per round (the push channel) ------------------------------------------------------
     def push(self, src: int, dst: int, nbytes: int, round: int) -> float:
@@ -174,25 +178,30 @@ class Mailboxes:
     # -- sequenced (exchange) -------------------------------------------------------------------
     def send(self, src: int, dst: int, nbytes: int) -> float:
         """Send the next message of pair (src, dst) now; returns its release time (send complete)."""
-        release, arrival = self.network.message(src, dst, nbytes, self.env.now)
-        arrivals = self._pair_arrivals[(src, dst)]
+        now = self.env.now
+        release, arrival = self.network.message(src, dst, nbytes, now)
+        pair = src * self._ranks + dst
+        arrivals = self._pair_arrivals.get(pair)
+        if arrivals is None:
+            arrivals = self._pair_arrivals[pair] = []
         seq = len(arrivals)
         arrivals.append(arrival)
-        event = self._pair_waiters.pop((src, dst, seq), None)
-        if event is not None:
-            self.env.timeout(max(0.0, arrival - self.env.now)).callbacks.append(lambda _e: event.succeed())
+        if self._pair_waiters:
+            event = self._pair_waiters.pop((pair, seq), None)
+            if event is not None:
+                self.env.timeout(max(0.0, arrival - now)).callbacks.append(lambda _e: event.succeed())
         return release
 
     def arrival(self, src: int, dst: int, seq: int) -> float | None:
         """When the ``seq``-th message (0-based) from ``src`` reaches ``dst``; None: not sent yet."""
-        arrivals = self._pair_arrivals[(src, dst)]
-        return arrivals[seq] if seq < len(arrivals) else None
+        arrivals = self._pair_arrivals.get(src * self._ranks + dst)
+        return arrivals[seq] if arrivals is not None and seq < len(arrivals) else None
 
     def receive(self, src: int, dst: int, seq: int) -> None:
         """Block ``dst`` until the ``seq``-th message (0-based) from ``src`` has arrived."""
         when = self.arrival(src, dst, seq)
         if when is None:
-            event = self._pair_waiters.setdefault((src, dst, seq), self.env.event())
-            self.engine.wait(event, f"message {seq} from rank {src}")
+            event = self._pair_waiters.setdefault((src * self._ranks + dst, seq), self.env.event())
+            self.engine.wait(event, lambda: f"message {seq} from rank {src}")
             when = self.arrival(src, dst, seq)
         self.engine.sleep_until(when)

@@ -113,6 +113,10 @@ class StandIn:
     def _in_place(self, *args: Any, **kwargs: Any) -> "StandIn":
         return self
 
+    # The in-place methods algorithms use most, spelled out: found without the __getattr__ detour.
+    add_ = sub_ = mul_ = div_ = copy_ = zero_ = fill_ = addcmul_ = addcdiv_ = lerp_ = clamp_ = _in_place
+    neg_ = sqrt_ = pow_ = abs_ = sign_ = _in_place
+
     def _elementwise(self, other: Any) -> "StandIn":
         return StandIn(max(self.n, other.n) if isinstance(other, StandIn) else self.n)
 

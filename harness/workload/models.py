@@ -13,6 +13,7 @@ parameters only), so after model averaging each rank keeps its own statistics.
 
 from __future__ import annotations
 
+import functools
 from typing import get_args
 
 import torch
@@ -172,6 +173,7 @@ def build_model(
     return model.float()
 
 
+@functools.lru_cache(maxsize=64)
 def parameter_count(name: str, input_shape: tuple[int, ...], num_classes: int) -> int:
     """Trainable parameters of model ``name`` (its flat buffer's length), counted on a model
     built on the meta device: no memory, no arithmetic."""

@@ -76,6 +76,7 @@ def is_sync_round(t: int, sync_every: int) -> bool:
     return sync_every > 0 and t % sync_every == sync_every - 1
 
 
+@lru_cache(maxsize=1024)  # pure; the simulator asks for it once per rank and iteration
 def exponential_levels(ranks: int, peers: int = 1) -> int:
     """Levels of SGP's k-peer exponential graph: ``floor(log_{k+1}(P - 1)) + 1`` (0 for P <= 1).
 

@@ -4,15 +4,14 @@ Layout: one process per algorithm (pid 1, 2, ... in order of appearance), named 
 algorithm; per rank r a thread ``tid = r`` ("rank r") with the iteration spans and, when comm
 ops are given, a thread ``tid = COMM_TID_BASE + r`` ("rank r comm") with one span per op.
 
-Within an iteration the step record only gives durations, so the spans are placed by the
-order the training loop uses: the injected delay first (the loop sleeps before the forward
-pass), then compute (forward, backward and the optimizer step), then blocked communication,
-all from ``start_s``:
+Within an iteration the step record only gives durations (their meaning: the training loop's
+docstring, ``harness.runner.loop``), so each part is drawn as one span, laid out from
+``start_s`` in this fixed order:
 
     start_s | injected_delay_s | compute_s | comm_blocked_s | (rest: loop bookkeeping) | end_s
 
-The optimizer step really runs after the ``after_backward`` hook, and blocked time comes in
-several pieces; each part is drawn as one span all the same.
+which is a drawing convention: in the loop, blocked time comes in several pieces around the
+local work.
 
 An enclosing "iteration" span covers [start_s, end_s]. Child spans are clipped to end at
 end_s (only if the record's parts add up to more than its duration) so they always nest.

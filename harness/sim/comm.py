@@ -253,7 +253,7 @@ class SimCommunicator:
         state = self._persistent(lambda: WaitAvoidingState(self.fabric, _floats(initial), int(sync_every)))
         if state.count != _floats(initial) or state.sync_every != int(sync_every):
             raise SimCommError("wait_avoiding: ranks created the op with different lengths or sync_every")
-        state.phases[self._rank] = [tuple(sorted(int(r) for r in g)) for g in phases]
+        state.register(self._rank, phases)
         return SimWaitAvoidingAllreduce(self, state)
 
     def pairwise_averager(self, initial: Any) -> "SimPairwiseAverager":
@@ -367,19 +367,32 @@ class WaitAvoidingState:
         self.next_join = [0] * ranks
         self.published = [-1] * ranks  # round of each rank's last published buffer
         self.rounds: dict[int, _Round] = defaultdict(_Round)
-        self._groups: dict[tuple[int, tuple[int, ...]], Collective] = {}
+        self._groups: dict[tuple[int, int], Collective] = {}  # (round, lowest member) -> its allreduce
+        self._interned: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._everyone = tuple(range(ranks))
         self._joined: dict[tuple[int, int], Any] = {}  # (rank, k) -> event, for callers waiting to be joined
         self.finished_rounds = [0] * ranks
 
+    def register(self, rank: int, phases: Sequence[Sequence[int]]) -> None:
+        """Rank ``rank``'s groups per phase. Equal groups are stored once: eager-SGD's one group
+        of every rank, given by each of 16,384 ranks, must not be kept 16,384 times."""
+        own = []
+        for g in phases:
+            group = tuple(sorted(int(r) for r in g))
+            if rank not in group:
+                raise SimCommError(f"wait_avoiding: rank {rank}'s group {list(group)} does not contain it")
+            own.append(self._interned.setdefault(group, group))
+        self.phases[rank] = own
+
     def _members(self, rank: int, k: int) -> tuple[int, ...]:
         if is_sync_round(k, self.sync_every):
-            return tuple(range(self.fabric.ranks))
+            return self._everyone
         phases = self.phases[rank]
         return phases[k % len(phases)]
 
     def _join(self, rank: int, k: int) -> None:
         members = self._members(rank, k)
-        key = (k, members)
+        key = (k, members[0])  # a round's groups are disjoint: the lowest member names the group
         op = self._groups.get(key)
         if op is None:
             op = self._groups[key] = Collective(self.engine, self.fabric.network, "allreduce", members, self.count)

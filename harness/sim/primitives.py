@@ -15,7 +15,6 @@ on these.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 
 import simpy
@@ -109,70 +108,84 @@ class Mailboxes:
         self.engine = engine
         self.env = engine.env
         self.network = network
-        self._pending_total = [0] * ranks  # push messages arrived and not taken, per rank
-        self._pending_rounds: list[dict[int, int]] = [{} for _ in range(ranks)]  # ... per rank and round
-        self._count_waiters: dict[tuple[int, int | None], list[tuple[int, simpy.Event]]] = defaultdict(list)
+        self._inbox: list[dict[int, list[float]]] = [{} for _ in range(ranks)]  # rank -> round -> arrivals not taken
+        self._waiter: list[tuple[int | None, simpy.Event] | None] = [None] * ranks  # a rank blocked in wait_count
         self._ranks = ranks
         self._pair_arrivals: dict[int, list[float]] = {}  # src * ranks + dst -> arrival of each message
         self._pair_waiters: dict[tuple[int, int], simpy.Event] = {}  # (pair, seq) -> receiver waiting
 
     # -- counted, per round (the push channel) ------------------------------------------------------
+    # Arrival times are known when a message is pushed, so nothing is scheduled per message: a
+    # rank counts the arrivals at or before "now" when it looks, and a rank that waits for k of
+    # them sleeps until the k-th arrival (woken early only when a message it needs is pushed).
+
     def push(self, src: int, dst: int, nbytes: int, round: int) -> float:
         """Send a push message of gossip ``round`` now; returns when the send completes (the
         native channel's sends are synchronous and the receiver always listens: on arrival)."""
         _, arrival = self.network.message(src, dst, nbytes, self.env.now)
-        self.env.timeout(arrival - self.env.now).callbacks.append(lambda _event: self._deliver(dst, round))
+        box = self._inbox[dst]
+        times = box.get(round)
+        if times is None:
+            box[round] = [arrival]
+        else:
+            times.append(arrival)
+        waiter = self._waiter[dst]
+        if waiter is not None and (waiter[0] is None or waiter[0] == round):
+            self._waiter[dst] = None
+            waiter[1].succeed()  # it recomputes when its messages arrive
         return arrival
 
-    def _deliver(self, dst: int, round: int) -> None:
-        self._pending_total[dst] += 1
-        rounds = self._pending_rounds[dst]
-        rounds[round] = rounds.get(round, 0) + 1
-        for key in ((dst, None), (dst, round)):
-            waiters = self._count_waiters.get(key)
-            if not waiters:
-                continue
-            available = self.pending(dst, key[1])
-            still = []
-            for threshold, event in waiters:
-                if available >= threshold:
-                    event.succeed()
-                else:
-                    still.append((threshold, event))
-            if still:
-                self._count_waiters[key] = still
-            else:
-                del self._count_waiters[key]
+    def _arrivals(self, rank: int, round: int | None) -> list[float]:
+        box = self._inbox[rank]
+        if round is not None:
+            return box.get(round, [])
+        return [a for times in box.values() for a in times]
 
     def pending(self, rank: int, round: int | None) -> int:
-        """Messages (of ``round``, or of every round) arrived at ``rank`` and not taken yet."""
-        if round is None:
-            return self._pending_total[rank]
-        return self._pending_rounds[rank].get(round, 0)
+        """Messages (of ``round``, or of every round) arrived at ``rank`` by now and not taken yet."""
+        now = self.env.now
+        return sum(1 for a in self._arrivals(rank, round) if a <= now)
 
     def wait_count(self, rank: int, at_least: int, round: int | None, timeout: float | None) -> bool:
         """Block until ``at_least`` messages (of ``round``, or of every round) are pending at
         ``rank``, or ``timeout`` seconds passed; returns whether they are."""
-        if self.pending(rank, round) >= at_least:
-            return True
-        event = self.env.event()
-        self._count_waiters[(rank, round)].append((at_least, event))
-        what = f"{at_least} push messages" + ("" if round is None else f" of round {round}")
-        if timeout is None:
-            self.engine.wait(event, what)
-            return True
-        self.engine.wait(self.env.any_of([event, self.env.timeout(timeout)]), what)
-        return self.pending(rank, round) >= at_least
+        env = self.env
+        deadline = None if timeout is None else env.now + timeout
+        while True:
+            times = self._arrivals(rank, round)
+            if len(times) >= at_least:
+                ready = sorted(times)[at_least - 1] if at_least > 0 else env.now
+                if deadline is not None and ready > deadline:
+                    self.engine.sleep_until(deadline)
+                    return False
+                self.engine.sleep_until(ready)
+                return True
+            event = env.event()
+            self._waiter[rank] = (round, event)
+            what = f"{at_least} push messages" + ("" if round is None else f" of round {round}")
+            if deadline is None:
+                self.engine.wait(event, what)
+            else:
+                self.engine.wait(env.any_of([event, env.timeout(max(0.0, deadline - env.now))]), what)
+                if not event.triggered:
+                    self._waiter[rank] = None
+                    return False
 
     def take(self, rank: int, round: int | None) -> int:
-        """Take every pending message (of ``round``, or of every round) of ``rank``; how many."""
-        rounds = self._pending_rounds[rank]
-        if round is None:
-            taken = self._pending_total[rank]
-            rounds.clear()
-        else:
-            taken = rounds.pop(round, 0)
-        self._pending_total[rank] -= taken
+        """Take every message (of ``round``, or of every round) arrived at ``rank`` by now; how many."""
+        now = self.env.now
+        box = self._inbox[rank]
+        taken = 0
+        for r in ([round] if round is not None else list(box)):
+            times = box.get(r)
+            if not times:
+                continue
+            later = [a for a in times if a > now]
+            taken += len(times) - len(later)
+            if later:
+                box[r] = later
+            else:
+                del box[r]
         return taken
 
     # -- sequenced (exchange) -------------------------------------------------------------------

@@ -4,7 +4,9 @@ A simulated run directory has the real run's layout (``results/README.md``): ste
 summary.csv/summary.txt with the same columns, trace.json, scenario.resolved.yaml and
 run.json, which says ``"simulated": true`` and how (mode, calibration). Its run id starts with
 ``sim-``. Simulated steps have no loss (``NaN``) and there are no evaluations: the model
-predicts time, not accuracy.
+predicts time, not accuracy. When the scenario sets ``results.comm_calls``, every simulated
+rank's communicator is wrapped in a call log (``harness.comm.call_log``) and the run directory
+gets comm_calls.csv, as a real run's does.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from pathlib import Path
 import pandas as pd
 
 from harness.algorithms import wagma_groups
+from harness.comm.call_log import CallLog
+from harness.results.columns import COMM_CALL_COLUMNS, CommCallRecord, to_frame
 from harness.results.records import RunDirectory
 from harness.scenario.schema import Scenario
 from harness.sim.calibration import (
@@ -65,20 +69,50 @@ def calibration_entry(scenario: Scenario, calibration: Calibration | None, scena
     return choice
 
 
-def predict(scenario: Scenario, entry: CalibrationEntry, on_done=None) -> tuple[dict[str, pd.DataFrame], list[SimStats]]:
+class SimulatedFrames(dict):
+    """What :func:`predict` and :func:`replay` return first: algorithm name -> steps frame (as
+    ``simulate_scenario`` returns them), and ``comm_calls``: algorithm name -> every simulated
+    rank's calls to its communicator (``COMM_CALL_COLUMNS``), only when the scenario sets
+    ``results.comm_calls`` (else empty). :func:`write_simulated_run` writes both."""
+
+    def __init__(self, frames: dict[str, pd.DataFrame], comm_calls: dict[str, pd.DataFrame]) -> None:
+        super().__init__(frames)
+        self.comm_calls = comm_calls
+
+
+def _simulate(scenario: Scenario, network: NetworkModel, timing_for, on_done) -> tuple[SimulatedFrames, list[SimStats]]:
+    """``simulate_scenario``, with a call log around every rank's communicator if the scenario asks."""
+    if not scenario.results.comm_calls:
+        frames, stats = simulate_scenario(scenario, network, timing_for, on_done)
+        return SimulatedFrames(frames, {}), stats
+    logs: dict[str, dict[int, CallLog]] = {}
+
+    def log_calls(name: str, rank: int, comm) -> CallLog:
+        log = CallLog(comm)
+        logs.setdefault(name, {})[rank] = log
+        return log
+
+    frames, stats = simulate_scenario(scenario, network, timing_for, on_done, wrap_comm=log_calls)
+    calls = {name: to_frame([CommCallRecord(name, rank, *call) for rank in sorted(by_rank)
+                             for call in by_rank[rank].calls], COMM_CALL_COLUMNS)
+             for name, by_rank in logs.items()}
+    return SimulatedFrames(frames, calls), stats
+
+
+def predict(scenario: Scenario, entry: CalibrationEntry, on_done=None) -> tuple[SimulatedFrames, list[SimStats]]:
     """Predictive simulation: calibrated network and compute, the scenario's injection."""
     _, factors = injection_arrays(scenario)
     timing = PredictiveTiming(scenario, entry, factors)
-    return simulate_scenario(scenario, entry.network, lambda _name: timing, on_done)
+    return _simulate(scenario, entry.network, lambda _name: timing, on_done)
 
 
 def replay(scenario: Scenario, real_steps: pd.DataFrame, network: NetworkModel,
-           on_done=None) -> tuple[dict[str, pd.DataFrame], list[SimStats]]:
+           on_done=None) -> tuple[SimulatedFrames, list[SimStats]]:
     """Trace-driven simulation: each rank's local work as the real run measured it."""
     def timing_for(name: str) -> TraceTiming:
         return TraceTiming(real_steps[real_steps["algorithm"] == name], scenario.ranks, scenario.workload.iterations)
 
-    return simulate_scenario(scenario, network, timing_for, on_done)
+    return _simulate(scenario, network, timing_for, on_done)
 
 
 def write_simulated_run(path: Path, scenario: Scenario, frames: dict[str, pd.DataFrame], stats: list[SimStats],
@@ -86,12 +120,15 @@ def write_simulated_run(path: Path, scenario: Scenario, frames: dict[str, pd.Dat
                         run_id: str | None = None, *, calibration_ranks: int | None) -> RunDirectory:
     """Write a simulated run directory at ``path`` (created; must not exist); ``run_id``
     defaults to the directory's name. ``calibration_ranks``: the rank count of the calibration
-    entry used (None: the default network)."""
+    entry used (None: the default network). comm_calls.csv is written when ``frames`` (from
+    :func:`predict` or :func:`replay`) holds call logs."""
     path.mkdir(parents=True)
     run = RunDirectory(path, scenario.name, run_id or path.name, datetime.now(timezone.utc).isoformat(timespec="seconds"))
     run.write_resolved_scenario(scenario.resolved_dict())
     for name, frame in frames.items():
         run.append_algorithm(name, frame)
+    for name, calls in getattr(frames, "comm_calls", {}).items():
+        run.append_comm_calls(name, calls)
     w = scenario.workload
     run.write_summary(w.batch_size, w.iterations, ranks=scenario.ranks,
                       target_accuracy=scenario.results.target_accuracy)  # no evals: no time to it

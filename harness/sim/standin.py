@@ -79,6 +79,8 @@ class StandIn:
     # -- indexing -------------------------------------------------------------------------------
     def __getitem__(self, index: Any) -> "StandIn":
         if isinstance(index, slice):
+            if index.step is None and (index.start or 0) >= 0 and index.stop is not None and index.stop >= 0:
+                return StandIn(max(0, min(index.stop, self.n) - min(index.start or 0, self.n)))  # x[a:b]
             return StandIn(len(range(*index.indices(self.n))))
         return StandIn(1)
 

@@ -7,8 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from harness.scenario.schema import Workload
 from harness.workload.data import (
     DATASET_NAMES,
+    DATASET_SHAPES,
     batch_indices,
     load_dataset,
     shard_indices,
@@ -16,9 +18,11 @@ from harness.workload.data import (
 from harness.workload.models import (
     MODEL_NAMES,
     build_model,
+    communicated_floats,
     configure_torch_threads,
     flat_grads,
     flat_params,
+    parameter_count,
 )
 
 EXPECTED = {
@@ -50,6 +54,27 @@ def test_dataset_shapes_and_classes(datasets, name):
     assert abs(float(ds.train_x.mean())) < 1e-3
     assert abs(float(ds.train_x.std()) - 1.0) < 1e-2
     assert torch.isfinite(ds.test_x).all()
+
+
+def test_dataset_shapes_table_is_what_load_dataset_returns(datasets):
+    # The simulator sizes models from this table without loading any data.
+    assert set(DATASET_SHAPES) == set(DATASET_NAMES)
+    for name in DATASET_NAMES:
+        assert DATASET_SHAPES[name] == (datasets[name].input_shape, datasets[name].num_classes), name
+
+
+@pytest.mark.parametrize("model", MODEL_NAMES)
+@pytest.mark.parametrize("dataset", DATASET_NAMES)
+def test_parameter_count_is_the_real_models_flat_length(datasets, model, dataset):
+    """The size the simulator communicates (counted on the meta device, from DATASET_SHAPES) is
+    the length of the flat buffer a real rank communicates."""
+    ds = datasets[dataset]
+    real = flat_params(build_model(model, ds.input_shape, ds.num_classes, seed=0)).numel()
+    assert parameter_count(model, *DATASET_SHAPES[dataset]) == real
+    workload = {"model": model, "dataset": dataset, "batch_size": 8, "iterations": 1}
+    assert communicated_floats(Workload(**workload)) == real
+    # Emulated compute at another scale communicates the size it is given instead.
+    assert communicated_floats(Workload(**workload, compute={"emulate_ms": 5}, params=1234)) == 1234
 
 
 def test_split_is_deterministic_per_seed():

@@ -1,30 +1,36 @@
 """The native collective layer, seen from Python.
 
 ``Communicator`` wraps ``harness._core`` (C++ over MPI, one progress thread per process).
-All its errors are ``CommError``.
+All its errors are ``CommError``. The names are loaded on first use, so that the parts of this
+package that need neither MPI nor the native layer (``op_record``, ``call_log``) can be imported
+by the simulator without starting MPI.
 """
 
-from mpi4py import MPI as _MPI  # noqa: F401  loads libmpi (with RTLD_GLOBAL) before _core needs it
+from __future__ import annotations
 
-from harness._core import CommError, Handle, RoundHandle, now
-from harness.comm.communicator import (
-    Communicator,
-    Link,
-    OpRecord,
-    PairwiseAverager,
-    PushChannel,
-    WaitAvoidingAllreduce,
-)
+import importlib
+from typing import Any
 
-__all__ = [
-    "CommError",
-    "Communicator",
-    "Handle",
-    "Link",
-    "OpRecord",
-    "PairwiseAverager",
-    "PushChannel",
-    "RoundHandle",
-    "WaitAvoidingAllreduce",
-    "now",
-]
+_FROM = {
+    "CommError": "harness._core",
+    "Handle": "harness._core",
+    "RoundHandle": "harness._core",
+    "now": "harness._core",
+    "Communicator": "harness.comm.communicator",
+    "Link": "harness.comm.communicator",
+    "PairwiseAverager": "harness.comm.communicator",
+    "PushChannel": "harness.comm.communicator",
+    "WaitAvoidingAllreduce": "harness.comm.communicator",
+    "OpRecord": "harness.comm.op_record",
+}
+
+__all__ = sorted(_FROM)
+
+
+def __getattr__(name: str) -> Any:
+    module = _FROM.get(name)
+    if module is None:
+        raise AttributeError(f"module 'harness.comm' has no attribute {name!r}")
+    if module == "harness._core":
+        importlib.import_module("harness.comm.communicator")  # loads libmpi before _core
+    return getattr(importlib.import_module(module), name)

@@ -21,11 +21,14 @@ import atexit
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
+
+from mpi4py import MPI as _MPI  # noqa: F401  loads libmpi (with RTLD_GLOBAL) before _core needs it
 
 from harness import _core
 from harness._core import CommError
 from harness.comm.buffers import as_float32_buffer
+from harness.comm.op_record import OpRecord
 from harness.schedules import RING_THRESHOLD_BYTES
 
 _live: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
@@ -37,17 +40,6 @@ def _shutdown_all() -> None:
     # progress thread is left inside MPI at interpreter exit.
     for comm in list(_live):
         comm.close()
-
-
-class OpRecord(NamedTuple):
-    """One finished native operation: times on the ``time.monotonic()`` clock, bytes sent."""
-
-    op: str
-    post_s: float
-    start_s: float
-    end_s: float
-    bytes: int
-    round: int
 
 
 @dataclass(frozen=True)

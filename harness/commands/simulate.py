@@ -1,8 +1,9 @@
 """``python -m harness simulate FILE``: predict a scenario's run with the SimPy model.
 
-Needs neither MPI nor torch. The network (and, for real compute, the time per iteration) comes
-from the calibration file of ``python -m harness calibrate``; a scenario with emulated compute
-can also be simulated without one, on a default cluster network (README, "Simulation").
+Needs no MPI (but torch: simulated ranks run the algorithms' own code). The network (and,
+for real compute, the time per iteration) comes from the calibration file of ``python -m
+harness calibrate``; a scenario with emulated compute can also be simulated without one, on a
+default cluster network (README, "Simulation").
 Notes on stderr say when the calibration of another rank count is used (run.json records it
 as ``calibration_ranks``) and which WAGMA groups form when they are not of ``group_size``; a
 real-compute workload that was never calibrated is an error (exit 2) that gives the exact

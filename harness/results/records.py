@@ -23,9 +23,11 @@ from harness.results import atomic
 # harness.runner.loop and harness.sim.simulate still import record types and STEP_COLUMNS from
 # here, where they were defined before columns.py; import them from columns in new code.
 from harness.results.columns import (
+    COMM_CALL_COLUMNS,
     COMM_OP_COLUMNS,
     EVAL_COLUMNS,
     STEP_COLUMNS,
+    CommCallRecord,
     CommOpRecord,
     EvalRecord,
     StepRecord,
@@ -40,6 +42,7 @@ RUN_STATUSES = ("complete", "incomplete", "failed")
 STEPS_FILE = "steps.csv"
 EVALS_FILE = "evals.csv"
 COMM_OPS_FILE = "comm_ops.csv"
+COMM_CALLS_FILE = "comm_calls.csv"  # only when the scenario sets results.comm_calls
 SUMMARY_FILE = "summary.csv"
 SUMMARY_TABLE_FILE = "summary.txt"
 TRACE_FILE = "trace.json"
@@ -86,6 +89,7 @@ class RunDirectory:
         self._steps: dict[str, pd.DataFrame] = {}
         self._evals: dict[str, pd.DataFrame] = {}
         self._comm_ops: dict[str, pd.DataFrame] = {}
+        self._comm_calls: dict[str, pd.DataFrame] = {}
         # From run.json when opened: what a resumed run starts from and keeps.
         self.finished_algorithms: list[str] = []
         self.resumed_at: list[str] = []
@@ -145,6 +149,10 @@ class RunDirectory:
             run._steps[name] = to_frame(steps[steps["algorithm"] == name], STEP_COLUMNS)
             run._evals[name] = to_frame(evals[evals["algorithm"] == name], EVAL_COLUMNS)
             run._comm_ops[name] = to_frame(comm_ops[comm_ops["algorithm"] == name], COMM_OP_COLUMNS)
+        if (path / COMM_CALLS_FILE).exists():  # kept, so a resumed run rewrites it with every algorithm
+            calls = read_frame(path / COMM_CALLS_FILE, COMM_CALL_COLUMNS)
+            for name in dict.fromkeys(calls["algorithm"]):
+                run._comm_calls[name] = to_frame(calls[calls["algorithm"] == name], COMM_CALL_COLUMNS)
         return run
 
     # --- What has been collected -----------------------------------------------------------
@@ -168,6 +176,11 @@ class RunDirectory:
     def comm_ops(self) -> pd.DataFrame:
         """All comm op records so far (:data:`COMM_OP_COLUMNS`)."""
         return _concat(self._comm_ops.values(), COMM_OP_COLUMNS)
+
+    @property
+    def comm_calls(self) -> pd.DataFrame:
+        """All communicator call records so far (:data:`COMM_CALL_COLUMNS`); empty unless logged."""
+        return _concat(self._comm_calls.values(), COMM_CALL_COLUMNS)
 
     def update_run_json(self, status: str, extra: Mapping[str, Any] | None = None,
                         drop: Sequence[str] = ("error", "fault", "stopped")) -> Path:
@@ -223,6 +236,17 @@ class RunDirectory:
         atomic.write_csv(self.path / STEPS_FILE, self.steps)
         atomic.write_csv(self.path / EVALS_FILE, self.evals)
         atomic.write_csv(self.path / COMM_OPS_FILE, self.comm_ops)
+
+    def append_comm_calls(self, name: str, calls: Iterable[CommCallRecord] | pd.DataFrame) -> None:
+        """Add one algorithm's communicator calls (replacing any earlier ones of that name) and
+        rewrite comm_calls.csv with all rows so far. Only runs whose scenario sets
+        ``results.comm_calls`` call it: other runs have no comm_calls.csv."""
+        frame = to_frame(calls, COMM_CALL_COLUMNS)
+        other = sorted(set(frame["algorithm"]) - {name})
+        if other:
+            raise ValueError(f"comm_calls records for {other} passed to append_comm_calls({name!r})")
+        self._comm_calls[name] = frame
+        atomic.write_csv(self.path / COMM_CALLS_FILE, self.comm_calls)
 
     def write_summary(
         self,

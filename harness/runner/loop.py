@@ -137,12 +137,17 @@ def train(
 
 
 def _step_records(name: str, rank: int, rows: list[tuple], ops, t0: float) -> list[StepRecord]:
-    """One record per iteration; ``bytes_sent`` from the operations posted inside it."""
+    """One record per iteration; ``bytes_sent`` from the operations posted inside it: by the
+    iteration the record names, or (the native layer's records) by its post time."""
     sent = [0] * len(rows)
     starts = [row[0] for row in rows]
     for r in ops:
-        t = bisect.bisect_right(starts, r.post_s) - 1
-        if t >= 0 and r.post_s <= rows[t][1]:
+        t = r.iteration
+        if t is None:
+            t = bisect.bisect_right(starts, r.post_s) - 1
+            if t >= 0 and r.post_s > rows[t][1]:
+                t = -1  # between iterations or after the last
+        if t >= 0:
             sent[t] += r.bytes
     return [StepRecord(name, rank, t, start - t0, end - t0, compute, delay, blocked, loss, sent[t], staleness)
             for t, (start, end, compute, delay, blocked, loss, staleness) in enumerate(rows)]

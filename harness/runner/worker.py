@@ -50,8 +50,10 @@ def _train_all(world, run, scenario, faults, beat) -> None:
     from harness.algorithms import wagma_groups
     from harness.algorithms.base import AlgorithmContext
     from harness.comm import Communicator, Link
+    from harness.comm.call_log import CallLog
     from harness.device import dataset_on, local_rank, mpi_cuda_aware, torch_device
     from harness.injection import InjectionPlan
+    from harness.results.columns import CommCallRecord
     from harness.results.provenance import ProvenanceWriter
     from harness.results.provenance import level as provenance_level
     from harness.results.records import PROVENANCE_DIR
@@ -89,19 +91,24 @@ def _train_all(world, run, scenario, faults, beat) -> None:
             continue
         beat.algorithm(index)
         state = build_state(scenario, rank, dataset, device)
-        ctx = AlgorithmContext(comm, state.params, state.grads, scenario.optimizer.lr, scenario.seed)
+        log = CallLog(comm) if scenario.results.comm_calls else None  # the algorithm's calls, for comm_calls.csv
+        algo_comm = comm if log is None else log
+        ctx = AlgorithmContext(algo_comm, state.params, state.grads, scenario.optimizer.lr, scenario.seed)
         algorithm = algorithm_class(params.name)(params, ctx)
         bar = _progress_bar(params.name, scenario.workload.iterations) if rank == 0 else None
         comm.barrier()
         t0 = time.monotonic()  # common origin: every rank leaves the barrier at about the same time
         work = LocalWork(scenario, state, rank, plan, eval_comm, params.name)
-        steps, evals, ops = train(scenario, algorithm, comm, work, t0,
+        steps, evals, ops = train(scenario, algorithm, algo_comm, work, t0,
                                   progress=(lambda t: bar.update(1)) if bar else None, heartbeat=beat,
                                   faults=faults)
         if bar:
             bar.close()
         beat.stage(Phase.RESULTS)
         steps, evals, ops = (world.gather(x, root=0) for x in (steps, evals, ops))
+        calls = None
+        if log is not None:  # every rank has the same scenario: all gather, or none
+            calls = world.gather([CommCallRecord(params.name, rank, *c) for c in log.calls], root=0)
         average = finals = None
         if provenance.keeps_anything:
             final = algorithm.eval_params().detach().clone()
@@ -113,6 +120,8 @@ def _train_all(world, run, scenario, faults, beat) -> None:
         if rank == 0:
             run.append_algorithm(params.name, [s for r in steps for s in r], [e for r in evals for e in r],
                                  [o for r in ops for o in r])
+            if calls is not None:
+                run.append_comm_calls(params.name, [c for r in calls for c in r])
             provenance.write_final(params.name, average, torch.stack(finals) if finals is not None else None)
             finished.append(params.name)
             run.write_summary(scenario.workload.batch_size, scenario.workload.iterations, ranks=scenario.ranks,

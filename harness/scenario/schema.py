@@ -494,10 +494,13 @@ class ResultsSettings(StrictModel):
     ``target_accuracy``: a test accuracy (fraction in (0, 1]); summary.csv's ``time_to_target_s``
     is the training time until an evaluation of the averaged model first reached it (evaluation
     time excluded; defined in results/README.md), shown as ``to 90% s`` in summary.txt.
+    ``comm_calls``: also write ``comm_calls.csv``, every call each rank's algorithm made to its
+    communicator, per iteration (``harness.comm.call_log``); real and simulated runs alike.
     """
 
     provenance: ProvenanceSetting = "auto"
     target_accuracy: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9
+    comm_calls: bool = False
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,11 +17,12 @@ rounds by round number.
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from harness.comm.communicator import OpRecord
+from harness.comm.op_record import OpRecord
 from harness.schedules import is_sync_round
 from harness.sim.engine import SimEngine
 from harness.sim.network import FLOAT_BYTES, SimNetwork
@@ -80,7 +81,7 @@ class SimFabric:
 class _Handle:
     """A non-blocking operation's handle: ``wait()``, ``done()``, and its record once finished."""
 
-    __slots__ = ("engine", "name", "post", "bytes", "round")
+    __slots__ = ("engine", "name", "post", "bytes", "round", "iteration")
 
     def __init__(self, engine: SimEngine, name: str, nbytes: int, round: int = -1) -> None:
         self.engine = engine
@@ -88,6 +89,7 @@ class _Handle:
         self.post = engine.env.now
         self.bytes = nbytes
         self.round = round
+        self.iteration = -1
 
     def end(self) -> float | None:  # when the operation completes for this rank; None: unknown yet
         raise NotImplementedError
@@ -169,6 +171,7 @@ class SimCommunicator:
         self._persistent_seq = 0
         self._exchanges: dict[int, int] = defaultdict(int)  # peer -> exchanges posted to it
         self._unfinished: list[_Handle] = []  # posted, record not drained yet
+        self._iteration = -1  # the loop's current iteration (-1: none, e.g. construction, finish)
         self.closed = False
 
     @property
@@ -183,7 +186,14 @@ class SimCommunicator:
     def world_ranks(self) -> list[int]:
         return list(range(self.fabric.ranks))
 
+    def begin_iteration(self, t: int | None) -> None:
+        """The loop starts iteration t (None: finish()). Records carry the posting iteration:
+        on a simulated clock an operation posted in ``finish()`` can have the very time the last
+        iteration ended, so time alone cannot say where it belongs."""
+        self._iteration = -1 if t is None else t
+
     def _posted(self, handle: _Handle) -> _Handle:
+        handle.iteration = self._iteration
         self._unfinished.append(handle)
         return handle
 
@@ -272,7 +282,7 @@ class SimCommunicator:
         for h in self._unfinished:
             end = h.end()
             if end is not None and end <= now:
-                out.append(OpRecord(h.name, h.post, h.start(), end, h.bytes, h.round))
+                out.append(OpRecord(h.name, h.post, h.start(), end, h.bytes, h.round, h.iteration))
             else:
                 keep.append(h)
         self._unfinished = keep
@@ -370,6 +380,7 @@ class WaitAvoidingState:
         self._groups: dict[tuple[int, int], Collective] = {}  # (round, lowest member) -> its allreduce
         self._interned: dict[tuple[int, ...], tuple[int, ...]] = {}
         self._everyone = tuple(range(ranks))
+        self._early: dict[int, int] = {}  # rank -> highest round activated before it created the op
         self._joined: dict[tuple[int, int], Any] = {}  # (rank, k) -> event, for callers waiting to be joined
         self.finished_rounds = [0] * ranks
 
@@ -378,11 +389,20 @@ class WaitAvoidingState:
         of every rank, given by each of 16,384 ranks, must not be kept 16,384 times."""
         own = []
         for g in phases:
-            group = tuple(sorted(int(r) for r in g))
-            if rank not in group:
+            given = tuple(g)
+            group = self._interned.get(given)
+            if group is None:
+                group = tuple(sorted(given))
+                group = self._interned.setdefault(group, group)
+                self._interned[given] = group
+            i = bisect.bisect_left(group, rank)
+            if i == len(group) or group[i] != rank:
                 raise SimCommError(f"wait_avoiding: rank {rank}'s group {list(group)} does not contain it")
-            own.append(self._interned.setdefault(group, group))
+            own.append(group)
         self.phases[rank] = own
+        early = self._early.pop(rank, None)
+        if early is not None:  # activations that reached it before it created the op (MPI keeps them)
+            self._on_activation(rank, early)
 
     def _members(self, rank: int, k: int) -> tuple[int, ...]:
         if is_sync_round(k, self.sync_every):
@@ -408,6 +428,9 @@ class WaitAvoidingState:
             event.succeed()
 
     def _on_activation(self, rank: int, k: int) -> None:
+        if self.phases[rank] is None:  # its op does not exist yet: handled when it is created
+            self._early[rank] = max(k, self._early.get(rank, k))
+            return
         while self.next_join[rank] <= k and not is_sync_round(self.next_join[rank], self.sync_every):
             self._join(rank, self.next_join[rank])
 

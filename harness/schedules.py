@@ -133,7 +133,10 @@ def exponential_in_peers(rank: int, ranks: int, t: int, peers: int = 1) -> list[
 
 def ring_neighbors(rank: int, ranks: int) -> list[int]:
     """D-PSGD ring: the distinct neighbours of ``rank`` (one for P = 2, none for P = 1)."""
-    return sorted({(rank - 1) % ranks, (rank + 1) % ranks} - {rank})
+    left, right = (rank - 1) % ranks, (rank + 1) % ranks
+    if left == rank:
+        return []
+    return [left] if left == right else sorted((left, right))
 
 
 def bipartite_peer(rank: int, ranks: int, t: int) -> int:

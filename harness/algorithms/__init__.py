@@ -7,6 +7,8 @@ class, figure label and colour); parameters are validated by each algorithm's mo
 
 from __future__ import annotations
 
+from typing import Any
+
 from harness.algorithms.base import Algorithm, AlgorithmContext
 from harness.algorithms.registry import Registration, algorithm_class, names, params_model, register, registration
 
@@ -19,4 +21,20 @@ __all__ = [
     "params_model",
     "register",
     "registration",
+    "scenario_facts",
+    "scenario_notes",
 ]
+
+
+def scenario_notes(scenario: Any) -> list[str]:
+    """Every algorithm's notes about itself at the scenario's rank count (``AlgorithmParams.notes``)."""
+    return [note for p in scenario.algorithms for note in p.notes(scenario.ranks)]
+
+
+def scenario_facts(scenario: Any) -> dict[str, Any]:
+    """run.json keys from every algorithm's ``run_facts``: ``{key: {algorithm: value}}``."""
+    facts: dict[str, dict[str, Any]] = {}
+    for p in scenario.algorithms:
+        for key, value in p.run_facts(scenario.ranks).items():
+            facts.setdefault(key, {})[p.name] = value
+    return facts

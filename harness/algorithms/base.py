@@ -21,7 +21,7 @@ operations) before the final evaluation.
 from __future__ import annotations
 
 from abc import ABC
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from harness.algorithms.params import AlgorithmParams
@@ -44,13 +44,12 @@ class AlgorithmContext:
     lr: float
     seed: int
 
-    @property
-    def rank(self) -> int:
-        return self.comm.rank
+    rank: int = field(init=False)  # the communicator's, read once (hooks ask for it all the time)
+    size: int = field(init=False)
 
-    @property
-    def size(self) -> int:
-        return self.comm.size
+    def __post_init__(self) -> None:
+        self.rank = self.comm.rank
+        self.size = self.comm.size
 
 
 class Algorithm(ABC):

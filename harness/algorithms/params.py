@@ -40,6 +40,16 @@ class AlgorithmParams(StrictModel):
     def check(self, ranks: int) -> None:
         """Raise ParamError if the parameters cannot work with ``ranks`` ranks."""
 
+    def notes(self, ranks: int) -> list[str]:
+        """Lines ``validate``, ``run`` and ``simulate`` print as ``note:`` (e.g. groups that are not
+        what a parameter asks for at this rank count)."""
+        return []
+
+    def run_facts(self, ranks: int) -> dict[str, Any]:
+        """Facts about this algorithm at ``ranks`` ranks for run.json, as ``{key: value}``; run.json
+        gets ``{key: {algorithm: value}}`` (``harness.algorithms.scenario_facts``)."""
+        return {}
+
     def _fail(self, field: str, reason: str) -> ParamError:
         note = "" if field in self.model_fields_set else "the default"
         return ParamError(field, reason, getattr(self, field), note)
@@ -203,6 +213,18 @@ class WAGMAParams(AlgorithmParams):
         if self.group_size == 1 and ranks > 1:
             # Groups of one never mix, and a radix-1 decomposition of P does not exist.
             raise self._fail("group_size", "must be >= 2 when ranks > 1")
+
+    def notes(self, ranks: int) -> list[str]:
+        from harness.algorithms import wagma_groups  # noqa: PLC0415  (it imports this module)
+
+        if not wagma_groups.differs(ranks, self.group_size):
+            return []
+        return [wagma_groups.group_note(self.name, ranks, self.group_size)]
+
+    def run_facts(self, ranks: int) -> dict[str, Any]:
+        from harness.schedules import wagma_radices  # noqa: PLC0415
+
+        return {"wagma_group_sizes": list(wagma_radices(ranks, self.group_size))}
 
 
 class EagerSGDParams(AlgorithmParams):

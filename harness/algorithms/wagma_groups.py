@@ -4,8 +4,8 @@ The groups come from ``harness.schedules.wagma_radices`` / ``wagma_group``: with
 ranks the paper's ``L`` phases of groups of ``S``; otherwise a mixed-radix decomposition of
 ``P`` whose digits can be smaller than ``S``, or larger when ``P`` has a prime factor above
 ``S`` (5 ranks with ``group_size: 4`` average all 5 every round). Round ``t`` uses phase
-``t % L``. ``validate``, ``run`` and ``simulate`` print :func:`group_notes`; run.json records
-:func:`run_json_keys` (``results/README.md``).
+``t % L``. ``WAGMAParams.notes`` says them (``validate``, ``run`` and ``simulate`` print it) and
+``WAGMAParams.run_facts`` records their sizes in run.json (``results/README.md``).
 
 Example::
 
@@ -15,13 +15,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-from harness.algorithms.params import WAGMAParams
 from harness.schedules import wagma_group, wagma_radices
-
-if TYPE_CHECKING:
-    from harness.scenario.schema import Scenario
 
 SHOW_MEMBERS_UP_TO = 16
 """Ranks up to which a note lists each phase's groups; beyond it, only their sizes."""
@@ -58,20 +52,3 @@ def group_note(name: str, ranks: int, group_size: int) -> str:
         parts.append(part)
     listed = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
     return f"{head} groups of {listed}; {README_SECTION}"
-
-
-def group_notes(scenario: Scenario) -> list[str]:
-    """A note for each WAGMA algorithm of ``scenario`` whose groups differ from its ``group_size``."""
-    return [group_note(p.name, scenario.ranks, p.group_size) for p in _wagma_entries(scenario)
-            if differs(scenario.ranks, p.group_size)]
-
-
-def run_json_keys(scenario: Scenario) -> dict[str, Any]:
-    """``{"wagma_group_sizes": {name: [group size of each phase]}}`` for the scenario's WAGMA
-    algorithms (whether or not they differ from ``group_size``); ``{}`` without one."""
-    sizes = {p.name: list(wagma_radices(scenario.ranks, p.group_size)) for p in _wagma_entries(scenario)}
-    return {"wagma_group_sizes": sizes} if sizes else {}
-
-
-def _wagma_entries(scenario: Scenario) -> list[WAGMAParams]:
-    return [p for p in scenario.algorithms if isinstance(p, WAGMAParams)]

@@ -325,7 +325,7 @@ def run_worker(args: argparse.Namespace) -> int:
         options = " ".join(f"{k}={v:g}" for k, v in header["comm_options"].items()) or "defaults"
         say(f"# collectives: {n} ranks, warmup {args.warmup}, iters {args.iters}"
              + (f" (iters+warmup cut for {', '.join(reduced)})" if reduced else "")
-             + f"; time = median over iters of the slowest rank")
+             + "; time = median over iters of the slowest rank")
         say(f"# native: harness.comm.Communicator ({options}); baseline: mpi4py {library}")
 
     rows: list[dict[str, Any]] = []

@@ -293,7 +293,7 @@ def run_worker(plan: Plan) -> Any:
 
     from harness.comm import Communicator  # noqa: PLC0415
     from harness.runner.workload_state import warm_up_torch  # noqa: PLC0415
-    from harness.sim.calibration import CalibrationEntry, fit_alpha_beta  # noqa: PLC0415
+    from harness.sim.calibration import CalibrationEntry  # noqa: PLC0415
     from harness.workload import build_model, configure_torch_threads, load_dataset  # noqa: PLC0415
 
     world = MPI.COMM_WORLD

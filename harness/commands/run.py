@@ -139,13 +139,13 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _create_run_dir(scenario, out: str):
-    from harness.algorithms import wagma_groups
+    from harness.algorithms import scenario_facts
     from harness.results.records import RunDirectory
 
     run_dir = RunDirectory.create(out, scenario.name)
     run_dir.write_resolved_scenario(scenario.resolved_dict())
     run_dir.write_run_json("incomplete", [], ranks=scenario.ranks,
-                           extra={"provenance": scenario.results.provenance, **wagma_groups.run_json_keys(scenario)})
+                           extra={"provenance": scenario.results.provenance, **scenario_facts(scenario)})
     return run_dir
 
 
@@ -255,9 +255,9 @@ def _launch(scenario, run_dir, launch, resume: bool, renamed: list[str]) -> int:
 def _print_notes(scenario, renamed: list[str]) -> None:
     """What the run will do that the scenario file does not say outright: the new spelling of old
     parameter names it uses (``renamed``), WAGMA's effective groups."""
-    from harness.algorithms.wagma_groups import group_notes
+    from harness.algorithms import scenario_notes
 
-    for note in renamed + group_notes(scenario):
+    for note in renamed + scenario_notes(scenario):
         print(f"note: {note}", file=sys.stderr)
 
 

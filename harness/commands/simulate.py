@@ -52,7 +52,7 @@ def load_optional_calibration(path: Path | None, real_compute: bool):
 def run(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
-    from harness.algorithms.wagma_groups import group_notes
+    from harness.algorithms import scenario_notes
     from harness.results.records import SUMMARY_TABLE_FILE
     from harness.scenario import load_scenario_with_notes
     from harness.sim.runs import DEFAULT_TRACE_RANKS, calibration_entry, new_simulated_run_path, predict
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     scenario, renamed = load_scenario_with_notes(args.scenario, overrides=_overrides(args))
     calibration, calibration_file = load_optional_calibration(args.calibration, scenario.workload.compute == "real")
     entry, note = calibration_entry(scenario, calibration, args.scenario, calibration_file)
-    for line in renamed + ([note] if note else []) + group_notes(scenario):
+    for line in renamed + ([note] if note else []) + scenario_notes(scenario):
         print(f"note: {line}", file=sys.stderr)
     if scenario.faults:
         print(f"note: the scenario's {len(scenario.faults)} faults are not simulated (the model predicts the "

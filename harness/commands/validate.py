@@ -4,7 +4,7 @@ Exit status 0 when the file is valid, 2 with one ``error:`` line per problem on 
 (a scenario asking for a device this machine lacks, ``device: cuda`` without a usable GPU, is
 refused too). A valid file's notes go to stderr: old spellings of parameters it uses (e.g.
 ``sync_period``, now ``period``) and WAGMA groups that are not of ``group_size`` ranks
-(``harness.algorithms.wagma_groups``).
+(``AlgorithmParams.notes``).
 
 Example::
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from harness.algorithms.wagma_groups import group_notes
+from harness.algorithms import scenario_notes
 from harness.arguments import algorithm_list
 from harness.device import scenario_device_problem
 from harness.scenario import Scenario, load_scenario_with_notes
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {args.file}: {problem}", file=sys.stderr)
         return 2
     print(summary(scenario))
-    for note in renamed + group_notes(scenario):
+    for note in renamed + scenario_notes(scenario):
         print(f"note: {note}", file=sys.stderr)
     return 0
 

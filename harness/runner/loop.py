@@ -149,5 +149,6 @@ def _step_records(name: str, rank: int, rows: list[tuple], ops, t0: float) -> li
                 t = -1  # between iterations or after the last
         if t >= 0:
             sent[t] += r.bytes
-    return [StepRecord(name, rank, t, start - t0, end - t0, compute, delay, blocked, loss, sent[t], staleness)
+    make = StepRecord._make  # the tuple's own constructor: thousands of simulated ranks make millions
+    return [make((name, rank, t, start - t0, end - t0, compute, delay, blocked, loss, sent[t], staleness))
             for t, (start, end, compute, delay, blocked, loss, staleness) in enumerate(rows)]

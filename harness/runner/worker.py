@@ -47,7 +47,7 @@ def _train_all(world, run, scenario, faults, beat) -> None:
     import torch
 
     from harness.algorithms import algorithm_class
-    from harness.algorithms import wagma_groups
+    from harness.algorithms import scenario_facts
     from harness.algorithms.base import AlgorithmContext
     from harness.comm import Communicator, Link
     from harness.comm.call_log import CallLog
@@ -130,7 +130,7 @@ def _train_all(world, run, scenario, faults, beat) -> None:
             done = len(finished) == len(scenario.algorithms)
             run.write_run_json("complete" if done else "incomplete", finished, ranks=scenario.ranks, hosts=hosts,
                                extra={**placement, "provenance": provenance.keep,
-                                      **wagma_groups.run_json_keys(scenario)})
+                                      **scenario_facts(scenario)})
     if rank == 0:
         print(format_table(run.write_summary(scenario.workload.batch_size, scenario.workload.iterations,
                                              ranks=scenario.ranks, target_accuracy=scenario.results.target_accuracy)))

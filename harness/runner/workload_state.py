@@ -15,7 +15,7 @@ import torch
 from harness.device import Staging
 from harness.runner.flat_sgd import FlatSGD
 from harness.scenario.schema import Scenario
-from harness.workload import batch_indices, build_model, flat_grads, flat_params, load_dataset, shard_indices
+from harness.workload import batch_indices, build_model, flat_grads, flat_params, shard_indices
 
 
 @dataclass

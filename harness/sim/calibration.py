@@ -39,20 +39,18 @@ from typing import Annotated, NamedTuple
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from harness.config import HarnessError
+from harness.config import HarnessError, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 FORMAT_VERSION = 1
 DEFAULT_PATH = Path("results") / "calibration.json"
-
-PosFloat = Annotated[float, Field(gt=0.0)]
-NonNegFloat = Annotated[float, Field(ge=0.0)]
-
 
 class CalibrationError(HarnessError):
     """A calibration file that is missing, malformed, or lacks what a simulation needs."""
 
 
 class _Strict(BaseModel):
+    # Not harness.config.StrictModel: the file is written by the harness itself (JSON numbers,
+    # where an integral float reads back as an int), so lax number types are right here.
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -68,52 +66,52 @@ class NetworkModel(_Strict):
     ``max(1, k / shared_cores)``: progress threads wait for a core. None: every rank has its own.
     """
 
-    latency_s: NonNegFloat
-    bandwidth_bytes_per_s: PosFloat
-    progress_s: NonNegFloat = 0.0
-    shared_cores: Annotated[int, Field(ge=1)] | None = None
+    latency_s: NonNegativeFloat
+    bandwidth_bytes_per_s: PositiveFloat
+    progress_s: NonNegativeFloat = 0.0
+    shared_cores: PositiveInt | None = None
 
     def message_s(self, nbytes: float) -> float:
         return self.latency_s + nbytes / self.bandwidth_bytes_per_s
 
 
 class P2PPoint(_Strict):
-    bytes: Annotated[int, Field(ge=0)]
-    one_way_s: NonNegFloat  # median over repetitions: half a ping-pong round trip
+    bytes: NonNegativeInt
+    one_way_s: NonNegativeFloat  # median over repetitions: half a ping-pong round trip
 
 
 class OpPoint(_Strict):
     op: str  # e.g. "allreduce", "barrier"
-    bytes: Annotated[int, Field(ge=0)]  # payload per rank
-    median_s: NonNegFloat
+    bytes: NonNegativeInt  # payload per rank
+    median_s: NonNegativeFloat
 
 
 class ComputePoint(_Strict):
     model: str
     dataset: str
-    batch_size: Annotated[int, Field(ge=1)]
-    median_s: NonNegFloat
-    p95_s: NonNegFloat
-    samples: Annotated[int, Field(ge=1)]
+    batch_size: PositiveInt
+    median_s: NonNegativeFloat
+    p95_s: NonNegativeFloat
+    samples: PositiveInt
 
 
 class EvalPoint(_Strict):
     model: str
     dataset: str
-    median_s: NonNegFloat
+    median_s: NonNegativeFloat
 
 
 class CalibrationEntry(_Strict):
-    ranks: Annotated[int, Field(ge=1)]
+    ranks: PositiveInt
     network: NetworkModel  # what simulate uses
     network_source: str = "given"  # how ``network`` was obtained (README, "Simulation", paragraph "Calibration")
-    network_fit_error: NonNegFloat | None = None  # rms relative error left on what it was fitted to
+    network_fit_error: NonNegativeFloat | None = None  # rms relative error left on what it was fitted to
     p2p_network: NetworkModel | None = None  # alpha-beta fit of the quiet point-to-point times
     p2p: list[P2PPoint] = []
     ops: list[OpPoint] = []
     compute: list[ComputePoint] = []
     evaluation: list[EvalPoint] = []
-    loop_overhead_s: NonNegFloat = 0.0
+    loop_overhead_s: NonNegativeFloat = 0.0
 
     def compute_s(self, model: str, dataset: str, batch_size: int) -> float | None:
         """Median local work per iteration of this workload, or None if it was not calibrated."""
@@ -133,7 +131,7 @@ class Calibration(_Strict):
     format: Annotated[int, Field(ge=1, le=FORMAT_VERSION)] = FORMAT_VERSION
     created_at: str
     harness_version: str
-    cpus: Annotated[int, Field(ge=1)]  # logical CPUs of the machine that was measured
+    cpus: PositiveInt  # logical CPUs of the machine that was measured
     entries: list[CalibrationEntry]
 
     def choose(self, ranks: int) -> EntryChoice:

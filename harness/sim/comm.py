@@ -142,7 +142,9 @@ class _ExchangeHandle(_Handle):
     __slots__ = ("mail", "peer", "me", "seq", "release")
 
     def __init__(self, engine, mail: Mailboxes, me: int, peer: int, seq: int, nbytes: int, release: float) -> None:
-        super().__init__(engine, "exchange", nbytes)
+        # _Handle.__init__ spelled out: thousands of ranks post exchanges every iteration.
+        self.engine, self.name, self.post, self.bytes, self.round, self.iteration = (
+            engine, "exchange", engine.env.now, nbytes, -1, -1)
         self.mail, self.me, self.peer, self.seq, self.release = mail, me, peer, seq, release
 
     def end(self):

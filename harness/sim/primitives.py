@@ -201,8 +201,9 @@ class Mailboxes:
         arrivals.append(arrival)
         if self._pair_waiters:
             event = self._pair_waiters.pop((pair, seq), None)
-            if event is not None:
-                self.env.timeout(max(0.0, arrival - now)).callbacks.append(lambda _e: event.succeed())
+            if event is not None:  # the receiver waits: wake it when the message arrives
+                event._ok, event._value = True, None  # Event.succeed(), but at the arrival time
+                self.env.schedule(event, delay=max(0.0, arrival - now))
         return release
 
     def arrival(self, src: int, dst: int, seq: int) -> float | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.algorithms import wagma_groups
+from harness.algorithms import scenario_facts
 from harness.results.columns import COMM_CALL_COLUMNS, CommCallRecord, to_frame
 from harness.results.records import RunDirectory
 from harness.scenario.schema import Scenario
@@ -144,7 +144,7 @@ def write_simulated_run(path: Path, scenario: Scenario, frames: dict[str, pd.Dat
         "trace_ranks": min(trace_ranks, scenario.ranks),
         "events": sum(s.events for s in stats),
         "host_s": sum(s.host_s for s in stats),
-        **wagma_groups.run_json_keys(scenario),
+        **scenario_facts(scenario),
     })
     return run
 

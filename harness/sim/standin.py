@@ -78,11 +78,12 @@ class StandIn:
 
     # -- indexing -------------------------------------------------------------------------------
     def __getitem__(self, index: Any) -> "StandIn":
-        if isinstance(index, slice):
-            if index.step is None and (index.start or 0) >= 0 and index.stop is not None and index.stop >= 0:
-                return StandIn(max(0, min(index.stop, self.n) - min(index.start or 0, self.n)))  # x[a:b]
-            return StandIn(len(range(*index.indices(self.n))))
-        return StandIn(1)
+        if index.__class__ is not slice:
+            return _ELEMENT
+        start, stop = index.start or 0, index.stop
+        if index.step is None and start >= 0 and stop is not None and stop >= 0:  # x[a:b], the common case
+            return StandIn(max(0, min(stop, self.n) - min(start, self.n)))
+        return StandIn(len(range(*index.indices(self.n))))
 
     def __setitem__(self, index: Any, value: Any) -> None:
         pass
@@ -147,6 +148,9 @@ class StandIn:
         lengths = [a.n for a in args if isinstance(a, StandIn)]
         lengths += [a.n for v in args if isinstance(v, (list, tuple)) for a in v if isinstance(a, StandIn)]
         return StandIn(max(lengths) if lengths else 1)
+
+
+_ELEMENT = StandIn(1)  # x[i]: one element (stand-ins hold no state, so one object serves all)
 
 
 def _reduction(*args: Any, **kwargs: Any) -> StandIn:

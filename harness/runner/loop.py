@@ -77,8 +77,19 @@ def train(
     beat = heartbeat if heartbeat is not None else Heartbeat(None, rank)
     now = work.now
     rows: list[tuple] = []  # per iteration: start, end, compute, delay, blocked, loss, staleness
+    starts: list[float] = []  # per iteration: start (for attributing records by post time)
+    sent: list[int] = []  # per iteration: bytes_sent
     evals: list[EvalRecord] = []
-    ops = []
+    ops = []  # the records, kept only with keep_ops
+
+    def collect(records) -> None:
+        """Count each finished operation in the iteration that posted it; keep it if asked."""
+        for r in records:
+            t = _posting_iteration(r, starts, rows)
+            if t >= 0:
+                sent[t] += r.bytes
+        if keep_ops:
+            ops.extend(records)
     comm.drain_records()
     # Hooks the algorithm does not override are skipped (thousands of simulated ranks run this).
     hooks = [getattr(algorithm, h) if getattr(type(algorithm), h) is not getattr(Algorithm, h) else None
@@ -116,7 +127,9 @@ def train(
         end = now()
         beat.iteration_done(end - start)
         rows.append((start, end, compute, delay, blocked, loss, int(algorithm.staleness)))
-        ops += comm.drain_records()
+        starts.append(start)
+        sent.append(0)
+        collect(comm.drain_records())
         if progress is not None:
             progress(t)
         if (t + 1) % eval_every == 0 and t + 1 < iterations:
@@ -128,27 +141,24 @@ def train(
         begin_iteration(None)  # finish() belongs to no iteration
     beat.phase(Phase.COMMUNICATING)
     algorithm.finish()
-    ops += comm.drain_records()
+    collect(comm.drain_records())
     beat.stage(Phase.EVALUATING)
     evals += work.evaluate(iterations, now() - t0, algorithm.eval_params(), True)
     kept = [CommOpRecord(name, rank, r.op, r.post_s - t0, r.start_s - t0, r.end_s - t0, r.bytes) for r in ops] \
         if keep_ops else []
-    return _step_records(name, rank, rows, ops, t0), evals, kept
-
-
-def _step_records(name: str, rank: int, rows: list[tuple], ops, t0: float) -> list[StepRecord]:
-    """One record per iteration; ``bytes_sent`` from the operations posted inside it: by the
-    iteration the record names, or (the native layer's records) by its post time."""
-    sent = [0] * len(rows)
-    starts = [row[0] for row in rows]
-    for r in ops:
-        t = r.iteration
-        if t is None:
-            t = bisect.bisect_right(starts, r.post_s) - 1
-            if t >= 0 and r.post_s > rows[t][1]:
-                t = -1  # between iterations or after the last
-        if t >= 0:
-            sent[t] += r.bytes
     make = StepRecord._make  # the tuple's own constructor: thousands of simulated ranks make millions
-    return [make((name, rank, t, start - t0, end - t0, compute, delay, blocked, loss, sent[t], staleness))
-            for t, (start, end, compute, delay, blocked, loss, staleness) in enumerate(rows)]
+    steps = [make((name, rank, t, start - t0, end - t0, compute, delay, blocked, loss, sent[t], staleness))
+             for t, (start, end, compute, delay, blocked, loss, staleness) in enumerate(rows)]
+    return steps, evals, kept
+
+
+def _posting_iteration(record, starts: list[float], rows: list[tuple]) -> int:
+    """The iteration that posted ``record`` (-1: none): the one it names (the simulator's), or
+    (the native layer's) the one whose [start, end] holds its post time. Every iteration up to
+    the one that posted it has ended when a record is drained, so this is known then."""
+    t = record.iteration
+    if t is None:
+        t = bisect.bisect_right(starts, record.post_s) - 1
+        if t >= 0 and record.post_s > rows[t][1]:
+            t = -1  # between iterations or after the last
+    return t

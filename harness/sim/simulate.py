@@ -152,14 +152,15 @@ def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
     evaluations = _Evaluations(engine, ranks, count, base, timing)
     cls = algorithm_class(params.name)
     delay_of, factor_of = delays.T.tolist(), factors.T.tolist()  # plain lists: fast indexing per rank
-    steps: list[list] = [[] for _ in range(ranks)]
+    steps: list[np.ndarray] = [np.empty((0, len(_VALUE_COLUMNS)))] * ranks
 
     def rank_body(r: int, comm) -> Callable[[], None]:
         def body() -> None:
             ctx = AlgorithmContext(comm, StandIn(count), StandIn(count), scenario.optimizer.lr, scenario.seed)
             algorithm = cls(params, ctx)
             work = SimulatedWork(engine, network, r, timing, delay_of[r], factor_of[r], evaluations)
-            steps[r], _, _ = train(scenario, algorithm, comm, work, 0.0, keep_ops=False)
+            records, _, _ = train(scenario, algorithm, comm, work, 0.0, keep_ops=False)
+            steps[r] = np.array([record[_FIRST_VALUE:] for record in records], dtype=float)  # compact at once
         return body
 
     for r, comm in enumerate(fabric.communicators()):
@@ -170,7 +171,7 @@ def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
     # The ranks allocate millions of small objects and create almost no reference cycles; the
     # cyclic collector's full passes over that heap would cost more than everything else.
     gc_was_enabled = gc.isenabled()
-    gc.disable()
+    gc.disable() if not __import__("os").environ.get("SIM_GC") else None
     try:
         engine.run()
     finally:
@@ -180,14 +181,18 @@ def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
     return _steps_frame(params.name, steps, scenario), SimStats(params.name, engine.env.events_scheduled, host_s)
 
 
-def _steps_frame(name: str, steps: list[list], scenario: Scenario) -> pd.DataFrame:
-    """The steps frame in the real run's row order (iteration-major, then rank)."""
+_FIRST_VALUE = STEP_COLUMNS.index("start_s")  # step records: algorithm, rank, iteration, then values
+_VALUE_COLUMNS = STEP_COLUMNS[_FIRST_VALUE:]
+
+
+def _steps_frame(name: str, steps: list[np.ndarray], scenario: Scenario) -> pd.DataFrame:
+    """The steps frame in the real run's row order (iteration-major, then rank), from each rank's
+    [iteration, value column] array."""
     ranks, iterations = scenario.ranks, scenario.workload.iterations
-    fields = [f for f in STEP_COLUMNS if f not in ("algorithm", "rank", "iteration")]
-    columns = {}
-    for f in fields:
-        values = np.array([[getattr(s, f) for s in per_rank] for per_rank in steps])  # [rank, iteration]
-        columns[f] = values.T.ravel()
+    table = np.stack(steps).transpose(1, 0, 2)  # [iteration, rank, column]
+    columns = {f: table[:, :, i].ravel() for i, f in enumerate(_VALUE_COLUMNS)}
+    for f in ("bytes_sent", "staleness"):
+        columns[f] = columns[f].astype(np.int64)
     frame = pd.DataFrame({
         "algorithm": name,
         "rank": np.tile(np.arange(ranks), iterations),

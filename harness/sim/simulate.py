@@ -171,7 +171,7 @@ def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
     # The ranks allocate millions of small objects and create almost no reference cycles; the
     # cyclic collector's full passes over that heap would cost more than everything else.
     gc_was_enabled = gc.isenabled()
-    gc.disable() if not __import__("os").environ.get("SIM_GC") else None
+    gc.disable()
     try:
         engine.run()
     finally:

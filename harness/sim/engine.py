@@ -70,10 +70,8 @@ class SimEngine:
         ``what`` (or what it returns, formatted only if needed) names the wait if the simulation
         deadlocks there."""
         if event.callbacks is not None:
-            current = greenlet.getcurrent()
-            self._waiting_for[current] = what
-            event.callbacks.append(current.switch)
-            self._hub.switch()
+            self._waiting_for[greenlet.getcurrent()] = what
+            self._park(event)
 
     def _park(self, event: simpy.Event) -> None:
         event.callbacks.append(greenlet.getcurrent().switch)

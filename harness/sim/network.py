@@ -211,10 +211,15 @@ def _rd_steps(p: int, count: int) -> list[tuple[list[int], list[int], list[int]]
     return steps
 
 
+def _ring_chunk_bytes(p: int, count: int) -> list[int]:
+    """Bytes of each of the ring's p chunks (the first ``count % p`` one float longer)."""
+    base, extra = divmod(count, p)
+    return [(base + (1 if k < extra else 0)) * FLOAT_BYTES for k in range(p)]
+
+
 def _ring_steps(p: int, count: int) -> list[tuple[list[int], list[int], list[int]]]:
     """Ring reduce-scatter then allgather as ``ring_allreduce`` in kernels/schedule.cpp."""
-    base, extra = divmod(count, p)
-    sizes = [(base + (1 if k < extra else 0)) * FLOAT_BYTES for k in range(p)]
+    sizes = _ring_chunk_bytes(p, count)
     right = [(m + 1) % p for m in range(p)]
     left = [(m - 1) % p for m in range(p)]
     steps = []
@@ -254,8 +259,7 @@ class RingSchedule:
     def __init__(self, p: int, count: int) -> None:
         self.p = p
         self.count = count
-        base, extra = divmod(count, p)
-        sizes = np.array([(base + (1 if k < extra else 0)) * FLOAT_BYTES for k in range(p)], dtype=float)
+        sizes = np.array(_ring_chunk_bytes(p, count), dtype=float)
         members = np.arange(p)
         self.bytes_sent = 2 * sizes.sum() - sizes[(members + 1) % p] - sizes[(members + 2) % p]
         self.chunk_bytes = float(sizes.max())  # chunks differ by at most one float

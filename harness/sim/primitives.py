@@ -162,7 +162,7 @@ class Mailboxes:
                 return True
             event = env.event()
             self._waiter[rank] = (round, event)
-            what = f"{at_least} push messages" + ("" if round is None else f" of round {round}")
+            what = lambda: f"{at_least} push messages" + ("" if round is None else f" of round {round}")  # noqa: E731
             if deadline is None:
                 self.engine.wait(event, what)
             else:

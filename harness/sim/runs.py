@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.algorithms import scenario_facts
+from harness.comm.call_log import CallLog  # needs neither MPI nor the native layer
 from harness.results.columns import COMM_CALL_COLUMNS, CommCallRecord, to_frame
 from harness.results.records import RunDirectory
 from harness.scenario.schema import Scenario
@@ -84,10 +85,6 @@ def _simulate(scenario: Scenario, network: NetworkModel, timing_for, on_done) ->
     if not scenario.results.comm_calls:
         frames, stats = simulate_scenario(scenario, network, timing_for, on_done)
         return SimulatedFrames(frames, {}), stats
-    # Imported here: the harness.comm package loads the native layer and MPI, which a simulation
-    # that logs nothing must not need.
-    from harness.comm.call_log import CallLog
-
     logs: dict[str, dict[int, CallLog]] = {}
 
     def log_calls(name: str, rank: int, comm) -> CallLog:

@@ -199,7 +199,7 @@ MORE_BAD = [
     ({"optimizer": {"momentum": 0.0, "nesterov": True}}, "optimizer.nesterov: needs momentum > 0 (got True)"),
     ({"seed": -1}, "seed: must be >= 0 (got -1)"),
     ({"ranks": 10**30}, "ranks: must be <= 65536 (got 1000000000000000000000000000000)"),
-    ({"extra": 1}, "extra: unknown key (valid: name, description, ranks, seed, workload"),
+    ({"extra": 1}, "extra: unknown key (valid: name, description, ranks, seed, python_path, workload"),
 ]
 
 

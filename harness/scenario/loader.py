@@ -77,7 +77,7 @@ def load_scenario(path: str | Path, overrides: Mapping[str, Any] | None = None) 
     file's algorithm names, kept in file order); they apply before validation, so the rank checks
     see the overridden rank count. Raises ScenarioError.
     """
-    return scenario_from_dict(read_yaml(path), source=str(path), overrides=overrides)
+    return scenario_from_dict(read_yaml(path), source=str(path), overrides=overrides, base_dir=Path(path).parent)
 
 
 def load_scenario_with_notes(
@@ -127,8 +127,10 @@ def _yaml_problem(exc: yaml.MarkedYAMLError) -> str:
     return text
 
 
-def scenario_from_dict(data: Any, source: str = "<dict>", overrides: Mapping[str, Any] | None = None) -> Scenario:
-    """Validate already parsed scenario data; ``source`` names it in error messages."""
+def scenario_from_dict(data: Any, source: str = "<dict>", overrides: Mapping[str, Any] | None = None,
+                       base_dir: str | Path | None = None) -> Scenario:
+    """Validate already parsed scenario data; ``source`` names it in error messages, ``base_dir``
+    (default: the working directory) is what a relative ``python_path`` is relative to."""
     if data is None:
         raise ScenarioError(f"{source}: empty scenario")
     if not isinstance(data, dict):
@@ -139,7 +141,7 @@ def scenario_from_dict(data: Any, source: str = "<dict>", overrides: Mapping[str
         where = _path_text(huge) or "(top level)"
         raise ScenarioError(f"{source}: {where}: integer too large (over {sys.get_int_max_str_digits()} digits)")
     try:
-        return Scenario.model_validate(data)
+        return Scenario.model_validate(data, context={"base_dir": str(base_dir) if base_dir is not None else None})
     except ValidationError as exc:
         raise ScenarioError(_format(exc, data, source)) from None
 

@@ -8,7 +8,9 @@ loader turns into one line per error.
 from __future__ import annotations
 
 import math
+import os
 import re
+from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 import numpy as np
@@ -29,6 +31,7 @@ from pydantic import (
 from harness.algorithms.params import AlgorithmParams
 from harness.algorithms.registry import names, params_model
 from harness.config import NonNegativeFloat, NonNegativeInt, ParamError, PositiveFloat, PositiveInt, StrictModel
+from harness.user_code import is_reference
 
 Model = Literal["logreg", "mlp", "tiny_cnn", "mnist_cnn", "resnet20"]
 Dataset = Literal["mnist5k", "digits", "synthetic"]
@@ -542,6 +545,16 @@ def _algorithm_entry(value: Any) -> AlgorithmParams:
     return params_model(name).model_validate(value)
 
 
+def _names_user_code(data: dict[str, Any]) -> bool:
+    """Whether raw scenario data names the user's code: an import reference as model, dataset or
+    optimizer, or an algorithm entry with a ``class``."""
+    workload, optimizer = data.get("workload"), data.get("optimizer")
+    values = [workload.get(k) for k in ("model", "dataset")] if isinstance(workload, dict) else []
+    values.append(optimizer.get("name") if isinstance(optimizer, dict) else optimizer)
+    entries = data.get("algorithms") if isinstance(data.get("algorithms"), list) else []
+    return any(is_reference(v) for v in values) or any(isinstance(e, dict) and "class" in e for e in entries)
+
+
 # SerializeAsAny: dump each entry with its own model's fields, not only AlgorithmParams' `name`.
 AlgorithmEntry = Annotated[SerializeAsAny[AlgorithmParams], PlainValidator(_algorithm_entry)]
 
@@ -554,6 +567,9 @@ class Scenario(StrictModel):
     description: str = ""
     ranks: Annotated[int, Field(ge=1, le=MAX_RANKS)]
     seed: NonNegativeInt = 0
+    # Directories searched first for the modules of import references (harness.user_code); made
+    # absolute against the scenario file's directory, which is the default when a reference is used.
+    python_path: list[str] = []
     workload: Workload
     optimizer: Optimizer = Optimizer()
     algorithms: Annotated[list[AlgorithmEntry], Field(min_length=1)]
@@ -562,6 +578,22 @@ class Scenario(StrictModel):
     faults: list[AnyFaultSpec] = []
     watchdog: Watchdog = Watchdog()
     results: ResultsSettings = ResultsSettings()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _absolute_python_path(cls, data: Any, info: ValidationInfo) -> Any:
+        """Make ``python_path`` absolute against the scenario file's directory (the loader passes it
+        as the validation context's ``base_dir``; the working directory without one), and default
+        it to that directory when the scenario names the user's code."""
+        if not isinstance(data, dict):
+            return data
+        base = Path((info.context or {}).get("base_dir") or ".").absolute()
+        given = data.get("python_path")
+        if given is None and _names_user_code(data):
+            given = ["."]
+        if isinstance(given, list) and all(isinstance(d, str) for d in given):
+            data = {**data, "python_path": [os.path.normpath(base / d) for d in given]}
+        return data
 
     @field_validator("name")
     @classmethod

@@ -7,6 +7,7 @@ Collective: every rank calls ``evaluate`` at the same iterations. It uses the na
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -31,9 +32,12 @@ def test_metrics(model: torch.nn.Module, flat: torch.Tensor, params: torch.Tenso
     return loss, acc
 
 
-def evaluate(comm, algorithm: str, iteration: int, time_s: float, local: torch.Tensor, state) -> list[EvalRecord]:
+def evaluate(comm, algorithm: str, iteration: int, time_s: float, local: torch.Tensor,
+             test: Callable[[torch.Tensor], tuple[float, float]] | None) -> list[EvalRecord]:
     """Average the deployable models, measure consensus; rank 0 returns the records.
 
+    ``test(flat)``: test loss and accuracy of the model with flat parameters ``flat`` (rank 0
+    calls it for the average and for its own); None: no model to test (emulated compute).
     BatchNorm running statistics are local buffers, not communicated: the averaged model is
     evaluated with rank 0's statistics.
     """
@@ -44,10 +48,10 @@ def evaluate(comm, algorithm: str, iteration: int, time_s: float, local: torch.T
     if comm.rank != 0:
         return []
     consensus = float(dist[0])
-    if state.model is None:  # emulated compute: no model to test
+    if test is None:
         return [EvalRecord(algorithm, iteration, time_s, "average", math.nan, math.nan, consensus)]
     records = []
     for which, flat in (("average", avg), ("rank0", local)):
-        loss, acc = test_metrics(state.model, flat, state.staging.device_params, state.data)
+        loss, acc = test(flat)
         records.append(EvalRecord(algorithm, iteration, time_s, which, loss, acc, consensus))
     return records

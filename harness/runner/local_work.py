@@ -18,7 +18,7 @@ import torch
 from harness.compute_time import emulated_compute_s
 from harness.injection import InjectionPlan
 from harness.results.columns import EvalRecord
-from harness.runner.evaluate import evaluate
+from harness.runner.evaluate import evaluate, test_metrics
 from harness.runner.workload_state import TrainState
 from harness.scenario.schema import Scenario
 
@@ -79,7 +79,10 @@ class LocalWork:
         return spent
 
     def evaluate(self, iteration: int, time_s: float, params, final: bool) -> list[EvalRecord]:
-        return evaluate(self.eval_comm, self.algorithm, iteration, time_s, params, self.state)
+        state = self.state
+        test = None if state.model is None else (
+            lambda flat: test_metrics(state.model, flat, state.staging.device_params, state.data))
+        return evaluate(self.eval_comm, self.algorithm, iteration, time_s, params, test)
 
     def between(self, t: int) -> None:
         pass  # the real loop's own bookkeeping is the gap

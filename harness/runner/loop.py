@@ -55,6 +55,102 @@ class Work(Protocol):
         """After iteration t when it is no evaluation point, before iteration t + 1."""
 
 
+class Iterations:
+    """The loop's order and records on one rank, one call per step of an iteration.
+
+    :func:`train` drives it for the harness's own loop (real and simulated ranks);
+    ``harness.api`` drives it from a user's training script (the forward pass begins an
+    iteration, ``optimizer.step()`` ends it). Either way the hooks run in the order the module
+    docstring shows and the records are made here.
+    """
+
+    def __init__(self, algorithm: Algorithm, comm, now: Callable[[], float], heartbeat: Heartbeat | None = None,
+                 faults: FaultPlan | None = None, keep_ops: bool = True) -> None:
+        self.algorithm, self.comm, self.now = algorithm, comm, now
+        self.beat = heartbeat if heartbeat is not None else Heartbeat(None, comm.rank)
+        self.faults, self.keep_ops = faults, keep_ops
+        self.rows: list[tuple] = []  # per iteration: start, end, compute, delay, blocked, loss, staleness
+        self.starts: list[float] = []  # per iteration: start (for attributing records by post time)
+        self.sent: list[int] = []  # per iteration: bytes_sent
+        self.ops: list = []  # the records, kept only with keep_ops
+        # Hooks the algorithm does not override are skipped (thousands of simulated ranks run this).
+        self._hooks = [getattr(algorithm, h) if getattr(type(algorithm), h) is not getattr(Algorithm, h) else None
+                       for h in _HOOKS]
+        self._begin = getattr(comm, "begin_iteration", None)  # a call log (harness.comm.call_log) wants t
+        self._start = 0.0
+        self._blocked = 0.0
+        comm.drain_records()
+
+    def _hook(self, fn, t: int) -> float:
+        now, beat = self.now, self.beat
+        h0 = now()
+        beat.phase(Phase.COMMUNICATING)
+        fn(t)
+        beat.phase(Phase.LOCAL)
+        return now() - h0
+
+    def begin(self, t: int) -> None:
+        """Start iteration t: strike an injected fault, then ``before_forward``."""
+        if self._begin is not None:
+            self._begin(t)
+        self.beat.iteration(t)
+        if self.faults:
+            self.faults.at_iteration(self.algorithm.name, t)
+        self._start = self.now()
+        before_forward = self._hooks[0]
+        self._blocked = self._hook(before_forward, t) if before_forward else 0.0
+
+    def after_backward(self, t: int) -> None:
+        """The gradient of iteration t is in the algorithm's ``grads``."""
+        if self._hooks[1]:
+            self._blocked += self._hook(self._hooks[1], t)
+
+    def after_step(self, t: int) -> None:
+        """After the local optimizer step: ``after_step``, then ``end_iteration``."""
+        after_step, end_iteration = self._hooks[2], self._hooks[3]
+        if after_step:
+            self._blocked += self._hook(after_step, t)
+        if end_iteration:
+            self._blocked += self._hook(end_iteration, t)
+
+    def end(self, t: int, compute: float, delay: float, loss: float) -> None:
+        """Record iteration t and count the bytes of the operations that finished meanwhile."""
+        end = self.now()
+        self.beat.iteration_done(end - self._start)
+        self.rows.append((self._start, end, compute, delay, self._blocked, loss, int(self.algorithm.staleness)))
+        self.starts.append(self._start)
+        self.sent.append(0)
+        self._collect(self.comm.drain_records())
+
+    def finish(self) -> None:
+        """After the last iteration: the algorithm's ``finish()`` (in no iteration)."""
+        if self._begin is not None:
+            self._begin(None)
+        self.beat.phase(Phase.COMMUNICATING)
+        self.algorithm.finish()
+        self._collect(self.comm.drain_records())
+
+    def _collect(self, records) -> None:
+        """Count each finished operation in the iteration that posted it; keep it if asked."""
+        for r in records:
+            t = _posting_iteration(r, self.starts, self.rows)
+            if t >= 0:
+                self.sent[t] += r.bytes
+        if self.keep_ops:
+            self.ops.extend(records)
+
+    def records(self, t0: float) -> tuple[list[StepRecord], list[CommOpRecord]]:
+        """Step records and (with ``keep_ops``) operation records, times relative to ``t0``."""
+        name, rank = self.algorithm.name, self.comm.rank
+        kept = [CommOpRecord(name, rank, r.op, r.post_s - t0, r.start_s - t0, r.end_s - t0, r.bytes)
+                for r in self.ops] if self.keep_ops else []
+        make = StepRecord._make  # the tuple's own constructor: thousands of simulated ranks make millions
+        sent = self.sent
+        steps = [make((name, rank, t, start - t0, end - t0, compute, delay, blocked, loss, sent[t], staleness))
+                 for t, (start, end, compute, delay, blocked, loss, staleness) in enumerate(self.rows)]
+        return steps, kept
+
+
 def train(
     scenario: Scenario,
     algorithm: Algorithm,
@@ -73,63 +169,20 @@ def train(
     """
     w = scenario.workload
     iterations, eval_every = w.iterations, w.eval_every
-    rank, name = comm.rank, algorithm.name
-    beat = heartbeat if heartbeat is not None else Heartbeat(None, rank)
-    now = work.now
-    rows: list[tuple] = []  # per iteration: start, end, compute, delay, blocked, loss, staleness
-    starts: list[float] = []  # per iteration: start (for attributing records by post time)
-    sent: list[int] = []  # per iteration: bytes_sent
+    loop = Iterations(algorithm, comm, work.now, heartbeat, faults, keep_ops)
+    beat, now = loop.beat, work.now
     evals: list[EvalRecord] = []
-    ops = []  # the records, kept only with keep_ops
-
-    def collect(records) -> None:
-        """Count each finished operation in the iteration that posted it; keep it if asked."""
-        for r in records:
-            t = _posting_iteration(r, starts, rows)
-            if t >= 0:
-                sent[t] += r.bytes
-        if keep_ops:
-            ops.extend(records)
-    comm.drain_records()
-    # Hooks the algorithm does not override are skipped (thousands of simulated ranks run this).
-    hooks = [getattr(algorithm, h) if getattr(type(algorithm), h) is not getattr(Algorithm, h) else None
-             for h in _HOOKS]
-    before_forward, after_backward, after_step, end_iteration = hooks
-
-    def hook(fn, t: int) -> float:
-        h0 = now()
-        beat.phase(Phase.COMMUNICATING)
-        fn(t)
-        beat.phase(Phase.LOCAL)
-        return now() - h0
-
-    begin_iteration = getattr(comm, "begin_iteration", None)  # a call log (harness.comm.call_log) wants t
     for t in range(iterations):
-        if begin_iteration is not None:
-            begin_iteration(t)
-        beat.iteration(t)
-        if faults:
-            faults.at_iteration(name, t)
         delay, factor = work.injected(t)
-        start = now()
-        blocked = hook(before_forward, t) if before_forward else 0.0
+        loop.begin(t)
         if delay > 0:
             beat.expect(delay)
             work.sleep(delay)
         compute, loss = work.gradient(t, factor)
-        if after_backward:
-            blocked += hook(after_backward, t)
+        loop.after_backward(t)
         compute += work.step(t, factor, compute)
-        if after_step:
-            blocked += hook(after_step, t)
-        if end_iteration:
-            blocked += hook(end_iteration, t)
-        end = now()
-        beat.iteration_done(end - start)
-        rows.append((start, end, compute, delay, blocked, loss, int(algorithm.staleness)))
-        starts.append(start)
-        sent.append(0)
-        collect(comm.drain_records())
+        loop.after_step(t)
+        loop.end(t, compute, delay, loss)
         if progress is not None:
             progress(t)
         if (t + 1) % eval_every == 0 and t + 1 < iterations:
@@ -137,18 +190,10 @@ def train(
             evals += work.evaluate(t + 1, now() - t0, algorithm.eval_params(), False)
         else:
             work.between(t)
-    if begin_iteration is not None:
-        begin_iteration(None)  # finish() belongs to no iteration
-    beat.phase(Phase.COMMUNICATING)
-    algorithm.finish()
-    collect(comm.drain_records())
+    loop.finish()
     beat.stage(Phase.EVALUATING)
     evals += work.evaluate(iterations, now() - t0, algorithm.eval_params(), True)
-    kept = [CommOpRecord(name, rank, r.op, r.post_s - t0, r.start_s - t0, r.end_s - t0, r.bytes) for r in ops] \
-        if keep_ops else []
-    make = StepRecord._make  # the tuple's own constructor: thousands of simulated ranks make millions
-    steps = [make((name, rank, t, start - t0, end - t0, compute, delay, blocked, loss, sent[t], staleness))
-             for t, (start, end, compute, delay, blocked, loss, staleness) in enumerate(rows)]
+    steps, kept = loop.records(t0)
     return steps, evals, kept
 
 

@@ -61,9 +61,10 @@ def _train_all(world, run, scenario, faults, beat) -> None:
     from harness.runner.heartbeat import Phase
     from harness.runner.local_work import LocalWork
     from harness.runner.loop import train
+    from harness.runner.report import gather, publish, write_summary
     from harness.runner.workload_state import build_state, warm_up_torch
     from harness.scenario.network import link_table
-    from harness.workload import configure_torch_threads, load_dataset, shard_indices
+    from harness.workload import configure_torch_threads, scenario_dataset, shard_indices
 
     rank = world.rank
     on_host = local_rank(world)
@@ -77,7 +78,7 @@ def _train_all(world, run, scenario, faults, beat) -> None:
     eval_comm = Communicator(world)
     comm.set_links(Link(l.src, l.dst, l.latency_s, l.bandwidth_bytes_per_s) for l in link_table(scenario))
     plan = InjectionPlan.from_scenario(scenario)
-    dataset = dataset_on(load_dataset(scenario.workload.dataset, scenario.seed), device)
+    dataset = dataset_on(scenario_dataset(scenario), device)
 
     provenance = ProvenanceWriter(run.path / PROVENANCE_DIR, provenance_level(scenario))
     if provenance.keeps_anything:
@@ -105,10 +106,10 @@ def _train_all(world, run, scenario, faults, beat) -> None:
         if bar:
             bar.close()
         beat.stage(Phase.RESULTS)
-        steps, evals, ops = (world.gather(x, root=0) for x in (steps, evals, ops))
+        steps, evals, ops = (gather(world, x) for x in (steps, evals, ops))
         calls = None
         if log is not None:  # every rank has the same scenario: all gather, or none
-            calls = world.gather([CommCallRecord(params.name, rank, *c) for c in log.calls], root=0)
+            calls = gather(world, [CommCallRecord(params.name, rank, *c) for c in log.calls])
         average = finals = None
         if provenance.keeps_anything:
             final = algorithm.eval_params().detach().clone()
@@ -118,22 +119,12 @@ def _train_all(world, run, scenario, faults, beat) -> None:
             average = final.clone()
             eval_comm.allreduce(average, op="mean")
         if rank == 0:
-            run.append_algorithm(params.name, [s for r in steps for s in r], [e for r in evals for e in r],
-                                 [o for r in ops for o in r])
-            if calls is not None:
-                run.append_comm_calls(params.name, [c for r in calls for c in r])
             provenance.write_final(params.name, average, torch.stack(finals) if finals is not None else None)
             finished.append(params.name)
-            run.write_summary(scenario.workload.batch_size, scenario.workload.iterations, ranks=scenario.ranks,
-                              target_accuracy=scenario.results.target_accuracy)
-            run.write_trace()
-            done = len(finished) == len(scenario.algorithms)
-            run.write_run_json("complete" if done else "incomplete", finished, ranks=scenario.ranks, hosts=hosts,
-                               extra={**placement, "provenance": provenance.keep,
-                                      **scenario_facts(scenario)})
+            publish(run, scenario, params.name, steps, evals, ops, calls, finished, hosts=hosts,
+                    extra={**placement, "provenance": provenance.keep, **scenario_facts(scenario)})
     if rank == 0:
-        print(format_table(run.write_summary(scenario.workload.batch_size, scenario.workload.iterations,
-                                             ranks=scenario.ranks, target_accuracy=scenario.results.target_accuracy)))
+        print(format_table(write_summary(run, scenario)))
         print(provenance.report())
         print(f"results: {run.path}")
     eval_comm.close()

@@ -1,0 +1,159 @@
+"""``python -m harness launch -n N [--scenario FILE] SCRIPT [ARGS]``: start your own training script.
+
+Starts ``python SCRIPT ARGS`` on N ranks with the venv's mpiexec and watches them as ``run``
+watches its own (a rank that dies, raises or stops making progress ends the job, named). The
+script uses ``harness.api`` (README, "Your own model, data, loop or algorithm").
+
+With ``--scenario FILE`` the scenario's imbalance, slow links and faults are injected into the
+script, and the script runs once per algorithm the scenario lists (``--only`` picks some), all
+into one results directory created here (``--out``, default results/): the same schema as
+``run`` writes, so ``compare`` and ``figures`` work on it. Without a scenario the script runs
+once, with the algorithm and settings it gives ``harness.api.Run`` itself, and writes its own
+results directory.
+
+Exit status: 0 done, 1 the job failed (finished algorithms are kept), 2 bad input (nothing is
+written or started), 130 interrupted.
+
+Example::
+
+    python -m harness launch -n 4 --scenario examples/own_training_script/scenario.yaml \\
+        examples/own_training_script/train.py --epochs 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from harness.arguments import algorithm_list
+    from harness.commands.run import add_launch_arguments
+
+    p = sub.add_parser("launch", help="start your own training script (harness.api) on MPI ranks, watched",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("-n", "--ranks", type=int, help="rank count (default: the scenario's)")
+    p.add_argument("--scenario", help="scenario YAML: injected imbalance, links, faults; one run per algorithm")
+    p.add_argument("--only", type=algorithm_list, metavar="A[,B...]", help="a subset of the scenario's algorithms")
+    p.add_argument("--out", default="results", help="results root (default: results/)")
+    add_launch_arguments(p)
+    p.add_argument("script", help="your training script (Python file)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness.launch import Launch, LaunchError
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    script = Path(args.script)
+    if not script.is_file():
+        raise LaunchError(f"{script}: no such script")
+    scenario = _scenario(args) if args.scenario else None
+    ranks = args.ranks if args.ranks is not None else (scenario.ranks if scenario else None)
+    if ranks is None:
+        raise LaunchError("give the rank count (-n N) or a --scenario that has one")
+    if ranks < 1:
+        raise LaunchError(f"-n must be >= 1 (got {ranks})")
+    if scenario is not None and ranks != scenario.ranks:
+        raise LaunchError(f"-n {ranks}, but the scenario {args.scenario} has {scenario.ranks} ranks: give one of them")
+    launch = Launch.choose(args.launcher, args.hosts)
+    argv = [sys.executable, str(script), *args.args]
+    if scenario is None:
+        watched = SimpleNamespace(name=script.stem, watchdog=_default_watchdog(), faults=[],
+                                  algorithms=[SimpleNamespace(name=script.stem)])
+        return _start(watched, ranks, argv, launch, env={}, what=f"{script}")
+    run_dir = _create_run_dir(scenario, args.out, script.name)
+    print(f"{scenario.name}: {ranks} ranks, {script} once per algorithm ({len(scenario.algorithms)}) -> {run_dir}",
+          file=sys.stderr)
+    from harness.api.session import ENV_ALGORITHM, ENV_RUN_DIR
+
+    for params in scenario.algorithms:
+        env = {ENV_RUN_DIR: str(run_dir), ENV_ALGORITHM: params.name}
+        status = _start(scenario, ranks, argv, launch, env=env, what=f"{script} with {params.name}")
+        if status != 0:
+            _mark_stopped(run_dir, status)
+            return status
+    return 0
+
+
+def _scenario(args: argparse.Namespace):
+    from harness.device import scenario_device_problem
+    from harness.scenario import ScenarioError, load_scenario_with_notes
+
+    overrides = {"only": args.only} if args.only else None
+    scenario, notes = load_scenario_with_notes(args.scenario, overrides=overrides)
+    problem = scenario_device_problem(scenario)
+    if problem is not None:
+        raise ScenarioError(f"{args.scenario}: {problem}")
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    return scenario
+
+
+def _default_watchdog():
+    from harness.scenario.schema import Watchdog
+
+    return Watchdog()
+
+
+def _create_run_dir(scenario, out: str, script: str) -> Path:
+    from harness.algorithms import scenario_facts
+    from harness.results.records import RunDirectory
+
+    run_dir = RunDirectory.create(out, scenario.name)
+    run_dir.write_resolved_scenario(scenario.resolved_dict())
+    run_dir.write_run_json("incomplete", [], ranks=scenario.ranks, extra={"script": script, **scenario_facts(scenario)})
+    return run_dir.path
+
+
+def _start(scenario, ranks: int, argv: list[str], launch, env: dict, what: str) -> int:
+    """Run ``argv`` on ``ranks`` ranks, watched when they all run here; the exit status."""
+    from harness.launch import LaunchError, start_ranks, stop_job
+    from harness.runner import heartbeat
+    from harness.runner.watchdog import Watchdog, supervise
+
+    base = {k: v for k, v in os.environ.items() if k != heartbeat.ENV_VAR}
+    previous = {sig: signal.signal(sig, signal.default_int_handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    proc = None
+    try:
+        if launch.single_host():
+            with heartbeat.temporary_table(ranks) as (table_path, table):
+                proc = start_ranks(ranks, argv, env={**base, **env, heartbeat.ENV_VAR: table_path}, launch=launch)
+                rc, verdict = supervise(proc, table, Watchdog(scenario, time.monotonic()), stop_job)
+        else:
+            print("note: ranks on several hosts: the watchdog is off", file=sys.stderr)
+            proc = start_ranks(ranks, argv, env={**base, **env}, launch=launch)
+            rc, verdict = proc.wait(), None
+    except LaunchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)
+        if proc is not None and proc.poll() is None:
+            stop_job(proc, None)
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if rc == 0:
+        return 0
+    why = verdict.message if verdict is not None else f"the ranks exited with status {rc}"
+    print(f"\nerror: {what}: {why}\nstopped all ranks", file=sys.stderr)
+    return 1
+
+
+def _mark_stopped(run_dir: Path, status: int) -> None:
+    from harness.results.records import RunDirectory
+
+    run = RunDirectory.open(run_dir)
+    run.update_run_json("failed" if status != 130 else "incomplete",
+                        {"stopped": "interrupted" if status == 130 else "a rank failed"})
+    print(f"finished algorithms are kept in {run_dir} (run.json says which)", file=sys.stderr)

@@ -86,7 +86,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         comm = run.comm if self.call_log is None else self.call_log
         self.ctx = AlgorithmContext(comm, self.staging.host_params, self.staging.host_grads, self._lr(), s.seed)
         self.algorithm = algorithm_class(run.algorithm)(run.algorithm_params, self.ctx)
-        self.loop = Iterations(self.algorithm, comm, time.monotonic, run.beat, run.faults)
         self.evals: list = []
         self.t = 0  # the iteration under way (or next)
         self._began = self._backward = self._synchronized = self._finished = False
@@ -99,6 +98,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         run.optimizer = self
         run.comm.barrier()
         self.t0 = time.monotonic()  # common origin: every rank leaves the barrier at about the same time
+        self.loop = Iterations(self.algorithm, comm, time.monotonic, run.beat, run.faults)  # drops set-up records
 
     # -- what torch.optim users expect ---------------------------------------------------------
     @property

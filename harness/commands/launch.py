@@ -37,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("launch", help="start your own training script (harness.api) on MPI ranks, watched",
                        description=__doc__.splitlines()[0])
-    p.add_argument("-n", "--ranks", type=int, help="rank count (default: the scenario's)")
+    p.add_argument("-n", "--ranks", type=int, help="rank count (default: the scenario's, which this overrides)")
+    p.add_argument("--iterations", type=int, help="override the scenario's iterations per algorithm")
     p.add_argument("--scenario", help="scenario YAML: injected imbalance, links, faults; one run per algorithm")
     p.add_argument("--only", type=algorithm_list, metavar="A[,B...]", help="a subset of the scenario's algorithms")
     p.add_argument("--out", default="results", help="results root (default: results/)")
@@ -54,14 +55,14 @@ def run(args: argparse.Namespace) -> int:
     script = Path(args.script)
     if not script.is_file():
         raise LaunchError(f"{script}: no such script")
+    if args.scenario is None and (args.only or args.iterations is not None):
+        raise LaunchError("--only and --iterations pick from a scenario: give --scenario FILE")
     scenario = _scenario(args) if args.scenario else None
     ranks = args.ranks if args.ranks is not None else (scenario.ranks if scenario else None)
     if ranks is None:
         raise LaunchError("give the rank count (-n N) or a --scenario that has one")
     if ranks < 1:
         raise LaunchError(f"-n must be >= 1 (got {ranks})")
-    if scenario is not None and ranks != scenario.ranks:
-        raise LaunchError(f"-n {ranks}, but the scenario {args.scenario} has {scenario.ranks} ranks: give one of them")
     launch = Launch.choose(args.launcher, args.hosts)
     argv = [sys.executable, str(script), *args.args]
     if scenario is None:
@@ -86,7 +87,7 @@ def _scenario(args: argparse.Namespace):
     from harness.device import scenario_device_problem
     from harness.scenario import ScenarioError, load_scenario_with_notes
 
-    overrides = {"only": args.only} if args.only else None
+    overrides = {"only": args.only, "ranks": args.ranks, "iterations": args.iterations}
     scenario, notes = load_scenario_with_notes(args.scenario, overrides=overrides)
     problem = scenario_device_problem(scenario)
     if problem is not None:

@@ -1,0 +1,145 @@
+"""harness.api (your own training script) and ``python -m harness launch``.
+
+The API's behaviour on every rank is checked under real mpiexec (tests/mpi/api_checks.py) with
+1, 2 and 3 ranks; the command line, the watchdog and the examples as a user runs them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import REPO, assert_check, check_names, harness_cli, report_cache
+
+SCRIPT = "api_checks.py"
+EXAMPLE = REPO / "examples" / "own_training_script"
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    return report_cache(SCRIPT, tmp_path_factory)
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+@pytest.mark.parametrize("name", check_names(SCRIPT))
+def test_api_on_ranks(report, name, ranks):
+    assert_check(report(ranks), name)
+
+
+TINY_SCRIPT = '''
+import sys
+import torch
+import harness.api as hx
+
+with hx.Run(algorithm="dpsgd", iterations=int(sys.argv[1]), batch_size=8) as run:
+    model = torch.nn.Linear(4, 2)
+    opt = hx.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01), model)
+    for t in range(run.iterations):
+        opt.zero_grad()
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        loss.backward()
+        opt.step(loss=loss)
+'''
+
+
+def scenario(tmp_path: Path, **extra) -> Path:
+    data = {"name": "tiny", "ranks": 3, "workload": {"batch_size": 8, "iterations": 8},
+            "algorithms": ["allreduce_sgd", "dpsgd"], **extra}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_launch_runs_the_script_once_per_algorithm(tmp_path):
+    (tmp_path / "train.py").write_text(TINY_SCRIPT)
+    proc = harness_cli("launch", "--scenario", str(scenario(tmp_path)), "--out", str(tmp_path / "out"),
+                       str(tmp_path / "train.py"), "99")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = (tmp_path / "out" / "tiny").iterdir()
+    steps = pd.read_csv(run / "steps.csv")
+    assert sorted(steps["algorithm"].unique()) == ["allreduce_sgd", "dpsgd"]
+    assert len(steps) == 2 * 3 * 8  # the scenario's iterations, not the script's 99
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["status"] == "complete" and meta["script"] == "train.py"
+    assert meta["script_workload"]["params"] == 10 and "Adam" in meta["script_workload"]["optimizer"]
+    recorded = yaml.safe_load((run / "scenario.resolved.yaml").read_text())["workload"]
+    assert recorded["params"] == 10 and recorded["compute"]["emulate_ms"] > 0
+    # The recorded scenario simulates (what compare does with it).
+    sim = harness_cli("simulate", str(run / "scenario.resolved.yaml"), "--out", str(tmp_path / "sim"))
+    assert sim.returncode == 0, sim.stderr[-3000:]
+
+
+def test_plain_mpiexec_without_scenario_writes_its_own_results(tmp_path):
+    from harness.launch import mpiexec_path
+
+    (tmp_path / "train.py").write_text(TINY_SCRIPT)
+    import subprocess
+    import sys
+
+    proc = subprocess.run([str(mpiexec_path()), "-n", "2", sys.executable, "train.py", "5"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = (tmp_path / "results" / "train").iterdir()
+    assert len(pd.read_csv(run / "steps.csv")) == 2 * 5
+    assert json.loads((run / "run.json").read_text())["status"] == "complete"
+
+
+def test_launch_names_a_killed_rank(tmp_path):
+    (tmp_path / "train.py").write_text(TINY_SCRIPT)
+    path = scenario(tmp_path, faults=[{"kind": "kill", "rank": 1, "at_iteration": 3, "algorithm": "dpsgd"}])
+    proc = harness_cli("launch", "--scenario", str(path), "--out", str(tmp_path / "out"), str(tmp_path / "train.py"),
+                       "8")
+    assert proc.returncode == 1
+    assert "rank 1" in proc.stderr and "dpsgd" in proc.stderr, proc.stderr[-3000:]
+    (run,) = (tmp_path / "out" / "tiny").iterdir()
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["finished_algorithms"] == ["allreduce_sgd"] and meta["status"] == "failed"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["launch", "missing.py"], "no such script"),
+    (["launch", "{script}"], "-n N"),
+    (["launch", "--scenario", "{bad}", "{script}"], "algorithms[0].name"),
+    (["launch", "-n", "2", "--only", "sgp", "{script}"], "--scenario"),
+])
+def test_launch_bad_input_starts_nothing(tmp_path, args, words):
+    (tmp_path / "train.py").write_text(TINY_SCRIPT)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"name": "bad", "ranks": 2, "workload": {"batch_size": 1, "iterations": 1},
+                                   "algorithms": ["nope"]}))
+    args = [a.format(script=tmp_path / "train.py", bad=bad) for a in args]
+    proc = harness_cli(args[0], "--out", str(tmp_path / "out"), *args[1:], cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert words in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_run_refuses_a_script_scenario(tmp_path):
+    proc = harness_cli("run", str(scenario(tmp_path)), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2 and "harness launch" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_example_training_script_launches_and_compares(tmp_path):
+    """Example 2 of the README as a user runs it (smaller): launch under its scenario, then compare."""
+    from harness.sim.calibration import Calibration, CalibrationEntry, NetworkModel, save_calibration
+
+    proc = harness_cli("launch", "-n", "3", "--iterations", "12", "--scenario", str(EXAMPLE / "scenario.yaml"),
+                       "--out", str(tmp_path / "out"), str(EXAMPLE / "train.py"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = (tmp_path / "out" / "own_training_script").iterdir()
+    summary = pd.read_csv(run / "summary.csv")
+    assert list(summary["algorithm"]) == ["allreduce_sgd", "wagma"]
+    assert (summary["final_accuracy"] > 0.3).all(), summary
+    calibration = tmp_path / "calibration.json"
+    save_calibration(Calibration(created_at="2026-01-01T00:00:00+00:00", harness_version="test", cpus=2, entries=[
+        CalibrationEntry(ranks=3, network=NetworkModel(latency_s=3e-4, bandwidth_bytes_per_s=1e9), compute=[])]),
+        calibration)
+    compare = harness_cli("compare", str(run), "--calibration", str(calibration))
+    assert compare.returncode == 0, compare.stderr[-3000:]
+    table = pd.read_csv(run / "compare.csv")
+    assert set(table["algorithm"]) == {"allreduce_sgd", "wagma"} and set(table["mode"]) == {"trace", "predictive"}

@@ -77,7 +77,7 @@ def test_plan_from_scenarios_dedupes_workloads_and_skips_emulated():
     plan = plan_from_scenarios(scenarios, quick=True)
     assert [w.key for w in plan.workloads] == [("logreg", "digits", 8), ("logreg", "digits", 16)]
     assert plan.workloads[0].seed == 7 and plan.workloads[0].optimizer["momentum"] == 0.9
-    assert plan.op_models == (("logreg", "digits", 7), ("mlp", "digits", 7))
+    assert [(w.model, w.dataset, w.seed) for w in plan.op_models] == [("logreg", "digits", 7), ("mlp", "digits", 7)]
     assert plan.op_bytes == (4000,)
     assert Plan.from_json(json.loads(json.dumps(plan.with_ranks(3).to_json()))) == plan.with_ranks(3)
 

@@ -36,7 +36,7 @@ def _option(parser: argparse.ArgumentParser, flag: str) -> argparse.Action | Non
 def test_every_only_option_takes_a_comma_list() -> None:
     commands = {path: _option(p, "--only") for path, p in _parsers(build_parser())}
     commands = {" ".join(path): action for path, action in commands.items() if action is not None}
-    assert set(commands) == {"run", "validate", "sbatch", "simulate", "figures"}
+    assert set(commands) == {"run", "launch", "validate", "sbatch", "simulate", "figures"}
     for name, action in commands.items():
         assert action.nargs is None, f"{name} --only must be one comma-separated argument"
         assert action.type("sgp,wagma") == ["sgp", "wagma"], name

@@ -10,7 +10,7 @@ import copy
 import math
 import random
 from pathlib import Path
-from typing import Any, Callable, get_args
+from typing import Any, Callable
 
 import pytest
 import yaml
@@ -18,7 +18,6 @@ import yaml
 from harness.cli import main
 from harness.scenario import Scenario, ScenarioError, load_scenario, load_scenario_with_notes, read_yaml
 from harness.scenario import scenario_from_dict
-from harness.scenario import schema
 from harness.scenario.network import Link, link_table
 
 try:
@@ -90,19 +89,21 @@ def test_minimal_file_gets_the_defaults() -> None:
     assert s.workload.params is None
     assert s.workload.device == "cpu"
     assert s.workload.eval_every == 2  # max(1, iterations // 6) with 12 iterations
-    assert s.optimizer.model_dump() == {"lr": 0.05, "momentum": 0.9, "nesterov": False, "weight_decay": 1e-4}
+    assert s.optimizer.model_dump() == {"name": "sgd", "lr": 0.05, "momentum": 0.9, "nesterov": False,
+                                        "weight_decay": 1e-4}
     assert s.imbalance == []
     assert link_table(s) == []
 
 
-def test_every_scenario_model_and_dataset_can_be_built() -> None:
-    # The workload package takes its names from the schema; each one needs a builder / loader.
-    pytest.importorskip("torch")
-    from harness.workload import data, models
+def test_every_built_in_model_and_dataset_can_be_built() -> None:
+    # The schema takes the built-in names from harness.workload.names; each one must resolve.
+    torch = pytest.importorskip("torch")
+    from harness.workload import build_model, load_dataset, names
 
-    assert set(get_args(schema.Model)) <= set(models._BUILDERS)
-    for name in get_args(schema.Dataset):
-        assert data.load_dataset(name, seed=0).num_train > 0
+    for name in names.DATASETS:
+        assert load_dataset(name, seed=0).num_train > 0
+    for name in names.MODELS:
+        assert isinstance(build_model(name, (1, 8, 8), 10, seed=0), torch.nn.Module)
 
 
 def test_algorithm_entries_get_their_default_params() -> None:
@@ -158,7 +159,8 @@ def test_all_errors_each_on_its_own_line() -> None:
         scenario_from_dict(doc, source="x.yaml")
     assert str(info.value).splitlines() == [
         "x.yaml: ranks: must be >= 1 (got 0)",
-        "x.yaml: workload.dataset: must be 'mnist5k', 'digits' or 'synthetic' (got 'cifar')",
+        "x.yaml: workload.dataset: unknown dataset (built-in: mnist5k, digits, synthetic; or your own as "
+        "'module:callable') (got 'cifar')",
         "x.yaml: workload.batch_size: must be >= 1 (got -1)",
     ]
 

@@ -3,6 +3,11 @@
 ``harness.algorithms.registry`` holds the registrations (scenario name, parameter model,
 class, figure label and colour); parameters are validated by each algorithm's model in
 ``harness.algorithms.params``. Classes are imported on use, so listing names stays cheap.
+
+A module with an algorithm of the user's own imports what it needs from here alone (the
+contract is in ``harness.algorithms.base``)::
+
+    from harness.algorithms import Algorithm, AlgorithmContext, AlgorithmParams, PositiveInt
 """
 
 from __future__ import annotations
@@ -10,11 +15,19 @@ from __future__ import annotations
 from typing import Any
 
 from harness.algorithms.base import Algorithm, AlgorithmContext
+from harness.algorithms.params import AlgorithmParams
 from harness.algorithms.registry import Registration, algorithm_class, names, params_model, register, registration
+from harness.config import NonNegativeFloat, NonNegativeInt, ParamError, PositiveFloat, PositiveInt
 
 __all__ = [
     "Algorithm",
     "AlgorithmContext",
+    "AlgorithmParams",
+    "NonNegativeFloat",
+    "NonNegativeInt",
+    "ParamError",
+    "PositiveFloat",
+    "PositiveInt",
     "Registration",
     "algorithm_class",
     "names",

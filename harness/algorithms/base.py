@@ -16,6 +16,70 @@ Per iteration t the loop calls, in this order::
 
 and ``finish()`` once after the last iteration (flush what is in flight, close persistent
 operations) before the final evaluation.
+
+The local optimizer (the scenario's ``optimizer:``: momentum SGD, Adam, AdamW or the user's) and
+its state belong to the loop: the context has no optimizer, and no algorithm reads, sends,
+averages or resets its state (momentum, Adam's moments), which stays rank-local, fresh per
+algorithm. Algorithms change ``ctx.params`` in place under it (an average or mix is what the
+next step starts from); gradient averaging hands every rank the same gradient, so the ranks'
+states stay equal. ``ctx.lr`` is the scenario's ``optimizer.lr`` whatever the optimizer; BMUF
+and Overlap Local SGD use it only as the unit of their momentum, so their models do not depend
+on its value (docs/algorithms.md, "Local optimizer state").
+
+Writing one: the public contract
+--------------------------------
+
+An algorithm of your own is one class, imported from ``harness.algorithms`` alone, and named in
+a scenario by reference (``harness.algorithms.user_class``)::
+
+    algorithms:
+      - {name: pga, class: "gossip_pga:GossipPGA", period: 4}   # gossip_pga.py beside the scenario
+
+- Subclass :class:`Algorithm`. Declare the parameters as a class attribute ``Params``, a
+  subclass of :class:`~harness.algorithms.params.AlgorithmParams` (a frozen, strict pydantic
+  model; field types ``PositiveInt``, ``NonNegativeInt``, ``PositiveFloat``, ``NonNegativeFloat``
+  and ``Literal``), with defaults (a field without one must be in every entry), and no ``name``
+  field (the entry's name is filled in, so one class may be listed twice under two names).
+  ``Params.check(ranks)`` raises ``ParamError(field, reason, value)`` for values that cannot
+  work at that rank count. Optional class attributes: ``label`` (figures; default: the entry's
+  name) and ``colour``.
+- ``__init__(self, params, ctx)`` calls ``super().__init__(params, ctx)``, which sets
+  ``self.params``, ``self.ctx`` and ``self.name`` (the entry's name, which results use). It runs
+  on every rank before iteration 0: create buffers and persistent operations (collectives) here.
+- Override the hooks you need (above); every rank runs the same hooks in the same iterations,
+  so collectives match. Set ``self.staleness`` in an iteration where the model used was stale;
+  override :meth:`Algorithm.eval_params` if the deployed model is not ``ctx.params``.
+- The context (:class:`AlgorithmContext`) offers ``comm``, ``params`` and ``grads`` (the flat
+  float32 model and gradient, modified in place), ``lr`` (``optimizer.lr``), ``seed`` (the
+  scenario's), ``rank`` and ``size``.
+- Communicate only through ``ctx.comm`` (never mpi4py, threads or files): it is the native
+  layer's ``harness.comm.Communicator`` on real ranks, a simulated one in the simulator, and a
+  call log when ``results.comm_calls`` is on. An algorithm may use::
+
+      rank, size
+      allreduce(buf, op="sum"|"mean")   iallreduce(buf, op)  -> handle      (in place, all ranks)
+      broadcast(buf, root=0)            ibroadcast(buf, root) -> handle
+      barrier()                         ibarrier() -> handle
+      exchange(send, recv, peer)        iexchange(send, recv, peer) -> handle   (both sides call it)
+      push_channel(count)               -> .send(buf, peers, round=0) -> handle, .drain(out,
+                                           min_messages=0, timeout=None, round=None) -> int,
+                                           .pending(round=None), .flush(), .close(), .count
+      wait_avoiding(initial, phases=, sync_every=, accumulate=False)
+                                        -> .iround(buf, out, may_activate=True) -> handle,
+                                           .round(buf, out, may_activate=True) -> dict, .close()
+      pairwise_averager(initial)        -> .publish(buf), .irequest(buf, out, peer) -> handle,
+                                           .drain(out) -> int, .close()
+      handle.wait(timeout=None), handle.done(), handle.info()  (a wait-avoiding round's)
+
+  (``harness.comm.communicator`` documents each; ``push_channel``, ``wait_avoiding`` and
+  ``pairwise_averager`` are collective, and their ``close()`` too, so call it in ``finish()``.)
+  Buffers are float32 tensors: ``ctx.params``, ``ctx.grads`` or buffers derived from them.
+  ``set_links``, ``drain_records`` and ``close`` of the communicator belong to the harness.
+- The simulator (``simulate``, ``compare``) runs the class's own code on a simulated
+  communicator with no other code; it needs only the two rules of ``harness.sim.standin``:
+  derive every buffer from the model (``torch.empty_like(x)``, ``x.new_empty(n)``,
+  ``x.clone()``, slices; never ``torch.empty(n)``), and never let communication depend on the
+  model's values (which operation, to whom, when to wait), which are 0.0 there.
 """
 
 from __future__ import annotations
@@ -55,13 +119,19 @@ class AlgorithmContext:
 class Algorithm(ABC):
     """Base class: every hook defaults to doing nothing."""
 
-    name: ClassVar[str]
+    #: the algorithm's name in the scenario and in results: ``params.name``, set by ``__init__``
+    #: (the built-in classes also declare theirs as a class attribute)
+    name: str
+    #: figure label and colour of a class named in a scenario (None: the name, a spare colour)
+    label: ClassVar[str | None] = None
+    colour: ClassVar[str | None] = None
     #: staleness of the model this rank used in the current iteration (-1: not applicable)
     staleness: int = -1
 
     def __init__(self, params: AlgorithmParams, ctx: AlgorithmContext) -> None:
         self.params = params
         self.ctx = ctx
+        self.name = params.name if params is not None else type(self).name  # one class may run under several scenario names
 
     def before_forward(self, t: int) -> None:
         """Before the injected delay and the forward pass of iteration t."""

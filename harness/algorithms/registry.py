@@ -9,7 +9,9 @@ colours (``paper_figs.style``) and the families figure 3 draws (``family``).
 Classes given as ``"module:Class"`` are imported on first use, so listing names and validating
 scenarios never import torch. A registration made at run time lives in the process that made
 it: ``python -m harness run`` starts its ranks as new processes, which know the built-in table
-and whatever the modules they import register.
+and whatever the modules they import register. A scenario entry naming the user's class
+(``{name: pga, class: "gossip_pga:GossipPGA"}``, ``harness.algorithms.user_class``) registers it
+in every process that loads the scenario, the ranks included.
 
 Example::
 
@@ -144,6 +146,11 @@ def names() -> list[str]:
     return list(_REGISTRATIONS)
 
 
+def valid_name(name: object) -> bool:
+    """Whether ``name`` can name an algorithm: a letter, then letters, digits and '_'."""
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None
+
+
 def registration(name: str) -> Registration:
     """The registration of ``name``; the error lists the registered names."""
     entry = _REGISTRATIONS.get(name)
@@ -201,7 +208,7 @@ def _spare_colour() -> str:
 def _add(entry: Registration) -> None:
     """Check ``entry`` (a ValueError names the bad field) and store it."""
     name = entry.name
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
+    if not valid_name(name):
         raise ValueError(f"algorithm name must be a letter, then letters, digits and '_' (got {name!r})")
     if name in _REGISTRATIONS:
         raise ValueError(f"algorithm {name!r} is already registered (class {_REGISTRATIONS[name].cls}); "

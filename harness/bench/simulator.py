@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     entry = CalibrationEntry(ranks=scenario.ranks, network=DEFAULT_NETWORK)
     delays, factors = injection_arrays(scenario)
     timing = PredictiveTiming(scenario, entry, factors)
-    communicated_floats(scenario.workload)  # sizing the model once (meta device) is not the simulator's speed
+    communicated_floats(scenario)  # sizing the model once (meta device) is not the simulator's speed
     table = []
     for params in scenario.algorithms:
         rows = []

@@ -74,32 +74,62 @@ QUICK = Effort(p2p_reps=20, rounds=2, op_reps=10, warmup=3, byte_budget=16 * MIB
 
 @dataclass(frozen=True)
 class Workload:
-    """One real-compute workload to time: what a rank trains, with the scenario's seed and optimizer."""
+    """One real-compute workload to time: what a rank trains, with the scenario's seed, optimizer
+    and python_path (where the modules of a model or dataset given as ``"module:callable"`` are)."""
 
     model: str
     dataset: str
     batch_size: int
     seed: int = 0
     optimizer: dict[str, Any] = field(default_factory=dict)  # Optimizer fields; {} = defaults
+    model_args: dict[str, Any] = field(default_factory=dict)
+    dataset_args: dict[str, Any] = field(default_factory=dict)
+    num_classes: int | None = None
+    python_path: tuple[str, ...] = ()
+
+    @classmethod
+    def of_scenario(cls, scenario: Any) -> Workload:
+        """The workload of a ``harness.scenario.Scenario``."""
+        w = scenario.workload
+        return cls(w.model, w.dataset, w.batch_size, scenario.seed, scenario.optimizer.model_dump(),
+                   dict(w.model_args), dict(w.dataset_args), w.num_classes, tuple(scenario.python_path))
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Workload:
+        return cls(**{**data, "python_path": tuple(data.get("python_path", ()))})
+
+    @property
+    def labels(self) -> tuple[str, str]:
+        """(model, dataset) as the calibration file names them: the scenario's values, with their
+        arguments in call form when there are any (``harness.workload.names.workload_labels``)."""
+        from harness.workload.names import workload_labels  # noqa: PLC0415  (no torch)
+
+        return workload_labels(self)
 
     @property
     def key(self) -> tuple[str, str, int]:
-        return self.model, self.dataset, self.batch_size
+        return (*self.labels, self.batch_size)
+
+    def scenario_fields(self) -> dict[str, Any]:
+        """The scenario's ``workload`` keys that say what is trained (no iterations or compute)."""
+        fields: dict[str, Any] = {"model": self.model, "dataset": self.dataset, "batch_size": self.batch_size}
+        extra = {"model_args": self.model_args, "dataset_args": self.dataset_args, "num_classes": self.num_classes}
+        return {**fields, **{k: v for k, v in extra.items() if v}}
 
 
 @dataclass(frozen=True)
 class Plan:
     """Everything one calibration job measures; serialized as the worker's JSON spec.
 
-    ``op_models`` are (model, dataset, seed) whose parameter count (times 4 bytes) is added to
-    the allreduce sizes by the worker, which can build models; ``op_bytes`` are sizes known
-    without building one (emulated compute with an explicit ``params``).
+    ``op_models`` are workloads whose model's parameter count (times 4 bytes) is added to the
+    allreduce sizes by the worker, which can build models; ``op_bytes`` are sizes known without
+    building one (emulated compute with an explicit ``params``).
     """
 
     ranks: int
     quick: bool = False
     workloads: tuple[Workload, ...] = ()
-    op_models: tuple[tuple[str, str, int], ...] = ()
+    op_models: tuple[Workload, ...] = ()
     op_bytes: tuple[int, ...] = ()
 
     @property
@@ -117,8 +147,8 @@ class Plan:
         return cls(
             ranks=int(data["ranks"]),
             quick=bool(data["quick"]),
-            workloads=tuple(Workload(**w) for w in data["workloads"]),
-            op_models=tuple((str(m), str(d), int(s)) for m, d, s in data["op_models"]),
+            workloads=tuple(Workload.from_json(w) for w in data["workloads"]),
+            op_models=tuple(Workload.from_json(w) for w in data["op_models"]),
             op_bytes=tuple(int(b) for b in data["op_bytes"]),
         )
 
@@ -131,15 +161,15 @@ def plan_from_scenarios(scenarios: Iterable[Any], quick: bool = False) -> Plan:
     workload, only their communicated size to the allreduce sizes. ``ranks`` is left 0.
     """
     workloads: dict[tuple[str, str, int], Workload] = {}
-    op_models: dict[tuple[str, str], tuple[str, str, int]] = {}
+    op_models: dict[tuple[str, str], Workload] = {}
     op_bytes: set[int] = set()
     for s in scenarios:
         w = s.workload
+        wl = Workload.of_scenario(s)
         if w.compute == "real":
-            wl = Workload(w.model, w.dataset, w.batch_size, s.seed, s.optimizer.model_dump())
             workloads.setdefault(wl.key, wl)
         if w.compute == "real" or w.params is None:
-            op_models.setdefault((w.model, w.dataset), (w.model, w.dataset, s.seed))
+            op_models.setdefault(wl.labels, wl)
         else:
             op_bytes.add(4 * w.params)
     return Plan(0, quick, tuple(workloads.values()), tuple(op_models.values()), tuple(sorted(op_bytes)))

@@ -48,6 +48,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -152,14 +153,26 @@ def measure_ops(comm: Any, world: Any, effort: measure.Effort, sizes: list[int])
 
 # -- 3-5. the training loop -----------------------------------------------------------------------
 def _scenario(ranks: int, seed: int, workload: dict[str, Any], iterations: int, optimizer: dict[str, Any],
-              algorithm: str | dict[str, Any] = "allreduce_sgd") -> Any:
+              algorithm: str | dict[str, Any] = "allreduce_sgd", python_path: Sequence[str] = ()) -> Any:
     from harness.scenario import scenario_from_dict  # noqa: PLC0415
 
     return scenario_from_dict({
-        "name": "calibrate", "ranks": ranks, "seed": seed,
+        "name": "calibrate", "ranks": ranks, "seed": seed, "python_path": list(python_path),
         "workload": {**workload, "iterations": iterations, "eval_every": iterations},
         "optimizer": optimizer, "algorithms": [algorithm],
     }, source="<calibration>")
+
+
+def _workload_scenario(ranks: int, workload: Workload, iterations: int = 1,
+                       algorithm: str | dict[str, Any] = "allreduce_sgd") -> Any:
+    """A scenario training ``workload`` (with its seed, optimizer and python_path)."""
+    return _scenario(ranks, workload.seed, workload.scenario_fields(), iterations, workload.optimizer, algorithm,
+                     workload.python_path)
+
+
+def _data_key(workload: Workload) -> tuple[Any, ...]:
+    """Workloads that train on the same data share one loaded dataset."""
+    return workload.labels[1], workload.seed, workload.num_classes, workload.python_path
 
 
 def _run_loop(comm: Any, scenario: Any, state: Any) -> list[float]:
@@ -187,21 +200,21 @@ def measure_compute(comm: Any, world: Any, effort: measure.Effort, workload: Wor
     from harness.runner.workload_state import build_state  # noqa: PLC0415
     from harness.sim.calibration import ComputePoint  # noqa: PLC0415
 
-    spec = {"model": workload.model, "dataset": workload.dataset, "batch_size": workload.batch_size}
     n = comm.size
-    warm = _scenario(n, workload.seed, spec, effort.compute_warmup + 1, workload.optimizer)
+    warm = _workload_scenario(n, workload, effort.compute_warmup + 1)
     state = build_state(warm, comm.rank, dataset)
     starts = _run_loop(comm, warm, state)
     per_iter = max(measure.iteration_times(starts) or [float("nan")])
     per_iter = world.allreduce(per_iter, op=MPI.MAX)
     iters = measure.timed_iterations(per_iter, effort) + 1  # +1: n iterations give n-1 differences
-    timed = _scenario(n, workload.seed, spec, iters, workload.optimizer)
+    timed = _workload_scenario(n, workload, iters)
     samples = measure.iteration_times(_run_loop(comm, timed, state))
     gathered = world.gather(samples, root=0)
     if comm.rank != 0:
         return None, state
     windows = measure.window_means(gathered)
-    return ComputePoint(model=workload.model, dataset=workload.dataset, batch_size=workload.batch_size,
+    model, data = workload.labels
+    return ComputePoint(model=model, dataset=data, batch_size=workload.batch_size,
                         median_s=measure.median(windows), p95_s=measure.p95(windows),
                         samples=sum(len(g) for g in gathered)), state
 
@@ -222,7 +235,8 @@ def measure_evaluation(comm: Any, world: Any, effort: measure.Effort, workload: 
                 test_metrics(state.model, flat, state.params, state.data)
             if i >= 0:
                 times.append(time.perf_counter() - t0)
-        point = EvalPoint(model=workload.model, dataset=workload.dataset, median_s=measure.median(times))
+        model, data = workload.labels
+        point = EvalPoint(model=model, dataset=data, median_s=measure.median(times))
     quiet_barrier(world)
     return point
 
@@ -266,11 +280,10 @@ def measure_reference_runs(comm: Any, world: Any, effort: measure.Effort, worklo
     from harness.runner.loop import train  # noqa: PLC0415
     from harness.runner.workload_state import build_state  # noqa: PLC0415
 
-    spec = {"model": workload.model, "dataset": workload.dataset, "batch_size": workload.batch_size}
     iterations = max(effort.reference_min_iters, min(200, int(effort.reference_budget_s / max(compute_s, 1e-4))))
     references = []
     for entry in reference_algorithms(comm.size):
-        scenario = _scenario(comm.size, workload.seed, spec, iterations, workload.optimizer, entry)
+        scenario = _workload_scenario(comm.size, workload, iterations, entry)
         state = build_state(scenario, comm.rank, dataset)
         params = scenario.algorithms[0]
         name = params.name
@@ -294,7 +307,7 @@ def run_worker(plan: Plan) -> Any:
     from harness.comm import Communicator  # noqa: PLC0415
     from harness.runner.workload_state import warm_up_torch  # noqa: PLC0415
     from harness.sim.calibration import CalibrationEntry  # noqa: PLC0415
-    from harness.workload import build_model, configure_torch_threads, load_dataset  # noqa: PLC0415
+    from harness.workload import communicated_floats, configure_torch_threads, scenario_dataset  # noqa: PLC0415
 
     world = MPI.COMM_WORLD
     n, rank = world.Get_size(), world.Get_rank()
@@ -307,15 +320,13 @@ def run_worker(plan: Plan) -> Any:
     warm_up_torch()
     # Rank 0 loads the datasets and counts the models' parameters while the others sleep, then
     # sends them: parsing MNIST on every rank at once took most of a job's start-up.
-    datasets: dict[tuple[str, int], Any] = {}
+    datasets: dict[tuple[Any, ...], Any] = {}
     model_bytes: list[int] = []
     if rank == 0:
-        for ds, seed in sorted({(w.dataset, w.seed) for w in plan.workloads} | {(d, s) for _, d, s in plan.op_models}):
-            datasets[ds, seed] = load_dataset(ds, seed)
-        for model, ds, seed in plan.op_models:
-            data = datasets[ds, seed]
-            net = build_model(model, tuple(data.input_shape), data.num_classes, seed)
-            model_bytes.append(4 * sum(p.numel() for p in net.parameters()))
+        for w in plan.workloads:
+            if _data_key(w) not in datasets:
+                datasets[_data_key(w)] = scenario_dataset(_workload_scenario(n, w))
+        model_bytes = [4 * communicated_floats(_workload_scenario(n, w)) for w in plan.op_models]
     quiet_barrier(world)
     datasets, model_bytes = world.bcast((datasets, model_bytes), root=0)
     sizes = measure.allreduce_sizes([*model_bytes, *plan.op_bytes])
@@ -331,12 +342,12 @@ def run_worker(plan: Plan) -> Any:
         compute, evaluation, evaluated = [], [], set()
         for w in plan.workloads:
             t = time.monotonic()
-            point, state = measure_compute(comm, world, effort, w, datasets[w.dataset, w.seed])
+            point, state = measure_compute(comm, world, effort, w, datasets[_data_key(w)])
             compute.append(point)
-            if (w.model, w.dataset) not in evaluated:
-                evaluated.add((w.model, w.dataset))
+            if w.labels not in evaluated:
+                evaluated.add(w.labels)
                 evaluation.append(measure_evaluation(comm, world, effort, w, state))
-            _say(rank, f"[{n} ranks] compute {w.model}/{w.dataset}/b{w.batch_size}: {time.monotonic() - t:.1f} s")
+            _say(rank, f"[{n} ranks] compute {'/'.join(w.labels)}/b{w.batch_size}: {time.monotonic() - t:.1f} s")
         t = time.monotonic()
         overhead = measure_loop_overhead(comm, world, effort)
         _say(rank, f"[{n} ranks] loop overhead: {time.monotonic() - t:.1f} s")
@@ -345,7 +356,7 @@ def run_worker(plan: Plan) -> Any:
             t = time.monotonic()
             w = plan.workloads[0]
             compute_s = world.bcast(compute[0].median_s if rank == 0 else None, root=0)
-            references = measure_reference_runs(comm, world, effort, w, datasets[w.dataset, w.seed], compute_s)
+            references = measure_reference_runs(comm, world, effort, w, datasets[_data_key(w)], compute_s)
             _say(rank, f"[{n} ranks] reference trainings: {time.monotonic() - t:.1f} s")
     finally:
         comm.close()

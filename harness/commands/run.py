@@ -92,6 +92,7 @@ def _run(args: argparse.Namespace) -> int:
     from harness.launch import Launch, inside_mpi_job
     from harness.results import provenance
     from harness.scenario import load_scenario_with_notes
+    from harness.scenario.checks import check_user_code
 
     # A LaunchError or ScenarioError raised before the ranks start is bad input: harness.cli
     # prints it (exit 2), and nothing has been written yet.
@@ -122,9 +123,14 @@ def _run(args: argparse.Namespace) -> int:
         scenario = provenance.resolve(scenario, args.provenance)
         run_dir = None
     source = args.resume or args.scenario
+    if scenario.workload.of_script:
+        return _error(f"{source}: workload: names no model and dataset, so it is a training script's workload: run the "
+                      "script with `python -m harness launch --scenario FILE SCRIPT`, or give workload.model and "
+                      "workload.dataset", 2)
     problem = scenario_device_problem(scenario)
     if problem is not None:
         return _error(f"{source}: {problem}", 2)
+    check_user_code(scenario, source)  # the user's model, dataset...: once, before any rank starts
 
     if in_job is not None:
         return _run_in_place(scenario, args, in_job, run_dir, renamed)
@@ -174,6 +180,9 @@ def _open_for_resume(path: Path):
     meta = json.loads((path / RUN_FILE).read_text(encoding="utf-8"))
     if meta.get("simulated"):
         raise ValueError(f"--resume {path}: a simulated run; run `python -m harness simulate` again instead")
+    if meta.get("script"):
+        raise ValueError(f"--resume {path}: a run of the training script {meta['script']}; start it again with "
+                         "`python -m harness launch --scenario FILE --only ALGORITHMS SCRIPT`")
     if meta.get("ranks") not in (None, scenario.ranks):
         raise ValueError(f"--resume {path}: run.json says {meta.get('ranks')} ranks, the scenario {scenario.ranks}")
     run_dir = RunDirectory.open(path)

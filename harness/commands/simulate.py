@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.algorithms import scenario_notes
     from harness.results.records import SUMMARY_TABLE_FILE
     from harness.scenario import load_scenario_with_notes
+    from harness.scenario.checks import check_user_code
     from harness.sim.runs import DEFAULT_TRACE_RANKS, calibration_entry, new_simulated_run_path, predict
     from harness.sim.runs import write_simulated_run
 
@@ -62,6 +63,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: --trace-ranks must be >= 0 (got {args.trace_ranks})", file=sys.stderr)
         return 2
     scenario, renamed = load_scenario_with_notes(args.scenario, overrides=_overrides(args))
+    if scenario.workload.of_script and scenario.workload.compute == "real":
+        print(f"error: {args.scenario}: workload: a training script's workload (no model and dataset) says neither "
+              "its size nor its compute time: simulate the scenario.resolved.yaml of a `python -m harness launch` "
+              "run of it, or give emulated compute and params", file=sys.stderr)
+        return 2
+    check_user_code(scenario, args.scenario)  # the user's model, dataset...: imported and called
     calibration, calibration_file = load_optional_calibration(args.calibration, scenario.workload.compute == "real")
     entry, note = calibration_entry(scenario, calibration, args.scenario, calibration_file)
     for line in renamed + ([note] if note else []) + scenario_notes(scenario):

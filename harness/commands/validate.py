@@ -2,9 +2,10 @@
 
 Exit status 0 when the file is valid, 2 with one ``error:`` line per problem on stderr otherwise
 (a scenario asking for a device this machine lacks, ``device: cuda`` without a usable GPU, is
-refused too). A valid file's notes go to stderr: old spellings of parameters it uses (e.g.
-``sync_period``, now ``period``) and WAGMA groups that are not of ``group_size`` ranks
-(``AlgorithmParams.notes``).
+refused too, and so is the user's code the scenario names, a ``"module:callable"`` model or
+dataset that does not import or returns the wrong thing: ``harness.scenario.checks``). A valid
+file's notes go to stderr: old spellings of parameters it uses (e.g. ``sync_period``, now
+``period``) and WAGMA groups that are not of ``group_size`` ranks (``AlgorithmParams.notes``).
 
 Example::
 
@@ -20,7 +21,9 @@ from harness.algorithms import scenario_notes
 from harness.arguments import algorithm_list
 from harness.device import scenario_device_problem
 from harness.scenario import Scenario, load_scenario_with_notes
+from harness.scenario.checks import check_user_code
 from harness.scenario.network import link_table
+from harness.workload.names import workload_labels
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"error: {args.file}: {problem}", file=sys.stderr)
         return 2
+    check_user_code(scenario, args.file)  # the user's model, dataset...: imported and called
     print(summary(scenario))
     for note in renamed + scenario_notes(scenario):
         print(f"note: {note}", file=sys.stderr)
@@ -54,9 +58,10 @@ def summary(scenario: Scenario) -> str:
     w = scenario.workload
     injectors = [(s.model_dump(exclude={"kind"}, exclude_defaults=True), s.kind) for s in scenario.imbalance]
     compute = "real compute" if w.compute == "real" else f"emulated compute {w.compute.emulate_ms:g} ms"
+    trained = "the training script's own model and data" if w.model is None else " on ".join(workload_labels(w))
     lines = [
         f"{scenario.name}: {scenario.ranks} ranks, seed {scenario.seed}",
-        f"workload: {w.model} on {w.dataset}, batch {w.batch_size}, {w.iterations} iterations, {compute}",
+        f"workload: {trained}, batch {w.batch_size}, {w.iterations} iterations, {compute}",
         "algorithms:",
         *(f"  {_entry(p.model_dump(exclude={'name'}), p.name)}" for p in scenario.algorithms),
         "imbalance:" if scenario.imbalance else "imbalance: none",

@@ -24,12 +24,14 @@ import numpy as np
 
 from harness.results import atomic
 from harness.scenario.schema import ProvenanceSetting, Scenario
+from harness.workload.names import BUILTIN_DATASET_FACTS
 
 SETTINGS: tuple[str, ...] = get_args(ProvenanceSetting)
 AUTO, FULL, FINAL, NONE = SETTINGS
-# Samples per dataset (train + test) as harness.workload.load_dataset builds them; pinned by
-# tests/test_provenance.py. The shards hold one int64 per training sample, at most this many.
-DATASET_SAMPLES = {"mnist5k": 5000, "digits": 1797, "synthetic": 4000}
+# Samples (train + test) of each built-in dataset without dataset_args, as
+# harness.workload.load_dataset returns them; pinned by tests/test_provenance.py. The shards hold
+# one int64 per training sample, at most this many. Other datasets: harness.workload.dataset_facts.
+DATASET_SAMPLES = {name: facts.samples for name, facts in BUILTIN_DATASET_FACTS.items()}
 # Bytes a saved file takes beyond its raw data (torch's zip container, npz member headers);
 # generous, since the estimate must be an upper bound.
 FILE_OVERHEAD = 4096
@@ -55,14 +57,14 @@ def level(scenario: Scenario) -> str:
 
 def expected_bytes(scenario: Scenario, algorithms: int) -> int:
     """An upper bound of what a run training ``algorithms`` algorithms writes into ``provenance/``."""
-    from harness.workload.models import communicated_floats  # noqa: PLC0415  (imports torch)
+    from harness.workload import communicated_floats, dataset_facts  # noqa: PLC0415  (imports torch)
 
     keep = level(scenario)
     if keep == NONE:
         return 0
-    model = FLOAT32 * communicated_floats(scenario.workload)
+    model = FLOAT32 * communicated_floats(scenario)
     initial = model + FILE_OVERHEAD
-    shards = INT64 * DATASET_SAMPLES[scenario.workload.dataset] + FILE_OVERHEAD * (1 + scenario.ranks)
+    shards = INT64 * dataset_facts(scenario).samples + FILE_OVERHEAD * (1 + scenario.ranks)
     per_algorithm = model + FILE_OVERHEAD  # final_average_<algorithm>.pt
     if keep == FULL:
         per_algorithm += scenario.ranks * model + FILE_OVERHEAD  # final_models_<algorithm>.pt

@@ -14,8 +14,9 @@ import torch
 
 from harness.device import Staging
 from harness.runner.flat_sgd import FlatSGD
+from harness.runner.optimizers import LocalOptimizer, build_optimizer
 from harness.scenario.schema import Scenario
-from harness.workload import batch_indices, build_model, flat_grads, flat_params, shard_indices
+from harness.workload import batch_indices, flat_grads, flat_params, scenario_model, shard_indices
 
 
 @dataclass
@@ -29,7 +30,7 @@ class TrainState:
     model: torch.nn.Module | None  # None with emulated compute
     params: torch.Tensor
     grads: torch.Tensor
-    optimizer: FlatSGD | None
+    optimizer: LocalOptimizer | None  # FlatSGD for sgd, else a torch.optim.Optimizer (runner/optimizers.py)
     shard: np.ndarray
     data: Any  # harness.workload.Dataset (on the rank's device) or None
     staging: Staging
@@ -57,17 +58,15 @@ def build_state(scenario: Scenario, rank: int, dataset: Any, device: torch.devic
         grads = torch.zeros_like(params)
         return TrainState(None, params, grads, None, shard, dataset, Staging(params, grads, params, grads))
     # Built on the CPU with the seed, then moved: the same initial model on every device.
-    model = build_model(w.model, tuple(dataset.input_shape), dataset.num_classes, scenario.seed)
+    model = scenario_model(scenario, dataset)
     model.to(device or torch.device("cpu"))
     staging = Staging.of(flat_params(model), flat_grads(model))
-    opt = scenario.optimizer
-    optimizer = FlatSGD(staging.device_params, staging.device_grads, lr=opt.lr, momentum=opt.momentum,
-                        nesterov=opt.nesterov, weight_decay=opt.weight_decay)
+    optimizer = build_optimizer(scenario.optimizer, model, scenario.python_path)  # over staging's device side
     return TrainState(model, staging.host_params, staging.host_grads, optimizer, shard, dataset, staging)
 
 
 def model_size(scenario: Scenario, dataset: Any) -> int:
-    model = build_model(scenario.workload.model, tuple(dataset.input_shape), dataset.num_classes, scenario.seed)
+    model = scenario_model(scenario, dataset)
     return sum(p.numel() for p in model.parameters())
 
 

@@ -63,11 +63,12 @@ class _Loader(yaml.SafeLoader):
 
 # PyYAML follows YAML 1.1, where a float needs a dot and a signed exponent, so `1e-4` would be a
 # string; strict validation would then reject a perfectly good number.
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."),
-)
+_YAML12_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML12_FLOAT, list("-+0123456789."))
+# The other way round, yaml.safe_dump would write the *string* "1e-4" (a scenario name, a user's
+# optimizer argument) unquoted, and this loader would read it back as a float: the safe dumper
+# learns the same pattern, so it quotes such strings (scenario.resolved.yaml must load back equal).
+yaml.SafeDumper.add_implicit_resolver("tag:yaml.org,2002:float", _YAML12_FLOAT, list("-+0123456789."))
 
 
 def load_scenario(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Scenario:

@@ -16,6 +16,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 import numpy as np
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -28,13 +29,13 @@ from pydantic import (
     model_validator,
 )
 
+from harness.algorithms import user_class
 from harness.algorithms.params import AlgorithmParams
 from harness.algorithms.registry import names, params_model
 from harness.config import NonNegativeFloat, NonNegativeInt, ParamError, PositiveFloat, PositiveInt, StrictModel
-from harness.user_code import is_reference
+from harness.user_code import UserCodeError, check_reference, is_reference
+from harness.workload.names import unknown_name
 
-Model = Literal["logreg", "mlp", "tiny_cnn", "mnist_cnn", "resnet20"]
-Dataset = Literal["mnist5k", "digits", "synthetic"]
 Device = Literal["cpu", "cuda"]  # cuda: each rank takes the GPU of its local rank (harness/device.py)
 
 Rank = NonNegativeInt  # "< ranks" is checked by Scenario, which knows ranks
@@ -96,10 +97,21 @@ Compute = Annotated[
 
 
 class Workload(StrictModel):
-    """What each rank trains: model, data, batch, iterations per algorithm, real or emulated compute."""
+    """What each rank trains: model, data, batch, iterations per algorithm, real or emulated compute.
 
-    model: Model
-    dataset: Dataset
+    Without ``model`` and ``dataset`` the workload is a training script's own (``harness.api``):
+    ``python -m harness run`` refuses such a scenario, ``python -m harness launch`` runs it.
+    """
+
+    # A built-in name or the user's callable as "module:callable" (harness.workload.names states
+    # the contract), called with model_args / dataset_args as keyword arguments.
+    # harness.scenario.checks checks the user's code. None (with dataset None): the training
+    # script's own.
+    model: str | None = None
+    dataset: str | None = None
+    model_args: dict[str, Any] = {}
+    dataset_args: dict[str, Any] = {}
+    num_classes: PositiveInt | None = None  # the model's outputs; None: 1 + the dataset's largest label
     batch_size: PositiveInt  # per rank
     iterations: PositiveInt  # per algorithm
     compute: Compute = "real"
@@ -117,6 +129,21 @@ class Workload(StrictModel):
             data = {**data, "eval_every": every}
         return data
 
+    @field_validator("model", "dataset")
+    @classmethod
+    def _known_or_reference(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return value
+        reason = unknown_name(info.field_name, value)
+        if reason is None and is_reference(value):
+            try:
+                check_reference(value)
+            except UserCodeError as exc:
+                reason = str(exc)
+        if reason is not None:
+            raise ParamError((), reason, value).to_pydantic()
+        return value
+
     @field_validator("params", mode="before")
     @classmethod
     def _integral_float(cls, value: Any) -> Any:
@@ -133,6 +160,19 @@ class Workload(StrictModel):
             raise ParamError((), reason, value).to_pydantic()
         return value
 
+    @property
+    def of_script(self) -> bool:
+        """Whether this is a training script's own workload (no model or dataset named here)."""
+        return self.model is None
+
+    @model_validator(mode="after")
+    def _model_and_dataset(self) -> Workload:
+        if (self.model is None) != (self.dataset is None):
+            missing, given = ("model", "dataset") if self.model is None else ("dataset", "model")
+            reason = f"required when {given} is given (leave out both for a training script's own workload)"
+            raise ParamError(missing, reason, None).to_pydantic()
+        return self
+
     @model_validator(mode="after")
     def _params_need_emulation(self) -> Workload:
         if self.params is not None and self.compute == "real":
@@ -142,19 +182,128 @@ class Workload(StrictModel):
         return self
 
 
-class Optimizer(StrictModel):
-    """Local momentum SGD: m <- mu*m + g + wd*x; x <- x - lr*m (optionally Nesterov)."""
+# ---------------------------------------------------------------------------------------------
+# optimizer
+#
+# ``optimizer: {name: ...}`` picks the local optimizer; ``name`` defaults to ``sgd``, and a bare
+# string (``optimizer: adamw``) is short for ``{name: adamw}``. Every form has a float ``lr``, the
+# algorithms' ``ctx.lr``. harness/runner/optimizers.py builds them.
 
+BUILT_IN_OPTIMIZERS = ("sgd", "adam", "adamw")
+Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
+
+
+class SGDOptimizer(StrictModel):
+    """Local momentum SGD, the default: m <- mu*m + g + wd*x; x <- x - lr*m (optionally Nesterov)."""
+
+    name: Literal["sgd"] = "sgd"
     lr: PositiveFloat = 0.05
     momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
     nesterov: bool = False
     weight_decay: NonNegativeFloat = 1e-4
 
     @model_validator(mode="after")
-    def _nesterov_needs_momentum(self) -> Optimizer:
+    def _nesterov_needs_momentum(self) -> SGDOptimizer:
         if self.nesterov and self.momentum == 0.0:
             raise ParamError("nesterov", "needs momentum > 0", self.nesterov).to_pydantic()
         return self
+
+
+class AdamOptimizer(StrictModel):
+    """``torch.optim.Adam`` with torch's parameters and defaults (weight decay added to the gradient)."""
+
+    name: Literal["adam"]
+    lr: PositiveFloat = 1e-3
+    betas: Annotated[list[Beta], Field(min_length=2, max_length=2)] = [0.9, 0.999]
+    eps: NonNegativeFloat = 1e-8
+    weight_decay: NonNegativeFloat = 0.0
+    amsgrad: bool = False
+
+
+class AdamWOptimizer(StrictModel):
+    """``torch.optim.AdamW`` with torch's parameters and defaults (decoupled weight decay, 0.01)."""
+
+    name: Literal["adamw"]
+    lr: PositiveFloat = 1e-3
+    betas: Annotated[list[Beta], Field(min_length=2, max_length=2)] = [0.9, 0.999]
+    eps: NonNegativeFloat = 1e-8
+    weight_decay: NonNegativeFloat = 1e-2
+    amsgrad: bool = False
+
+
+class ReferenceOptimizer(StrictModel):
+    """The user's optimizer: ``name: "module:callable"``, called as ``callable(params, lr=lr, **args)``
+    with the list of the model's parameters; it returns a ``torch.optim.Optimizer`` over them.
+
+    ``lr`` is required: it is passed on and is the algorithms' ``ctx.lr``, so both agree.
+    """
+
+    name: str
+    lr: PositiveFloat
+    args: dict[str, Any] = {}
+
+    @field_validator("name")
+    @classmethod
+    def _reference_form(cls, value: str) -> str:
+        try:
+            return check_reference(value)
+        except UserCodeError as exc:
+            raise ParamError((), str(exc), value).to_pydantic() from None
+
+    @field_validator("args")
+    @classmethod
+    def _no_reserved_args(cls, value: dict[str, Any]) -> dict[str, Any]:
+        reserved = {"params": "the model's parameters are passed by the harness", "lr": "give it as optimizer.lr"}
+        for key in value:
+            if key in reserved:
+                raise ParamError(key, reserved[key], value[key]).to_pydantic()
+        return value
+
+
+AnyOptimizerSpec = Union[SGDOptimizer, AdamOptimizer, AdamWOptimizer, ReferenceOptimizer]
+_OPTIMIZER_TAGS = {SGDOptimizer: "(sgd)", AdamOptimizer: "(adam)", AdamWOptimizer: "(adamw)",
+                   ReferenceOptimizer: "(reference)"}
+
+
+def _optimizer_name(value: Any) -> Any:
+    """A bare name stands for ``{name: NAME}``; a ``name`` that is neither built in nor an import
+    reference is refused here, by name (the union below could only say "no form matched")."""
+    if isinstance(value, str):
+        value = {"name": value}
+    if isinstance(value, dict) and "name" in value:
+        name = value["name"]
+        if not (isinstance(name, str) and (name in BUILT_IN_OPTIMIZERS or is_reference(name))):
+            reason = f"unknown optimizer (valid: {', '.join(BUILT_IN_OPTIMIZERS)}, or 'module:callable')"
+            raise ParamError("name", reason, name).to_pydantic()
+    return value
+
+
+def _optimizer_form(value: Any) -> str | None:
+    if isinstance(value, StrictModel):
+        return _OPTIMIZER_TAGS.get(type(value))
+    if not isinstance(value, dict):
+        return None
+    name = value.get("name", "sgd")
+    return "(reference)" if is_reference(name) else f"({name})"
+
+
+OptimizerSpec = Annotated[
+    Annotated[
+        Union[
+            Annotated[SGDOptimizer, Tag("(sgd)")],
+            Annotated[AdamOptimizer, Tag("(adam)")],
+            Annotated[AdamWOptimizer, Tag("(adamw)")],
+            Annotated[ReferenceOptimizer, Tag("(reference)")],
+        ],
+        Discriminator(
+            _optimizer_form,
+            custom_error_type="optimizer_form",
+            custom_error_message="must be an optimizer name (sgd, adam, adamw or 'module:callable') "
+            "or a mapping with `name:` and its parameters",
+        ),
+    ],
+    BeforeValidator(_optimizer_name),
+]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -531,15 +680,22 @@ class _Named(BaseModel):
     name: str
 
 
-def _algorithm_entry(value: Any) -> AlgorithmParams:
+def _algorithm_entry(value: Any, info: ValidationInfo) -> AlgorithmParams:
     """A bare algorithm name or a mapping with ``name``, validated by that algorithm's registered
-    parameter model (``harness.algorithms.registry``), so algorithms registered at run time count."""
+    parameter model (``harness.algorithms.registry``), so algorithms registered at run time count.
+    A mapping with ``class: "module:Class"`` names the user's class, imported from the scenario's
+    ``python_path`` and registered under ``name`` first (``harness.algorithms.user_class``)."""
     if isinstance(value, AlgorithmParams) and isinstance(value, params_model(value.name)):
         return value
     if isinstance(value, str):
         value = {"name": value}
     name = _Named.model_validate(value).name
-    if name not in names():
+    if user_class.names_class(value):
+        try:
+            user_class.entry_model(name, value[user_class.CLASS_KEY], info.data.get("python_path", []))
+        except ParamError as exc:
+            raise exc.to_pydantic() from None
+    elif name not in names():
         raise ParamError("name", f"unknown algorithm (valid: {', '.join(names())})", name).to_pydantic()
     # A ValidationError raised here reaches the scenario's errors with this entry's path in front.
     return params_model(name).model_validate(value)
@@ -571,7 +727,7 @@ class Scenario(StrictModel):
     # absolute against the scenario file's directory, which is the default when a reference is used.
     python_path: list[str] = []
     workload: Workload
-    optimizer: Optimizer = Optimizer()
+    optimizer: OptimizerSpec = SGDOptimizer()
     algorithms: Annotated[list[AlgorithmEntry], Field(min_length=1)]
     imbalance: list[AnyInjectorSpec] = []
     network: Network = Network()

@@ -32,6 +32,7 @@ from harness.sim.calibration import (
 )
 from harness.sim.simulate import SimStats, injection_arrays, simulate_scenario
 from harness.sim.timing import PredictiveTiming, TraceTiming
+from harness.workload.names import workload_labels
 
 # Used when no calibration file exists and the workload's compute is emulated: a cluster
 # network of the InfiniBand class (documented in the README), not this machine.
@@ -51,7 +52,8 @@ def calibration_entry(scenario: Scenario, calibration: Calibration | None, scena
     """
     w = scenario.workload
     real = needs_compute and w.compute == "real"
-    workload = f"model {w.model}, dataset {w.dataset}, batch {w.batch_size}"
+    model, dataset = workload_labels(w)  # as harness.calibrate measured them
+    workload = f"model {model}, dataset {dataset}, batch {w.batch_size}"
     if calibration is None:
         if real:
             command = calibrate_command(scenario_file, scenario.ranks, calibration_file)
@@ -62,7 +64,7 @@ def calibration_entry(scenario: Scenario, calibration: Calibration | None, scena
                            f"no calibration file: simulating on the default network ({net.latency_s * 1e6:g} us, "
                            f"{net.bandwidth_bytes_per_s / 1e9:g} GB/s)")
     choice = calibration.choose(scenario.ranks)
-    if real and choice.entry.compute_s(w.model, w.dataset, w.batch_size) is None:
+    if real and choice.entry.compute_s(model, dataset, w.batch_size) is None:
         command = calibrate_command(scenario_file, choice.entry.ranks, calibration_file)
         raise CalibrationError(f"{calibration_file}: the calibration for {choice.entry.ranks} ranks has no compute "
                                f"time for {workload} (real compute); measure it with:\n  {command}")

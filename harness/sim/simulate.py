@@ -145,7 +145,7 @@ def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
     if delays is None or factors is None:
         delays, factors = injection_arrays(scenario)
     ranks = scenario.ranks
-    count = communicated_floats(scenario.workload)
+    count = communicated_floats(scenario)
     engine = SimEngine()
     network = SimNetwork(ranks, base, link_table(scenario))
     fabric = SimFabric(engine, network, ranks)

@@ -25,6 +25,7 @@ from harness.compute_time import emulated_compute_s
 from harness.config import HarnessError
 from harness.scenario.schema import Scenario
 from harness.sim.calibration import CalibrationEntry, CalibrationError
+from harness.workload.names import workload_labels
 
 
 class TimingError(HarnessError):
@@ -43,14 +44,15 @@ class PredictiveTiming:
     def __init__(self, scenario: Scenario, entry: CalibrationEntry, factors: np.ndarray) -> None:
         w = scenario.workload
         if w.compute == "real":
-            median = entry.compute_s(w.model, w.dataset, w.batch_size)
+            model, dataset = workload_labels(w)  # as harness.calibrate measured them
+            median = entry.compute_s(model, dataset, w.batch_size)
             if median is None:
                 raise CalibrationError(
-                    f"the calibration for {entry.ranks} ranks has no compute time for model {w.model}, dataset "
-                    f"{w.dataset}, batch {w.batch_size}: run `python -m harness calibrate --scenario FILE`"
+                    f"the calibration for {entry.ranks} ranks has no compute time for model {model}, dataset "
+                    f"{dataset}, batch {w.batch_size}: run `python -m harness calibrate --scenario FILE`"
                 )
             local = median * factors
-            self.eval_s = entry.evaluation_s(w.model, w.dataset) or 0.0
+            self.eval_s = entry.evaluation_s(model, dataset) or 0.0
         else:
             ranks = factors.shape[1]
             local = np.array([

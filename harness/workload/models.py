@@ -1,40 +1,52 @@
-"""Model zoo for the workloads, with deterministic seeded initialization.
+"""Models: the built-in model callables, building any model callable, flat parameter views.
 
-Models: ``logreg``, ``mlp``, ``tiny_cnn`` (a few thousand parameters, a few ms per step on
+A scenario's ``workload.model`` names a model callable: a built-in name or the user's own
+``"module:callable"`` (``harness.workload.names``). :func:`build_model` calls it as
+``callable(input_shape=(C, H, W), num_classes=K, **model_args)`` with torch seeded, so every
+rank builds the same initial model; built-ins and the user's callables go through this one
+path, and :func:`check_model` checks what a callable built.
+
+Built-ins: ``logreg``, ``mlp``, ``tiny_cnn`` (a few thousand parameters, a few ms per step on
 one core), ``mnist_cnn`` (the classic two-conv PyTorch MNIST example net) and ``resnet20``
 (the CIFAR ResNet-20 of He et al. 2016, option A shortcuts, global average pooling so it
 takes any input channels and size >= 4).
 
-Only ``resnet20`` uses BatchNorm. Its running mean/var are buffers, not parameters: they
-stay local to each rank and are never communicated (the flat parameter view holds
+BatchNorm's running mean/var (``resnet20``'s, or a user model's) are buffers, not parameters:
+they stay local to each rank and are never communicated (the flat parameter view holds
 parameters only), so after model averaging each rank keeps its own statistics.
 ``mnist_cnn`` uses dropout, which draws from torch's global RNG (seed it per rank).
 """
 
 from __future__ import annotations
 
-import functools
-from typing import get_args
+import json
+from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.scenario.schema import Model as _ModelName
-from harness.workload.data import DATASET_SHAPES
+from harness.workload import names
+from harness.workload.calls import call
+from harness.workload.data import dataset_facts
+from harness.workload.names import WorkloadCodeError
 
-MODEL_NAMES: tuple[str, ...] = get_args(_ModelName)  # the scenario schema names them, once
+MODEL_NAMES: tuple[str, ...] = tuple(names.MODELS)
 
 MLP_HIDDEN = (128, 128)
 
 
-def _logreg(shape: tuple[int, int, int], num_classes: int) -> nn.Module:
-    c, h, w = shape
+def logreg(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    """Multinomial logistic regression: one linear layer on the flattened input."""
+    c, h, w = input_shape
     return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, num_classes))
 
 
-def _mlp(shape: tuple[int, int, int], num_classes: int) -> nn.Module:
-    c, h, w = shape
+def mlp(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    """Two hidden ReLU layers of MLP_HIDDEN units."""
+    c, h, w = input_shape
     layers: list[nn.Module] = [nn.Flatten()]
     width = c * h * w
     for hidden in MLP_HIDDEN:
@@ -44,9 +56,9 @@ def _mlp(shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     return nn.Sequential(*layers)
 
 
-def _tiny_cnn(shape: tuple[int, int, int], num_classes: int) -> nn.Module:
-    # Two narrow 3x3 convs with 2x2 pooling: about 9k parameters on MNIST, 2.5k on digits.
-    c, h, w = shape
+def tiny_cnn(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    """Two narrow 3x3 convs with 2x2 pooling: about 9k parameters on MNIST, 2.5k on digits."""
+    c, h, w = input_shape
     if min(h, w) < 4:
         raise ValueError(f"tiny_cnn needs inputs of at least 4x4, got {h}x{w}")
     return nn.Sequential(
@@ -61,9 +73,9 @@ def _tiny_cnn(shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     )
 
 
-def _mnist_cnn(shape: tuple[int, int, int], num_classes: int) -> nn.Module:
-    # pytorch/examples mnist: conv32-conv64-maxpool-dropout-fc128-dropout-fc.
-    c, h, w = shape
+def mnist_cnn(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    """pytorch/examples mnist: conv32-conv64-maxpool-dropout-fc128-dropout-fc."""
+    c, h, w = input_shape
     if min(h, w) < 6:
         raise ValueError(f"mnist_cnn needs inputs of at least 6x6, got {h}x{w}")
     return nn.Sequential(
@@ -130,8 +142,9 @@ class ResNet20(nn.Module):
         return self.fc(torch.flatten(out, 1))
 
 
-def _resnet20(shape: tuple[int, int, int], num_classes: int) -> nn.Module:
-    c, h, w = shape
+def resnet20(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    """:class:`ResNet20`, Kaiming-normal initialized."""
+    c, h, w = input_shape
     if min(h, w) < 4:
         raise ValueError(f"resnet20 needs inputs of at least 4x4, got {h}x{w}")
     model = ResNet20(c, num_classes)
@@ -142,53 +155,98 @@ def _resnet20(shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     return model
 
 
-_BUILDERS = {
-    "logreg": _logreg,
-    "mlp": _mlp,
-    "tiny_cnn": _tiny_cnn,
-    "mnist_cnn": _mnist_cnn,
-    "resnet20": _resnet20,
-}
-
-
-def build_model(
-    name: str, input_shape: tuple[int, ...], num_classes: int, seed: int
-) -> nn.Module:
-    """Build a float32 model whose initial parameters depend only on (name, shapes, seed).
+def build_model(model: str, input_shape: Sequence[int], num_classes: int, seed: int,
+                model_args: Mapping[str, Any] | None = None, search_path: Sequence[str] = ()) -> nn.Module:
+    """Build the model ``model`` names (a built-in name or ``"module:callable"``, its module
+    looked up in ``search_path`` first) as ``callable(input_shape=(C, H, W),
+    num_classes=num_classes, **model_args)``; its initial parameters depend only on the
+    arguments and ``seed``.
 
     Torch's global RNG state is left as it was, so building a model does not perturb other
-    seeded draws on the calling rank.
+    seeded draws on the calling rank. Raises WorkloadCodeError naming the workload field at
+    fault (the callable does not resolve, take these arguments or return a ``torch.nn.Module``,
+    or raises).
     """
-    try:
-        builder = _BUILDERS[name]
-    except KeyError:
-        choices = ", ".join(MODEL_NAMES)
-        raise ValueError(f"unknown model {name!r}; choose one of {choices}") from None
     shape = tuple(int(s) for s in input_shape)
     if len(shape) != 3:
         raise ValueError(f"input_shape must be (C, H, W), got {input_shape!r}")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        model = builder(shape, int(num_classes))
-    return model.float()
+    fn = names.resolve("model", model, search_path)
+    built = call("model", model, fn, seed, {"input_shape": shape, "num_classes": int(num_classes)}, model_args or {})
+    if not isinstance(built, nn.Module):
+        raise WorkloadCodeError("model", f"{model} returned a {type(built).__name__}, not a torch.nn.Module")
+    return built
 
 
-@functools.lru_cache(maxsize=64)
-def parameter_count(name: str, input_shape: tuple[int, ...], num_classes: int) -> int:
-    """Trainable parameters of model ``name`` (its flat buffer's length), counted on a model
-    built on the meta device: no memory, no arithmetic."""
-    with torch.device("meta"):
-        model = build_model(name, input_shape, num_classes, seed=0)
-    return sum(p.numel() for p in model.parameters())
+def check_model(model: nn.Module, name: str, sample: torch.Tensor, num_classes: int) -> None:
+    """WorkloadCodeError (field ``model``) unless ``model`` has float32 parameters (at least one)
+    and maps ``sample`` (a batch of inputs) to ``(batch, num_classes)`` outputs."""
+    params = list(model.named_parameters())
+    if not params:
+        raise WorkloadCodeError("model", f"{name} built a model without parameters: there is nothing to train")
+    for pname, p in params:
+        if p.dtype != torch.float32:
+            raise WorkloadCodeError("model", f"{name}: parameter {pname!r} is {p.dtype}; parameters must be "
+                                    "float32 (the algorithms communicate float32 buffers)")
+    try:
+        with torch.no_grad():
+            out = model(sample)
+    except Exception as exc:  # noqa: BLE001  the user's forward may raise anything
+        text = str(exc).strip().splitlines()
+        raise WorkloadCodeError("model", f"{name}: forward pass on {len(sample)} training samples of shape "
+                                f"{tuple(sample.shape[1:])} raised {type(exc).__name__}"
+                                f"{': ' + text[0] if text else ''}") from None
+    want = (len(sample), num_classes)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != want or not out.is_floating_point():
+        got = f"shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else f"a {type(out).__name__}"
+        raise WorkloadCodeError("model", f"{name}: output for {len(sample)} samples is {got}; it must be float "
+                                f"logits of shape (batch, num_classes) = {want}")
 
 
-def communicated_floats(workload) -> int:
-    """Length of the flat buffer the algorithms communicate for a scenario's ``workload``:
-    ``workload.params`` if set (emulated compute at paper scale), else the model's own."""
-    if workload.params:
-        return int(workload.params)
-    shape, classes = DATASET_SHAPES[workload.dataset]
-    return parameter_count(workload.model, shape, classes)
+def scenario_model(scenario: Any, dataset: Any) -> nn.Module:
+    """``scenario``'s initial model for ``dataset`` (its input shape and classes): the same on
+    every rank, built on the CPU."""
+    w = scenario.workload
+    return build_model(w.model, tuple(dataset.input_shape), dataset.num_classes, scenario.seed, w.model_args,
+                       scenario.python_path)
+
+
+def parameter_count(model: str, input_shape: Sequence[int], num_classes: int,
+                    model_args: Mapping[str, Any] | None = None, search_path: Sequence[str] = ()) -> int:
+    """Trainable parameters of ``model`` (its flat buffer's length), counted on a model built on
+    the meta device (no memory, no arithmetic), or on the CPU when the callable cannot build on
+    the meta device."""
+    shape = tuple(int(s) for s in input_shape)
+    model_args = dict(model_args or {})
+    key = (model, shape, int(num_classes), tuple(search_path), json.dumps(model_args, sort_keys=True, default=repr))
+    if key not in _PARAMETER_COUNTS:
+        try:
+            with torch.device("meta"):
+                built = build_model(model, shape, num_classes, 0, model_args, search_path)
+        except WorkloadCodeError:  # e.g. an initialization that reads tensor values; a real error recurs below
+            built = build_model(model, shape, num_classes, 0, model_args, search_path)
+        _PARAMETER_COUNTS[key] = sum(p.numel() for p in built.parameters())
+    return _PARAMETER_COUNTS[key]
+
+
+_PARAMETER_COUNTS: dict[tuple[Any, ...], int] = {}
+
+
+def communicated_floats(scenario: Any) -> int:
+    """Length of the flat buffer the algorithms communicate for ``scenario``: the workload's
+    ``params`` if set (emulated compute at paper scale), else the model's own, sized for the
+    dataset's input shape and classes (``dataset_facts``: a user's dataset is loaded for it,
+    once per process).
+
+    A bare ``Workload`` (no scenario around it) works for built-in datasets and the modules of
+    ``sys.path``.
+    """
+    w = getattr(scenario, "workload", scenario)
+    if w.params:
+        return int(w.params)
+    if not hasattr(scenario, "workload"):  # a bare workload: seed 0, no python_path
+        scenario = SimpleNamespace(workload=w, seed=0, python_path=[])
+    facts = dataset_facts(scenario)
+    return parameter_count(w.model, facts.input_shape, facts.num_classes, w.model_args, scenario.python_path)
 
 
 # --- Flat parameter and gradient buffers -----------------------------------------------------

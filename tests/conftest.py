@@ -100,6 +100,20 @@ def report_cache(script: str, tmp_path_factory, timeout: float = 240) -> Callabl
 REPO = Path(__file__).resolve().parent.parent
 
 
+def save_test_calibration(path: Path, ranks: int, compute: Sequence[tuple[str, str, int, float]] = ()) -> Path:
+    """A calibration file with one entry for ``ranks`` ranks: 0.3 ms and 1 GB/s links, and a
+    compute median per ``(model, dataset, batch_size, seconds)``. What ``simulate`` and
+    ``compare`` need, without measuring this machine."""
+    from harness.sim.calibration import Calibration, CalibrationEntry, ComputePoint, NetworkModel, save_calibration
+
+    points = [ComputePoint(model=m, dataset=d, batch_size=b, median_s=s, p95_s=s * 1.25, samples=10)
+              for m, d, b, s in compute]
+    save_calibration(Calibration(created_at="2026-01-01T00:00:00+00:00", harness_version="test", cpus=2, entries=[
+        CalibrationEntry(ranks=ranks, network=NetworkModel(latency_s=3e-4, bandwidth_bytes_per_s=1e9),
+                         compute=points)]), path)
+    return path
+
+
 def quick_figure_scenario(name: str) -> dict:
     """``scenarios/<name>.yaml`` made small for tests: 4 ranks, 12 iterations, an evaluation every
     4, injected sleeps of 30 ms (every algorithm of the file kept; WAGMA groups of 2)."""
@@ -119,14 +133,8 @@ def figure_results(tmp_path_factory) -> dict[str, Path]:
     """Quick real runs of the straggler and slow-link scenarios (see ``quick_figure_scenario``),
     each with ``compare`` applied (a fixed calibration: 0.3 ms, 1 GB/s, 3 ms of compute): the
     results the figure scripts read. Maps scenario name to run directory."""
-    from harness.sim.calibration import Calibration, CalibrationEntry, ComputePoint, NetworkModel, save_calibration
-
     root = tmp_path_factory.mktemp("figure_results")
-    calibration = root / "calibration.json"
-    save_calibration(Calibration(created_at="2026-01-01T00:00:00+00:00", harness_version="test", cpus=2, entries=[
-        CalibrationEntry(ranks=4, network=NetworkModel(latency_s=3e-4, bandwidth_bytes_per_s=1e9),
-                         compute=[ComputePoint(model="mlp", dataset="mnist5k", batch_size=32, median_s=0.003,
-                                               p95_s=0.004, samples=10)])]), calibration)
+    calibration = save_test_calibration(root / "calibration.json", 4, [("mlp", "mnist5k", 32, 0.003)])
     runs = {}
     for name in ("straggler", "slow_link"):
         (root / name).mkdir()

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import REPO, assert_check, check_names, harness_cli, report_cache
+from conftest import REPO, assert_check, check_names, harness_cli, report_cache, save_test_calibration
 
 SCRIPT = "api_checks.py"
 EXAMPLE = REPO / "examples" / "own_training_script"
@@ -52,25 +52,6 @@ def scenario(tmp_path: Path, **extra) -> Path:
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
-
-
-def test_launch_runs_the_script_once_per_algorithm(tmp_path):
-    (tmp_path / "train.py").write_text(TINY_SCRIPT)
-    proc = harness_cli("launch", "--scenario", str(scenario(tmp_path)), "--out", str(tmp_path / "out"),
-                       str(tmp_path / "train.py"), "99")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run,) = (tmp_path / "out" / "tiny").iterdir()
-    steps = pd.read_csv(run / "steps.csv")
-    assert sorted(steps["algorithm"].unique()) == ["allreduce_sgd", "dpsgd"]
-    assert len(steps) == 2 * 3 * 8  # the scenario's iterations, not the script's 99
-    meta = json.loads((run / "run.json").read_text())
-    assert meta["status"] == "complete" and meta["script"] == "train.py"
-    assert meta["script_workload"]["params"] == 10 and "Adam" in meta["script_workload"]["optimizer"]
-    recorded = yaml.safe_load((run / "scenario.resolved.yaml").read_text())["workload"]
-    assert recorded["params"] == 10 and recorded["compute"]["emulate_ms"] > 0
-    # The recorded scenario simulates (what compare does with it).
-    sim = harness_cli("simulate", str(run / "scenario.resolved.yaml"), "--out", str(tmp_path / "sim"))
-    assert sim.returncode == 0, sim.stderr[-3000:]
 
 
 def test_plain_mpiexec_without_scenario_writes_its_own_results(tmp_path):
@@ -125,21 +106,39 @@ def test_run_refuses_a_script_scenario(tmp_path):
 
 
 def test_example_training_script_launches_and_compares(tmp_path):
-    """Example 2 of the README as a user runs it (smaller): launch under its scenario, then compare."""
-    from harness.sim.calibration import Calibration, CalibrationEntry, NetworkModel, save_calibration
-
-    proc = harness_cli("launch", "-n", "3", "--iterations", "12", "--scenario", str(EXAMPLE / "scenario.yaml"),
-                       "--out", str(tmp_path / "out"), str(EXAMPLE / "train.py"))
+    """Example 2 of the README as a user runs it (smaller): launched under its scenario, once per
+    algorithm into one results directory, then compared with its simulation."""
+    proc = harness_cli("launch", "-n", "2", "--iterations", "12", "--scenario", str(EXAMPLE / "scenario.yaml"),
+                       "--out", str(tmp_path / "out"), str(EXAMPLE / "train.py"), "--lr", "0.005")
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = (tmp_path / "out" / "own_training_script").iterdir()
-    summary = pd.read_csv(run / "summary.csv")
-    assert list(summary["algorithm"]) == ["allreduce_sgd", "wagma"]
-    assert (summary["final_accuracy"] > 0.3).all(), summary
-    calibration = tmp_path / "calibration.json"
-    save_calibration(Calibration(created_at="2026-01-01T00:00:00+00:00", harness_version="test", cpus=2, entries=[
-        CalibrationEntry(ranks=3, network=NetworkModel(latency_s=3e-4, bandwidth_bytes_per_s=1e9), compute=[])]),
-        calibration)
+    steps = pd.read_csv(run / "steps.csv")
+    assert len(steps) == 2 * 2 * 12  # the scenario's iterations replace the script's own 60
+    summary = pd.read_csv(run / "summary.csv").set_index("algorithm")
+    assert list(summary.index) == ["allreduce_sgd", "wagma"] and summary["complete"].all()
+    assert summary["final_accuracy"].between(0, 1).all() and summary.loc["allreduce_sgd", "final_accuracy"] > 0.3
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["status"] == "complete" and meta["script"] == "train.py"
+    floats = 64 * 128 + 128 + 2 * 128 + 128 * 10 + 10  # the example's model: Linear, BatchNorm1d, Linear
+    assert meta["script_workload"]["params"] == floats and "AdamW" in meta["script_workload"]["optimizer"]
+    recorded = yaml.safe_load((run / "scenario.resolved.yaml").read_text())["workload"]
+    assert recorded["params"] == floats and recorded["compute"]["emulate_ms"] > 0
+    calibration = save_test_calibration(tmp_path / "calibration.json", 2)
     compare = harness_cli("compare", str(run), "--calibration", str(calibration))
     assert compare.returncode == 0, compare.stderr[-3000:]
     table = pd.read_csv(run / "compare.csv")
     assert set(table["algorithm"]) == {"allreduce_sgd", "wagma"} and set(table["mode"]) == {"trace", "predictive"}
+    simulated = pd.read_csv(run / "sim-trace" / "steps.csv")  # the simulator communicates the script's model
+    assert (simulated.groupby("algorithm")["bytes_sent"].max() == steps.groupby("algorithm")["bytes_sent"].max()).all()
+
+
+def test_srun_tasks_without_pmi_are_refused(monkeypatch):
+    """`srun --mpi=none python train.py`: every task would train alone; the Run says so instead."""
+    from harness.api import Run, ScriptError
+
+    for var in ("PMI_SIZE", "PMI_FD", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    with pytest.raises(ScriptError, match="srun --mpi=pmi2"):
+        Run(algorithm="allreduce_sgd", iterations=1, batch_size=1)

@@ -28,6 +28,8 @@ from harness.config import PositiveInt
 from harness.launch import run_ranks
 from harness.results.records import RunDirectory
 
+from conftest import save_test_calibration
+
 NAME = "ring_average"
 LABEL = "Ring average"
 COLOUR = "#8c6d31"  # no built-in algorithm's
@@ -108,14 +110,9 @@ def registered():
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     """The scenario file and a calibration of 3 ranks with this workload's compute time."""
-    from harness.sim.calibration import Calibration, CalibrationEntry, ComputePoint, NetworkModel, save_calibration
-
     root = tmp_path_factory.mktemp("new_algorithm")
     (root / "scenario.yaml").write_text(yaml.safe_dump(SCENARIO))
-    save_calibration(Calibration(created_at="2026-01-01T00:00:00+00:00", harness_version="test", cpus=2, entries=[
-        CalibrationEntry(ranks=RANKS, network=NetworkModel(latency_s=3e-4, bandwidth_bytes_per_s=1e9),
-                         compute=[ComputePoint(model="logreg", dataset="digits", batch_size=16, median_s=0.002,
-                                               p95_s=0.003, samples=10)])]), root / "calibration.json")
+    save_test_calibration(root / "calibration.json", RANKS, [("logreg", "digits", 16, 0.002)])
     return root
 
 

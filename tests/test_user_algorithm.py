@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import REPO, assert_check, check_names, harness_cli, report_cache
+from conftest import REPO, assert_check, check_names, harness_cli, report_cache, save_test_calibration
 
 EXAMPLE = REPO / "examples" / "own_algorithm"
 NAME = "gossip_pga"  # the example's name for the class
@@ -32,13 +32,8 @@ LOGREG_DIGITS_BYTES = (8 * 8 * 10 + 10) * 4  # logreg on digits: a 64 x 10 weigh
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     """A calibration of 3 ranks with the example's compute time."""
-    from harness.sim.calibration import Calibration, CalibrationEntry, ComputePoint, NetworkModel, save_calibration
-
     root = tmp_path_factory.mktemp("user_algorithm")
-    save_calibration(Calibration(created_at="2026-01-01T00:00:00+00:00", harness_version="test", cpus=2, entries=[
-        CalibrationEntry(ranks=RANKS, network=NetworkModel(latency_s=3e-4, bandwidth_bytes_per_s=1e9),
-                         compute=[ComputePoint(model="logreg", dataset="digits", batch_size=16, median_s=0.002,
-                                               p95_s=0.003, samples=10)])]), root / "calibration.json")
+    save_test_calibration(root / "calibration.json", RANKS, [("logreg", "digits", 16, 0.002)])
     return root
 
 

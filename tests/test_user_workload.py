@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from conftest import REPO, harness_cli
+from conftest import REPO, harness_cli, save_test_calibration
 
 from harness.cli import main
 from harness.scenario import load_scenario, scenario_from_dict
@@ -324,14 +324,6 @@ def test_example_model_keeps_batchnorm_buffers_out_of_the_flat_view_and_moves_to
 def test_example_runs_and_simulates(tmp_path):
     """examples/own_model_data: a small ResNet with BatchNorm on CIFAR-shaped images of the
     example's own, under random stragglers: trained for real, then simulated."""
-    from harness.sim.calibration import (
-        Calibration,
-        CalibrationEntry,
-        ComputePoint,
-        NetworkModel,
-        save_calibration,
-    )
-
     out = tmp_path / "out"
     proc = harness_cli("run", str(EXAMPLE), "--ranks", "3", "--iterations", "6", "--out", str(out), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -345,11 +337,7 @@ def test_example_runs_and_simulates(tmp_path):
 
     scenario = load_scenario(EXAMPLE, overrides={"ranks": 3, "iterations": 6})
     model, dataset = ("model:small_resnet(width=8)", "data:textures(noise=2.0, num_classes=6, num_samples=1200)")
-    calibration = tmp_path / "calibration.json"
-    save_calibration(Calibration(created_at="2026-01-01T00:00:00+00:00", harness_version="test", cpus=2, entries=[
-        CalibrationEntry(ranks=3, network=NetworkModel(latency_s=3e-4, bandwidth_bytes_per_s=1e9),
-                         compute=[ComputePoint(model=model, dataset=dataset, batch_size=16, median_s=0.01,
-                                               p95_s=0.012, samples=10)])]), calibration)
+    calibration = save_test_calibration(tmp_path / "calibration.json", 3, [(model, dataset, 16, 0.01)])
     proc = harness_cli("simulate", str(EXAMPLE), "--ranks", "3", "--iterations", "6", "--calibration",
                        str(calibration), "--out", str(tmp_path / "sim"), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

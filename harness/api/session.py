@@ -27,8 +27,8 @@ iteration as emulated compute (``workload.compute.emulate_ms``); ``run.json`` sa
 from __future__ import annotations
 
 import os
+import re
 import sys
-import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -62,11 +62,14 @@ class Run:
         if Run._current is not None:
             raise ScriptError("a harness.api.Run is already open in this process: close it first (one Run, one "
                               "algorithm at a time; `python -m harness launch` runs the script once per algorithm)")
+        from harness.launch import exit_promptly_when_interrupted, srun_without_pmi
+
+        problem = srun_without_pmi()  # each srun task would otherwise train alone, as a job of one
+        if problem is not None:
+            raise ScriptError(problem.replace("`python -m harness run FILE`", "`python -m harness launch ...`"))
         from mpi4py import MPI
 
-        from harness.launch import exit_promptly_when_interrupted
-
-        if threading_main():
+        if _on_main_thread():
             exit_promptly_when_interrupted()  # Ctrl+C or the watchdog's stop ends every rank with a status
         self.world = MPI.COMM_WORLD
         self.rank, self.size = self.world.rank, self.world.size
@@ -77,7 +80,7 @@ class Run:
         else:
             self.scenario, self.algorithm_params = _script_scenario(
                 scenario, algorithm, params, iterations=iterations, batch_size=batch_size, seed=seed,
-                name=name or Path(self.script).stem, ranks=self.size)
+                name=name or re.sub(r"[^A-Za-z0-9_-]", "_", Path(self.script).stem), ranks=self.size, rank=self.rank)
         if self.scenario.ranks != self.size:
             raise ScriptError(f"the scenario {self.scenario.name!r} has {self.scenario.ranks} ranks, this MPI job "
                               f"{self.size}: start it with -n {self.scenario.ranks}")
@@ -236,7 +239,8 @@ class Run:
             abort_job_after_error()  # prints the error, then no peer waits for this rank forever
 
 
-def threading_main() -> bool:
+def _on_main_thread() -> bool:
+    """Signal handlers can only be set from the main thread."""
     import threading
 
     return threading.current_thread() is threading.main_thread()
@@ -247,10 +251,11 @@ def _launched_scenario(run_dir: Path, algorithm: str | None):
     from harness.scenario import load_scenario
 
     scenario = load_scenario(run_dir / SCENARIO_FILE)
-    return scenario, _pick(scenario, algorithm, f"{ENV_ALGORITHM}")
+    return scenario, _pick(scenario, algorithm, ENV_ALGORITHM)
 
 
-def _script_scenario(source, algorithm: str | None, params: dict, *, iterations, batch_size, seed, name, ranks):
+def _script_scenario(source, algorithm: str | None, params: dict, *, iterations, batch_size, seed, name, ranks,
+                     rank):
     """The scenario of a script run from a file, a mapping or the arguments alone."""
     from harness.scenario import read_yaml, scenario_from_dict
 
@@ -284,12 +289,17 @@ def _script_scenario(source, algorithm: str | None, params: dict, *, iterations,
                                   "injection need it")
         data["workload"] = workload
     scenario = scenario_from_dict(data, source=where, base_dir=base_dir)
-    return scenario, _pick(scenario, algorithm, "algorithm=")
+    return scenario, _pick(scenario, algorithm, "algorithm=", say_note=rank == 0)
 
 
-def _pick(scenario, algorithm: str | None, where: str):
+def _pick(scenario, algorithm: str | None, where: str, say_note: bool = False):
+    """The entry of ``algorithm`` (default: the first; with ``say_note``, a note says so when there
+    are others)."""
     names = [a.name for a in scenario.algorithms]
     if algorithm is None:
+        if len(names) > 1 and say_note:
+            print(f"note: the scenario lists {len(names)} algorithms; this run trains the first, {names[0]} "
+                  "(`python -m harness launch --scenario FILE` runs the script once per algorithm)", file=sys.stderr)
         return scenario.algorithms[0]
     if algorithm not in names:
         raise ScriptError(f"{where}: {algorithm!r} is not among the scenario's algorithms ({', '.join(names)})")

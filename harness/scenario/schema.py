@@ -708,7 +708,7 @@ def _names_user_code(data: dict[str, Any]) -> bool:
     values = [workload.get(k) for k in ("model", "dataset")] if isinstance(workload, dict) else []
     values.append(optimizer.get("name") if isinstance(optimizer, dict) else optimizer)
     entries = data.get("algorithms") if isinstance(data.get("algorithms"), list) else []
-    return any(is_reference(v) for v in values) or any(isinstance(e, dict) and "class" in e for e in entries)
+    return any(is_reference(v) for v in values) or any(user_class.names_class(e) for e in entries)
 
 
 # SerializeAsAny: dump each entry with its own model's fields, not only AlgorithmParams' `name`.

@@ -93,7 +93,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._factor = 1.0
         self._compute_start = 0.0
         self._hooks = [model.register_forward_pre_hook(self._on_forward)]
-        self._hooks += [p.register_post_accumulate_grad_hook(self._on_gradient) for p in model.parameters()]
+        self._hooks += [p.register_post_accumulate_grad_hook(self._on_gradient) for p in model.parameters()
+                        if p.requires_grad]
         setattr(model, _WRAPPED, True)
         run.optimizer = self
         run.comm.barrier()
@@ -274,14 +275,15 @@ def _number(loss: Any) -> float:
 
 
 def _check_optimizer_covers(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
-    """The optimizer steps exactly the model's parameters (the ones the algorithm communicates)."""
-    mine = {id(p) for p in model.parameters()}
+    """The optimizer steps the model's trainable parameters (frozen ones it may leave alone) and
+    nothing else: the algorithm communicates the model's parameters."""
+    mine = {id(p) for p in model.parameters() if p.requires_grad}
     stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    if stepped - mine:
+    if stepped - {id(p) for p in model.parameters()}:
         raise ScriptError("the optimizer steps parameters that are not the model's: wrap the optimizer of this model")
     if mine - stepped:
-        raise ScriptError(f"the optimizer leaves {len(mine - stepped)} of the model's parameters alone: build it over "
-                          "model.parameters()")
+        raise ScriptError(f"the optimizer leaves {len(mine - stepped)} of the model's trainable parameters alone: "
+                          "build it over model.parameters()")
 
 
 def _check_same_model(run: Run, model: torch.nn.Module) -> None:

@@ -172,6 +172,14 @@ def optimizer_must_cover_the_model():
         model = net()
         expect_error(lambda: DistributedOptimizer(torch.optim.SGD(list(model.parameters())[:1], lr=0.1), model),
                      "leaves", "model.parameters()")
+    with open_run("frozen") as run:  # frozen parameters (fine-tuning) need not be in the optimizer
+        model = net()
+        model[0].requires_grad_(False)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        opt = DistributedOptimizer(torch.optim.SGD(trainable, lr=0.1), model)
+        frozen = model[0].weight.detach().clone()  # rank 0's, broadcast
+        train(opt, model, run.iterations)
+        assert torch.equal(model[0].weight.detach(), frozen) and same_everywhere(flat(model))
 
 
 @check

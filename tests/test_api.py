@@ -142,3 +142,14 @@ def test_srun_tasks_without_pmi_are_refused(monkeypatch):
     monkeypatch.setenv("SLURM_NTASKS", "4")
     with pytest.raises(ScriptError, match="srun --mpi=pmi2"):
         Run(algorithm="allreduce_sgd", iterations=1, batch_size=1)
+
+
+def test_validate_summary_says_whose_optimizer():
+    from harness.commands.validate import summary
+    from harness.scenario import load_scenario, scenario_from_dict
+
+    assert "optimizer: the training script's own" in summary(load_scenario(EXAMPLE / "scenario.yaml"))
+    adamw = scenario_from_dict({"name": "x", "ranks": 2, "optimizer": "adamw", "algorithms": ["sgp"],
+                                "workload": {"model": "logreg", "dataset": "digits", "batch_size": 4,
+                                             "iterations": 2}})
+    assert "optimizer: adamw lr=0.001 betas=[0.9, 0.999] eps=1e-08 weight_decay=0.01" in summary(adamw)

@@ -62,6 +62,8 @@ def summary(scenario: Scenario) -> str:
     lines = [
         f"{scenario.name}: {scenario.ranks} ranks, seed {scenario.seed}",
         f"workload: {trained}, batch {w.batch_size}, {w.iterations} iterations, {compute}",
+        "optimizer: the training script's own" if w.of_script else
+        f"optimizer: {_entry(scenario.optimizer.model_dump(exclude={'name'}), scenario.optimizer.name)}",
         "algorithms:",
         *(f"  {_entry(p.model_dump(exclude={'name'}), p.name)}" for p in scenario.algorithms),
         "imbalance:" if scenario.imbalance else "imbalance: none",

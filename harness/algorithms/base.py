@@ -131,7 +131,7 @@ class Algorithm(ABC):
     def __init__(self, params: AlgorithmParams, ctx: AlgorithmContext) -> None:
         self.params = params
         self.ctx = ctx
-        self.name = params.name if params is not None else type(self).name  # one class may run under several scenario names
+        self.name = params.name  # one class may run under several scenario names
 
     def before_forward(self, t: int) -> None:
         """Before the injected delay and the forward pass of iteration t."""

@@ -211,6 +211,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Collective: test the ranks' averaged model and rank 0's own with ``test(model) -> (loss,
         accuracy)`` (called on rank 0 only); recorded as the harness's evaluations are."""
         from harness.runner.evaluate import evaluate as evaluate_models
+        from harness.runner.evaluate import testing
         from harness.runner.heartbeat import Phase
 
         if self._began:
@@ -221,14 +222,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         params, model = self.staging.device_params, self.model
 
         def test_flat(flat):
-            saved, training = params.clone(), model.training
-            params.copy_(flat.to(params.device))
-            model.eval()
-            try:
+            with testing(model, params, flat.to(params.device)):
                 loss, accuracy = test(model)
-            finally:
-                params.copy_(saved)
-                model.train(training)
             return float(loss), float(accuracy)
 
         records = evaluate_models(self.run.eval_comm, self.run.algorithm, self.t, time.monotonic() - self.t0, local,

@@ -178,6 +178,7 @@ def _data_key(workload: Workload) -> tuple[Any, ...]:
 def _run_loop(comm: Any, scenario: Any, state: Any) -> list[float]:
     """Run ``train`` on every rank at once with no-op hooks; this rank's iteration start times."""
     from harness.algorithms.base import Algorithm, AlgorithmContext  # noqa: PLC0415
+    from harness.algorithms.params import AlgorithmParams  # noqa: PLC0415
     from harness.injection import InjectionPlan  # noqa: PLC0415
     from harness.runner.local_work import LocalWork  # noqa: PLC0415
     from harness.runner.loop import train  # noqa: PLC0415
@@ -188,7 +189,7 @@ def _run_loop(comm: Any, scenario: Any, state: Any) -> list[float]:
     ctx = AlgorithmContext(comm, state.params, state.grads, scenario.optimizer.lr, scenario.seed)
     comm.barrier()
     work = LocalWork(scenario, state, comm.rank, InjectionPlan.from_scenario(scenario), comm, Idle.name)
-    steps, _, _ = train(scenario, Idle(None, ctx), comm, work, time.monotonic())
+    steps, _, _ = train(scenario, Idle(AlgorithmParams(name=Idle.name), ctx), comm, work, time.monotonic())
     comm.drain_records()
     return [s.start_s for s in steps]
 

@@ -23,10 +23,8 @@ Example::
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -115,35 +113,17 @@ def _create_run_dir(scenario, out: str, script: str) -> Path:
 
 def _start(scenario, ranks: int, argv: list[str], launch, env: dict, what: str) -> int:
     """Run ``argv`` on ``ranks`` ranks, watched when they all run here; the exit status."""
-    from harness.launch import LaunchError, start_ranks, stop_job
-    from harness.runner import heartbeat
-    from harness.runner.watchdog import Watchdog, supervise
+    from harness.launch import LaunchError
+    from harness.runner.watchdog import run_watched
 
-    base = {k: v for k, v in os.environ.items() if k != heartbeat.ENV_VAR}
-    previous = {sig: signal.signal(sig, signal.default_int_handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    proc = None
     try:
-        if launch.single_host():
-            with heartbeat.temporary_table(ranks) as (table_path, table):
-                proc = start_ranks(ranks, argv, env={**base, **env, heartbeat.ENV_VAR: table_path}, launch=launch)
-                rc, verdict = supervise(proc, table, Watchdog(scenario, time.monotonic()), stop_job)
-        else:
-            print("note: ranks on several hosts: the watchdog is off", file=sys.stderr)
-            proc = start_ranks(ranks, argv, env={**base, **env}, launch=launch)
-            rc, verdict = proc.wait(), None
+        rc, verdict = run_watched(scenario, ranks, argv, env, launch, on_interrupt=lambda: print("interrupted",
+                                                                                             file=sys.stderr))
     except LaunchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        for sig in previous:
-            signal.signal(sig, signal.SIG_IGN)
-        if proc is not None and proc.poll() is None:
-            stop_job(proc, None)
-        print("interrupted", file=sys.stderr)
         return 130
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     if rc == 0:
         return 0
     why = verdict.message if verdict is not None else f"the ranks exited with status {rc}"

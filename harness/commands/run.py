@@ -14,10 +14,8 @@ interrupted (Ctrl+C or SIGTERM; finished algorithms are kept).
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import get_args
 
@@ -209,48 +207,29 @@ def _launch(scenario, run_dir, launch, resume: bool, renamed: list[str]) -> int:
     The watchdog sees the ranks' heartbeats and processes only when they all run on this host;
     across hosts a dead rank still ends the job (Hydra sees to that), a hang does not.
     """
-    from harness.launch import LaunchError, start_ranks, stop_job
+    from harness.launch import LaunchError
     from harness.results.atomic import remove_partial_files
-    from harness.runner import heartbeat
-    from harness.runner.watchdog import Watchdog, supervise
+    from harness.runner.watchdog import run_watched
 
     todo = [a.name for a in scenario.algorithms if a.name not in run_dir.finished_algorithms]
     verb = "resuming" if resume else "running"
     print(f"{scenario.name}: {scenario.ranks} ranks, {verb} {len(todo)} algorithm{'s' * (len(todo) != 1)} "
           f"-> {run_dir.path}", file=sys.stderr)
     _print_notes(scenario, renamed)
-    env = {k: v for k, v in os.environ.items() if k != heartbeat.ENV_VAR}
     argv = [sys.executable, "-m", "harness.runner.worker", str(run_dir.path), *(["--resume"] if resume else [])]
-    # Ctrl+C, SIGINT and SIGTERM (batch system, timeout) stop the ranks instead of orphaning them.
-    previous = {sig: signal.signal(sig, signal.default_int_handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    proc = None
-    watched = False
-    try:
-        watched = launch.single_host()
-        if watched:
-            with heartbeat.temporary_table(scenario.ranks) as (table_path, table):
-                proc = start_ranks(scenario.ranks, argv, env={**env, heartbeat.ENV_VAR: table_path}, launch=launch)
-                watchdog = Watchdog(scenario, time.monotonic(), faults_enabled=not resume)
-                rc, verdict = supervise(proc, table, watchdog, stop_job)
-        else:
-            print("note: ranks on several hosts: the watchdog is off (a dead rank still ends the job; a hang "
-                  "lasts until your time limit)", file=sys.stderr)
-            proc = start_ranks(scenario.ranks, argv, env=env, launch=launch)
-            rc, verdict = proc.wait(), None
-    except LaunchError as exc:
-        return _error(str(exc), 1)
-    except KeyboardInterrupt:
-        for sig in previous:  # a second Ctrl+C must not cut the (bounded) stop short and orphan ranks
-            signal.signal(sig, signal.SIG_IGN)
-        if proc is not None and proc.poll() is None:  # supervise stops the job it watches itself
-            stop_job(proc, () if watched else None)  # no rank known to have reported in
+
+    def interrupted() -> None:
         remove_partial_files(run_dir.path)
         _mark_stopped(run_dir.path, "incomplete", {"stopped": "interrupted (Ctrl+C or SIGTERM)"})
         _say_interrupted(run_dir.path)
+
+    try:
+        rc, verdict = run_watched(scenario, scenario.ranks, argv, {}, launch, faults_enabled=not resume,
+                                  on_interrupt=interrupted)
+    except LaunchError as exc:
+        return _error(str(exc), 1)
+    except KeyboardInterrupt:
         return 130
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     remove_partial_files(run_dir.path)
     if rc == 0:
         return 0

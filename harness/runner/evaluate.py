@@ -6,29 +6,37 @@ Collective: every rank calls ``evaluate`` at the same iterations. It uses the na
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
 from harness.results.columns import EvalRecord
 
 
+@contextlib.contextmanager
+def testing(model: torch.nn.Module, params: torch.Tensor, flat: torch.Tensor) -> Iterator[torch.nn.Module]:
+    """Inside: ``model`` in eval mode with its flat parameters set to ``flat``; afterwards its own
+    parameters and mode again. ``params``: the flat buffer the model's parameters are views into
+    (on the model's device)."""
+    saved, was_training = params.clone(), model.training
+    params.copy_(flat)
+    model.eval()
+    try:
+        yield model
+    finally:
+        params.copy_(saved)
+        model.train(was_training)
+
+
 @torch.no_grad()
 def test_metrics(model: torch.nn.Module, flat: torch.Tensor, params: torch.Tensor, data) -> tuple[float, float]:
-    """Loss and accuracy on the test set of ``model`` with its flat parameters set to ``flat``.
-
-    ``params``: the flat buffer the model's parameters are views into (on the model's device).
-    """
-    saved = params.clone()
-    params.copy_(flat)
-    was_training = model.training
-    model.eval()
-    logits = model(data.test_x)
+    """Loss and accuracy on the test set of ``model`` with its flat parameters set to ``flat``."""
+    with testing(model, params, flat):
+        logits = model(data.test_x)
     loss = torch.nn.functional.cross_entropy(logits, data.test_y).item()
     acc = (logits.argmax(1) == data.test_y).float().mean().item()
-    model.train(was_training)
-    params.copy_(saved)
     return loss, acc
 
 

@@ -36,7 +36,6 @@ from harness.config import ParamError
 from harness.runner.flat_sgd import FlatSGD
 from harness.scenario.schema import (
     AdamOptimizer,
-    AdamWOptimizer,
     ReferenceOptimizer,
     SGDOptimizer,
 )
@@ -58,7 +57,7 @@ def build_optimizer(spec: Any, model: torch.nn.Module, search_path: Sequence[str
     if isinstance(spec, SGDOptimizer):
         return FlatSGD(flat_params(model), flat_grads(model), lr=spec.lr, momentum=spec.momentum,
                        nesterov=spec.nesterov, weight_decay=spec.weight_decay)
-    if isinstance(spec, (AdamOptimizer, AdamWOptimizer)):
+    if isinstance(spec, AdamOptimizer):  # AdamWOptimizer too; spec.name picks the torch class
         options = {"lr": spec.lr, "betas": tuple(spec.betas), "eps": spec.eps, "weight_decay": spec.weight_decay,
                    "amsgrad": spec.amsgrad}
         _warm_up(spec.name, options, flat_params(model).device)

@@ -21,8 +21,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import select
+import signal
 import subprocess
+import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -323,3 +326,47 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def run_watched(scenario, ranks: int, argv: list[str], env: dict[str, str], launch, faults_enabled: bool = True,
+                on_interrupt: Callable[[], None] | None = None) -> tuple[int, Verdict | None]:
+    """Start ``argv`` on ``ranks`` ranks with ``launch`` (extra environment ``env``) and wait for
+    them: watched by the watchdog (``scenario``'s settings and faults) when they all run on this
+    host, else left to the MPI launcher. Returns the exit status and the verdict, if any.
+    ``python -m harness run`` and ``launch`` both start their jobs here.
+
+    Ctrl+C, SIGINT and SIGTERM (batch system, timeout) stop every rank, then ``on_interrupt``
+    runs (the caller's tidying up), then the KeyboardInterrupt goes on; until then further
+    interrupts are ignored, so none cuts the bounded stop short and orphans ranks.
+    """
+
+    from harness.launch import start_ranks, stop_job  # noqa: PLC0415
+    from harness.runner import heartbeat  # noqa: PLC0415
+
+    base = {k: v for k, v in os.environ.items() if k != heartbeat.ENV_VAR}
+    previous = {sig: signal.signal(sig, signal.default_int_handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    proc = None
+    watched = False
+    try:
+        watched = launch.single_host()
+        if watched:
+            with heartbeat.temporary_table(ranks) as (table_path, table):
+                proc = start_ranks(ranks, argv, env={**base, **env, heartbeat.ENV_VAR: table_path}, launch=launch)
+                rc, verdict = supervise(proc, table, Watchdog(scenario, time.monotonic(), faults_enabled), stop_job)
+        else:
+            print("note: ranks on several hosts: the watchdog is off (a dead rank still ends the job; a hang "
+                  "lasts until your time limit)", file=sys.stderr)
+            proc = start_ranks(ranks, argv, env={**base, **env}, launch=launch)
+            rc, verdict = proc.wait(), None
+        return rc, verdict
+    except KeyboardInterrupt:
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)
+        if proc is not None and proc.poll() is None:  # supervise stops the job it watches itself
+            stop_job(proc, () if watched else None)  # no rank known to have reported in
+        if on_interrupt is not None:
+            on_interrupt()
+        raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

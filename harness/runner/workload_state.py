@@ -16,7 +16,7 @@ from harness.device import Staging
 from harness.runner.flat_sgd import FlatSGD
 from harness.runner.optimizers import LocalOptimizer, build_optimizer
 from harness.scenario.schema import Scenario
-from harness.workload import batch_indices, flat_grads, flat_params, scenario_model, shard_indices
+from harness.workload import batch_indices, communicated_floats, flat_grads, flat_params, scenario_model, shard_indices
 
 
 @dataclass
@@ -48,13 +48,11 @@ def emulated(scenario: Scenario) -> bool:
 def build_state(scenario: Scenario, rank: int, dataset: Any, device: torch.device | None = None) -> TrainState:
     """Fresh model (same on every rank), flat buffers and optimizer for one algorithm; the model
     on ``device`` (default: the CPU), the data already there (``harness.device.dataset_on``)."""
-    w = scenario.workload
     shard = shard_indices(dataset.num_train, scenario.ranks, rank, scenario.seed)
     if emulated(scenario):
         # Only the communicated buffer matters: the model's real size unless ``params`` says
-        # otherwise (paper-scale models on a laptop).
-        n = w.params or model_size(scenario, dataset)
-        params = torch.zeros(n, dtype=torch.float32)
+        # otherwise (paper-scale models on a laptop), as the simulator sizes it.
+        params = torch.zeros(communicated_floats(scenario), dtype=torch.float32)
         grads = torch.zeros_like(params)
         return TrainState(None, params, grads, None, shard, dataset, Staging(params, grads, params, grads))
     # Built on the CPU with the seed, then moved: the same initial model on every device.
@@ -63,11 +61,6 @@ def build_state(scenario: Scenario, rank: int, dataset: Any, device: torch.devic
     staging = Staging.of(flat_params(model), flat_grads(model))
     optimizer = build_optimizer(scenario.optimizer, model, scenario.python_path)  # over staging's device side
     return TrainState(model, staging.host_params, staging.host_grads, optimizer, shard, dataset, staging)
-
-
-def model_size(scenario: Scenario, dataset: Any) -> int:
-    model = scenario_model(scenario, dataset)
-    return sum(p.numel() for p in model.parameters())
 
 
 def warm_up_torch() -> None:

@@ -220,15 +220,11 @@ class AdamOptimizer(StrictModel):
     amsgrad: bool = False
 
 
-class AdamWOptimizer(StrictModel):
-    """``torch.optim.AdamW`` with torch's parameters and defaults (decoupled weight decay, 0.01)."""
+class AdamWOptimizer(AdamOptimizer):
+    """``torch.optim.AdamW``: Adam's parameters, with decoupled weight decay (torch's default 0.01)."""
 
     name: Literal["adamw"]
-    lr: PositiveFloat = 1e-3
-    betas: Annotated[list[Beta], Field(min_length=2, max_length=2)] = [0.9, 0.999]
-    eps: NonNegativeFloat = 1e-8
     weight_decay: NonNegativeFloat = 1e-2
-    amsgrad: bool = False
 
 
 class ReferenceOptimizer(StrictModel):
@@ -260,7 +256,6 @@ class ReferenceOptimizer(StrictModel):
         return value
 
 
-AnyOptimizerSpec = Union[SGDOptimizer, AdamOptimizer, AdamWOptimizer, ReferenceOptimizer]
 _OPTIMIZER_TAGS = {SGDOptimizer: "(sgd)", AdamOptimizer: "(adam)", AdamWOptimizer: "(adamw)",
                    ReferenceOptimizer: "(reference)"}
 

@@ -123,12 +123,13 @@ using PyPairwiseAverager = Held<PairwiseAverager>;
 
 // The allreduce's steps as member `me` of `p` runs them for `count` floats: per step, its sends
 // and receives as (member, floats). The simulator's decomposition is tested against it.
-py::list allreduce_steps(int p, int me, int64_t count, int64_t ring_threshold_bytes) {
+py::list allreduce_steps(int p, int me, int64_t count, int64_t ring_threshold_bytes,
+                         const std::vector<int>& member_nodes) {
   if (p < 1 || me < 0 || me >= p || count < 0)
     throw CommError("allreduce_steps: need 0 <= me < p and count >= 0 (p=" + std::to_string(p) +
                     ", me=" + std::to_string(me) + ", count=" + std::to_string(count) + ")");
   std::vector<float> buf(static_cast<size_t>(count > 0 ? count : 1));
-  Schedule s = allreduce_schedule(p, me, buf.data(), count, ring_threshold_bytes);
+  Schedule s = allreduce_schedule(p, me, buf.data(), count, ring_threshold_bytes, member_nodes);
   py::list steps;
   for (const Step& step : s.steps) {
     py::list sends, recvs;
@@ -137,6 +138,33 @@ py::list allreduce_steps(int p, int me, int64_t count, int64_t ring_threshold_by
     steps.append(py::make_tuple(sends, recvs));
   }
   return steps;
+}
+
+// Release times of messages (src, dst, bytes, post time) offered in that order to the native
+// link emulators of `ranks` ranks that share one NIC table in this process: the emulator's rule
+// without MPI, which the simulator's network model is tested against.
+std::vector<double> emulated_releases(int ranks, const std::vector<std::tuple<int, int, double, double>>& pair_links,
+                                      const std::vector<int>& node_of, std::tuple<double, double> intra,
+                                      std::tuple<double, double> nic, double fabric_Bps,
+                                      const std::vector<std::tuple<int, int, double, double>>& messages) {
+  std::vector<LinkEmulator> emulators(static_cast<size_t>(ranks));
+  std::shared_ptr<SharedNics> nics;
+  Topology topo{node_of, {std::get<0>(intra), std::get<1>(intra)}, {std::get<0>(nic), std::get<1>(nic)}, fabric_Bps,
+                false};
+  if (!node_of.empty()) {
+    if (static_cast<int>(node_of.size()) != ranks) throw CommError("emulated_releases: one node per rank needed");
+    if (topo.shares_resources()) nics = SharedNics::local(*std::max_element(node_of.begin(), node_of.end()) + 1);
+  }
+  std::vector<std::unordered_map<int, LinkParams>> tables(static_cast<size_t>(ranks));
+  for (auto& [src, dst, lat, bw] : pair_links) tables.at(static_cast<size_t>(src))[dst] = LinkParams{lat, bw};
+  for (int r = 0; r < ranks; ++r) {
+    emulators[r].set_self(r);
+    emulators[r].set_links(tables[r]);
+    if (!node_of.empty()) emulators[r].set_topology(topo, nics);
+  }
+  std::vector<double> out;
+  for (auto& [src, dst, bytes, post] : messages) out.push_back(emulators.at(static_cast<size_t>(src)).release_time(dst, bytes, post));
+  return out;
 }
 
 }  // namespace
@@ -154,7 +182,9 @@ PYBIND11_MODULE(_core, m) {
   m.def("now", &now, "Seconds on CLOCK_MONOTONIC (the clock of time.monotonic()).");
   m.def("is_sync_round", &wa_is_sync_round, py::arg("round"), py::arg("sync_every"));
   m.def("allreduce_steps", &allreduce_steps, py::arg("p"), py::arg("me"), py::arg("count"),
-        py::arg("ring_threshold_bytes"));
+        py::arg("ring_threshold_bytes"), py::arg("member_nodes") = std::vector<int>{});
+  m.def("emulated_releases", &emulated_releases, py::arg("ranks"), py::arg("pair_links"), py::arg("node_of"),
+        py::arg("intra"), py::arg("nic"), py::arg("fabric_Bps"), py::arg("messages"));
 
   py::class_<Handle>(m, "Handle")
       .def("wait", &Handle::wait, py::arg("timeout") = py::none())
@@ -299,6 +329,16 @@ PYBIND11_MODULE(_core, m) {
             return PyPairwiseAverager{c.graveyard, std::move(native)};
           },
           py::arg("initial"))
+      .def(
+          "set_topology",
+          [](PyComm& c, const std::vector<int>& node_of, std::tuple<double, double> intra, std::tuple<double, double> nic,
+             double fabric_Bps, bool hierarchical) {
+            without_gil([&] {
+              c.native->set_topology(node_of, intra, nic, fabric_Bps, hierarchical);
+              return 0;
+            });
+          },
+          py::arg("node_of"), py::arg("intra"), py::arg("nic"), py::arg("fabric_Bps"), py::arg("hierarchical"))
       .def(
           "set_links",
           [](PyComm& c, const std::vector<std::tuple<int, double, double>>& links) { c.native->set_links(links); },

@@ -1,5 +1,6 @@
 #include "communicator.hpp"
 
+#include <algorithm>
 #include <unordered_map>
 
 namespace harness {
@@ -12,7 +13,10 @@ Communicator::Communicator(MPI_Comm parent, EngineOptions options, int64_t ring_
 std::shared_ptr<OpState> Communicator::iallreduce(FloatSpan buf, const std::string& op) {
   check_open();
   if (op != "sum" && op != "mean") throw CommError("allreduce op must be 'sum' or 'mean' (got '" + op + "')");
-  Schedule s = allreduce_schedule(size(), rank(), buf.data, buf.count, ring_threshold_);
+  std::vector<int> everyone(static_cast<size_t>(size()));
+  for (int i = 0; i < size(); ++i) everyone[i] = i;
+  Schedule s = allreduce_schedule(size(), rank(), buf.data, buf.count, ring_threshold_,
+                                  engine_->links().allreduce_nodes(everyone));
   s.result = buf.data;
   s.count = buf.count;
   s.divide_by = op == "mean" ? size() : 1;
@@ -79,6 +83,39 @@ void Communicator::set_links(const std::vector<std::tuple<int, double, double>>&
     table[dst] = LinkParams{lat, bw};
   }
   engine_->links().set_links(table);
+}
+
+void Communicator::set_topology(const std::vector<int>& node_of, std::tuple<double, double> intra,
+                                std::tuple<double, double> nic, double fabric_Bps, bool hierarchical) {
+  check_open();
+  if (static_cast<int>(node_of.size()) != size())
+    throw CommError("topology: " + std::to_string(node_of.size()) + " node ids for " + std::to_string(size()) + " ranks");
+  int nodes = 0;
+  for (int n : node_of) {
+    if (n < 0) throw CommError("topology: node ids must be >= 0 (got " + std::to_string(n) + ")");
+    nodes = std::max(nodes, n + 1);
+  }
+  auto params = [](std::tuple<double, double> t, const char* what) {
+    auto [lat, bw] = t;
+    if (!(lat >= 0) || !(bw > 0))
+      throw CommError(std::string("topology: ") + what + " needs latency >= 0 s and bandwidth > 0 B/s");
+    return LinkParams{lat, bw};
+  };
+  Topology topo{node_of, params(intra, "intra-node link"), params(nic, "NIC"), fabric_Bps, hierarchical};
+  if (!(fabric_Bps > 0)) throw CommError("topology: fabric bandwidth must be > 0 B/s");
+  // Collective: every rank maps the same table (or none does: the decision is the same everywhere).
+  std::shared_ptr<SharedNics> nics;
+  if (topo.shares_resources()) {
+    MPI_Comm c = engine_->dup_comm();
+    try {
+      nics = SharedNics::create(c, nodes);
+    } catch (...) {
+      MPI_Comm_free(&c);
+      throw;
+    }
+    MPI_Comm_free(&c);
+  }
+  engine_->links().set_topology(std::move(topo), std::move(nics));
 }
 
 void Communicator::shutdown() {

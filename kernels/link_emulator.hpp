@@ -1,15 +1,30 @@
-// Emulated slow links: per (src -> dst) latency and bandwidth, applied by the sender.
+// The emulated network, applied by the sender: per-link rules and a topology of nodes.
 //
-// A message of b bytes posted at time t on link L starts when L is free,
-// start = max(t, free_at[L]), occupies L for b / bandwidth (links carry their messages one
-// after another), and is handed to MPI at start + latency + b / bandwidth: it is delivered no
-// earlier than that. Links with zero latency and unlimited bandwidth add nothing.
+// A message of b bytes from this rank to `dst` crosses a path of resources, each with a
+// bandwidth (and a latency):
+//   - the pair's own link when network.default / network.links emulate it (private to the pair);
+//   - with a topology, inside a node: the intra-node link of the pair (private to the pair);
+//     between nodes: the source node's NIC out, the fabric when it has a bisection limit, then
+//     the destination node's NIC in. NICs and fabric are shared by every rank (SharedNics).
+// The one contention rule (the simulator's harness/sim/network.py implements the same):
+// every resource carries messages one after another in the order they reach it (FIFO, no fair
+// sharing), and a message starts on a resource no earlier than it started on the previous one
+// (cut-through, not store-and-forward):
+//   start_0 = max(post, free_0),  start_k = max(start_(k-1), free_k),  free_k = start_k + b / bw_k,
+//   release = max_k(start_k + b / bw_k) + sum of the path's latencies.
+// The message is handed to MPI at its release. FIFO rather than fair sharing because the release
+// time is fixed when the message is posted: fair sharing would move the release of messages
+// already in flight whenever another one starts. For equal messages posted together the last
+// one finishes at the same time under both rules; FIFO finishes the others earlier.
 #pragma once
 
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
+
+#include "shared_nics.hpp"
 
 namespace harness {
 
@@ -18,6 +33,38 @@ struct LinkParams {
   double bandwidth_Bps = std::numeric_limits<double>::infinity();
   bool is_free() const { return latency_s <= 0.0 && !(bandwidth_Bps < std::numeric_limits<double>::infinity()); }
 };
+
+// Nodes of the emulated cluster: node_of[world rank], the intra-node link, each node's NIC,
+// the fabric's bisection bandwidth (inf: none) and whether allreduces go hierarchical.
+struct Topology {
+  std::vector<int> node_of;
+  LinkParams intra, nic;
+  double fabric_Bps = std::numeric_limits<double>::infinity();
+  bool hierarchical = false;
+  bool shares_resources() const {
+    return nic.bandwidth_Bps < std::numeric_limits<double>::infinity() ||
+           fabric_Bps < std::numeric_limits<double>::infinity();
+  }
+};
+
+// One resource on a message's path: its busy-until time and the seconds per byte it takes.
+struct PathStep {
+  double* free_at;
+  double inv_bw;
+};
+
+// The contention rule above over one path; reserves the resources. Returns the release time.
+inline double reserve_path(const std::vector<PathStep>& path, double latency_s, double bytes, double now_s) {
+  double start = now_s, finish = now_s;
+  for (const PathStep& r : path) {
+    if (r.inv_bw <= 0.0) continue;  // unlimited bandwidth: no queue (its latency still counts)
+    if (*r.free_at > start) start = *r.free_at;
+    double end = start + bytes * r.inv_bw;
+    *r.free_at = end;
+    if (end > finish) finish = end;
+  }
+  return finish + latency_s;
+}
 
 class LinkEmulator {
  public:
@@ -28,7 +75,15 @@ class LinkEmulator {
   void set_links(const std::unordered_map<int, LinkParams>& out_links) {
     std::lock_guard<std::mutex> lock(mu_);
     links_ = out_links;
-    free_at_.clear();
+    pair_free_.clear();
+  }
+
+  // Replaces the topology; `nics` holds the shared NIC table (null when nothing is shared).
+  void set_topology(Topology topology, std::shared_ptr<SharedNics> nics) {
+    std::lock_guard<std::mutex> lock(mu_);
+    topo_ = std::move(topology);
+    nics_ = std::move(nics);
+    intra_free_.clear();
   }
 
   std::unordered_map<int, LinkParams> links() const {
@@ -36,25 +91,56 @@ class LinkEmulator {
     return links_;
   }
 
+  // Nodes of `world_members` when allreduces go hierarchical, else empty (flat).
+  std::vector<int> allreduce_nodes(const std::vector<int>& world_members) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<int> nodes;
+    if (!topo_.hierarchical) return nodes;
+    for (int r : world_members) nodes.push_back(topo_.node_of.at(static_cast<size_t>(r)));
+    return nodes;
+  }
+
   // Time at which a message of `bytes` posted now to world rank `dst` may be handed to MPI;
-  // returns `now_s` (no delay) when the link is not emulated. Reserves the link.
+  // returns `now_s` (no delay) when nothing on its path is emulated. Reserves the path.
   double release_time(int dst, double bytes, double now_s) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (dst == self_) return now_s;
+    std::vector<PathStep> path;
+    double latency = 0.0;
     auto it = links_.find(dst);
-    if (it == links_.end() || it->second.is_free() || dst == self_) return now_s;
-    const LinkParams& p = it->second;
-    double& free_at = free_at_[dst];
-    double start = free_at > now_s ? free_at : now_s;
-    double transfer = bytes / p.bandwidth_Bps;  // 0 for infinite bandwidth
-    free_at = start + transfer;
-    return start + p.latency_s + transfer;
+    if (it != links_.end() && !it->second.is_free()) {
+      path.push_back({&pair_free_[dst], 1.0 / it->second.bandwidth_Bps});
+      latency += it->second.latency_s;
+    }
+    if (topo_.node_of.empty()) return path.empty() ? now_s : reserve_path(path, latency, bytes, now_s);
+    const int src_node = topo_.node_of.at(static_cast<size_t>(self_));
+    const int dst_node = topo_.node_of.at(static_cast<size_t>(dst));
+    if (src_node == dst_node) {
+      if (!topo_.intra.is_free()) {
+        path.push_back({&intra_free_[dst], 1.0 / topo_.intra.bandwidth_Bps});
+        latency += topo_.intra.latency_s;
+      }
+      return path.empty() ? now_s : reserve_path(path, latency, bytes, now_s);
+    }
+    latency += topo_.nic.latency_s;
+    if (!nics_) {  // nothing shared: only latency between nodes
+      return path.empty() && latency <= 0.0 ? now_s : reserve_path(path, latency, bytes, now_s);
+    }
+    SharedNics::Lock shared(*nics_);
+    const double nic_inv = 1.0 / topo_.nic.bandwidth_Bps;
+    path.push_back({&nics_->egress(src_node), nic_inv});
+    if (topo_.fabric_Bps < std::numeric_limits<double>::infinity()) path.push_back({&nics_->fabric(), 1.0 / topo_.fabric_Bps});
+    path.push_back({&nics_->ingress(dst_node), nic_inv});
+    return reserve_path(path, latency, bytes, now_s);
   }
 
  private:
   int self_ = -1;
   mutable std::mutex mu_;
   std::unordered_map<int, LinkParams> links_;
-  std::unordered_map<int, double> free_at_;
+  std::unordered_map<int, double> pair_free_, intra_free_;
+  Topology topo_;
+  std::shared_ptr<SharedNics> nics_;
 };
 
 }  // namespace harness

@@ -1,6 +1,8 @@
 #include "schedule.hpp"
 
+#include <algorithm>
 #include <climits>
+#include <string>
 
 namespace harness {
 
@@ -110,7 +112,58 @@ Schedule dissemination_barrier(int p, int me) {
   return s;
 }
 
-Schedule allreduce_schedule(int p, int me, float* buf, int64_t n, int64_t ring_threshold_bytes) {
+Schedule hierarchical_allreduce(int p, int me, const std::vector<int>& member_nodes, float* buf, int64_t n,
+                                int64_t ring_threshold_bytes) {
+  if (static_cast<int>(member_nodes.size()) != p)
+    throw CommError("hierarchical allreduce: " + std::to_string(member_nodes.size()) + " node ids for " +
+                    std::to_string(p) + " members");
+  Schedule s;
+  s.result = buf;
+  s.count = n;
+  if (p == 1) return s;
+  std::vector<int> local, leaders, leader_nodes;  // my node's members; each node's first member
+  for (int m = 0; m < p; ++m) {
+    if (member_nodes[m] == member_nodes[me]) local.push_back(m);
+    if (std::find(leader_nodes.begin(), leader_nodes.end(), member_nodes[m]) == leader_nodes.end()) {
+      leader_nodes.push_back(member_nodes[m]);
+      leaders.push_back(m);
+    }
+  }
+  const int q = static_cast<int>(local.size());
+  const int li = static_cast<int>(std::find(local.begin(), local.end(), me) - local.begin());
+  if (q > 1) s.scratch.reset(new float[n > 0 ? n : 1]);
+  for (int mask = 1; mask < q; mask <<= 1) {  // binomial reduce to local[0]
+    if (li & mask) {
+      s.steps.push_back({{{local[li - mask], buf, n}}, {}, {}});
+      break;
+    }
+    if (li + mask < q) s.steps.push_back({{}, {{local[li + mask], s.scratch.get(), n}}, {{buf, s.scratch.get(), n}}});
+  }
+  const int L = static_cast<int>(leaders.size());
+  if (li == 0 && L > 1) {
+    const int lid = static_cast<int>(std::find(leaders.begin(), leaders.end(), me) - leaders.begin());
+    Schedule among = allreduce_schedule(L, lid, buf, n, ring_threshold_bytes);
+    for (Step& st : among.steps) {
+      for (Xfer& x : st.sends) x.peer = leaders[x.peer];
+      for (Xfer& x : st.recvs) x.peer = leaders[x.peer];
+      s.steps.push_back(std::move(st));
+    }
+    if (among.scratch) s.more_scratch.push_back(std::move(among.scratch));
+  }
+  int top = 1;
+  while (top * 2 < q) top *= 2;
+  for (int mask = top; mask >= 1 && q > 1; mask >>= 1) {  // binomial broadcast from local[0]
+    if (li % (2 * mask) == 0 && li + mask < q)
+      s.steps.push_back({{{local[li + mask], buf, n}}, {}, {}});
+    else if (li % (2 * mask) == mask)
+      s.steps.push_back({{}, {{local[li - mask], buf, n}}, {}});
+  }
+  return s;
+}
+
+Schedule allreduce_schedule(int p, int me, float* buf, int64_t n, int64_t ring_threshold_bytes,
+                            const std::vector<int>& member_nodes) {
+  if (!member_nodes.empty()) return hierarchical_allreduce(p, me, member_nodes, buf, n, ring_threshold_bytes);
   if (p > 2 && n >= p && n * static_cast<int64_t>(sizeof(float)) >= ring_threshold_bytes)
     return ring_allreduce(p, me, buf, n);
   return rd_allreduce(p, me, buf, n);

@@ -34,6 +34,7 @@ struct Step {
 struct Schedule {
   std::vector<Step> steps;
   std::unique_ptr<float[]> scratch;  // receive space referenced by steps
+  std::vector<std::unique_ptr<float[]>> more_scratch;  // of schedules merged into this one
   float* result = nullptr;           // buffer to scale at the end (mean), if divide_by > 1
   int64_t count = 0;
   int divide_by = 1;
@@ -49,8 +50,16 @@ Schedule ring_allreduce(int p, int me, float* buf, int64_t n);
 Schedule binomial_bcast(int p, int me, int root, float* buf, int64_t n);
 // Dissemination barrier: ceil(log2 p) steps of empty messages.
 Schedule dissemination_barrier(int p, int me);
-// Picks ring or recursive doubling from the message size.
-Schedule allreduce_schedule(int p, int me, float* buf, int64_t n, int64_t ring_threshold_bytes);
+// Hierarchical allreduce over members on nodes (member_nodes[i]: node of member i): a binomial
+// reduce inside each node to its leader (the node's first member), an allreduce among the
+// leaders (ring or recursive doubling, as allreduce_schedule picks for them), then a binomial
+// broadcast inside each node. Results are bitwise equal on all members.
+Schedule hierarchical_allreduce(int p, int me, const std::vector<int>& member_nodes, float* buf, int64_t n,
+                                int64_t ring_threshold_bytes);
+// Picks ring or recursive doubling from the message size; hierarchical when member_nodes is
+// given (not empty).
+Schedule allreduce_schedule(int p, int me, float* buf, int64_t n, int64_t ring_threshold_bytes,
+                            const std::vector<int>& member_nodes = {});
 
 // Runs a schedule on `comm`. members[i] is the comm rank of member i and world[i] its world
 // rank (link emulation is per world-rank link). Embeddable in ops.

@@ -124,13 +124,12 @@ class Run:
     def _start(self, launched: Path | None, out: Path, threads: int | None) -> None:
         import torch
 
-        from harness.comm import Communicator, Link
+        from harness.comm import Communicator
         from harness.device import local_rank, torch_device
         from harness.faults import FaultPlan
         from harness.injection import InjectionPlan
         from harness.results.records import RunDirectory
         from harness.runner.heartbeat import Heartbeat
-        from harness.scenario.network import link_table
 
         s = self.scenario
         if threads is not None:
@@ -144,7 +143,7 @@ class Run:
         self.device = torch_device(s.workload.device, on_host)
         self.comm = Communicator(self.world)
         self.eval_comm = Communicator(self.world)
-        self.comm.set_links(Link(l.src, l.dst, l.latency_s, l.bandwidth_bytes_per_s) for l in link_table(s))
+        self.comm.emulate_network(s)
         self.plan = InjectionPlan.from_scenario(s)
         path = str(launched) if launched is not None else None
         if path is None and self.rank == 0:

@@ -21,7 +21,7 @@ import atexit
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mpi4py import MPI as _MPI  # noqa: F401  loads libmpi (with RTLD_GLOBAL) before _core needs it
 
@@ -30,6 +30,10 @@ from harness._core import CommError
 from harness.comm.buffers import as_float32_buffer
 from harness.comm.op_record import OpRecord
 from harness.schedules import RING_THRESHOLD_BYTES
+
+if TYPE_CHECKING:
+    from harness.scenario.network import NodeTopology
+    from harness.scenario.schema import Scenario
 
 _live: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
 
@@ -189,6 +193,37 @@ class Communicator:
             bw = float("inf") if link.bandwidth_bytes_per_s is None else float(link.bandwidth_bytes_per_s)
             table.append((int(link.dst), float(link.latency_s), bw))
         self._native.set_links(table)
+
+    def set_topology(self, topology: "NodeTopology | None") -> None:
+        """Emulate nodes that share NICs (collective: every rank calls it with the same topology).
+
+        Messages between nodes queue on the source node's NIC, the fabric and the destination
+        node's NIC, shared by all ranks; pairs inside a node use the intra-node link; allreduces
+        are hierarchical if the topology says so. None leaves the flat network. The queues live in
+        shared memory, so all ranks must be on one host (CommError otherwise).
+        """
+        if topology is None:
+            return
+        inf = float("inf")
+
+        def link(latency: float, bandwidth: float | None) -> tuple[float, float]:
+            return float(latency), inf if bandwidth is None else float(bandwidth)
+
+        fabric = topology.fabric_bandwidth_bytes_per_s
+        self._native.set_topology(
+            [int(n) for n in topology.node_of],
+            link(topology.intra_latency_s, topology.intra_bandwidth_bytes_per_s),
+            link(topology.nic_latency_s, topology.nic_bandwidth_bytes_per_s),
+            inf if fabric is None else float(fabric),
+            bool(topology.hierarchical),
+        )
+
+    def emulate_network(self, scenario: "Scenario") -> None:
+        """Emulate the scenario's ``network``: its link rules and its topology (collective)."""
+        from harness.scenario.network import link_table, node_topology
+
+        self.set_links(link_table(scenario))
+        self.set_topology(node_topology(scenario))
 
     def drain_records(self) -> list[OpRecord]:
         """Finished operations since the last call (post, start, end times; bytes sent)."""

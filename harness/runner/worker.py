@@ -49,7 +49,7 @@ def _train_all(world, run, scenario, faults, beat) -> None:
     from harness.algorithms import algorithm_class
     from harness.algorithms import scenario_facts
     from harness.algorithms.base import AlgorithmContext
-    from harness.comm import Communicator, Link
+    from harness.comm import Communicator
     from harness.comm.call_log import CallLog
     from harness.device import dataset_on, local_rank, mpi_cuda_aware, torch_device
     from harness.injection import InjectionPlan
@@ -63,7 +63,6 @@ def _train_all(world, run, scenario, faults, beat) -> None:
     from harness.runner.loop import train
     from harness.runner.report import gather, publish, write_summary
     from harness.runner.workload_state import build_state, warm_up_torch
-    from harness.scenario.network import link_table
     from harness.workload import configure_torch_threads, scenario_dataset, shard_indices
 
     rank = world.rank
@@ -76,7 +75,7 @@ def _train_all(world, run, scenario, faults, beat) -> None:
     warm_up_torch()
     comm = Communicator(world)
     eval_comm = Communicator(world)
-    comm.set_links(Link(l.src, l.dst, l.latency_s, l.bandwidth_bytes_per_s) for l in link_table(scenario))
+    comm.emulate_network(scenario)
     plan = InjectionPlan.from_scenario(scenario)
     dataset = dataset_on(scenario_dataset(scenario), device)
 

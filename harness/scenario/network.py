@@ -1,9 +1,10 @@
-"""The emulated network of a scenario as a table of directed links.
+"""The emulated network of a scenario: a table of directed links and the topology of nodes.
 
 Example::
 
     for link in link_table(scenario):
         print(link.src, link.dst, link.latency_s, link.bandwidth_bytes_per_s)
+    nodes = node_topology(scenario)  # None without network.topology
 """
 
 from __future__ import annotations
@@ -47,3 +48,39 @@ def link_table(scenario: Scenario) -> list[Link]:
         pairs = sorted(named)
     links = (Link(s, d, *named.get((s, d), default)) for s, d in pairs)
     return [link for link in links if link.latency_s > 0 or link.bandwidth_bytes_per_s is not None]
+
+
+@dataclass(frozen=True)
+class NodeTopology:
+    """``network.topology`` in seconds and bytes per second (None: no emulated limit), with the
+    node of every rank resolved. The native layer (``Communicator.set_topology``) and the
+    simulator (``SimNetwork``) both take this."""
+
+    node_of: tuple[int, ...]
+    intra_latency_s: float
+    intra_bandwidth_bytes_per_s: float | None
+    nic_latency_s: float
+    nic_bandwidth_bytes_per_s: float | None
+    fabric_bandwidth_bytes_per_s: float | None
+    hierarchical: bool
+
+    @property
+    def nodes(self) -> int:
+        return max(self.node_of) + 1
+
+
+def node_topology(scenario: Scenario) -> NodeTopology | None:
+    """The scenario's nodes, or None when it has no ``network.topology``."""
+    topology = scenario.network.topology
+    if topology is None:
+        return None
+    bisection = None if topology.bisection_gbps is None else topology.bisection_gbps * 1e9 / 8
+    return NodeTopology(
+        node_of=tuple(topology.node_of(scenario.ranks)),
+        intra_latency_s=topology.intra.latency_s,
+        intra_bandwidth_bytes_per_s=topology.intra.bandwidth_bytes_per_s,
+        nic_latency_s=topology.nic.latency_s,
+        nic_bandwidth_bytes_per_s=topology.nic.bandwidth_bytes_per_s,
+        fabric_bandwidth_bytes_per_s=bisection,
+        hierarchical=topology.allreduce == "hierarchical",
+    )

@@ -555,14 +555,92 @@ AnyLinkRule = Annotated[
 ]
 
 
+# The papers' networks, by name (``network.topology.preset``); README "Network topology" shows
+# them. NIC latencies are typical one-way small-message MPI latencies between nodes: about 20 us
+# through the kernel's TCP stack on Ethernet, about 2 us with RDMA on InfiniBand; bandwidths are
+# line rates. The intra-node link is NVLink-class (V100 DGX-1 as in the SGP paper: about
+# 150 GB/s per GPU and direction, a few us per message) for the cluster presets.
+_NVLINK = {"latency_us": 3.0, "bandwidth_gbps": 1200.0}
+TOPOLOGY_PRESETS: dict[str, dict[str, dict[str, float]]] = {
+    "ethernet_1g": {"nic": {"latency_us": 50.0, "bandwidth_gbps": 1.0}, "intra": _NVLINK},
+    "ethernet_10g": {"nic": {"latency_us": 20.0, "bandwidth_gbps": 10.0}, "intra": _NVLINK},
+    "infiniband_100g": {"nic": {"latency_us": 2.0, "bandwidth_gbps": 100.0}, "intra": _NVLINK},
+}
+
+
+class Topology(StrictModel):
+    """Ranks grouped into nodes: pairs inside a node use the ``intra`` link; messages between
+    nodes leave through the source node's NIC, cross the fabric (``bisection_gbps``, if limited)
+    and enter through the destination node's NIC. NICs and fabric are shared and full duplex; see
+    README "Network topology" for the contention rule and how ``network.links`` combine with it."""
+
+    preset: Literal["ethernet_1g", "ethernet_10g", "infiniband_100g"] | None = None
+    ranks_per_node: PositiveInt | None = None
+    placement: list[NonNegativeInt] | None = None  # the node of every rank, instead of ranks_per_node
+    intra: LinkSettings = LinkSettings()
+    nic: LinkSettings = LinkSettings()
+    bisection_gbps: PositiveFloat | None = None
+    allreduce: Literal["flat", "hierarchical"] = "flat"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        """A preset fills the ``intra`` and ``nic`` fields the scenario leaves out."""
+        if not (isinstance(data, dict) and isinstance(data.get("preset"), str)):
+            return data
+        preset = TOPOLOGY_PRESETS.get(data["preset"])
+        if preset is None:
+            return data  # the Literal names the allowed presets
+        data = dict(data)
+        for part, values in preset.items():
+            given = data.get(part, {})
+            if isinstance(given, dict):
+                has_latency = "latency_us" in given or "latency_ms" in given
+                data[part] = {**{k: v for k, v in values.items() if k != "latency_us" or not has_latency}, **given}
+        return data
+
+    @model_validator(mode="after")
+    def _one_placement(self) -> Topology:
+        if (self.ranks_per_node is None) == (self.placement is None):
+            raise ParamError("ranks_per_node", "give ranks_per_node or placement (the node of every rank), one of them",
+                             self.ranks_per_node).to_pydantic()
+        return self
+
+    def check(self, ranks: int) -> None:
+        if self.placement is not None:
+            if len(self.placement) != ranks:
+                raise ParamError("placement", f"must name the node of each of the {ranks} ranks", self.placement)
+            used = set(self.placement)
+            for node in range(max(self.placement) + 1):
+                if node not in used:
+                    raise ParamError("placement", f"node {node} has no ranks (number nodes 0, 1, 2, ...)",
+                                     self.placement)
+        elif ranks % self.ranks_per_node:
+            raise ParamError("ranks_per_node", f"must divide ranks ({ranks}); give a placement for uneven nodes",
+                             self.ranks_per_node)
+
+    def node_of(self, ranks: int) -> list[int]:
+        """The node of every rank (``ranks_per_node`` fills nodes in rank order)."""
+        if self.placement is not None:
+            return list(self.placement)
+        return [r // self.ranks_per_node for r in range(ranks)]
+
+
 class Network(StrictModel):
-    """Emulated links: ``default`` for every ordered pair, then ``links`` in file order."""
+    """Emulated links: ``default`` for every ordered pair, then ``links`` in file order; and
+    optionally a ``topology`` of nodes whose shared NICs the messages between nodes cross."""
 
     default: LinkSettings = LinkSettings()
     links: list[AnyLinkRule] = []
+    topology: Topology | None = None
 
     def check(self, ranks: int) -> None:
         _check_each(self.links, ranks, "links")
+        if self.topology is not None:
+            try:
+                self.topology.check(ranks)
+            except ParamError as exc:
+                raise exc.within("topology") from None
 
 
 # ---------------------------------------------------------------------------------------------

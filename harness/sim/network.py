@@ -2,10 +2,13 @@
 
 A message of b bytes posted at time t from src to dst:
 
-1. On an emulated link (the scenario's ``network``) it is held exactly as the native layer's
-   link emulator holds it (``kernels/link_emulator.hpp``): it starts when the link is free,
-   ``start = max(t, free_at)``, occupies the link for ``b / bandwidth`` and is released at
-   ``start + latency + b / bandwidth``. Other links release it at t.
+1. If its path is emulated (the scenario's ``network``: the pair's link rule; with a topology,
+   the intra-node link, or the source node's NIC, the fabric and the destination node's NIC) it
+   is held by the native layer's rule (``kernels/link_emulator.hpp``): each resource on the path
+   carries messages one after another in posting order, a message starts on a resource no
+   earlier than on the previous one, ``start_k = max(start_(k-1), free_k)``, occupies it for
+   ``b / bandwidth_k``, and is released at ``max_k(start_k + b / bandwidth_k)`` plus the path's
+   latencies. Other messages are released at t.
 2. From its release it takes the calibrated base cost ``alpha + b / base_bandwidth`` to arrive.
 
 A send completes (its buffer may be reused, the next schedule step may start) at its release:
@@ -20,9 +23,9 @@ finished step i-1, posts its send then, and finishes step i when its send is rel
 message it receives in step i has arrived.
 
 Approximation (documented): a collective's messages are computed when its last member joins,
-so a link's slots are not reserved strictly in posting order; a message takes the first gap on
-its link at or after its post time, which is FIFO except where a later-posted message was
-computed first and left no gap.
+so a resource's slots are not reserved strictly in posting order; a message queues behind every
+message posted before it and takes the first gap at or after that, which is FIFO except where a
+later-posted message was computed first and left no gap.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from harness.scenario.network import Link
+from harness.scenario.network import Link, NodeTopology
 from harness.schedules import RING_THRESHOLD_BYTES
 from harness.sim.calibration import NetworkModel
 
@@ -44,11 +47,46 @@ FLOAT_BYTES = 4
 _MATRIX_MAX_RANKS = 4096  # emulated-link lookup by a dense boolean matrix up to this size
 
 
+class _Resource:
+    """One emulated resource's reservations (a link, a NIC direction, the fabric)."""
+
+    __slots__ = ("busy", "posts", "ends")
+
+    def __init__(self) -> None:
+        self.busy: list[tuple[float, float]] = []  # reserved intervals, in time order
+        self.posts: list[float] = []  # post times of the reservations, sorted, ...
+        self.ends: list[float] = []  # ... and their ends, in the same order
+
+    def reserve(self, post: float, earliest: float, transfer: float) -> float:
+        """Start of a ``transfer`` long slot for a message posted at ``post`` that may not start
+        before ``earliest``: after every message posted before it (FIFO by posting, as the native
+        layer), in the first gap from there."""
+        i = bisect.bisect_right(self.posts, post)
+        start = max(earliest, max(self.ends[:i], default=earliest))
+        busy = self.busy
+        j = max(bisect.bisect_right(busy, (start, math.inf)) - 1, 0)  # the interval starting at or before start
+        while j < len(busy) and busy[j][0] < start + transfer:
+            if busy[j][1] > start:
+                start = busy[j][1]
+            j += 1
+        busy.insert(j, (start, start + transfer))
+        self.posts.insert(i, post)
+        self.ends.insert(i, start + transfer)
+        if len(busy) > 256:  # forget reservations long past: messages are posted near "now"
+            horizon = post - 10.0
+            busy[:] = [iv for iv in busy if iv[1] >= horizon]
+            kept = [(p, e) for p, e in zip(self.posts, self.ends) if e >= horizon]
+            self.posts[:] = [p for p, _ in kept]
+            self.ends[:] = [e for _, e in kept]
+        return start
+
+
 class SimNetwork:
-    """Message timing for ``ranks`` ranks: base alpha-beta plus the scenario's emulated links."""
+    """Message timing for ``ranks`` ranks: base alpha-beta plus the scenario's emulated links and
+    topology of nodes (``harness.scenario.network.NodeTopology``)."""
 
     def __init__(self, ranks: int, base: NetworkModel, links: list[Link] = (),
-                 ring_threshold_bytes: int = RING_THRESHOLD_BYTES) -> None:
+                 ring_threshold_bytes: int = RING_THRESHOLD_BYTES, topology: NodeTopology | None = None) -> None:
         self.ranks = ranks
         self.alpha = base.latency_s
         self.inv_bandwidth = 1.0 / base.bandwidth_bytes_per_s
@@ -63,7 +101,23 @@ class SimNetwork:
             bandwidth = link.bandwidth_bytes_per_s
             self._links[(link.src, link.dst)] = (link.latency_s, 0.0 if bandwidth is None else 1.0 / bandwidth)
         self._sources = {src for src, _ in self._links}
-        self._busy: dict[tuple[int, int], list[tuple[float, float]]] = {}  # per link: busy intervals
+        self._resources: dict[tuple, _Resource] = {}
+        self.topology = topology
+        self._node: np.ndarray | None = None
+        self._intra_emulated = self._inter_emulated = False
+        if topology is not None:
+            if len(topology.node_of) != ranks:
+                raise ValueError(f"topology places {len(topology.node_of)} ranks, the network has {ranks}")
+            self._node = np.asarray(topology.node_of, dtype=np.int64)
+
+            def inv(bandwidth: float | None) -> float:
+                return 0.0 if bandwidth is None else 1.0 / bandwidth
+
+            self._intra = (topology.intra_latency_s, inv(topology.intra_bandwidth_bytes_per_s))
+            self._nic = (topology.nic_latency_s, inv(topology.nic_bandwidth_bytes_per_s))
+            self._fabric_inv = inv(topology.fabric_bandwidth_bytes_per_s)
+            self._intra_emulated = self._intra != (0.0, 0.0)
+            self._inter_emulated = self._nic != (0.0, 0.0) or self._fabric_inv > 0
         self._matrix = None
         if self._links and ranks <= _MATRIX_MAX_RANKS:
             self._matrix = np.zeros((ranks, ranks), dtype=bool)
@@ -72,11 +126,43 @@ class SimNetwork:
 
     @property
     def emulated(self) -> bool:
-        return bool(self._links)
+        return bool(self._links) or self._intra_emulated or self._inter_emulated
 
     def links_from(self, src: int) -> bool:
         """Whether any message ``src`` sends may cross an emulated link."""
-        return src in self._sources
+        return src in self._sources or self._intra_emulated or self._inter_emulated
+
+    def _held(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """Which of the messages src[i] -> dst[i] have an emulated path (boolean mask)."""
+        if self._matrix is not None:
+            held = self._matrix[src, dst]
+        elif self._links:
+            held = np.array([(int(s), int(d)) in self._links for s, d in zip(src, dst)], dtype=bool)
+        else:
+            held = np.zeros(len(src), dtype=bool)
+        if self._node is not None:
+            same = self._node[src] == self._node[dst]
+            held = held | (same & self._intra_emulated) | (~same & self._inter_emulated)
+        return held & (src != dst)
+
+    def _path(self, src: int, dst: int) -> tuple[list[tuple[tuple, float]], float]:
+        """The resources (key, seconds per byte) a message src -> dst crosses, and its latency."""
+        path, latency = [], 0.0
+        link = self._links.get((src, dst))
+        if link is not None:
+            latency += link[0]
+            path.append((("link", src, dst), link[1]))
+        if self._node is not None:
+            a, b = int(self._node[src]), int(self._node[dst])
+            if a == b:
+                latency += self._intra[0]
+                path.append((("intra", src, dst), self._intra[1]))
+            else:
+                latency += self._nic[0]
+                path.append((("out", a), self._nic[1]))
+                path.append((("fabric",), self._fabric_inv))
+                path.append((("in", b), self._nic[1]))
+        return path, latency
 
     def load_factor(self) -> float:
         """How much slower the progress threads are now: ``computing / shared_cores``, at least 1.
@@ -90,33 +176,27 @@ class SimNetwork:
         return self.computing / self.shared_cores
 
     def _hold(self, src: int, dst: int, nbytes: float, post: float) -> float:
-        """Release time of a message on an emulated link (reserves the link), as the native layer.
-
-        The link's busy intervals are kept in time order and the message takes the first gap
-        at or after its post time that fits its transfer: the simulator computes a collective's
-        later steps (posted in the future) when its last member joins, and a message posted
-        before those must not queue behind them.
-        """
-        latency, inv_bw = self._links[(src, dst)]
-        transfer = nbytes * inv_bw
-        start = post
-        if transfer > 0:
-            busy = self._busy.setdefault((src, dst), [])
-            i = bisect.bisect_right(busy, (post, math.inf)) - 1  # the interval starting at or before post
-            i = max(i, 0)
-            while i < len(busy) and busy[i][0] < start + transfer:
-                if busy[i][1] > start:
-                    start = busy[i][1]
-                i += 1
-            busy.insert(i, (start, start + transfer))
-            if len(busy) > 256:  # forget intervals long past: messages are posted near "now"
-                horizon = post - 10.0
-                busy[:] = [iv for iv in busy if iv[1] >= horizon]
-        return start + latency + transfer + self.progress * self.load_factor()
+        """Release time of a message on an emulated path (reserves it), by the native layer's rule:
+        on each resource it starts no earlier than on the previous one, after the messages posted
+        before it; it is released when its last byte has crossed them all, plus the latencies."""
+        path, latency = self._path(src, dst)
+        start = finish = post
+        for key, inv_bw in path:
+            if inv_bw <= 0:  # unlimited bandwidth: no queue
+                continue
+            transfer = nbytes * inv_bw
+            resource = self._resources.get(key)
+            if resource is None:
+                resource = self._resources[key] = _Resource()
+            start = resource.reserve(post, start, transfer)
+            finish = max(finish, start + transfer)
+        return finish + latency + self.progress * self.load_factor()
 
     def message(self, src: int, dst: int, nbytes: float, post: float) -> tuple[float, float]:
         """(release, arrival) of one message posted at ``post``."""
-        release = self._hold(src, dst, nbytes, post) if self._links and (src, dst) in self._links else post
+        held = src != dst and ((src, dst) in self._links or (self._node is not None and (
+            self._intra_emulated if self._node[src] == self._node[dst] else self._inter_emulated)))
+        release = self._hold(src, dst, nbytes, post) if held else post
         cost = self.alpha + nbytes * self.inv_bandwidth
         return release, release + (cost * self.load_factor() if self.shared_cores else cost)
 
@@ -124,18 +204,19 @@ class SimNetwork:
                  post: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Vectorised :meth:`message` for many messages (emulated ones in order of posting)."""
         release = post.copy()
-        if self._links:
-            if self._matrix is not None:
-                held = np.flatnonzero(self._matrix[src, dst])
-            else:
-                held = np.array([i for i in range(len(src)) if (int(src[i]), int(dst[i])) in self._links], dtype=int)
+        if self.emulated:
+            held = np.flatnonzero(self._held(src, dst))
             for i in held[np.argsort(post[held], kind="stable")]:
                 release[i] = self._hold(int(src[i]), int(dst[i]), float(nbytes[i]), float(post[i]))
         return release, release + (self.alpha + nbytes * self.inv_bandwidth) * self.load_factor()
 
-    def allreduce_schedule(self, members: int, count: int) -> "Schedule":
-        """The native layer's allreduce schedule for ``members`` ranks and ``count`` floats."""
-        return allreduce_schedule(members, count, self.ring_threshold_bytes)
+    def allreduce_schedule(self, members: Sequence[int], count: int) -> "Schedule | RingSchedule":
+        """The native layer's allreduce schedule over ``members`` (ranks) for ``count`` floats:
+        hierarchical by the members' nodes when the topology says so."""
+        if self.topology is not None and self.topology.hierarchical:
+            nodes = tuple(int(self._node[m]) for m in members)
+            return hierarchical_schedule(nodes, count, self.ring_threshold_bytes)
+        return allreduce_schedule(len(members), count, self.ring_threshold_bytes)
 
 
 @dataclass(frozen=True)
@@ -243,6 +324,62 @@ def allreduce_schedule(p: int, count: int, ring_threshold_bytes: int = RING_THRE
     if p > 2 and count >= p and count * FLOAT_BYTES >= ring_threshold_bytes:
         return RingSchedule(p, count)
     return _schedule(_rd_steps(p, count), p)
+
+
+@lru_cache(maxsize=256)
+def hierarchical_schedule(member_nodes: tuple[int, ...], count: int,
+                          ring_threshold_bytes: int = RING_THRESHOLD_BYTES) -> Schedule:
+    """The native ``hierarchical_allreduce`` (kernels/schedule.cpp) as aligned steps: a binomial
+    reduce inside every node to its first member, the leaders' allreduce (ring or recursive
+    doubling, as :func:`allreduce_schedule` picks for them), a binomial broadcast inside every
+    node. ``member_nodes[m]``: the node of member m."""
+    p = len(member_nodes)
+    if p == 1:
+        return _schedule([], 1)
+    nbytes = count * FLOAT_BYTES
+    local: dict[int, list[int]] = {}
+    for m, node in enumerate(member_nodes):
+        local.setdefault(node, []).append(m)
+    leaders = [members[0] for members in local.values()]  # in order of first appearance
+    widest = max(len(members) for members in local.values())
+    steps = []
+
+    def step(pairs: list[tuple[int, int]]) -> None:  # (sender, receiver) member pairs of one step
+        send, recv = [-1] * p, [-1] * p
+        for a, b in pairs:
+            send[a], recv[b] = b, a
+        steps.append((send, [nbytes] * p, recv))
+
+    mask = 1
+    while mask < widest:  # reduce: local index li with bit `mask` sends to li - mask
+        step([(ms[li], ms[li - mask]) for ms in local.values() for li in range(len(ms))
+              if li & mask and li % mask == 0])
+        mask <<= 1
+    if len(leaders) > 1:
+        for send_l, sizes, recv_l in _allreduce_steps(len(leaders), count, ring_threshold_bytes):
+            send, recv = [-1] * p, [-1] * p
+            size = [nbytes] * p
+            for i, leader in enumerate(leaders):
+                send[leader] = leaders[send_l[i]] if send_l[i] >= 0 else -1
+                recv[leader] = leaders[recv_l[i]] if recv_l[i] >= 0 else -1
+                size[leader] = sizes[i]
+            steps.append((send, size, recv))
+    top = 1
+    while top * 2 < widest:
+        top *= 2
+    mask = top
+    while mask >= 1 and widest > 1:  # broadcast: li with li % 2mask == 0 sends to li + mask
+        step([(ms[li], ms[li + mask]) for ms in local.values() for li in range(0, len(ms), 2 * mask)
+              if li + mask < len(ms)])
+        mask >>= 1
+    return _schedule(steps, p)
+
+
+def _allreduce_steps(p: int, count: int, ring_threshold_bytes: int) -> list[tuple[list[int], list[int], list[int]]]:
+    """The flat allreduce's steps (send_to, bytes, recv_from), as :func:`allreduce_schedule` picks."""
+    if p > 2 and count >= p and count * FLOAT_BYTES >= ring_threshold_bytes:
+        return _ring_steps(p, count)
+    return _rd_steps(p, count)
 
 
 class RingSchedule:
@@ -389,7 +526,7 @@ def predict_allreduce_s(ranks: int, nbytes: int, base: NetworkModel,
     """Predicted time of a blocking allreduce of ``nbytes`` per rank that all ranks join at once
     (no emulated links): the slowest member's completion."""
     network = SimNetwork(ranks, base, ring_threshold_bytes=ring_threshold_bytes)
-    schedule = network.allreduce_schedule(ranks, max(0, nbytes // FLOAT_BYTES))
+    schedule = network.allreduce_schedule(range(ranks), max(0, nbytes // FLOAT_BYTES))
     done = run_schedule(schedule, range(ranks), [0.0] * ranks, network)
     return max(done) if ranks else 0.0
 

@@ -48,7 +48,7 @@ class Collective:
         self.done_at: list[float] | None = None
         self.complete = engine.env.event()
         if kind == "allreduce":
-            self.schedule = network.allreduce_schedule(len(self.members), count)
+            self.schedule = network.allreduce_schedule(self.members, count)
         elif kind == "barrier":
             self.schedule = barrier_schedule(len(self.members))
         else:

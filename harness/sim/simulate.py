@@ -30,7 +30,7 @@ from harness.algorithms.base import AlgorithmContext
 from harness.injection import InjectionPlan
 from harness.results.columns import STEP_COLUMNS
 from harness.runner.loop import train
-from harness.scenario.network import link_table
+from harness.scenario.network import link_table, node_topology
 from harness.scenario.schema import Scenario
 from harness.sim.calibration import NetworkModel
 from harness.sim.comm import SimFabric
@@ -147,7 +147,7 @@ def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
     ranks = scenario.ranks
     count = communicated_floats(scenario)
     engine = SimEngine()
-    network = SimNetwork(ranks, base, link_table(scenario))
+    network = SimNetwork(ranks, base, link_table(scenario), topology=node_topology(scenario))
     fabric = SimFabric(engine, network, ranks)
     evaluations = _Evaluations(engine, ranks, count, base, timing)
     cls = algorithm_class(params.name)

@@ -79,6 +79,10 @@ def test_full_example_has_every_feature() -> None:
     assert [i.kind for i in s.imbalance] == ["random_ranks", "fixed", "linear", "jitter", "slowdown"]
     assert s.imbalance[1].ranks == [3]
     assert len(s.network.links) == 3
+    topology = s.network.topology
+    assert (topology.preset, topology.ranks_per_node, topology.allreduce) == ("ethernet_10g", 4, "hierarchical")
+    assert (topology.nic.latency_us, topology.nic.bandwidth_gbps) == (20.0, 25.0)  # the preset's latency, own bandwidth
+    assert topology.node_of(s.ranks) == [0, 0, 0, 0, 1, 1, 1, 1]
 
 
 def test_minimal_file_gets_the_defaults() -> None:
@@ -169,6 +173,10 @@ def _links(*links: dict[str, Any]) -> dict[str, Any]:
     return {"network": {"links": list(links)}}
 
 
+def _topology(**fields: Any) -> dict[str, Any]:
+    return {"network": {"topology": fields}}
+
+
 def _injector(**fields: Any) -> dict[str, Any]:
     return {"imbalance": [fields]}
 
@@ -185,6 +193,14 @@ MORE_BAD = [
     (_links({"rank": 1, "rank_": 2}), "network.links[0].rank_: unknown key"),
     (_links({"rank": 1, "a b\n": 2}), "network.links[0]['a b\\n']: unknown key"),
     ({"network": {"default": {"latency_ms": -1}}}, "network.default.latency_ms: must be a number >= 0 (got -1)"),
+    (_topology(ranks_per_node=3), "network.topology.ranks_per_node: must divide ranks (4); give a placement"),
+    (_topology(), "network.topology.ranks_per_node: give ranks_per_node or placement"),
+    (_topology(ranks_per_node=2, placement=[0, 0, 1, 1]), "network.topology.ranks_per_node: give ranks_per_node or"),
+    (_topology(placement=[0, 0, 1]), "network.topology.placement: must name the node of each of the 4 ranks"),
+    (_topology(placement=[0, 0, 2, 2]), "network.topology.placement: node 1 has no ranks"),
+    (_topology(ranks_per_node=2, preset="ethernet_100g"), "network.topology.preset: must be 'ethernet_1g', 'ethernet_10g' or 'infiniband_100g'"),
+    (_topology(ranks_per_node=2, nic={"bandwidth_gbps": 0}), "network.topology.nic.bandwidth_gbps: must be > 0"),
+    (_topology(ranks_per_node=2, allreduce="tree"), "network.topology.allreduce: must be 'flat' or 'hierarchical' (got 'tree')"),
     (_injector(count=1), "imbalance[0].kind: required field missing"),
     (_injector(kind="slowdown", ranks=[1, 1], factor=2.0), "imbalance[0].ranks[1]: rank listed twice (got 1)"),
     (_injector(kind="jitter", sigma=math.nan), "imbalance[0].sigma: must be a finite number (got nan)"),
@@ -244,7 +260,7 @@ def test_resolved_dict_fills_in_defaults() -> None:
     assert resolved["workload"]["eval_every"] == 2
     assert resolved["algorithms"] == [{"name": "allreduce_sgd"}]
     assert resolved["optimizer"]["momentum"] == 0.9
-    assert resolved["network"] == {"default": {"latency_us": 0.0, "bandwidth_gbps": None}, "links": []}
+    assert resolved["network"] == {"default": {"latency_us": 0.0, "bandwidth_gbps": None}, "links": [], "topology": None}
 
 
 def test_resolved_links_keep_only_the_fields_they_set() -> None:

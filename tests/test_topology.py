@@ -1,0 +1,136 @@
+"""Nodes sharing NICs: one contention rule in the native emulator and in the simulator, the
+hierarchical allreduce in both, and the checks under mpiexec (tests/mpi/topology_checks.py)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from conftest import assert_check, check_names, report_cache
+from harness.scenario import scenario_from_dict
+from harness.scenario.network import Link, NodeTopology, node_topology
+from harness.schedules import RING_THRESHOLD_BYTES
+from harness.sim.calibration import NetworkModel
+from harness.sim.network import SimNetwork, hierarchical_schedule, run_schedule
+
+core = pytest.importorskip("harness._core")
+
+INF = float("inf")
+FREE_BASE = NetworkModel(latency_s=0.0, bandwidth_bytes_per_s=1e300)  # only the emulated path counts
+
+
+def _topology(node_of, nic=(20e-6, 1.25e8), intra=(1e-6, 5e9), fabric=None, hierarchical=False) -> NodeTopology:
+    return NodeTopology(tuple(node_of), intra[0], intra[1], nic[0], nic[1], fabric, hierarchical)
+
+
+def _native_releases(ranks, links, topo: NodeTopology, messages) -> list[float]:
+    def bw(b):
+        return INF if b is None else b
+
+    pair_links = [(l.src, l.dst, l.latency_s, bw(l.bandwidth_bytes_per_s)) for l in links]
+    return core.emulated_releases(
+        ranks, pair_links, list(topo.node_of), (topo.intra_latency_s, bw(topo.intra_bandwidth_bytes_per_s)),
+        (topo.nic_latency_s, bw(topo.nic_bandwidth_bytes_per_s)), bw(topo.fabric_bandwidth_bytes_per_s), messages)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("fabric", [None, 2e8])
+def test_simulator_holds_messages_as_the_native_emulator(seed: int, fabric: float | None) -> None:
+    """Random messages, posted in time order, between 7 ranks on 3 uneven nodes with slow NICs,
+    a pair link rule on top and (or not) a fabric limit: the simulator releases each message at
+    the time the native emulator (its C++ code, without MPI) does."""
+    rng = random.Random(seed)
+    node_of = [0, 0, 0, 1, 1, 2, 2]
+    topo = _topology(node_of, fabric=fabric)
+    links = [Link(0, 3, 1e-3, 1e7), Link(4, 5, 0.0, 5e6)]  # one between nodes, one inside node 1
+    t, messages = 0.0, []
+    for _ in range(200):
+        t += rng.choice([0.0, rng.expovariate(2000.0)])
+        src, dst = rng.sample(range(7), 2)
+        messages.append((src, dst, float(rng.choice([0, 100, 40_000, 1_000_000])), t))
+    native = _native_releases(7, links, topo, messages)
+    net = SimNetwork(7, FREE_BASE, links, topology=topo)
+    simulated = [net.message(s, d, b, post)[0] for s, d, b, post in messages]
+    assert simulated == pytest.approx(native, rel=1e-12, abs=1e-12)
+
+
+def test_two_nodes_sharing_a_nic_queue_their_messages() -> None:
+    """8 ranks as 2 nodes of 4, each sending 1 MB to the other node at once through 1 Gb/s NICs:
+    node 0's NIC carries the four messages one after another (8 ms each), while messages inside
+    a node do not wait for it."""
+    topo = _topology([r // 4 for r in range(8)], nic=(0.0, 1.25e8), intra=(0.0, None))
+    net = SimNetwork(8, FREE_BASE, topology=topo)
+    mb = 1_000_000
+    releases = sorted(net.message(r, r + 4, mb, 0.0)[0] for r in range(4))
+    assert releases == pytest.approx([0.008, 0.016, 0.024, 0.032])
+    assert net.message(5, 4, mb, 0.0)[0] == 0.0  # inside node 1: the intra link is free
+    assert net.message(4, 0, mb, 0.0)[0] == pytest.approx(0.008)  # the other direction: full duplex
+    native = _native_releases(8, [], topo, [(r, r + 4, mb, 0.0) for r in range(4)])
+    assert sorted(native) == pytest.approx(releases)
+
+
+@pytest.mark.parametrize("node_of", [
+    (0, 0, 0, 0, 1, 1, 1, 1), (0, 0, 1, 1, 2), (0, 1, 0, 1, 0, 1, 0), (0, 0, 0), (0, 1, 2, 3, 4), (3, 3, 1, 0, 0, 1, 2, 2, 2),
+])
+def test_hierarchical_schedule_is_the_native_layers(node_of: tuple[int, ...]) -> None:
+    """The simulator's hierarchical allreduce against the native builder, member by member."""
+    from test_sim_model import _COUNTS, _member_steps
+
+    p = len(node_of)
+    for threshold in (RING_THRESHOLD_BYTES, 0):
+        for count in _COUNTS:
+            schedule = hierarchical_schedule(node_of, count, threshold)
+            for me in range(p):
+                native = [([tuple(x) for x in sends], [tuple(x) for x in recvs])
+                          for sends, recvs in core.allreduce_steps(p, me, count, threshold, list(node_of))]
+                assert _member_steps(schedule, me) == native, (node_of, threshold, count, me)
+
+
+def test_hierarchical_allreduce_wins_on_a_slow_nic() -> None:
+    """2 nodes of 4 behind 1 Gb/s NICs with a fast intra-node link, 4 MB per rank: the flat ring
+    sends every chunk between nodes at two places of the ring; hierarchical crosses the NICs with
+    one leader per node. On one node (no NIC at all) the flat ring is the faster."""
+    count = 1_000_000
+
+    def allreduce_time(node_of, hierarchical: bool) -> float:
+        topo = _topology(node_of, nic=(20e-6, 1.25e8), intra=(3e-6, 1.5e11), hierarchical=hierarchical)
+        net = SimNetwork(len(node_of), FREE_BASE, topology=topo)
+        members = range(len(node_of))
+        return max(run_schedule(net.allreduce_schedule(members, count), members, [0.0] * len(node_of), net))
+
+    two_nodes = [r // 4 for r in range(8)]
+    flat, hier = allreduce_time(two_nodes, False), allreduce_time(two_nodes, True)
+    assert hier < 0.8 * flat, (flat, hier)
+    one_node = [0] * 8
+    assert allreduce_time(one_node, False) < allreduce_time(one_node, True)
+
+
+def test_scenario_topology_reaches_both_sides() -> None:
+    doc = {"name": "t", "ranks": 6, "workload": {"model": "tiny_cnn", "dataset": "synthetic", "batch_size": 8,
+                                                 "iterations": 2},
+           "algorithms": ["allreduce_sgd"],
+           "network": {"topology": {"preset": "ethernet_1g", "placement": [0, 0, 0, 1, 1, 2],
+                                    "allreduce": "hierarchical", "bisection_gbps": 2}}}
+    topo = node_topology(scenario_from_dict(doc))
+    assert topo.node_of == (0, 0, 0, 1, 1, 2) and topo.nodes == 3 and topo.hierarchical
+    assert (topo.nic_latency_s, topo.nic_bandwidth_bytes_per_s) == (50e-6, 1.25e8)
+    assert topo.fabric_bandwidth_bytes_per_s == 2.5e8
+    assert topo.intra_bandwidth_bytes_per_s == 1.5e11
+
+
+# -- under mpiexec ------------------------------------------------------------------------------
+
+RANK_COUNTS = (3, 5, 8)
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    return report_cache("topology_checks.py", tmp_path_factory)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", RANK_COUNTS)
+@pytest.mark.parametrize("check", check_names("topology_checks.py"))
+def test_topology_under_mpi(reports, ranks: int, check: str) -> None:
+    assert_check(reports(ranks), check)

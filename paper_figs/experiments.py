@@ -16,8 +16,8 @@ Common choices:
 - Throughput and time per iteration come from ``harness.results.summary.summarize``:
   ``iter_time_s`` is ``wall_s / iterations`` (makespan over all ranks, per iteration).
 - The network is the alpha-beta model of ``harness.sim.calibration.NetworkModel`` without
-  ``shared_cores``: one host per rank, a cluster. The simulator has no notion of a node with
-  several workers behind one NIC (no intra-node links, no NIC sharing).
+  ``shared_cores``: one host per rank, a cluster; except for the SGP figure, whose 8 workers
+  per node share a NIC (``network.topology``).
 """
 
 from __future__ import annotations
@@ -51,6 +51,14 @@ SGP_SERIES: dict[str, Any] = {
     "sgp": "sgp",
     "osgp": {"name": "osgp", "synch_freq": 0},  # 1-OSGP
 }
+# Series of the SGP figure that differ in the topology, not the algorithm: (algorithm entry,
+# changes to network.topology). WAGMA-SGD's phase-0 groups are 8 consecutive ranks: one node
+# with ranks placed node by node, 8 different nodes with ranks dealt round-robin.
+SGP_TOPOLOGY_SERIES: dict[str, tuple[Any, dict[str, Any]]] = {
+    "allreduce_sgd_hierarchical": ("allreduce_sgd", {"allreduce": "hierarchical"}),
+    "wagma_groups_in_nodes": ({"name": "wagma", "group_size": 8, "period": 11}, {}),
+    "wagma_groups_across_nodes": ({"name": "wagma", "group_size": 8, "period": 11}, {"placement": "round_robin"}),
+}
 IMBALANCE_SERIES: dict[str, Any] = {
     "allreduce_sgd": "allreduce_sgd",
     "eager_sgd_solo": {"name": "eager_sgd", "mode": "solo"},
@@ -58,19 +66,15 @@ IMBALANCE_SERIES: dict[str, Any] = {
     "wagma": {"name": "wagma", "group_size": 8, "period": 11},
 }
 
-# The SGP paper's two networks (Assran et al., ICML'19: 10 Gb/s Ethernet vs 100 Gb/s InfiniBand).
-# Bandwidths are the line rates (10 Gb/s = 1.25e9 B/s, 100 Gb/s = 12.5e9 B/s): an upper bound,
-# large messages reach 85-95% of them. Latencies are typical small-message MPI figures: about
-# 20 us through the kernel TCP stack over 10 GbE, about 2 us with RDMA over EDR InfiniBand (the
-# same as the harness's default cluster network).
-SGP_NETWORKS: dict[str, NetworkModel] = {
-    "10 GbE": NetworkModel(latency_s=20e-6, bandwidth_bytes_per_s=1.25e9),
-    "100 Gb InfiniBand": NetworkModel(latency_s=2e-6, bandwidth_bytes_per_s=12.5e9),
-}
+# The SGP paper's two networks as topology presets (harness.scenario.schema.TOPOLOGY_PRESETS:
+# 10 Gb/s Ethernet at 20 us and 100 Gb/s InfiniBand at 2 us per node NIC, NVLink-class inside
+# the node). The topology is the whole network: the base point-to-point cost is taken as free.
+SGP_NETWORKS: dict[str, str] = {"10 GbE": "ethernet_10g", "100 Gb InfiniBand": "infiniband_100g"}
+FREE_NETWORK = NetworkModel(latency_s=0.0, bandwidth_bytes_per_s=1e15)
 
 
 def _scenario(name: str, ranks: int, algorithm: Any, iterations: int, batch_size: int, compute_ms: float,
-              imbalance: list[dict]) -> dict:
+              imbalance: list[dict], topology: dict[str, Any] | None = None) -> dict:
     return {
         "name": name,
         "ranks": ranks,
@@ -86,13 +90,15 @@ def _scenario(name: str, ranks: int, algorithm: Any, iterations: int, batch_size
         },
         "algorithms": [algorithm],
         "imbalance": imbalance,
+        "network": {"topology": topology} if topology else {},
     }
 
 
 def _simulate(name: str, ranks: int, algorithm: Any, iterations: int, batch_size: int, compute_ms: float,
-              imbalance: list[dict], network: NetworkModel) -> dict:
+              imbalance: list[dict], network: NetworkModel, topology: dict[str, Any] | None = None) -> dict:
     """One single-algorithm scenario, simulated: its summary row (samples_per_s, wall_s, ...)."""
-    scenario = scenario_from_dict(_scenario(name, ranks, algorithm, iterations, batch_size, compute_ms, imbalance))
+    scenario = scenario_from_dict(_scenario(name, ranks, algorithm, iterations, batch_size, compute_ms, imbalance,
+                                            topology))
     frames, _ = predict(scenario, CalibrationEntry(ranks=ranks, network=network))
     (frame,) = frames.values()
     row = summarize(frame, None, batch_size, iterations, ranks=ranks).iloc[0].to_dict()
@@ -130,25 +136,31 @@ def wagma_scaling(quick: bool, ranks: Sequence[int] | None = None, iterations: i
 
 def sgp_scaling(quick: bool, nodes: Sequence[int] | None = None, iterations: int | None = None,
                 workers_per_node: int = 8, compute_ms: float = 200.0, batch_size: int = 32) -> pd.DataFrame:
-    """SGP paper: time per iteration vs nodes (of 8 workers) on 10 GbE and 100 Gb InfiniBand.
+    """SGP paper: time per iteration vs nodes of 8 workers on 10 GbE and 100 Gb InfiniBand.
 
-    No injection; ResNet-50 buffer; compute 200 ms +- 10% at batch 32 per worker. Ranks are
-    ``workers_per_node x nodes``; the simulator treats every rank as its own host (no intra-node
-    vs inter-node distinction, no NIC shared by a node's 8 GPUs), so "nodes" is only a rank
-    count here and the per-rank links are the network's full bandwidth: this flatters every
-    method against the paper's testbed, Allreduce-SGD (ring allreduce, bandwidth term nearly
-    independent of the rank count) most. Iterations: 60 (quick: 12).
+    No injection; ResNet-50 buffer; compute 200 ms +- 10% at batch 32 per worker. Every rank is
+    a worker; the 8 workers of a node share its NIC and talk to each other over NVLink-class
+    links (``network.topology`` with the presets of :data:`SGP_NETWORKS`). Series: Allreduce-SGD
+    (flat ring, and hierarchical), D-PSGD, SGP and 1-OSGP per worker, and WAGMA-SGD (groups of
+    8, a synchronous round every 11) with its phase-0 groups inside nodes or across nodes
+    (:data:`SGP_TOPOLOGY_SERIES`). Iterations: 60 (quick: 12).
 
     Columns: algorithm, network, nodes, ranks, iterations, iter_time_s, samples_per_s.
     """
     nodes = tuple(nodes or ((4, 32) if quick else (4, 8, 16, 32)))
     iterations = iterations or (12 if quick else 60)
+    series = {key: (algorithm, {}) for key, algorithm in SGP_SERIES.items()} | SGP_TOPOLOGY_SERIES
     rows = []
-    for network_name, network in SGP_NETWORKS.items():
+    for network_name, preset in SGP_NETWORKS.items():
         for n in nodes:
             p = workers_per_node * n
-            for key, algorithm in SGP_SERIES.items():
-                row = _simulate("sgp_scaling", p, algorithm, iterations, batch_size, compute_ms, [], network)
+            for key, (algorithm, changes) in series.items():
+                topology = {"preset": preset, "ranks_per_node": workers_per_node, **changes}
+                if topology.get("placement") == "round_robin":
+                    topology = {**topology, "placement": [r % n for r in range(p)]}
+                    del topology["ranks_per_node"]
+                row = _simulate("sgp_scaling", p, algorithm, iterations, batch_size, compute_ms, [], FREE_NETWORK,
+                                topology)
                 rows.append({"algorithm": key, "network": network_name, "nodes": n, "ranks": p,
                              "iterations": iterations, "iter_time_s": row["wall_s"] / iterations,
                              "samples_per_s": row["samples_per_s"]})

@@ -4,8 +4,10 @@ vs wall-clock time under a slow link.
 Inputs: ``sgp_scaling`` (the simulated sweep's CSV, ``experiments.sgp_scaling``) and
 ``slow_link`` (a real run directory of ``scenarios/slow_link.yaml``).
 
-- Panels 0 and 1: simulated time per iteration (s) vs nodes of 8 workers, one line per
-  algorithm, on "10 GbE" and on "100 Gb InfiniBand" (shared y range).
+- Panels 0 and 1: simulated time per iteration (s) vs nodes of 8 workers that share their
+  node's NIC, one line per series (``experiments.sgp_scaling``: the SGP paper's methods, the
+  hierarchical allreduce, WAGMA-SGD's groups inside and across nodes), on "10 GbE" and on
+  "100 Gb InfiniBand" (shared y range).
 - Panel 2: test error (1 - accuracy of the average model) vs seconds since the algorithm's first
   iteration began, for Allreduce-SGD, D-PSGD, SGP and 1-OSGP in the real slow-link run.
 """
@@ -51,7 +53,8 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
         ax.set_xticks(nodes, [str(n) for n in nodes])
         ax.set_xlabel("nodes (8 workers each)")
         ax.set_ylabel("time per iteration (s)")
-        ax.set_title(f"Time per iteration, {network} (simulated,\nResNet-50 buffer, no stragglers)", fontsize=10)
+        ax.set_title(f"Time per iteration, {network} NICs shared by 8 workers\n(simulated, ResNet-50 buffer, "
+                     "no stragglers)", fontsize=10)
         ax.set_ylim(0, sweep["iter_time_s"].max() * 1.1)
         ax.legend(loc="best")
     for ax in axes[len(networks[:2]):2]:  # a sweep with one network: leave the other panel empty

@@ -32,6 +32,9 @@ from harness.results import atomic  # noqa: E402
 VARIANTS = {
     "eager_sgd_solo": ("eager_sgd", "solo", "#ffbb78"),
     "eager_sgd_majority": ("eager_sgd", "majority", "#ff7f0e"),
+    "allreduce_sgd_hierarchical": ("allreduce_sgd", "hierarchical", "#7f7f7f"),
+    "wagma_groups_in_nodes": ("wagma", "groups in nodes", "#d62728"),
+    "wagma_groups_across_nodes": ("wagma", "groups across nodes", "#ff9896"),
 }
 UNKNOWN_COLOUR = "#bcbd22"
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p", "d", "8")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harness.scenario.loader import scenario_from_dict
-from harness.sim.calibration import Calibration, CalibrationEntry, CalibrationError, NetworkModel
+from harness.sim.calibration import Calibration, CalibrationEntry, CalibrationError, ComputePoint, NetworkModel
 from harness.sim.fit import ALPHAS, BANDWIDTHS, fit_loaded_network
 from harness.sim.runs import predict
 
@@ -39,7 +39,9 @@ def test_fit_needs_references() -> None:
 
 
 def _entry(ranks: int) -> CalibrationEntry:
-    return CalibrationEntry(ranks=ranks, network=NetworkModel(latency_s=ranks * 1e-6, bandwidth_bytes_per_s=1e9))
+    compute = ComputePoint(model="mlp", dataset="mnist5k", batch_size=32, median_s=0.01, p95_s=0.02, samples=10)
+    return CalibrationEntry(ranks=ranks, network=NetworkModel(latency_s=ranks * 1e-6, bandwidth_bytes_per_s=1e9),
+                            compute=[compute], loop_overhead_s=1e-4)
 
 
 def test_choose_prefers_the_rank_count_then_the_uncontended_one_and_says_so() -> None:
@@ -52,5 +54,15 @@ def test_choose_prefers_the_rank_count_then_the_uncontended_one_and_says_so() ->
     only_contended = Calibration(created_at="x", harness_version="x", cpus=2, entries=[_entry(8), _entry(4)])
     entry, note = only_contended.choose(16)
     assert entry.ranks == 4 and "using the one measured at 4 ranks (the fewest ranks" in note
+    # Measured with shared cores: this machine, where 16 ranks share the 2 CPUs 4x as much as 4 did.
+    assert note.endswith("its CPU work (local work, copying message bytes) x4 for 16 ranks sharing 2 CPUs")
+    measured = _entry(4)
+    assert entry.compute[0].median_s == pytest.approx(4 * measured.compute[0].median_s)
+    assert entry.loop_overhead_s == pytest.approx(4 * measured.loop_overhead_s)
+    assert entry.network.bandwidth_bytes_per_s == pytest.approx(measured.network.bandwidth_bytes_per_s / 4)
+    assert entry.network.latency_s == measured.network.latency_s
+    # 2 ranks have a CPU each: their local work takes half as long as that of 4 ranks on 2 CPUs.
+    assert only_contended.choose(2).entry.compute[0].median_s == pytest.approx(measured.compute[0].median_s / 2)
+    assert cal.choose(1024).entry.compute == _entry(2).compute  # an uncontended entry stands for a cluster
     with pytest.raises(CalibrationError, match="no entries"):
         Calibration(created_at="x", harness_version="x", cpus=2, entries=[]).choose(8)

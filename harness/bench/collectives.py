@@ -32,6 +32,7 @@ import this module (for its arguments and size parsing) without initializing MPI
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import statistics
 import sys
@@ -131,6 +132,13 @@ def _nonnegative_float(text: str) -> float:
     return value
 
 
+def _positive_float(text: str) -> float:
+    value = _nonnegative_float(text)
+    if not value > 0:
+        raise ValueError(f"must be > 0 (got {text})")
+    return value
+
+
 def parse_ops(text: str) -> list[str]:
     """Comma-separated op names out of ``OPS``, in the order given, duplicates dropped."""
     names = split_list(text, "op", "allreduce,broadcast")
@@ -153,6 +161,15 @@ def add_arguments(parser: argparse.ArgumentParser, *, ranks_default: int | None 
     parser.add_argument("--ops", type=argtype(parse_ops), default=["allreduce", "broadcast"],
                         help="comma-separated ops: allreduce, broadcast (default both)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write all rows as JSON (rank 0)")
+    topo = parser.add_argument_group(
+        "emulated nodes (flat and hierarchical allreduce side by side; the MPI baseline is not emulated, so skipped)")
+    topo.add_argument("--ranks-per-node", type=int_at_least(1), metavar="K",
+                      help="emulate nodes of K ranks (must divide the ranks) sharing one NIC each")
+    topo.add_argument("--nic-gbps", type=argtype(_positive_float), default=1.0, help="each node's NIC (default 1 Gb/s)")
+    topo.add_argument("--nic-latency-us", type=argtype(_nonnegative_float), default=50.0,
+                      help="latency between nodes (default 50 us)")
+    topo.add_argument("--intra-gbps", type=argtype(_positive_float), default=1200.0,
+                      help="link between two ranks of a node (default 1200 Gb/s, NVLink-class)")
     comm = parser.add_argument_group("native communicator options (default: the Communicator's)")
     comm.add_argument("--spin-us", type=argtype(_nonnegative_float), help="progress thread spin before sleeping")
     comm.add_argument("--max-sleep-us", type=argtype(_nonnegative_float), help="longest progress thread sleep")
@@ -166,6 +183,9 @@ def to_argv(args: argparse.Namespace, ranks: int) -> list[str]:
             "--warmup", str(args.warmup), "--ops", ",".join(args.ops)]
     if args.json is not None:
         argv += ["--json", str(Path(args.json).absolute())]
+    if args.ranks_per_node is not None:
+        argv += ["--ranks-per-node", str(args.ranks_per_node), "--nic-gbps", str(args.nic_gbps),
+                 "--nic-latency-us", str(args.nic_latency_us), "--intra-gbps", str(args.intra_gbps)]
     for flag, value in (("--spin-us", args.spin_us), ("--max-sleep-us", args.max_sleep_us),
                         ("--ring-threshold", args.ring_threshold)):
         if value is not None:
@@ -245,8 +265,10 @@ def _timed(world: Any, run: Callable[[], None], refill: Callable[[], None], iter
     return statistics.median(times.tolist())
 
 
-def measure(comm: Any, world: Any, name: str, size: int, iters: int, warmup: int) -> dict[str, Any]:
-    """One row: native and MPI timings of op ``name`` on ``size`` bytes, and the #wrong check."""
+def measure(comm: Any, world: Any, name: str, size: int, iters: int, warmup: int,
+            baseline: bool = True) -> dict[str, Any]:
+    """One row: native and MPI timings of op ``name`` on ``size`` bytes, and the #wrong check
+    (without ``baseline``, the MPI columns are NaN)."""
     from mpi4py import MPI  # noqa: PLC0415
 
     op, n, count = OPS[name], world.Get_size(), size // 4
@@ -270,7 +292,7 @@ def measure(comm: Any, world: Any, name: str, size: int, iters: int, warmup: int
     check()
     native_s = _timed(world, lambda: op.native(comm, buf), refill, iters, warmup)
     check()  # the last timed iteration's result
-    mpi_s = _timed(world, lambda: op.mpi(world, inp, buf), refill, iters, warmup)
+    mpi_s = _timed(world, lambda: op.mpi(world, inp, buf), refill, iters, warmup) if baseline else float("nan")
 
     n_wrong = world.allreduce(int(np.count_nonzero(wrong)), op=MPI.SUM)
     algbw, mpi_algbw = size / native_s / 1e9, size / mpi_s / 1e9
@@ -301,8 +323,31 @@ def table_row(row: dict[str, Any]) -> str:
 
 def min_large_ratio(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The allreduce row with the smallest ratio among sizes >= 1 MiB (None: no such row)."""
-    large = [r for r in rows if r["op"] == "allreduce" and r["size_bytes"] >= MIB]
+    large = [r for r in rows if r["op"] == "allreduce" and r["size_bytes"] >= MIB and not math.isnan(r["ratio"])]
     return min(large, key=lambda r: r["ratio"]) if large else None
+
+
+# -- emulated nodes ----------------------------------------------------------------------------
+def topologies(args: argparse.Namespace, ranks: int) -> list[Any]:
+    """[None] (no emulation), or the flat and the hierarchical variant of ``--ranks-per-node``."""
+    if args.ranks_per_node is None:
+        return [None]
+    if ranks % args.ranks_per_node:
+        raise HarnessError(f"--ranks-per-node {args.ranks_per_node} must divide the ranks ({ranks})")
+    from harness.scenario.network import NodeTopology  # noqa: PLC0415
+
+    node_of = tuple(r // args.ranks_per_node for r in range(ranks))
+    return [NodeTopology(node_of, 3e-6, args.intra_gbps * 1e9 / 8, args.nic_latency_us * 1e-6,
+                         args.nic_gbps * 1e9 / 8, None, hierarchical) for hierarchical in (False, True)]
+
+
+def describe(topology: Any) -> str:
+    if topology is None:
+        return ""
+    kind = "hierarchical" if topology.hierarchical else "flat"
+    return (f", {kind}: {topology.nodes} nodes of {len(topology.node_of) // topology.nodes} ranks, NIC "
+            f"{topology.nic_bandwidth_bytes_per_s * 8 / 1e9:g} Gb/s {topology.nic_latency_s * 1e6:g} us, "
+            f"intra-node {topology.intra_bandwidth_bytes_per_s * 8 / 1e9:g} Gb/s")
 
 
 # -- the worker ---------------------------------------------------------------------------------
@@ -318,7 +363,10 @@ def run_worker(args: argparse.Namespace) -> int:
         return 2
     library = " ".join(MPI.Get_library_version().splitlines()[0].split())
     header = {"benchmark": "collectives", "ranks": n, "warmup": args.warmup, "iters": args.iters,
-              "sizes": args.sizes, "ops": args.ops, "mpi_library": library, "comm_options": comm_options(args)}
+              "sizes": args.sizes, "ops": args.ops, "mpi_library": library, "comm_options": comm_options(args),
+              "emulated_nodes": None if args.ranks_per_node is None else {
+                  "ranks_per_node": args.ranks_per_node, "nic_gbps": args.nic_gbps,
+                  "nic_latency_us": args.nic_latency_us, "intra_gbps": args.intra_gbps}}
     cuts = {s: iterations_for(s, args.iters, args.warmup) for s in args.sizes}
     reduced = [f"{format_size(s)}: {i}+{w}" for s, (i, w) in cuts.items() if (i, w) != (args.iters, args.warmup)]
     if rank == 0:
@@ -329,20 +377,32 @@ def run_worker(args: argparse.Namespace) -> int:
         say(f"# native: harness.comm.Communicator ({options}); baseline: mpi4py {library}")
 
     rows: list[dict[str, Any]] = []
-    comm = Communicator(world, **comm_options(args))
-    try:
-        for name in args.ops:
-            if rank == 0:
-                say("#")
-                say(f"# {name} (float32{', sum' if name == 'allreduce' else ', root 0'})")
-                say(table_header())
-            for size in args.sizes:
-                row = measure(comm, world, name, size, args.iters, args.warmup)
-                rows.append(row)
+    for topology in topologies(args, n):
+        comm = Communicator(world, **comm_options(args))
+        try:
+            comm.set_topology(topology)
+            for name in args.ops:
                 if rank == 0:
-                    say(table_row(row))
-    finally:
-        comm.close()
+                    say("#")
+                    say(f"# {name} (float32{', sum' if name == 'allreduce' else ', root 0'}){describe(topology)}")
+                    say(table_header())
+                for size in args.sizes:
+                    row = measure(comm, world, name, size, args.iters, args.warmup, baseline=topology is None)
+                    if topology is not None:
+                        row["allreduce_kind"] = "hierarchical" if topology.hierarchical else "flat"
+                    rows.append(row)
+                    if rank == 0:
+                        say(table_row(row))
+        finally:
+            comm.close()
+    if rank == 0 and args.ranks_per_node is not None:
+        say("#")
+        say("# hierarchical / flat allreduce time, per size: " + ", ".join(
+            f"{format_size(size)} {h['time_us'] / f['time_us']:.2f}"
+            for size in args.sizes
+            for f, h in [[next(r for r in rows if r["op"] == "allreduce" and r["size_bytes"] == size
+                               and r.get("allreduce_kind") == kind) for kind in ("flat", "hierarchical")]]
+            if "allreduce" in args.ops))
 
     total_wrong = sum(r["wrong"] for r in rows)
     worst = min_large_ratio(rows)

@@ -69,10 +69,30 @@ def summary(scenario: Scenario) -> str:
         "imbalance:" if scenario.imbalance else "imbalance: none",
         *(f"  {_entry(fields, kind)}" for fields, kind in injectors),
         f"network: {len(link_table(scenario))} emulated links",
+        *_topology_lines(scenario),
         "faults:" if scenario.faults else "faults: none",
         *(f"  {_entry(f.model_dump(exclude={'kind'}, exclude_defaults=True), f.kind)}" for f in scenario.faults),
     ]
     return "\n".join(lines)
+
+
+def _topology_lines(scenario: Scenario) -> list[str]:
+    """The nodes and their links, in the units of the scenario file."""
+    topology = scenario.network.topology
+    if topology is None:
+        return []
+    node_of = topology.node_of(scenario.ranks)
+    sizes = sorted({node_of.count(n) for n in set(node_of)})
+    per_node = "/".join(str(s) for s in sizes)
+
+    def link(settings) -> str:
+        bandwidth = "unlimited" if settings.bandwidth_gbps is None else f"{settings.bandwidth_gbps:g} Gb/s"
+        return f"{settings.latency_us:g} us, {bandwidth}"
+
+    fabric = "" if topology.bisection_gbps is None else f"; fabric {topology.bisection_gbps:g} Gb/s"
+    preset = f" ({topology.preset})" if topology.preset else ""
+    return [f"  topology{preset}: {max(node_of) + 1} nodes of {per_node} ranks; NIC {link(topology.nic)}; "
+            f"intra-node {link(topology.intra)}{fabric}; {topology.allreduce} allreduce"]
 
 
 def _entry(fields: dict[str, object], name: str) -> str:

@@ -120,6 +120,19 @@ class CalibrationEntry(_Strict):
                 return point.median_s
         return None
 
+    def with_compute_scaled(self, factor: float) -> CalibrationEntry:
+        """A copy whose CPU work takes ``factor`` times as long: the local work (compute, loop
+        overhead) and the copying of message bytes (the network's bandwidth is divided by it);
+        the per-message latency (a wake-up) and rank 0's evaluation (alone, the others waiting)
+        are kept."""
+        network = self.network.model_copy(update={"bandwidth_bytes_per_s": self.network.bandwidth_bytes_per_s / factor})
+        return self.model_copy(update={
+            "compute": [p.model_copy(update={"median_s": p.median_s * factor, "p95_s": p.p95_s * factor})
+                        for p in self.compute],
+            "loop_overhead_s": self.loop_overhead_s * factor,
+            "network": network,
+        })
+
     def evaluation_s(self, model: str, dataset: str) -> float | None:
         for point in self.evaluation:
             if (point.model, point.dataset) == (model, dataset):
@@ -151,8 +164,22 @@ class Calibration(_Strict):
         else:
             entry = min(self.entries, key=lambda e: e.ranks)
             why = f"the fewest ranks; every entry shared the {self.cpus} CPUs"
-        return EntryChoice(entry, f"no calibration for {ranks} ranks (measured: {measured}): using the one "
-                                  f"measured at {entry.ranks} ranks ({why})")
+        note = f"no calibration for {ranks} ranks (measured: {measured}): using the one measured at {entry.ranks} " \
+               f"ranks ({why})"
+        # An entry measured with shared cores models this machine, where more ranks share the same
+        # cores; an uncontended one stands for a cluster, where every rank brings its own.
+        factor = self.core_share_factor(entry.ranks, ranks) if entry.ranks > self.cpus else 1.0
+        if factor != 1.0:
+            entry = entry.with_compute_scaled(factor)
+            note += f", its CPU work (local work, copying message bytes) x{factor:g} for {ranks} ranks sharing " \
+                    f"{self.cpus} CPUs"
+        return EntryChoice(entry, note)
+
+    def core_share_factor(self, measured_ranks: int, ranks: int) -> float:
+        """How much longer CPU-bound local work takes at ``ranks`` ranks than at ``measured_ranks``
+        on this machine's cores: every rank computes with one thread, so while P > C ranks compute
+        on C cores each gets C / P of a core; 1 while the ranks do not outnumber the cores."""
+        return max(1.0, ranks / self.cpus) / max(1.0, measured_ranks / self.cpus)
 
     def with_entry(self, entry: CalibrationEntry) -> Calibration:
         """A copy with ``entry`` replacing any entry of the same rank count (sorted by ranks).

@@ -50,35 +50,51 @@ _MATRIX_MAX_RANKS = 4096  # emulated-link lookup by a dense boolean matrix up to
 class _Resource:
     """One emulated resource's reservations (a link, a NIC direction, the fabric)."""
 
-    __slots__ = ("busy", "posts", "ends")
+    __slots__ = ("busy", "posts", "ends", "last_post", "max_end", "prune_at")
 
     def __init__(self) -> None:
         self.busy: list[tuple[float, float]] = []  # reserved intervals, in time order
         self.posts: list[float] = []  # post times of the reservations, sorted, ...
         self.ends: list[float] = []  # ... and their ends, in the same order
+        self.last_post = -math.inf
+        self.max_end = -math.inf
+        self.prune_at = 256
 
     def reserve(self, post: float, earliest: float, transfer: float) -> float:
         """Start of a ``transfer`` long slot for a message posted at ``post`` that may not start
         before ``earliest``: after every message posted before it (FIFO by posting, as the native
         layer), in the first gap from there."""
-        i = bisect.bisect_right(self.posts, post)
-        start = max(earliest, max(self.ends[:i], default=earliest))
-        busy = self.busy
-        j = max(bisect.bisect_right(busy, (start, math.inf)) - 1, 0)  # the interval starting at or before start
-        while j < len(busy) and busy[j][0] < start + transfer:
-            if busy[j][1] > start:
-                start = busy[j][1]
-            j += 1
-        busy.insert(j, (start, start + transfer))
-        self.posts.insert(i, post)
-        self.ends.insert(i, start + transfer)
-        if len(busy) > 256:  # forget reservations long past: messages are posted near "now"
-            horizon = post - 10.0
-            busy[:] = [iv for iv in busy if iv[1] >= horizon]
-            kept = [(p, e) for p, e in zip(self.posts, self.ends) if e >= horizon]
-            self.posts[:] = [p for p, _ in kept]
-            self.ends[:] = [e for _, e in kept]
+        if post >= self.last_post:  # posted after all the others (the common case): after them all
+            start = max(earliest, self.max_end)
+            self.busy.append((start, start + transfer))
+            self.posts.append(post)
+            self.ends.append(start + transfer)
+            self.last_post = post
+        else:
+            i = bisect.bisect_right(self.posts, post)
+            start = max(earliest, max(self.ends[:i], default=earliest))
+            busy = self.busy
+            j = max(bisect.bisect_right(busy, (start, math.inf)) - 1, 0)  # the interval starting at or before start
+            while j < len(busy) and busy[j][0] < start + transfer:
+                if busy[j][1] > start:
+                    start = busy[j][1]
+                j += 1
+            busy.insert(j, (start, start + transfer))
+            self.posts.insert(i, post)
+            self.ends.insert(i, start + transfer)
+        self.max_end = max(self.max_end, start + transfer)
+        if len(self.busy) > self.prune_at:
+            self._forget_before(post - 10.0)
         return start
+
+    def _forget_before(self, horizon: float) -> None:
+        """Drop reservations that ended before ``horizon`` (messages are posted near "now");
+        the next pruning waits until the lists doubled, so pruning costs O(1) per message."""
+        self.busy[:] = [iv for iv in self.busy if iv[1] >= horizon]
+        kept = [(p, e) for p, e in zip(self.posts, self.ends) if e >= horizon]
+        self.posts[:] = [p for p, _ in kept]
+        self.ends[:] = [e for _, e in kept]
+        self.prune_at = max(256, 2 * len(self.busy))
 
 
 class SimNetwork:
@@ -102,6 +118,7 @@ class SimNetwork:
             self._links[(link.src, link.dst)] = (link.latency_s, 0.0 if bandwidth is None else 1.0 / bandwidth)
         self._sources = {src for src, _ in self._links}
         self._resources: dict[tuple, _Resource] = {}
+        self._paths: dict[tuple[int, int], tuple[list[tuple[_Resource, float]], float]] = {}  # by (src, dst)
         self.topology = topology
         self._node: np.ndarray | None = None
         self._intra_emulated = self._inter_emulated = False
@@ -145,8 +162,12 @@ class SimNetwork:
             held = held | (same & self._intra_emulated) | (~same & self._inter_emulated)
         return held & (src != dst)
 
-    def _path(self, src: int, dst: int) -> tuple[list[tuple[tuple, float]], float]:
-        """The resources (key, seconds per byte) a message src -> dst crosses, and its latency."""
+    def _path(self, src: int, dst: int) -> tuple[list[tuple[_Resource, float]], float]:
+        """The resources (with their seconds per byte) a message src -> dst crosses, and its
+        latency; unlimited resources are left out (they queue nothing)."""
+        cached = self._paths.get((src, dst))
+        if cached is not None:
+            return cached
         path, latency = [], 0.0
         link = self._links.get((src, dst))
         if link is not None:
@@ -162,7 +183,9 @@ class SimNetwork:
                 path.append((("out", a), self._nic[1]))
                 path.append((("fabric",), self._fabric_inv))
                 path.append((("in", b), self._nic[1]))
-        return path, latency
+        resources = [(self._resources.setdefault(key, _Resource()), inv_bw) for key, inv_bw in path if inv_bw > 0]
+        self._paths[(src, dst)] = (resources, latency)
+        return resources, latency
 
     def load_factor(self) -> float:
         """How much slower the progress threads are now: ``computing / shared_cores``, at least 1.
@@ -181,13 +204,8 @@ class SimNetwork:
         before it; it is released when its last byte has crossed them all, plus the latencies."""
         path, latency = self._path(src, dst)
         start = finish = post
-        for key, inv_bw in path:
-            if inv_bw <= 0:  # unlimited bandwidth: no queue
-                continue
+        for resource, inv_bw in path:
             transfer = nbytes * inv_bw
-            resource = self._resources.get(key)
-            if resource is None:
-                resource = self._resources[key] = _Resource()
             start = resource.reserve(post, start, transfer)
             finish = max(finish, start + transfer)
         return finish + latency + self.progress * self.load_factor()

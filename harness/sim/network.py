@@ -33,7 +33,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -60,10 +60,10 @@ class _Resource:
         self.max_end = -math.inf
         self.prune_at = 256
 
-    def reserve(self, post: float, earliest: float, transfer: float) -> float:
+    def reserve(self, post: float, earliest: float, transfer: float, now: float) -> float:
         """Start of a ``transfer`` long slot for a message posted at ``post`` that may not start
         before ``earliest``: after every message posted before it (FIFO by posting, as the native
-        layer), in the first gap from there."""
+        layer), in the first gap from there. ``now``: no message is posted before it any more."""
         if post >= self.last_post:  # posted after all the others (the common case): after them all
             start = max(earliest, self.max_end)
             self.busy.append((start, start + transfer))
@@ -84,12 +84,12 @@ class _Resource:
             self.ends.insert(i, start + transfer)
         self.max_end = max(self.max_end, start + transfer)
         if len(self.busy) > self.prune_at:
-            self._forget_before(post - 10.0)
+            self._forget_before(now)
         return start
 
     def _forget_before(self, horizon: float) -> None:
-        """Drop reservations that ended before ``horizon`` (messages are posted near "now");
-        the next pruning waits until the lists doubled, so pruning costs O(1) per message."""
+        """Drop reservations that ended before ``horizon``: no message posted from then on can
+        queue behind them. The next pruning waits until the lists doubled: O(1) per message."""
         self.busy[:] = [iv for iv in self.busy if iv[1] >= horizon]
         kept = [(p, e) for p, e in zip(self.posts, self.ends) if e >= horizon]
         self.posts[:] = [p for p, _ in kept]
@@ -102,8 +102,12 @@ class SimNetwork:
     topology of nodes (``harness.scenario.network.NodeTopology``)."""
 
     def __init__(self, ranks: int, base: NetworkModel, links: list[Link] = (),
-                 ring_threshold_bytes: int = RING_THRESHOLD_BYTES, topology: NodeTopology | None = None) -> None:
+                 ring_threshold_bytes: int = RING_THRESHOLD_BYTES, topology: NodeTopology | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
+        """``clock``: the simulated time now, before which no message is posted any more (lets the
+        network forget old reservations); without one it keeps the last 10 s before each post."""
         self.ranks = ranks
+        self.clock = clock
         self.alpha = base.latency_s
         self.inv_bandwidth = 1.0 / base.bandwidth_bytes_per_s
         self.progress = base.progress_s
@@ -203,10 +207,11 @@ class SimNetwork:
         on each resource it starts no earlier than on the previous one, after the messages posted
         before it; it is released when its last byte has crossed them all, plus the latencies."""
         path, latency = self._path(src, dst)
+        now = self.clock() if self.clock is not None else post - 10.0
         start = finish = post
         for resource, inv_bw in path:
             transfer = nbytes * inv_bw
-            start = resource.reserve(post, start, transfer)
+            start = resource.reserve(post, start, transfer, now)
             finish = max(finish, start + transfer)
         return finish + latency + self.progress * self.load_factor()
 

@@ -147,7 +147,8 @@ def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
     ranks = scenario.ranks
     count = communicated_floats(scenario)
     engine = SimEngine()
-    network = SimNetwork(ranks, base, link_table(scenario), topology=node_topology(scenario))
+    network = SimNetwork(ranks, base, link_table(scenario), topology=node_topology(scenario),
+                         clock=lambda: engine.env.now)
     fabric = SimFabric(engine, network, ranks)
     evaluations = _Evaluations(engine, ranks, count, base, timing)
     cls = algorithm_class(params.name)

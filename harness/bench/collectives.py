@@ -32,7 +32,6 @@ import this module (for its arguments and size parsing) without initializing MPI
 from __future__ import annotations
 
 import argparse
-import math
 import re
 import statistics
 import sys
@@ -162,7 +161,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, ranks_default: int | None 
                         help="comma-separated ops: allreduce, broadcast (default both)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write all rows as JSON (rank 0)")
     topo = parser.add_argument_group(
-        "emulated nodes (flat and hierarchical allreduce side by side; the MPI baseline is not emulated, so skipped)")
+        "emulated nodes (flat and hierarchical side by side; no MPI baseline, which would not be emulated)")
     topo.add_argument("--ranks-per-node", type=int_at_least(1), metavar="K",
                       help="emulate nodes of K ranks (must divide the ranks) sharing one NIC each")
     topo.add_argument("--nic-gbps", type=argtype(_positive_float), default=1.0, help="each node's NIC (default 1 Gb/s)")
@@ -292,16 +291,19 @@ def measure(comm: Any, world: Any, name: str, size: int, iters: int, warmup: int
     check()
     native_s = _timed(world, lambda: op.native(comm, buf), refill, iters, warmup)
     check()  # the last timed iteration's result
-    mpi_s = _timed(world, lambda: op.mpi(world, inp, buf), refill, iters, warmup) if baseline else float("nan")
+    mpi_s = _timed(world, lambda: op.mpi(world, inp, buf), refill, iters, warmup) if baseline else None
 
     n_wrong = world.allreduce(int(np.count_nonzero(wrong)), op=MPI.SUM)
-    algbw, mpi_algbw = size / native_s / 1e9, size / mpi_s / 1e9
-    return {
+    algbw = size / native_s / 1e9
+    row = {
         "op": name, "size_bytes": size, "count": count, "iters": iters, "warmup": warmup,
         "time_us": native_s * 1e6, "algbw_gbs": algbw, "busbw_gbs": algbw * op.bus_factor(n), "wrong": n_wrong,
-        "mpi_time_us": mpi_s * 1e6, "mpi_busbw_gbs": mpi_algbw * op.bus_factor(n),
-        "ratio": mpi_s / native_s,  # = native busbw / mpi busbw, defined at 1 rank too
+        "mpi_time_us": None, "mpi_busbw_gbs": None, "ratio": None,
     }
+    if mpi_s is not None:
+        row.update(mpi_time_us=mpi_s * 1e6, mpi_busbw_gbs=size / mpi_s / 1e9 * op.bus_factor(n),
+                   ratio=mpi_s / native_s)  # = native busbw / mpi busbw, defined at 1 rank too
+    return row
 
 
 # -- printing -----------------------------------------------------------------------------------
@@ -318,12 +320,14 @@ def table_header() -> str:
 
 
 def table_row(row: dict[str, Any]) -> str:
-    return "".join(f.format(**row).rjust(w) for _, w, f in _COLUMNS)
+    """One printed row; a column without a value (no MPI baseline) shows '-'."""
+    return "".join((f.format(**row) if row[f[1:f.index("}")].split(":")[0]] is not None else "-").rjust(w)
+                   for _, w, f in _COLUMNS)
 
 
 def min_large_ratio(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The allreduce row with the smallest ratio among sizes >= 1 MiB (None: no such row)."""
-    large = [r for r in rows if r["op"] == "allreduce" and r["size_bytes"] >= MIB and not math.isnan(r["ratio"])]
+    large = [r for r in rows if r["op"] == "allreduce" and r["size_bytes"] >= MIB and r["ratio"] is not None]
     return min(large, key=lambda r: r["ratio"]) if large else None
 
 

@@ -55,8 +55,8 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
         ax.set_ylabel("time per iteration (s)")
         ax.set_title(f"Time per iteration, {network} NICs shared by 8 workers\n(simulated, ResNet-50 buffer, "
                      "no stragglers)", fontsize=10)
-        ax.set_ylim(0, sweep["iter_time_s"].max() * 1.1)
-        ax.legend(loc="best")
+        ax.set_ylim(0, sweep["iter_time_s"].max() * 1.45)  # room above the lines for the legend
+        ax.legend(loc="upper left", ncol=2, fontsize=8)
     for ax in axes[len(networks[:2]):2]:  # a sweep with one network: leave the other panel empty
         ax.set_title("(no data)")
 

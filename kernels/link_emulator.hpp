@@ -112,7 +112,8 @@ class LinkEmulator {
       path.push_back({&pair_free_[dst], 1.0 / it->second.bandwidth_Bps});
       latency += it->second.latency_s;
     }
-    if (topo_.node_of.empty()) return path.empty() ? now_s : reserve_path(path, latency, bytes, now_s);
+    // An empty path with no latency releases at once: reserve_path returns now_s.
+    if (topo_.node_of.empty()) return reserve_path(path, latency, bytes, now_s);
     const int src_node = topo_.node_of.at(static_cast<size_t>(self_));
     const int dst_node = topo_.node_of.at(static_cast<size_t>(dst));
     if (src_node == dst_node) {
@@ -120,12 +121,10 @@ class LinkEmulator {
         path.push_back({&intra_free_[dst], 1.0 / topo_.intra.bandwidth_Bps});
         latency += topo_.intra.latency_s;
       }
-      return path.empty() ? now_s : reserve_path(path, latency, bytes, now_s);
+      return reserve_path(path, latency, bytes, now_s);
     }
     latency += topo_.nic.latency_s;
-    if (!nics_) {  // nothing shared: only latency between nodes
-      return path.empty() && latency <= 0.0 ? now_s : reserve_path(path, latency, bytes, now_s);
-    }
+    if (!nics_) return reserve_path(path, latency, bytes, now_s);  // nothing shared: only latency between nodes
     SharedNics::Lock shared(*nics_);
     const double nic_inv = 1.0 / topo_.nic.bandwidth_Bps;
     path.push_back({&nics_->egress(src_node), nic_inv});

@@ -46,6 +46,10 @@ import numpy as np
 from harness.arguments import argtype, int_at_least, split_list
 from harness.bench.arguments import job_size_matches, say, worker_main
 from harness.config import HarnessError
+from harness.scenario.schema import TOPOLOGY_PRESETS, Topology
+
+_PRESET_NAME = "ethernet_1g"  # the emulated nodes' defaults: a slow NIC, NVLink-class inside the node
+_PRESET = TOPOLOGY_PRESETS[_PRESET_NAME]
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -160,15 +164,18 @@ def add_arguments(parser: argparse.ArgumentParser, *, ranks_default: int | None 
     parser.add_argument("--ops", type=argtype(parse_ops), default=["allreduce", "broadcast"],
                         help="comma-separated ops: allreduce, broadcast (default both)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write all rows as JSON (rank 0)")
+    nic, intra = _PRESET["nic"], _PRESET["intra"]
     topo = parser.add_argument_group(
-        "emulated nodes (flat and hierarchical side by side; no MPI baseline, which would not be emulated)")
+        f"emulated nodes (flat and hierarchical side by side; no MPI baseline, which would not be emulated); "
+        f"defaults: the {_PRESET_NAME} preset of network.topology")
     topo.add_argument("--ranks-per-node", type=int_at_least(1), metavar="K",
                       help="emulate nodes of K ranks (must divide the ranks) sharing one NIC each")
-    topo.add_argument("--nic-gbps", type=argtype(_positive_float), default=1.0, help="each node's NIC (default 1 Gb/s)")
-    topo.add_argument("--nic-latency-us", type=argtype(_nonnegative_float), default=50.0,
-                      help="latency between nodes (default 50 us)")
-    topo.add_argument("--intra-gbps", type=argtype(_positive_float), default=1200.0,
-                      help="link between two ranks of a node (default 1200 Gb/s, NVLink-class)")
+    topo.add_argument("--nic-gbps", type=argtype(_positive_float), default=nic["bandwidth_gbps"],
+                      help=f"each node's NIC (default {nic['bandwidth_gbps']:g} Gb/s)")
+    topo.add_argument("--nic-latency-us", type=argtype(_nonnegative_float), default=nic["latency_us"],
+                      help=f"latency between nodes (default {nic['latency_us']:g} us)")
+    topo.add_argument("--intra-gbps", type=argtype(_positive_float), default=intra["bandwidth_gbps"],
+                      help=f"link between two ranks of a node (default {intra['bandwidth_gbps']:g} Gb/s)")
     comm = parser.add_argument_group("native communicator options (default: the Communicator's)")
     comm.add_argument("--spin-us", type=argtype(_nonnegative_float), help="progress thread spin before sleeping")
     comm.add_argument("--max-sleep-us", type=argtype(_nonnegative_float), help="longest progress thread sleep")
@@ -340,9 +347,10 @@ def topologies(args: argparse.Namespace, ranks: int) -> list[Any]:
         raise HarnessError(f"--ranks-per-node {args.ranks_per_node} must divide the ranks ({ranks})")
     from harness.scenario.network import NodeTopology  # noqa: PLC0415
 
-    node_of = tuple(r // args.ranks_per_node for r in range(ranks))
-    return [NodeTopology(node_of, 3e-6, args.intra_gbps * 1e9 / 8, args.nic_latency_us * 1e-6,
-                         args.nic_gbps * 1e9 / 8, None, hierarchical) for hierarchical in (False, True)]
+    nodes = Topology(ranks_per_node=args.ranks_per_node,
+                     nic={"latency_us": args.nic_latency_us, "bandwidth_gbps": args.nic_gbps},
+                     intra={**_PRESET["intra"], "bandwidth_gbps": args.intra_gbps})
+    return [NodeTopology.of(nodes.model_copy(update={"allreduce": kind}), ranks) for kind in ("flat", "hierarchical")]
 
 
 def describe(topology: Any) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.scenario.schema import Scenario
+from harness.scenario.schema import Scenario, Topology
 
 
 @dataclass(frozen=True)
@@ -68,19 +68,22 @@ class NodeTopology:
     def nodes(self) -> int:
         return max(self.node_of) + 1
 
+    @classmethod
+    def of(cls, topology: Topology, ranks: int) -> NodeTopology:
+        """A checked ``network.topology`` (``Topology.check(ranks)`` passed) for ``ranks`` ranks."""
+        bisection = None if topology.bisection_gbps is None else topology.bisection_gbps * 1e9 / 8
+        return cls(
+            node_of=tuple(topology.node_of(ranks)),
+            intra_latency_s=topology.intra.latency_s,
+            intra_bandwidth_bytes_per_s=topology.intra.bandwidth_bytes_per_s,
+            nic_latency_s=topology.nic.latency_s,
+            nic_bandwidth_bytes_per_s=topology.nic.bandwidth_bytes_per_s,
+            fabric_bandwidth_bytes_per_s=bisection,
+            hierarchical=topology.allreduce == "hierarchical",
+        )
+
 
 def node_topology(scenario: Scenario) -> NodeTopology | None:
     """The scenario's nodes, or None when it has no ``network.topology``."""
     topology = scenario.network.topology
-    if topology is None:
-        return None
-    bisection = None if topology.bisection_gbps is None else topology.bisection_gbps * 1e9 / 8
-    return NodeTopology(
-        node_of=tuple(topology.node_of(scenario.ranks)),
-        intra_latency_s=topology.intra.latency_s,
-        intra_bandwidth_bytes_per_s=topology.intra.bandwidth_bytes_per_s,
-        nic_latency_s=topology.nic.latency_s,
-        nic_bandwidth_bytes_per_s=topology.nic.bandwidth_bytes_per_s,
-        fabric_bandwidth_bytes_per_s=bisection,
-        hierarchical=topology.allreduce == "hierarchical",
-    )
+    return None if topology is None else NodeTopology.of(topology, scenario.ranks)

@@ -60,13 +60,15 @@ class StrictModel(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
     input_only_keys: ClassVar[tuple[str, ...]] = ()
+    listed_last: ClassVar[tuple[str, ...]] = ()  # fields the unknown-key message names after the others
 
     @model_validator(mode="before")
     @classmethod
     def _refuse_unknown_keys(cls, data: Any) -> Any:
         # extra="forbid" alone says "Extra inputs are not permitted"; say which keys would do.
         if isinstance(data, dict):
-            valid = [f.alias or name for name, f in cls.model_fields.items()] + list(cls.input_only_keys)
+            fields = sorted(cls.model_fields.items(), key=lambda item: item[0] in cls.listed_last)
+            valid = [f.alias or name for name, f in fields] + list(cls.input_only_keys)
             for key in data:
                 if key not in valid:
                     raise ParamError(

@@ -219,3 +219,18 @@ def mixing_row(rank: int, ranks: int, t: int, graph: str) -> dict[int, float]:
 def osgp_rounds_due(t: int, synch_freq: int) -> int:
     """Gossip rounds an OSGP rank must have pushed by the end of iteration ``t`` (pure schedule)."""
     return t // (synch_freq + 1) + 1
+
+
+def fragment_sync(t: int, fragment: int, fragments: int, inner_steps: int) -> bool:
+    """Streaming DiLoCo: whether fragment ``fragment`` (of ``fragments``) starts its outer step
+    after the step of iteration ``t``.
+
+    Fragment p's outer steps are ``inner_steps`` apart, the first after ``(p + 1) * H // F``
+    steps, so the fragments' outer allreduces are staggered evenly over a period and the last
+    fragment keeps DiLoCo's schedule (``periodic_sync(t, H)``); with one fragment it is DiLoCo's.
+
+    >>> [[t for t in range(12) if fragment_sync(t, p, 3, 6)] for p in range(3)]
+    [[1, 7], [3, 9], [5, 11]]
+    """
+    offset = (fragment + 1) * inner_steps // fragments
+    return t + 1 >= offset and (t + 1 - offset) % inner_steps == 0

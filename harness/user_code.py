@@ -1,9 +1,9 @@
 """The user's own code named in a scenario: import references ``"module:attribute"``.
 
 A scenario may name a model, a dataset, an optimizer or an algorithm class by reference
-(``model: "mynet:build"``, ``class: "gossip_pga:GossipPGA"``). The module is looked up first in
-the scenario's ``python_path`` directories (by default the scenario file's own directory), then
-on ``sys.path``, as ``python -m`` would find it. The attribute may be dotted
+(``model: "mynet:build"``, ``class: "post_local_sgd:PostLocalSGD"``). The module is looked up
+first in the scenario's ``python_path`` directories (by default the scenario file's own
+directory), then on ``sys.path``, as ``python -m`` would find it. The attribute may be dotted
 (``"pkg.models:Zoo.resnet"``).
 
 Every failure is a :class:`UserCodeError` with one line saying what went wrong (a module that

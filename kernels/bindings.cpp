@@ -314,13 +314,13 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "wait_avoiding",
           [](PyComm& c, const py::object& initial, int sync_every, bool accumulate,
-             std::vector<std::vector<int>> phases) {
+             std::vector<std::vector<int>> phases, int quorum) {
             FloatSpan b = float_buffer(initial, false, "initial buffer");
             auto native = without_gil(
-                [&] { return c.native->wait_avoiding(b, sync_every, accumulate, std::move(phases)); });
+                [&] { return c.native->wait_avoiding(b, sync_every, accumulate, std::move(phases), quorum); });
             return PyWaitAvoiding{c.graveyard, std::move(native)};
           },
-          py::arg("initial"), py::arg("sync_every"), py::arg("accumulate"), py::arg("phases"))
+          py::arg("initial"), py::arg("sync_every"), py::arg("accumulate"), py::arg("phases"), py::arg("quorum") = 1)
       .def(
           "pairwise_averager",
           [](PyComm& c, const py::object& initial) {

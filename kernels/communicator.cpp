@@ -64,9 +64,10 @@ std::unique_ptr<PushChannel> Communicator::push_channel(int64_t count) {
 }
 
 std::unique_ptr<WaitAvoiding> Communicator::wait_avoiding(FloatSpan initial, int sync_every, bool accumulate,
-                                                          std::vector<std::vector<int>> phases) {
+                                                          std::vector<std::vector<int>> phases, int quorum) {
   check_open();
-  return std::make_unique<WaitAvoiding>(engine_, initial, sync_every, accumulate, std::move(phases), ring_threshold_);
+  return std::make_unique<WaitAvoiding>(engine_, initial, sync_every, accumulate, std::move(phases), ring_threshold_,
+                                        quorum);
 }
 
 std::unique_ptr<PairwiseAverager> Communicator::pairwise_averager(FloatSpan initial) {

@@ -39,7 +39,7 @@ class Communicator {
   // The persistent operations; each construction is collective.
   std::unique_ptr<PushChannel> push_channel(int64_t count);
   std::unique_ptr<WaitAvoiding> wait_avoiding(FloatSpan initial, int sync_every, bool accumulate,
-                                              std::vector<std::vector<int>> phases);
+                                              std::vector<std::vector<int>> phases, int quorum = 1);
   std::unique_ptr<PairwiseAverager> pairwise_averager(FloatSpan initial);
 
   // Outgoing links of this rank: (dst rank, latency s, bandwidth B/s or inf).

@@ -62,10 +62,10 @@ void WaitAvoidingOp::join(Engine& e, int64_t k) {
   next_join_ = k + 1;
 }
 
-void WaitAvoidingOp::activate(Engine& e, int64_t k) {
+void WaitAvoidingOp::send_to_all(Engine& e, int64_t value) {
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
-    auto payload = std::make_unique<int64_t>(k);
+    auto payload = std::make_unique<int64_t>(value);
     // Synchronous sends: when they complete the receiver has matched them, which lets close()
     // prove that no activation is left in flight.
     auto send = e.isend(comm_, r, r, payload.get(), 1, MPI_INT64_T, kActivationTag, true, nullptr);
@@ -73,8 +73,34 @@ void WaitAvoidingOp::activate(Engine& e, int64_t k) {
   }
 }
 
+void WaitAvoidingOp::activate(Engine& e, int64_t k) { send_to_all(e, k); }
+
 void WaitAvoidingOp::on_activation(Engine& e, int64_t k) {
   while (next_join_ <= k && !wa_is_sync_round(next_join_, cfg_.sync_every)) join(e, next_join_);
+}
+
+void WaitAvoidingOp::notify_arrival(Engine& e, int64_t k) {
+  send_to_all(e, -(k + 1));  // a notice, told from an activation (k >= 0) by its sign
+  count_arrival(e, k);
+}
+
+void WaitAvoidingOp::count_arrival(Engine& e, int64_t k) {
+  if (k >= next_join_) ++arrived_[k];
+  apply_quorum(e);
+}
+
+void WaitAvoidingOp::apply_quorum(Engine& e) {
+  // The latest round whose count reached the quorum is activated (on_activation joins every
+  // round up to it). A synchronous round stops the joining; the caller joins that one, and the
+  // count kept for the later round is applied again then.
+  arrived_.erase(arrived_.begin(), arrived_.lower_bound(next_join_));
+  for (auto it = arrived_.rbegin(); it != arrived_.rend(); ++it) {
+    if (it->second >= cfg_.quorum) {
+      on_activation(e, it->first);
+      break;
+    }
+  }
+  arrived_.erase(arrived_.begin(), arrived_.lower_bound(next_join_));
 }
 
 bool WaitAvoidingOp::deliver(Engine& e, int64_t k, Slot& slot) {
@@ -106,6 +132,9 @@ bool WaitAvoidingOp::progress(Engine& e) {
           throw CommError("wait-avoiding allreduce: round " + std::to_string(k) +
                           " reached before round " + std::to_string(next_join_));
         join(e, k);
+        if (cfg_.quorum > 1) apply_quorum(e);
+      } else if (cfg_.quorum > 1) {
+        notify_arrival(e, k);  // may_activate is ignored: the quorum activates
       } else if (a.may_activate) {
         activate(e, k);
         on_activation(e, k);
@@ -118,7 +147,8 @@ bool WaitAvoidingOp::progress(Engine& e) {
     deliver(e, k, slot);
   }
 
-  // Activations from other ranks (possibly several, possibly duplicates).
+  // Activations (k >= 0; possibly several, possibly duplicates) and, with a quorum, arrival
+  // notices (-(k+1)) from other ranks.
   for (;;) {
     int flag = 0;
     MPI_Status status;
@@ -127,7 +157,10 @@ bool WaitAvoidingOp::progress(Engine& e) {
     any = true;
     int64_t k = act_buf_;
     post_listener();
-    on_activation(e, k);
+    if (k < 0)
+      count_arrival(e, -k - 1);
+    else
+      on_activation(e, k);
   }
 
   for (auto it = rounds_.begin(); it != rounds_.end();) {

@@ -14,6 +14,18 @@
 //  * Synchronous rounds (k % sync_every == sync_every - 1) are never joined on a rank's
 //    behalf: they are an allreduce over all ranks of freshly published buffers, which bounds
 //    how far any progress thread can run ahead of its caller.
+//  * Quorum (quorum > 1; quorum == 1 is the rule above): round k is activated once `quorum`
+//    callers have arrived at it. A caller arriving at a non-synchronous round k it has not
+//    joined yet (k >= next_join_) counts its own arrival for k and sends an "arrived at k"
+//    notice to every other rank (the activation channel, payload -(k+1)). Each progress thread
+//    counts notices and its own caller's arrivals per round; once round k's count reaches
+//    `quorum` (and k >= next_join_) it joins every round up to k, as on an activation. Every
+//    rank receives the same notices, so a rank either reaches the quorum of k or has joined k
+//    already. `may_activate` is ignored. Counts of rounds below next_join_ are dropped. The
+//    first `quorum` arrivals all contribute fresh buffers (each published before sending its
+//    notice, and its progress thread joins only once the count is reached); the other ranks
+//    contribute what their buffer holds (stale; eager-SGD: what was added since it was last
+//    taken).
 // The op returns the group SUM and what the round was; the model-level rule (WAGMA's
 // (sum + x) / (S + 1), eager-SGD's gradient step) lives in Python.
 #pragma once
@@ -32,6 +44,7 @@ struct WaConfig {
   int64_t count = 0;
   int sync_every = 0;      // 0: never synchronous
   bool accumulate = false;  // eager-SGD: publish adds, contribution consumes
+  int quorum = 1;           // arrivals that activate a round (1: the first may_activate arrival)
   std::vector<std::vector<int>> phases;  // this rank's group (world ranks, sorted) per phase
   int64_t ring_threshold_bytes = 64 * 1024;
 };
@@ -90,6 +103,10 @@ class WaitAvoidingOp : public Op {
   void join(Engine& e, int64_t k);
   void activate(Engine& e, int64_t k);
   void on_activation(Engine& e, int64_t k);
+  void notify_arrival(Engine& e, int64_t k);  // quorum > 1: this rank's caller arrived at k
+  void count_arrival(Engine& e, int64_t k);   // quorum > 1: one more arrival at k (own or notice)
+  void apply_quorum(Engine& e);               // quorum > 1: activates the latest round that has it
+  void send_to_all(Engine& e, int64_t value);  // on the activation channel, synchronous sends
   bool deliver(Engine& e, int64_t k, Slot& slot);  // true if handed to the caller
   void post_listener();
   int tag_for(int64_t k) const { return 1 + static_cast<int>(k % (tag_ub_ - 1)); }
@@ -103,6 +120,7 @@ class WaitAvoidingOp : public Op {
   int64_t act_buf_ = 0;
   MPI_Request act_req_ = MPI_REQUEST_NULL;
   std::vector<std::pair<std::shared_ptr<SendReq>, std::unique_ptr<int64_t>>> act_sends_;
+  std::map<int64_t, int> arrived_;  // quorum > 1: arrivals counted per round >= next_join_
   bool closing_ = false;
   MPI_Request barrier_req_ = MPI_REQUEST_NULL;
   bool finished_ = false;

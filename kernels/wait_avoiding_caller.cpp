@@ -25,7 +25,7 @@ void check_phases(std::vector<std::vector<int>>& phases, int rank, int size) {
 }  // namespace
 
 WaitAvoiding::WaitAvoiding(std::shared_ptr<Engine> engine, FloatSpan initial, int sync_every, bool accumulate,
-                           std::vector<std::vector<int>> phases, int64_t ring_threshold_bytes)
+                           std::vector<std::vector<int>> phases, int64_t ring_threshold_bytes, int quorum)
     : engine_(std::move(engine)),
       count_(initial.count),
       accumulate_(accumulate),
@@ -33,6 +33,9 @@ WaitAvoiding::WaitAvoiding(std::shared_ptr<Engine> engine, FloatSpan initial, in
   // Checked before the collective below, so a bad argument fails before any rank commits.
   if (sync_every < 0) throw CommError("sync_every must be >= 0 (got " + std::to_string(sync_every) + ")");
   check_phases(phases, engine_->rank(), engine_->size());
+  if (quorum < 1 || quorum > engine_->size())
+    throw CommError("quorum must be in [1, " + std::to_string(engine_->size()) + "] (the number of ranks; got " +
+                    std::to_string(quorum) + ")");
   if (accumulate)
     shared_->published.assign(static_cast<size_t>(count_), 0.0f);
   else
@@ -41,6 +44,7 @@ WaitAvoiding::WaitAvoiding(std::shared_ptr<Engine> engine, FloatSpan initial, in
   cfg.count = count_;
   cfg.sync_every = sync_every;
   cfg.accumulate = accumulate;
+  cfg.quorum = quorum;
   cfg.phases = std::move(phases);
   cfg.ring_threshold_bytes = ring_threshold_bytes;
   MPI_Comm c = engine_->dup_comm();

@@ -15,9 +15,11 @@ class WaitAvoiding {
  public:
   // Collective over the engine's ranks. `initial` is what this rank contributes to a round
   // joined before its caller published anything (with `accumulate`, nothing: zeros);
-  // `phases[j]` is this rank's group (world ranks, itself included) in phase j.
+  // `phases[j]` is this rank's group (world ranks, itself included) in phase j; `quorum` (in
+  // [1, size], the same on every rank) is how many arrivals activate a round (1: the first one
+  // that may activate).
   WaitAvoiding(std::shared_ptr<Engine> engine, FloatSpan initial, int sync_every, bool accumulate,
-               std::vector<std::vector<int>> phases, int64_t ring_threshold_bytes);
+               std::vector<std::vector<int>> phases, int64_t ring_threshold_bytes, int quorum = 1);
 
   // What one arrival returns: its completion, and what the round was (filled in by then).
   struct Round {
@@ -26,6 +28,7 @@ class WaitAvoiding {
   };
   // Publishes `buf` (overwriting, or adding with `accumulate`) and arrives at the next round;
   // the group sum lands in `out`, which must stay alive until the round completes.
+  // `may_activate` is ignored when quorum > 1.
   Round iround(FloatSpan buf, FloatSpan out, bool may_activate);
 
   // Collective: returns once every rank has run all its rounds; throws the op's error.

@@ -29,6 +29,8 @@ Everything is compared exactly, except what the real run leaves to timing by des
   and for the straggler, whose 100 ms make it late for every group round by a wide margin and
   give it a staleness set by the schedule (the rounds the others ran since the last
   synchronous or straggler-triggered round); round numbers, sync flags and group sizes always.
+  Quorum DiLoCo's outer rounds are the same op with a quorum and no synchronous rounds: its
+  staleness is compared for the straggler and between outer rounds (-1).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from conftest import run_scenario
 from harness.algorithms.registry import BUILT_IN
 from harness.results.records import RunDirectory
 from harness.scenario import load_scenario
-from harness.schedules import is_sync_round
+from harness.schedules import is_sync_round, periodic_sync
 from harness.sim.runs import DEFAULT_NETWORK, replay
 
 STRAGGLER = 1
@@ -71,6 +73,11 @@ def _odd_friendly(easgd_overlap: bool, eager_mode: str) -> list:
         {"name": "dpsgd", "graph": "ring"},
         {"name": "wagma", "group_size": 2, "period": WA_PERIOD},  # one group of all ranks at 3 and 5
         {"name": "eager_sgd", "mode": eager_mode, "period": WA_PERIOD},
+        {"name": "diloco", "inner_steps": PERIOD},
+        {"name": "streaming_diloco", "inner_steps": 4, "fragments": 2, "overlap": 1},
+        {"name": "quorum_diloco", "inner_steps": PERIOD, "quorum": 0.5},
+        {"name": "slowmo", "base": "sgp", "period": PERIOD},
+        {"name": "gossip_pga", "period": PERIOD},
     ]
 
 
@@ -147,7 +154,7 @@ def backends(tmp_path_factory):
 
 
 # -- what is compared ----------------------------------------------------------------------------
-WAIT_AVOIDING = ("wagma", "eager_sgd")
+WAIT_AVOIDING = ("wagma", "eager_sgd", "quorum_diloco")
 # OSGP's absorption: how many pending/drain calls it makes, and what they find, is arrival timing.
 DROPPED_CALLS = {"osgp": {"push.pending", "push.drain"}}
 _OF = re.compile(r"of=(-?\d+)\.(\d+)")
@@ -182,6 +189,9 @@ def comparable_calls(calls: pd.DataFrame, name: str) -> dict[tuple[int, int], li
 
 def compared_staleness(steps: pd.DataFrame, name: str) -> pd.Series:
     """The rows whose staleness is compared (see the module docstring)."""
+    if name == "quorum_diloco":  # no synchronous rounds; between outer rounds staleness is -1
+        between = steps["iteration"].map(lambda t: not periodic_sync(t, PERIOD))
+        return between | (steps["rank"] == STRAGGLER)
     if name in WAIT_AVOIDING:
         sync = steps["iteration"].map(lambda t: is_sync_round(t, WA_PERIOD))
         return sync | (steps["rank"] == STRAGGLER)

@@ -36,6 +36,8 @@ def documented_defaults() -> dict[str, dict[str, str]]:
 
 
 def written(value) -> str:
+    if isinstance(value, dict) and "name" in value:  # an optimizer: its name and lr, the rest torch's defaults
+        return f"{value['name']} lr={value['lr']}"
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 

@@ -10,6 +10,8 @@ from harness.algorithms.params import EagerSGDParams, ParamError, RenamedParamet
 from harness.algorithms.registry import names, params_model, resolve_algorithm_params
 from harness.schedules import is_sync_round
 
+# The DiLoCo family's inner optimizer: AdamW with torch's defaults, unless the entry gives one.
+ADAMW = {"name": "adamw", "lr": 0.001, "betas": [0.9, 0.999], "eps": 1e-08, "weight_decay": 0.01, "amsgrad": False}
 DEFAULTS = {
     "allreduce_sgd": {},
     "local_sgd": {"period": 2},
@@ -23,6 +25,13 @@ DEFAULTS = {
     "adpsgd": {},
     "wagma": {"group_size": 8, "period": 11},
     "eager_sgd": {"mode": "solo", "period": 33},
+    "diloco": {"optimizer": ADAMW, "outer_lr": 0.7, "outer_momentum": 0.9, "inner_steps": 500},
+    "streaming_diloco": {"optimizer": ADAMW, "outer_lr": 0.7, "outer_momentum": 0.9, "inner_steps": 100,
+                         "fragments": 2, "overlap": 1, "alpha": 0.5, "precision": "float32"},
+    "quorum_diloco": {"optimizer": ADAMW, "outer_lr": 0.7, "outer_momentum": 0.9, "inner_steps": 500,
+                      "quorum": 0.5},
+    "slowmo": {"base": "local_sgd", "period": 48, "slow_momentum": 0.5, "slow_lr": 1.0},
+    "gossip_pga": {"graph": "ring", "period": 4},
 }
 
 
@@ -84,7 +93,7 @@ def test_bad_params_name_the_param_and_value(name: str, raw: dict, field: str, v
 
 
 def test_unknown_param_lists_the_valid_ones() -> None:
-    with pytest.raises(ParamError, match=r"unknown key \(valid: name, period, alpha, beta\)"):
+    with pytest.raises(ParamError, match=r"unknown key \(valid: name, period, alpha, beta, optimizer\)"):
         resolve_algorithm_params("overlap_local_sgd", {"tau": 2}, ranks=4)
 
 
@@ -172,5 +181,36 @@ def test_bad_sync_period_names_the_field(name: str, raw: dict, match: str) -> No
 
 
 def test_sync_period_is_not_a_parameter_of_other_algorithms() -> None:
-    with pytest.raises(ParamError, match=r"^sync_period: unknown key \(valid: name, period\)"):
+    with pytest.raises(ParamError, match=r"^sync_period: unknown key \(valid: name, period, optimizer\)"):
         resolve_algorithm_params("local_sgd", {"sync_period": 2}, ranks=4)
+
+
+def test_an_entry_optimizer_replaces_the_scenarios_and_null_means_the_scenarios() -> None:
+    assert resolve_algorithm_params("local_sgd", {"optimizer": "adam"}, ranks=4)["optimizer"]["name"] == "adam"
+    assert resolve_algorithm_params("diloco", {"optimizer": None}, ranks=4)["optimizer"] is None
+    assert resolve_algorithm_params("diloco", {"optimizer": {"lr": 0.1}}, ranks=4)["optimizer"]["name"] == "sgd"
+    with pytest.raises(ParamError, match=r"optimizer.name: unknown optimizer"):
+        resolve_algorithm_params("diloco", {"optimizer": "lamb"}, ranks=4)
+
+
+@pytest.mark.parametrize("name, raw, message", [
+    ("streaming_diloco", {"inner_steps": 4, "fragments": 5}, r"^fragments: must be <= inner_steps \(4\)"),
+    ("streaming_diloco", {"inner_steps": 4, "overlap": 4}, r"^overlap: must be < inner_steps \(4\)"),
+    ("streaming_diloco", {"alpha": 1.0}, r"^alpha: "),
+    ("streaming_diloco", {"precision": "e3m0"}, r"^precision: "),
+    ("quorum_diloco", {"quorum": 0}, r"^quorum: "),
+    ("quorum_diloco", {"quorum": 1.5}, r"^quorum: "),
+    ("slowmo", {"base": "dpsgd"}, r"^base: "),
+    ("slowmo", {"slow_momentum": 1.0}, r"^slow_momentum: "),
+    ("gossip_pga", {"graph": "bipartite_exponential"}, r"even number of ranks \(ranks is 5\)"),
+    ("diloco", {"inner_steps": 0}, r"^inner_steps: "),
+])
+def test_low_communication_family_refuses_what_cannot_work(name, raw, message) -> None:
+    with pytest.raises(ParamError, match=message):
+        resolve_algorithm_params(name, raw, ranks=5)
+
+
+def test_quorum_ranks_round_up_and_stay_in_range() -> None:
+    model = params_model("quorum_diloco")
+    assert [model(quorum=q).quorum_ranks(8) for q in (0.01, 0.5, 0.51, 1.0)] == [1, 4, 5, 8]
+    assert model(quorum=0.5).quorum_ranks(5) == 3

@@ -58,9 +58,9 @@ def _scenario(*algorithms, ranks: int = 4):
 
 def test_built_ins_are_registered_in_figure_order():
     assert names() == [entry.name for entry in BUILT_IN]
-    assert names()[0] == "allreduce_sgd" and len(names()) == 12
+    assert names()[0] == "allreduce_sgd" and len(names()) == 17
     assert {entry.family for entry in BUILT_IN} == set(FAMILIES)
-    assert len({entry.colour for entry in BUILT_IN}) == 12  # every algorithm tells apart in a figure
+    assert len({entry.colour for entry in BUILT_IN}) == len(BUILT_IN)  # every algorithm tells apart in a figure
     assert params_model("wagma") is WAGMAParams and registration("wagma").label == "WAGMA-SGD"
 
 
@@ -75,7 +75,7 @@ def test_listing_names_and_validating_scenarios_do_not_import_torch():
     code = ("import sys\n"
             "from harness.algorithms import names\n"
             "from harness.scenario import load_scenario\n"
-            "assert len(names()) == 12\n"
+            "assert len(names()) == 17\n"
             "load_scenario('scenarios/convergence.yaml')\n"
             "print(sorted(m for m in ('torch', 'matplotlib') if m in sys.modules))\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -96,7 +96,7 @@ def test_a_registered_algorithm_validates_in_a_scenario(toy):
     [
         ({"name": "toy_average", "every": 0}, "algorithms[0].every: must be >= 1 (got 0)"),
         ({"name": "toy_average", "every": "2"}, "algorithms[0].every: must be an integer (got '2')"),
-        ({"name": "toy_average", "evry": 2}, "algorithms[0].evry: unknown key (valid: name, every) (got 'evry')"),
+        ({"name": "toy_average", "evry": 2}, "algorithms[0].evry: unknown key (valid: name, every, optimizer) (got 'evry')"),
     ],
 )
 def test_a_registered_algorithms_params_are_checked_by_field(toy, entry, message):
@@ -107,7 +107,7 @@ def test_a_registered_algorithms_params_are_checked_by_field(toy, entry, message
 
 def test_an_unregistered_name_is_refused_listing_the_registered_ones(toy):
     with pytest.raises(ScenarioError, match=r"algorithms\[0\]\.name: unknown algorithm \(valid: allreduce_sgd, .*"
-                                            r"eager_sgd, toy_average\) \(got 'toy_plain'\)"):
+                                            r"gossip_pga, toy_average\) \(got 'toy_plain'\)"):
         _scenario("toy_plain")
     unregister("toy_average")
     try:

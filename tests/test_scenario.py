@@ -207,7 +207,7 @@ MORE_BAD = [
     (_injector(kind="jitter", jitter=0.2), "imbalance[0].jitter: unknown key (valid: kind, start, stop, sigma)"),
     (_algorithms(), "algorithms: must have at least 1 item(s) (got [])"),
     (_algorithms({"period": 2}), "algorithms[0].name: required field missing"),
-    (_algorithms({"name": "local_sgd", "tau": 2}), "algorithms[0].tau: unknown key (valid: name, period) (got 'tau')"),
+    (_algorithms({"name": "local_sgd", "tau": 2}), "algorithms[0].tau: unknown key (valid: name, period, optimizer) (got 'tau')"),
     (_algorithms({"name": "wagma", "wagma": 4}), "algorithms[0].wagma: unknown key (valid: name, group_size"),
     (_algorithms("wagma", {"name": 3}), "algorithms[1].name: must be a string (got 3)"),
     (_algorithms("hogwild"), "algorithms[0].name: unknown algorithm (valid: allreduce_sgd, local_sgd, "),

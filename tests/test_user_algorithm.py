@@ -1,7 +1,7 @@
 """An algorithm class of the user's own, named in a scenario by ``class: "module:Class"``.
 
-examples/own_algorithm (Gossip-PGA beside Allreduce-SGD and D-PSGD) runs real, simulated and
-compared with no other code, and figures draw it, each command in a process of its own that
+examples/own_algorithm (Post-local SGD beside Allreduce-SGD and Local SGD) runs real, simulated
+and compared with no other code, and figures draw it, each command in a process of its own that
 learns the class from the scenario (the run's ranks, ``compare`` and ``figures`` from the run's
 scenario.resolved.yaml). tests/mpi/user_algorithm_checks.py checks what it computes. Every
 mistake in such an entry is refused by ``validate`` naming the field; a validated entry
@@ -23,10 +23,18 @@ import yaml
 from conftest import REPO, assert_check, check_names, harness_cli, report_cache, save_test_calibration
 
 EXAMPLE = REPO / "examples" / "own_algorithm"
-NAME = "gossip_pga"  # the example's name for the class
-ALGORITHMS = ["allreduce_sgd", "dpsgd", NAME]
-RANKS, ITERATIONS, PERIOD = 3, 8, 4  # the example's period: global averages end iterations 3 and 7
+NAME = "post_local"  # the example's name for the class
+REFERENCE = "post_local_sgd:PostLocalSGD"
+ALGORITHMS = ["allreduce_sgd", "local_sgd", NAME]
+# The example's switch_at and period: gradient allreduces in iterations 0-7, then model averages
+# end iterations 11 and 15 (local_sgd, period 4 too, averages at 3, 7, 11 and 15).
+RANKS, ITERATIONS, SWITCH_AT, PERIOD = 3, 16, 8, 4
 LOGREG_DIGITS_BYTES = (8 * 8 * 10 + 10) * 4  # logreg on digits: a 64 x 10 weight and 10 biases
+
+
+def communicates(t: int) -> bool:
+    """Whether the example's Post-local SGD allreduces in iteration t (gradient or model)."""
+    return t < SWITCH_AT or (t - SWITCH_AT + 1) % PERIOD == 0
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +61,19 @@ def compared(real_run, workdir) -> Path:
     return real_run
 
 
-def gossip_pga_bytes(steps: pd.DataFrame) -> list[int]:
-    """Rank 0's bytes_sent per iteration of gossip_pga."""
-    mine = steps[(steps["algorithm"] == NAME) & (steps["rank"] == 0)].sort_values("iteration")
-    return mine["bytes_sent"].tolist()
+def rank0(steps: pd.DataFrame, column: str, algorithm: str = NAME) -> list:
+    """Rank 0's ``column`` per iteration of ``algorithm``."""
+    mine = steps[(steps["algorithm"] == algorithm) & (steps["rank"] == 0)].sort_values("iteration")
+    return mine[column].tolist()
+
+
+def check_bytes(steps: pd.DataFrame) -> None:
+    """An allreduce of the model's size exactly where the class communicates: Allreduce-SGD's
+    bytes before the switch, Local SGD's after it (same period, and switch_at a multiple of it)."""
+    sent = rank0(steps, "bytes_sent")
+    assert sent == [LOGREG_DIGITS_BYTES if communicates(t) else 0 for t in range(ITERATIONS)]
+    assert sent == (rank0(steps, "bytes_sent", "allreduce_sgd")[:SWITCH_AT]
+                    + rank0(steps, "bytes_sent", "local_sgd")[SWITCH_AT:])
 
 
 @pytest.mark.mpi
@@ -68,16 +85,22 @@ def test_the_example_runs_on_real_ranks_under_its_name(real_run):
     trace = json.loads((real_run / "trace.json").read_text())
     processes = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
     assert set(ALGORITHMS) <= processes
-    # Its own communication: ring exchanges with both neighbours, an allreduce on global rounds.
+    # Its own communication: one allreduce per iteration before the switch (the gradient), then
+    # one per period (the model), and nothing else.
     ops = pd.read_csv(real_run / "comm_ops.csv")
     mine = ops[ops["algorithm"] == NAME]
-    global_rounds = ITERATIONS // PERIOD
-    assert (mine["op"] == "exchange").sum() == RANKS * 2 * (ITERATIONS - global_rounds)
-    assert (mine["op"] == "allreduce").sum() == RANKS * global_rounds
-    sent = gossip_pga_bytes(pd.read_csv(real_run / "steps.csv"))
-    assert [b == 2 * LOGREG_DIGITS_BYTES for b in sent] == [(t + 1) % PERIOD != 0 for t in range(ITERATIONS)]
+    assert set(mine["op"]) == {"allreduce"}
+    assert len(mine) == RANKS * (SWITCH_AT + (ITERATIONS - SWITCH_AT) // PERIOD)
+    steps = pd.read_csv(real_run / "steps.csv")
+    check_bytes(steps)
+    # From the same initial model and data, it trains as Allreduce-SGD up to the switch: the same
+    # losses bit for bit through iteration SWITCH_AT (computed from the model of SWITCH_AT steps),
+    # other ones after the local steps.
+    losses, baseline = rank0(steps, "loss"), rank0(steps, "loss", "allreduce_sgd")
+    assert losses[:SWITCH_AT + 1] == baseline[:SWITCH_AT + 1]
+    assert losses[SWITCH_AT + 1:] != baseline[SWITCH_AT + 1:]
     resolved = yaml.safe_load((real_run / "scenario.resolved.yaml").read_text())
-    assert resolved["algorithms"][2] == {"name": NAME, "class": "gossip_pga:GossipPGA", "graph": "ring",
+    assert resolved["algorithms"][2] == {"name": NAME, "class": REFERENCE, "switch_at": SWITCH_AT,
                                          "period": PERIOD}
 
 
@@ -90,11 +113,9 @@ def test_simulate_runs_the_class_own_code(workdir):
     assert pd.read_csv(run / "summary.csv")["algorithm"].tolist() == ALGORITHMS
     trace = json.loads((run / "trace.json").read_text())
     assert NAME in {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
-    # The simulated communicator carried what the class posts: the model to two neighbours on
-    # gossip rounds; an allreduce's bytes on the global ones.
-    sent = gossip_pga_bytes(pd.read_csv(run / "steps.csv"))
-    assert [b == 2 * LOGREG_DIGITS_BYTES for b in sent] == [(t + 1) % PERIOD != 0 for t in range(ITERATIONS)]
-    assert all(b > 0 for b in sent)
+    # The simulated communicator carried what the class posts: an allreduce's bytes in the
+    # iterations it communicates in, none in its local steps.
+    check_bytes(pd.read_csv(run / "steps.csv"))
 
 
 # `python -m harness figures` draws the manifest's figures; here its manifest names a copy of the
@@ -133,7 +154,7 @@ def test_compare_and_figures_draw_it_in_fresh_processes(compared, workdir):
     drawn = pd.read_csv(workdir / "figures" / "fig5_real_vs_sim.csv")
     assert NAME in set(drawn["algorithm"])
     look = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert look["label"] == "Gossip-PGA"  # the class's label, learned from the scenario
+    assert look["label"] == "Post-local SGD"  # the class's label, learned from the scenario
     assert look["colour"] not in {entry.colour for entry in BUILT_IN} | {UNKNOWN_COLOUR}
 
 
@@ -147,9 +168,10 @@ def checks(tmp_path_factory):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("name", check_names(CHECKS))
-def test_what_gossip_pga_computes(checks, name):
-    """Period 1: after every iteration all ranks hold the mean of their stepped models (as an
-    Allreduce of the models); otherwise D-PSGD's ring gossip between global averages."""
+def test_what_post_local_sgd_computes(checks, name):
+    """switch_at past the last iteration: Allreduce-SGD (the built-in's models bit for bit);
+    switch_at 0: Local SGD with the same period (likewise); in between, gradient averaging up to
+    the switch, then a model average after every period-th local step counted from it."""
     assert_check(checks(RANKS), name)
 
 
@@ -158,7 +180,7 @@ def test_what_gossip_pga_computes(checks, name):
 USER_MODULE = '''\
 from pydantic import Field
 
-from harness.algorithms import Algorithm, AlgorithmParams, PositiveInt
+from harness.algorithms import Algorithm, AlgorithmParams, ParamError, PositiveInt
 
 
 class Good(Algorithm):
@@ -176,6 +198,15 @@ class NoParams(Algorithm):
 
 class DictParams(Algorithm):
     Params = dict
+
+
+class EvenRanks(Good):
+    class Params(AlgorithmParams):
+        pairs: PositiveInt = 1
+
+        def check(self, ranks):
+            if ranks % 2:
+                raise ParamError("pairs", f"needs an even number of ranks (ranks is {ranks})", self.pairs)
 
 
 class ClassParam(Algorithm):
@@ -228,7 +259,8 @@ BAD_ENTRIES = {  # id: (entry, field, what the error says)
     "not a string": (entry(**{"class": 3}), "class", "must be a string 'module:Class' (got 3)"),
     "bad value": (entry(period=0), "period", "must be >= 1 (got 0)"),
     "bad type": (entry(period="2"), "period", "must be an integer (got '2')"),
-    "unknown key": (entry(perod=2), "perod", "unknown key (valid: name, class, period)"),
+    # (the list may go on with keys every algorithm has, e.g. optimizer)
+    "unknown key": (entry(perod=2), "perod", "unknown key (valid: name, class, period"),
     "built-in name": (entry(name="dpsgd"), "name",
                       "is a built-in algorithm's name; give your class a name of its own (got 'dpsgd')"),
     "bad name": (entry(name="my-algo"), "name", "must be a letter, then letters, digits and '_' (got 'my-algo')"),
@@ -273,10 +305,12 @@ def test_validate_refuses_one_name_for_two_classes_and_a_rank_count_the_class_re
     proc = validate(user_dir, [entry(), entry(**{"class": "user_algos:Other"})])
     assert proc.returncode == 2
     assert "algorithms[1].name: already names another algorithm class (user_algos:Good)" in proc.stderr
-    proc = validate(user_dir, [{"name": "pga", "class": "gossip_pga:GossipPGA", "graph": "bipartite_exponential"}],
-                    python_path=[str(EXAMPLE)])
+    proc = validate(user_dir, [entry(**{"class": "user_algos:EvenRanks"})])
     assert proc.returncode == 2
-    assert "algorithms[0].graph: bipartite_exponential needs an even number of ranks (ranks is 3)" in proc.stderr
+    assert "algorithms[0].pairs: needs an even number of ranks (ranks is 3) (got 1)" in proc.stderr
+    proc = validate(user_dir, [{"name": "post", "class": REFERENCE, "switch_at": -1}], python_path=[str(EXAMPLE)])
+    assert proc.returncode == 2
+    assert "algorithms[0].switch_at: must be >= 0 (got -1)" in proc.stderr
 
 
 def test_one_class_under_two_names_with_their_own_parameters(user_dir):
@@ -305,11 +339,11 @@ def test_a_validated_entry_round_trips_through_the_resolved_scenario(registratio
     scenario = load_scenario(EXAMPLE / "scenario.yaml")
     resolved = scenario.resolved_dict()
     assert resolved["python_path"] == [str(EXAMPLE)]
-    assert resolved["algorithms"][2] == {"name": NAME, "class": "gossip_pga:GossipPGA", "graph": "ring", "period": 4}
+    assert resolved["algorithms"][2] == {"name": NAME, "class": REFERENCE, "switch_at": SWITCH_AT, "period": PERIOD}
     elsewhere = tmp_path / "run"  # the run directory: python_path is absolute, so it still finds the class
     elsewhere.mkdir()
     again = scenario_from_dict(yaml.safe_load(yaml.safe_dump(resolved)), base_dir=elsewhere)
     assert again == scenario and again.resolved_dict() == resolved
     cls = algorithm_class(NAME)
-    assert cls.__name__ == "GossipPGA" and cls.__module__ == "gossip_pga"
-    assert (registration(NAME).label, registration(NAME).family) == ("Gossip-PGA", None)
+    assert cls.__name__ == "PostLocalSGD" and cls.__module__ == "post_local_sgd"
+    assert (registration(NAME).label, registration(NAME).family) == ("Post-local SGD", None)

@@ -33,7 +33,8 @@ An algorithm of your own is one class, imported from ``harness.algorithms`` alon
 a scenario by reference (``harness.algorithms.user_class``)::
 
     algorithms:
-      - {name: pga, class: "gossip_pga:GossipPGA", period: 4}   # gossip_pga.py beside the scenario
+      # post_local_sgd.py beside the scenario file
+      - {name: post_local, class: "post_local_sgd:PostLocalSGD", period: 4}
 
 - Subclass :class:`Algorithm`. Declare the parameters as a class attribute ``Params``, a
   subclass of :class:`~harness.algorithms.params.AlgorithmParams` (a frozen, strict pydantic

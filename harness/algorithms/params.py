@@ -17,12 +17,14 @@ Example::
 
 from __future__ import annotations
 
+import math
 import warnings
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, model_serializer, model_validator
 
 from harness.config import NonNegativeInt, ParamError, PositiveFloat, PositiveInt, StrictModel
+from harness.optimizer_spec import AdamWOptimizer, OptimizerSpec
 
 Fraction = Annotated[float, Field(ge=0.0, lt=1.0)]  # momentum-like: 1.0 would never forget
 Rate = Annotated[float, Field(gt=0.0, le=1.0)]  # moving / pull rate: 0 would never move
@@ -33,9 +35,25 @@ DEFAULT_PERIOD = 2
 
 
 class AlgorithmParams(StrictModel):
-    """Base of every parameter model; ``name`` is the discriminator a scenario file uses."""
+    """Base of every parameter model; ``name`` is the discriminator a scenario file uses.
+
+    ``optimizer``: this algorithm's local optimizer, in the forms of the scenario's ``optimizer:``
+    (``harness.optimizer_spec``); None (the default of most algorithms) means the scenario's.
+    A model may default it to its paper's choice (the DiLoCo family: AdamW). It is left out of
+    dumps while None, so resolved scenarios of algorithms without one read as before.
+    """
 
     name: str
+    optimizer: OptimizerSpec | None = Field(default=None, repr=False)
+    listed_last: ClassVar[tuple[str, ...]] = ("optimizer",)  # an algorithm's own parameters first
+
+    @model_serializer(mode="wrap")
+    def _optimizer_when_given(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        # Only where None is the default: a DiLoCo entry's `optimizer: null` must load back as null.
+        if data.get("optimizer", 0) is None and type(self).model_fields["optimizer"].default is None:
+            del data["optimizer"]
+        return data
 
     def check(self, ranks: int) -> None:
         """Raise ParamError if the parameters cannot work with ``ranks`` ranks."""
@@ -243,3 +261,94 @@ class EagerSGDParams(AlgorithmParams):
     def _old_spelling(cls, data: Any) -> Any:
         return _renamed_sync_period(data, "eager_sgd", extra_rounds=0)
 
+
+
+# ---------------------------------------------------------------------------------------------
+# The low-communication family (docs/algorithms.md, "Low-communication family")
+
+# The DiLoCo papers' inner optimizer: AdamW (torch's defaults here; the papers tune lr and weight
+# decay for language models with a warm-up and cosine schedule, which the harness does not have).
+INNER_ADAMW = AdamWOptimizer(name="adamw")
+InnerOptimizer = Annotated[OptimizerSpec | None, Field(repr=False)]
+
+
+class _OuterStep(AlgorithmParams):
+    """The outer optimizer every DiLoCo variant shares: Nesterov SGD on the pseudo-gradient."""
+
+    optimizer: InnerOptimizer = INNER_ADAMW
+    outer_lr: PositiveFloat = 0.7
+    outer_momentum: Fraction = 0.9
+
+
+class DiLoCoParams(_OuterStep):
+    """DiLoCo: ``inner_steps`` local AdamW steps, then a Nesterov outer step on the averaged
+    pseudo-gradient (Douillard et al., 2023: H = 500, outer lr 0.7, momentum 0.9)."""
+
+    name: Literal["diloco"] = "diloco"
+    inner_steps: PositiveInt = 500
+
+
+class StreamingDiLoCoParams(_OuterStep):
+    """Streaming DiLoCo: ``fragments`` slices of the model synchronized on a staggered schedule,
+    each outer allreduce overlapping ``overlap`` inner steps, merged with weight ``alpha`` on the
+    local fragment (Douillard et al., 2025: H = 100, alpha 0.5). ``precision``: the format the
+    outer gradients are rounded to before they are summed (emulated, docs/algorithms.md)."""
+
+    name: Literal["streaming_diloco"] = "streaming_diloco"
+    inner_steps: PositiveInt = 100
+    fragments: PositiveInt = 2
+    overlap: NonNegativeInt = 1
+    alpha: Fraction = 0.5
+    precision: Literal["float32", "bfloat16", "float8_e4m3"] = "float32"
+
+    def check(self, ranks: int) -> None:
+        if self.fragments > self.inner_steps:
+            raise self._fail("fragments", f"must be <= inner_steps ({self.inner_steps}): each fragment needs "
+                             "its own iteration of the staggered schedule")
+        if self.overlap >= self.inner_steps:
+            raise self._fail("overlap", f"must be < inner_steps ({self.inner_steps}): a fragment's outer "
+                             "allreduce must land before the fragment's next one starts")
+
+
+class QuorumDiLoCoParams(_OuterStep):
+    """DiLoCo whose outer step waits only for a ``quorum`` (a fraction of the ranks); late
+    pseudo-gradients join the next outer step with their own weight (the harness's variant)."""
+
+    name: Literal["quorum_diloco"] = "quorum_diloco"
+    inner_steps: PositiveInt = 500
+    quorum: Annotated[float, Field(gt=0.0, le=1.0)] = 0.5
+
+    def quorum_ranks(self, ranks: int) -> int:
+        """Ranks an outer step waits for: ceil(quorum * ranks), at least 1."""
+        return max(1, min(ranks, math.ceil(self.quorum * ranks - 1e-9)))
+
+    def notes(self, ranks: int) -> list[str]:
+        return [f"{self.name}: an outer step waits for {self.quorum_ranks(ranks)} of {ranks} ranks"]
+
+    def run_facts(self, ranks: int) -> dict[str, Any]:
+        return {"quorum_ranks": self.quorum_ranks(ranks)}
+
+
+class SlowMoParams(AlgorithmParams):
+    """SlowMo: a base algorithm (``local_sgd``: local steps; ``sgp``: push-sum gossip), every
+    ``period`` steps an exact average and a slow-momentum step (Wang, Tantia, Ballas, Rabbat,
+    ICLR 2020; defaults those of fairscale's SlowMo: period 48, slow momentum 0.5, slow lr 1)."""
+
+    name: Literal["slowmo"] = "slowmo"
+    base: Literal["local_sgd", "sgp"] = "local_sgd"
+    period: PositiveInt = 48
+    slow_momentum: Fraction = 0.5
+    slow_lr: PositiveFloat = 1.0
+
+
+class GossipPGAParams(AlgorithmParams):
+    """Gossip-PGA: D-PSGD gossip with a global average every ``period`` iterations (Chen, Yuan,
+    Zhang, Pan, Xu, Yin, ICML 2021)."""
+
+    name: Literal["gossip_pga"] = "gossip_pga"
+    graph: Literal["ring", "bipartite_exponential"] = "ring"
+    period: PositiveInt = 4
+
+    def check(self, ranks: int) -> None:
+        if self.graph == "bipartite_exponential":
+            _need_even(self, ranks, "graph bipartite_exponential")

@@ -10,8 +10,9 @@ Classes given as ``"module:Class"`` are imported on first use, so listing names 
 scenarios never import torch. A registration made at run time lives in the process that made
 it: ``python -m harness run`` starts its ranks as new processes, which know the built-in table
 and whatever the modules they import register. A scenario entry naming the user's class
-(``{name: pga, class: "gossip_pga:GossipPGA"}``, ``harness.algorithms.user_class``) registers it
-in every process that loads the scenario, the ranks included.
+(``{name: post_local, class: "post_local_sgd:PostLocalSGD"}``,
+``harness.algorithms.user_class``) registers it in every process that loads the scenario, the
+ranks included.
 
 Example::
 
@@ -45,19 +46,24 @@ from harness.algorithms.params import (
     AllreduceSGDParams,
     BMUFParams,
     CoCoDSGDParams,
+    DiLoCoParams,
     DPSGDParams,
     EagerSGDParams,
     EASGDParams,
+    GossipPGAParams,
     LocalSGDParams,
     OSGPParams,
     OverlapLocalSGDParams,
     ParamError,
+    QuorumDiLoCoParams,
     SGPParams,
+    SlowMoParams,
+    StreamingDiLoCoParams,
     WAGMAParams,
 )
 
 # The sections of docs/algorithms.md; figure 3 draws the synchronous and periodic ones.
-FAMILIES = ("synchronous", "periodic", "gossip", "wait_avoiding")
+FAMILIES = ("synchronous", "periodic", "gossip", "wait_avoiding", "low_communication")
 
 # Colours for a registration that names none: tab20 shades no built-in uses, taken in turn.
 SPARE_COLOURS = ("#9467bd", "#e377c2", "#ff9896", "#c5b0d5", "#f7b6d2", "#dbdb8d", "#c7c7c7")
@@ -103,8 +109,17 @@ BUILT_IN = (
     Registration("wagma", WAGMAParams, "harness.algorithms.wagma:WAGMA", "WAGMA-SGD", "#d62728", "wait_avoiding"),
     Registration("eager_sgd", EagerSGDParams, "harness.algorithms.eager_sgd:EagerSGD",
                  "eager-SGD", "#ff7f0e", "wait_avoiding"),
+    Registration("diloco", DiLoCoParams, "harness.algorithms.diloco:DiLoCo", "DiLoCo", "#6a3d9a", "low_communication"),
+    Registration("streaming_diloco", StreamingDiLoCoParams, "harness.algorithms.streaming_diloco:StreamingDiLoCo",
+                 "Streaming DiLoCo", "#b15928", "low_communication"),
+    Registration("quorum_diloco", QuorumDiLoCoParams, "harness.algorithms.quorum_diloco:QuorumDiLoCo",
+                 "Quorum DiLoCo", "#cab2d6", "low_communication"),
+    Registration("slowmo", SlowMoParams, "harness.algorithms.slowmo:SlowMo", "SlowMo", "#bcbd22",
+                 "low_communication"),
+    Registration("gossip_pga", GossipPGAParams, "harness.algorithms.gossip_pga:GossipPGA", "Gossip-PGA", "#fdbf6f",
+                 "low_communication"),
 )
-"""The twelve algorithms of the harness, in the order figures list them."""
+"""The seventeen algorithms of the harness, in the order figures list them."""
 
 _REGISTRATIONS: dict[str, Registration] = {}
 
@@ -192,9 +207,11 @@ def resolve_algorithm_params(name: str, raw: dict[str, Any], ranks: int) -> dict
         params = entry.params.model_validate({**raw, "name": name})
     except ValidationError as exc:
         err = exc.errors()[0]
+        # Union tags ("(adamw)") are pydantic's, not the user's: leave them out of the path.
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("(")))
         if err["type"] == "field":  # raised by StrictModel, already phrased
-            raise ParamError(err["ctx"]["path"], err["ctx"]["reason"], err["ctx"]["value"]) from None
-        raise ParamError(err["loc"], err["msg"], err["input"]) from None
+            raise ParamError((*loc, *err["ctx"]["path"]), err["ctx"]["reason"], err["ctx"]["value"]) from None
+        raise ParamError(loc, err["msg"], err["input"]) from None
     params.check(ranks)
     return params.model_dump(exclude={"name"})
 

@@ -3,7 +3,7 @@
 A scenario entry such as::
 
     algorithms:
-      - {name: pga, class: "gossip_pga:GossipPGA", period: 4}
+      - {name: post_local, class: "post_local_sgd:PostLocalSGD", period: 4}
 
 names a subclass of :class:`harness.algorithms.Algorithm` in the user's module (looked up in the
 scenario's ``python_path`` first, ``harness.user_code``). The class declares its parameters as a

@@ -167,11 +167,14 @@ class CallLog:
         return LoggedPushChannel(channel, self)
 
     def wait_avoiding(self, initial: Any, *, phases: Sequence[Sequence[int]], sync_every: int,
-                      accumulate: bool = False) -> LoggedWaitAvoiding:
-        op = self._comm.wait_avoiding(initial, phases=phases, sync_every=sync_every, accumulate=accumulate)
+                      accumulate: bool = False, quorum: int = 1) -> LoggedWaitAvoiding:
+        op = self._comm.wait_avoiding(initial, phases=phases, sync_every=sync_every, accumulate=accumulate,
+                                      quorum=quorum)
         groups = "|".join(_peers(g) for g in phases)
+        # quorum= only when it is not the default 1, so logs of ops without a quorum read as before.
+        extra = "" if quorum == 1 else f" quorum={int(quorum)}"
         self.log("wait_avoiding", floats=_floats(initial),
-                 detail=f"sync_every={int(sync_every)} accumulate={_flag(accumulate)} phases={groups}")
+                 detail=f"sync_every={int(sync_every)} accumulate={_flag(accumulate)} phases={groups}{extra}")
         return LoggedWaitAvoiding(op, self)
 
     def pairwise_averager(self, initial: Any) -> LoggedPairwiseAverager:

@@ -18,6 +18,7 @@ Example (run under ``mpiexec -n 4``)::
 from __future__ import annotations
 
 import atexit
+import operator
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -152,6 +153,7 @@ class Communicator:
         phases: Sequence[Sequence[int]],
         sync_every: int,
         accumulate: bool = False,
+        quorum: int = 1,
     ) -> "WaitAvoidingAllreduce":
         """The externally triggerable group allreduce of WAGMA-SGD / eager-SGD (collective).
 
@@ -164,13 +166,31 @@ class Communicator:
             accumulate: eager-SGD semantics: publishing adds to the send buffer and a
                 contribution takes the buffer and zeroes it. Default (WAGMA): publishing
                 overwrites and contributions leave the buffer as it is.
+            quorum: how many callers must arrive at a (non-synchronous) round to activate it,
+                in ``[1, size]``, the same on every rank. 1 (default): the first caller that
+                ``may_activate`` activates it. More: every caller that arrives at a round its
+                rank has not joined yet sends an "arrived" notice to every rank; each rank's
+                progress thread joins the round (and every earlier one) once it has counted
+                ``quorum`` arrivals, so the first ``quorum`` arrivals contribute fresh buffers
+                and the others what their buffer holds; ``may_activate`` is then ignored.
+                ``quorum=size`` waits for every rank (a plain allreduce per round).
+
+        Raises:
+            ValueError: ``quorum`` is not an int in ``[1, size]``.
         """
+        try:
+            q = operator.index(quorum)
+        except TypeError:
+            raise ValueError(f"quorum must be an int in [1, {self.size}] (got {quorum!r})") from None
+        if not 1 <= q <= self.size:
+            raise ValueError(f"quorum must be in [1, {self.size}] (the number of ranks; got {q})")
         return WaitAvoidingAllreduce(
             self._native.wait_avoiding(
                 as_float32_buffer(initial, "initial buffer"),
                 int(sync_every),
                 bool(accumulate),
                 [[int(r) for r in g] for g in phases],
+                q,
             )
         )
 
@@ -308,6 +328,7 @@ class WaitAvoidingAllreduce:
         self._native = native
 
     def iround(self, buf: Any, out: Any, may_activate: bool = True) -> _core.RoundHandle:
+        """Non-blocking ``round``; ``may_activate`` is ignored when the op's quorum is > 1."""
         return self._native.iround(as_float32_buffer(buf, "published buffer"), as_float32_buffer(out, "result buffer"), may_activate)
 
     def round(self, buf: Any, out: Any, may_activate: bool = True) -> dict:

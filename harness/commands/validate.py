@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from harness.algorithms import scenario_notes
 from harness.arguments import algorithm_list
@@ -65,7 +66,7 @@ def summary(scenario: Scenario) -> str:
         "optimizer: the training script's own" if w.of_script else
         f"optimizer: {_entry(scenario.optimizer.model_dump(exclude={'name'}), scenario.optimizer.name)}",
         "algorithms:",
-        *(f"  {_entry(p.model_dump(exclude={'name'}), p.name)}" for p in scenario.algorithms),
+        *(f"  {_algorithm_line(p, w.of_script)}" for p in scenario.algorithms),
         "imbalance:" if scenario.imbalance else "imbalance: none",
         *(f"  {_entry(fields, kind)}" for fields, kind in injectors),
         f"network: {len(link_table(scenario))} emulated links",
@@ -93,6 +94,15 @@ def _topology_lines(scenario: Scenario) -> list[str]:
     preset = f" ({topology.preset})" if topology.preset else ""
     return [f"  topology{preset}: {max(node_of) + 1} nodes of {per_node} ranks; NIC {link(topology.nic)}; "
             f"intra-node {link(topology.intra)}{fabric}; {topology.allreduce} allreduce"]
+
+
+def _algorithm_line(params: Any, of_script: bool) -> str:
+    """``name k=v ...``, and the entry's own optimizer (its own or its model's default) after ``|``."""
+    line = _entry(params.model_dump(exclude={"name", "optimizer"}), params.name)
+    if params.optimizer is None or of_script:
+        return line
+    spec = params.optimizer
+    return f"{line} | optimizer: {_entry(spec.model_dump(exclude={'name'}), spec.name)}"
 
 
 def _entry(fields: dict[str, object], name: str) -> str:

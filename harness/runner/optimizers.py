@@ -130,12 +130,20 @@ def check_optimizer(scenario: Any, model: torch.nn.Module | None = None) -> None
     ``torch.optim.Optimizer`` over the parameters, its step raises, or the step or ``zero_grad``
     replaces parameter or gradient tensors instead of updating them in place. Built-in optimizers
     need no check."""
-    spec = scenario.optimizer
+    _check_user_optimizer(scenario.optimizer, scenario.python_path, model)
+    for i, algorithm in enumerate(scenario.algorithms):  # an entry's own optimizer (AlgorithmParams.optimizer)
+        try:
+            _check_user_optimizer(algorithm.optimizer, scenario.python_path, model)
+        except ParamError as exc:
+            raise exc.within("algorithms", i) from None
+
+
+def _check_user_optimizer(spec: Any, search_path: Sequence[str], model: torch.nn.Module | None) -> None:
     if not isinstance(spec, ReferenceOptimizer):
         return
     model = small_model() if model is None else model
     grads = flat_grads(model)
-    optimizer = build_optimizer(spec, model, scenario.python_path)
+    optimizer = build_optimizer(spec, model, search_path)
     views = _views(model)
     try:
         optimizer.zero_grad(set_to_none=False)

@@ -90,10 +90,11 @@ def _train_all(world, run, scenario, faults, beat) -> None:
         if params.name in finished:
             continue
         beat.algorithm(index)
-        state = build_state(scenario, rank, dataset, device)
+        optimizer = scenario.optimizer_of(params)
+        state = build_state(scenario, rank, dataset, device, optimizer)
         log = CallLog(comm) if scenario.results.comm_calls else None  # the algorithm's calls, for comm_calls.csv
         algo_comm = comm if log is None else log
-        ctx = AlgorithmContext(algo_comm, state.params, state.grads, scenario.optimizer.lr, scenario.seed)
+        ctx = AlgorithmContext(algo_comm, state.params, state.grads, optimizer.lr, scenario.seed)
         algorithm = algorithm_class(params.name)(params, ctx)
         bar = _progress_bar(params.name, scenario.workload.iterations) if rank == 0 else None
         comm.barrier()

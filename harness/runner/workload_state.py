@@ -45,9 +45,11 @@ def emulated(scenario: Scenario) -> bool:
     return scenario.workload.compute != "real"
 
 
-def build_state(scenario: Scenario, rank: int, dataset: Any, device: torch.device | None = None) -> TrainState:
+def build_state(scenario: Scenario, rank: int, dataset: Any, device: torch.device | None = None,
+                optimizer: Any = None) -> TrainState:
     """Fresh model (same on every rank), flat buffers and optimizer for one algorithm; the model
-    on ``device`` (default: the CPU), the data already there (``harness.device.dataset_on``)."""
+    on ``device`` (default: the CPU), the data already there (``harness.device.dataset_on``).
+    ``optimizer``: the spec to build (``scenario.optimizer_of(algorithm)``); default the scenario's."""
     shard = shard_indices(dataset.num_train, scenario.ranks, rank, scenario.seed)
     if emulated(scenario):
         # Only the communicated buffer matters: the model's real size unless ``params`` says
@@ -59,8 +61,9 @@ def build_state(scenario: Scenario, rank: int, dataset: Any, device: torch.devic
     model = scenario_model(scenario, dataset)
     model.to(device or torch.device("cpu"))
     staging = Staging.of(flat_params(model), flat_grads(model))
-    optimizer = build_optimizer(scenario.optimizer, model, scenario.python_path)  # over staging's device side
-    return TrainState(model, staging.host_params, staging.host_grads, optimizer, shard, dataset, staging)
+    spec = scenario.optimizer if optimizer is None else optimizer
+    local = build_optimizer(spec, model, scenario.python_path)  # over staging's device side
+    return TrainState(model, staging.host_params, staging.host_grads, local, shard, dataset, staging)
 
 
 def warm_up_torch() -> None:

@@ -52,9 +52,10 @@ def check_workload(scenario: Any) -> None:
 
 def check_optimizer(scenario: Any) -> None:
     """The optimizer callable (``optimizer: {name: "module:callable"}``): built over a small model's
-    parameters, one step taken (``harness.runner.optimizers.check_optimizer``). ParamError at
-    ``optimizer.name``."""
-    if not is_reference(scenario.optimizer.name):  # sgd, adam, adamw
+    parameters, one step taken (``harness.runner.optimizers.check_optimizer``); an algorithm entry's
+    own too. ParamError at ``optimizer.name`` (``algorithms.I.optimizer.name``)."""
+    specs = [scenario.optimizer, *(a.optimizer for a in scenario.algorithms if a.optimizer is not None)]
+    if not any(is_reference(spec.name) for spec in specs):  # sgd, adam, adamw
         return
     from harness.runner.optimizers import check_optimizer as try_optimizer  # noqa: PLC0415  (torch)
 

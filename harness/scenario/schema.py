@@ -16,7 +16,6 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 import numpy as np
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -33,6 +32,14 @@ from harness.algorithms import user_class
 from harness.algorithms.params import AlgorithmParams
 from harness.algorithms.registry import names, params_model
 from harness.config import NonNegativeFloat, NonNegativeInt, ParamError, PositiveFloat, PositiveInt, StrictModel
+from harness.optimizer_spec import (  # noqa: F401  (re-exported: scenario code imports them from here)
+    BUILT_IN_OPTIMIZERS,
+    AdamOptimizer,
+    AdamWOptimizer,
+    OptimizerSpec,
+    ReferenceOptimizer,
+    SGDOptimizer,
+)
 from harness.user_code import UserCodeError, check_reference, is_reference
 from harness.workload.names import unknown_name
 
@@ -180,125 +187,6 @@ class Workload(StrictModel):
                 "params", "only with emulated compute; real compute communicates the model itself", self.params
             ).to_pydantic()
         return self
-
-
-# ---------------------------------------------------------------------------------------------
-# optimizer
-#
-# ``optimizer: {name: ...}`` picks the local optimizer; ``name`` defaults to ``sgd``, and a bare
-# string (``optimizer: adamw``) is short for ``{name: adamw}``. Every form has a float ``lr``, the
-# algorithms' ``ctx.lr``. harness/runner/optimizers.py builds them.
-
-BUILT_IN_OPTIMIZERS = ("sgd", "adam", "adamw")
-Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
-
-
-class SGDOptimizer(StrictModel):
-    """Local momentum SGD, the default: m <- mu*m + g + wd*x; x <- x - lr*m (optionally Nesterov)."""
-
-    name: Literal["sgd"] = "sgd"
-    lr: PositiveFloat = 0.05
-    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
-    nesterov: bool = False
-    weight_decay: NonNegativeFloat = 1e-4
-
-    @model_validator(mode="after")
-    def _nesterov_needs_momentum(self) -> SGDOptimizer:
-        if self.nesterov and self.momentum == 0.0:
-            raise ParamError("nesterov", "needs momentum > 0", self.nesterov).to_pydantic()
-        return self
-
-
-class AdamOptimizer(StrictModel):
-    """``torch.optim.Adam`` with torch's parameters and defaults (weight decay added to the gradient)."""
-
-    name: Literal["adam"]
-    lr: PositiveFloat = 1e-3
-    betas: Annotated[list[Beta], Field(min_length=2, max_length=2)] = [0.9, 0.999]
-    eps: NonNegativeFloat = 1e-8
-    weight_decay: NonNegativeFloat = 0.0
-    amsgrad: bool = False
-
-
-class AdamWOptimizer(AdamOptimizer):
-    """``torch.optim.AdamW``: Adam's parameters, with decoupled weight decay (torch's default 0.01)."""
-
-    name: Literal["adamw"]
-    weight_decay: NonNegativeFloat = 1e-2
-
-
-class ReferenceOptimizer(StrictModel):
-    """The user's optimizer: ``name: "module:callable"``, called as ``callable(params, lr=lr, **args)``
-    with the list of the model's parameters; it returns a ``torch.optim.Optimizer`` over them.
-
-    ``lr`` is required: it is passed on and is the algorithms' ``ctx.lr``, so both agree.
-    """
-
-    name: str
-    lr: PositiveFloat
-    args: dict[str, Any] = {}
-
-    @field_validator("name")
-    @classmethod
-    def _reference_form(cls, value: str) -> str:
-        try:
-            return check_reference(value)
-        except UserCodeError as exc:
-            raise ParamError((), str(exc), value).to_pydantic() from None
-
-    @field_validator("args")
-    @classmethod
-    def _no_reserved_args(cls, value: dict[str, Any]) -> dict[str, Any]:
-        reserved = {"params": "the model's parameters are passed by the harness", "lr": "give it as optimizer.lr"}
-        for key in value:
-            if key in reserved:
-                raise ParamError(key, reserved[key], value[key]).to_pydantic()
-        return value
-
-
-_OPTIMIZER_TAGS = {SGDOptimizer: "(sgd)", AdamOptimizer: "(adam)", AdamWOptimizer: "(adamw)",
-                   ReferenceOptimizer: "(reference)"}
-
-
-def _optimizer_name(value: Any) -> Any:
-    """A bare name stands for ``{name: NAME}``; a ``name`` that is neither built in nor an import
-    reference is refused here, by name (the union below could only say "no form matched")."""
-    if isinstance(value, str):
-        value = {"name": value}
-    if isinstance(value, dict) and "name" in value:
-        name = value["name"]
-        if not (isinstance(name, str) and (name in BUILT_IN_OPTIMIZERS or is_reference(name))):
-            reason = f"unknown optimizer (valid: {', '.join(BUILT_IN_OPTIMIZERS)}, or 'module:callable')"
-            raise ParamError("name", reason, name).to_pydantic()
-    return value
-
-
-def _optimizer_form(value: Any) -> str | None:
-    if isinstance(value, StrictModel):
-        return _OPTIMIZER_TAGS.get(type(value))
-    if not isinstance(value, dict):
-        return None
-    name = value.get("name", "sgd")
-    return "(reference)" if is_reference(name) else f"({name})"
-
-
-OptimizerSpec = Annotated[
-    Annotated[
-        Union[
-            Annotated[SGDOptimizer, Tag("(sgd)")],
-            Annotated[AdamOptimizer, Tag("(adam)")],
-            Annotated[AdamWOptimizer, Tag("(adamw)")],
-            Annotated[ReferenceOptimizer, Tag("(reference)")],
-        ],
-        Discriminator(
-            _optimizer_form,
-            custom_error_type="optimizer_form",
-            custom_error_message="must be an optimizer name (sgd, adam, adamw or 'module:callable') "
-            "or a mapping with `name:` and its parameters",
-        ),
-    ],
-    BeforeValidator(_optimizer_name),
-]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -868,6 +756,11 @@ class Scenario(StrictModel):
                 reason = f"must be < workload.iterations ({self.workload.iterations})"
                 raise ParamError(("faults", i, "at_iteration"), reason, fault.at_iteration).to_pydantic()
         return self
+
+    def optimizer_of(self, algorithm: AlgorithmParams) -> Any:
+        """The local optimizer spec ``algorithm`` trains with: its entry's ``optimizer`` (or its
+        model's default), else the scenario's. Its ``lr`` is the algorithm's ``ctx.lr``."""
+        return self.optimizer if algorithm.optimizer is None else algorithm.optimizer
 
     def resolved_dict(self) -> dict[str, Any]:
         """Plain data with every default filled in; ``yaml.safe_dump`` it, load it back, get an equal Scenario."""

@@ -18,6 +18,7 @@ rounds by round number.
 from __future__ import annotations
 
 import bisect
+import operator
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -261,10 +262,19 @@ class SimCommunicator:
         return SimPushChannel(self, int(count), shared)
 
     def wait_avoiding(self, initial: Any, *, phases: Sequence[Sequence[int]], sync_every: int,
-                      accumulate: bool = False) -> "SimWaitAvoidingAllreduce":
-        state = self._persistent(lambda: WaitAvoidingState(self.fabric, _floats(initial), int(sync_every)))
+                      accumulate: bool = False, quorum: int = 1) -> "SimWaitAvoidingAllreduce":
+        try:
+            q = operator.index(quorum)
+        except TypeError:
+            raise ValueError(f"quorum must be an int in [1, {self.size}] (got {quorum!r})") from None
+        if not 1 <= q <= self.size:
+            raise ValueError(f"quorum must be in [1, {self.size}] (the number of ranks; got {q})")
+        state = self._persistent(lambda: WaitAvoidingState(self.fabric, _floats(initial), int(sync_every), q))
         if state.count != _floats(initial) or state.sync_every != int(sync_every):
             raise SimCommError("wait_avoiding: ranks created the op with different lengths or sync_every")
+        if state.quorum != q:
+            raise SimCommError(f"wait_avoiding: rank {self._rank} created the op with quorum {q}; another rank "
+                               f"with quorum {state.quorum}")
         state.register(self._rank, phases)
         return SimWaitAvoidingAllreduce(self, state)
 
@@ -367,9 +377,20 @@ class WaitAvoidingState:
     an activated one on receipt, contributing the buffer published last (staleness: rounds
     between the round and that buffer's round); synchronous rounds (every ``sync_every``-th)
     are joined by each caller itself, over all ranks.
+
+    With ``quorum`` > 1 (``may_activate`` ignored), round k is activated once ``quorum``
+    callers arrived at it. Natively every rank counts the "arrived at k" notices (sent by each
+    caller arriving at a round its rank has not joined yet) itself and joins when its own count
+    reaches the quorum. The simulator approximates this with one count per round for all ranks
+    (of arrivals at rounds the rank has not joined, and not activated by a quorum yet): the
+    quorum-th arrival at round k is an activation by its rank, which joins at once; the others
+    learn of it one message later. That is exact when all notices take the same time, the
+    quorum-th arriver's own knowledge aside: natively it joins only once the earlier arrivers'
+    notices have reached it too (later than its arrival if one of them arrived less than a
+    message time before it).
     """
 
-    def __init__(self, fabric: SimFabric, count: int, sync_every: int) -> None:
+    def __init__(self, fabric: SimFabric, count: int, sync_every: int, quorum: int = 1) -> None:
         self.fabric = fabric
         self.engine = fabric.engine
         self.count = count
@@ -385,6 +406,10 @@ class WaitAvoidingState:
         self._early: dict[int, int] = {}  # rank -> highest round activated before it created the op
         self._joined: dict[tuple[int, int], Any] = {}  # (rank, k) -> event, for callers waiting to be joined
         self.finished_rounds = [0] * ranks
+        self.quorum = quorum
+        self._arrived: dict[int, int] = {}  # quorum > 1: round -> arrivals counted so far
+        self._quorum_round = -1  # quorum > 1: the latest round a quorum activated
+        self._pending: dict[int, int] = {}  # quorum > 1: rank -> activated round held up by a sync round
 
     def register(self, rank: int, phases: Sequence[Sequence[int]]) -> None:
         """Rank ``rank``'s groups per phase. Equal groups are stored once: eager-SGD's one group
@@ -435,6 +460,10 @@ class WaitAvoidingState:
             return
         while self.next_join[rank] <= k and not is_sync_round(self.next_join[rank], self.sync_every):
             self._join(rank, self.next_join[rank])
+        if self.quorum > 1 and self.next_join[rank] <= k:
+            # Held up by a synchronous round: the native op keeps the count and applies it once
+            # the caller joined that round.
+            self._pending[rank] = max(k, self._pending.get(rank, k))
 
     def _activate(self, src: int, k: int) -> None:
         """``src`` sends round k's activation to every other rank (direct sends, as the native op)."""
@@ -463,10 +492,28 @@ class WaitAvoidingState:
                 if k != self.next_join[rank]:
                     raise SimCommError(f"wait-avoiding allreduce: round {k} reached before round {self.next_join[rank]}")
                 self._join(rank, k)
+                if self.quorum > 1 and rank in self._pending:
+                    self._on_activation(rank, self._pending.pop(rank))
+            elif self.quorum > 1:
+                self._count_arrival(rank, k)
             elif may_activate:
                 self._activate(rank, k)
                 self._on_activation(rank, k)
         return joined_early
+
+    def _count_arrival(self, rank: int, k: int) -> None:
+        """quorum > 1: rank's caller arrived at round k, which it has not joined yet."""
+        if k <= self._quorum_round:
+            return  # activated already: the activation is on its way to this rank
+        count = self._arrived.get(k, 0) + 1
+        if count < self.quorum:
+            self._arrived[k] = count
+            return
+        self._quorum_round = k
+        for j in [j for j in self._arrived if j <= k]:
+            del self._arrived[j]
+        self._activate(rank, k)
+        self._on_activation(rank, k)
 
     def result(self, rank: int, k: int) -> tuple[Collective, int]:
         """Block until ``rank`` has joined round k and the round's group allreduce completed for

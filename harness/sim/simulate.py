@@ -157,7 +157,7 @@ def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
 
     def rank_body(r: int, comm) -> Callable[[], None]:
         def body() -> None:
-            ctx = AlgorithmContext(comm, StandIn(count), StandIn(count), scenario.optimizer.lr, scenario.seed)
+            ctx = AlgorithmContext(comm, StandIn(count), StandIn(count), scenario.optimizer_of(params).lr, scenario.seed)
             algorithm = cls(params, ctx)
             work = SimulatedWork(engine, network, r, timing, delay_of[r], factor_of[r], evaluations)
             records, _, _ = train(scenario, algorithm, comm, work, 0.0, keep_ops=False)

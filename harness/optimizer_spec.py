@@ -1,0 +1,131 @@
+"""The local optimizer's section of a scenario: ``optimizer:``, and an algorithm entry's own.
+
+``optimizer: {name: ...}`` picks the local optimizer; ``name`` defaults to ``sgd``, and a bare
+string (``optimizer: adamw``) is short for ``{name: adamw}``. Every form has a float ``lr``, the
+algorithms' ``ctx.lr``. The scenario's ``optimizer:`` applies to every algorithm; an ``algorithms``
+entry may give its own (``harness.algorithms.params.AlgorithmParams.optimizer``), and the DiLoCo
+family defaults to AdamW, its papers' inner optimizer. harness/runner/optimizers.py builds them.
+
+Here rather than in ``harness.scenario.schema`` because the algorithms' parameter models use it
+too, and the schema imports those.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BeforeValidator, Discriminator, Field, Tag, field_validator, model_validator
+
+from harness.config import NonNegativeFloat, ParamError, PositiveFloat, StrictModel
+from harness.user_code import UserCodeError, check_reference, is_reference
+
+BUILT_IN_OPTIMIZERS = ("sgd", "adam", "adamw")
+Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
+
+
+class SGDOptimizer(StrictModel):
+    """Local momentum SGD, the default: m <- mu*m + g + wd*x; x <- x - lr*m (optionally Nesterov)."""
+
+    name: Literal["sgd"] = "sgd"
+    lr: PositiveFloat = 0.05
+    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
+    nesterov: bool = False
+    weight_decay: NonNegativeFloat = 1e-4
+
+    @model_validator(mode="after")
+    def _nesterov_needs_momentum(self) -> SGDOptimizer:
+        if self.nesterov and self.momentum == 0.0:
+            raise ParamError("nesterov", "needs momentum > 0", self.nesterov).to_pydantic()
+        return self
+
+
+class AdamOptimizer(StrictModel):
+    """``torch.optim.Adam`` with torch's parameters and defaults (weight decay added to the gradient)."""
+
+    name: Literal["adam"]
+    lr: PositiveFloat = 1e-3
+    betas: Annotated[list[Beta], Field(min_length=2, max_length=2)] = [0.9, 0.999]
+    eps: NonNegativeFloat = 1e-8
+    weight_decay: NonNegativeFloat = 0.0
+    amsgrad: bool = False
+
+
+class AdamWOptimizer(AdamOptimizer):
+    """``torch.optim.AdamW``: Adam's parameters, with decoupled weight decay (torch's default 0.01)."""
+
+    name: Literal["adamw"]
+    weight_decay: NonNegativeFloat = 1e-2
+
+
+class ReferenceOptimizer(StrictModel):
+    """The user's optimizer: ``name: "module:callable"``, called as ``callable(params, lr=lr, **args)``
+    with the list of the model's parameters; it returns a ``torch.optim.Optimizer`` over them.
+
+    ``lr`` is required: it is passed on and is the algorithms' ``ctx.lr``, so both agree.
+    """
+
+    name: str
+    lr: PositiveFloat
+    args: dict[str, Any] = {}
+
+    @field_validator("name")
+    @classmethod
+    def _reference_form(cls, value: str) -> str:
+        try:
+            return check_reference(value)
+        except UserCodeError as exc:
+            raise ParamError((), str(exc), value).to_pydantic() from None
+
+    @field_validator("args")
+    @classmethod
+    def _no_reserved_args(cls, value: dict[str, Any]) -> dict[str, Any]:
+        reserved = {"params": "the model's parameters are passed by the harness", "lr": "give it as optimizer.lr"}
+        for key in value:
+            if key in reserved:
+                raise ParamError(key, reserved[key], value[key]).to_pydantic()
+        return value
+
+
+_OPTIMIZER_TAGS = {SGDOptimizer: "(sgd)", AdamOptimizer: "(adam)", AdamWOptimizer: "(adamw)",
+                   ReferenceOptimizer: "(reference)"}
+
+
+def _optimizer_name(value: Any) -> Any:
+    """A bare name stands for ``{name: NAME}``; a ``name`` that is neither built in nor an import
+    reference is refused here, by name (the union below could only say "no form matched")."""
+    if isinstance(value, str):
+        value = {"name": value}
+    if isinstance(value, dict) and "name" in value:
+        name = value["name"]
+        if not (isinstance(name, str) and (name in BUILT_IN_OPTIMIZERS or is_reference(name))):
+            reason = f"unknown optimizer (valid: {', '.join(BUILT_IN_OPTIMIZERS)}, or 'module:callable')"
+            raise ParamError("name", reason, name).to_pydantic()
+    return value
+
+
+def _optimizer_form(value: Any) -> str | None:
+    if isinstance(value, StrictModel):
+        return _OPTIMIZER_TAGS.get(type(value))
+    if not isinstance(value, dict):
+        return None
+    name = value.get("name", "sgd")
+    return "(reference)" if is_reference(name) else f"({name})"
+
+
+OptimizerSpec = Annotated[
+    Annotated[
+        Union[
+            Annotated[SGDOptimizer, Tag("(sgd)")],
+            Annotated[AdamOptimizer, Tag("(adam)")],
+            Annotated[AdamWOptimizer, Tag("(adamw)")],
+            Annotated[ReferenceOptimizer, Tag("(reference)")],
+        ],
+        Discriminator(
+            _optimizer_form,
+            custom_error_type="optimizer_form",
+            custom_error_message="must be an optimizer name (sgd, adam, adamw or 'module:callable') "
+            "or a mapping with `name:` and its parameters",
+        ),
+    ],
+    BeforeValidator(_optimizer_name),
+]

@@ -28,7 +28,7 @@ DEFAULTS = {
     "diloco": {"optimizer": ADAMW, "outer_lr": 0.7, "outer_momentum": 0.9, "inner_steps": 500},
     "streaming_diloco": {"optimizer": ADAMW, "outer_lr": 0.7, "outer_momentum": 0.9, "inner_steps": 100,
                          "fragments": 2, "overlap": 1, "alpha": 0.5, "precision": "float32"},
-    "quorum_diloco": {"optimizer": ADAMW, "outer_lr": 0.7, "outer_momentum": 0.9, "inner_steps": 500,
+    "quorum_diloco": {"optimizer": ADAMW, "outer_lr": 0.7, "outer_momentum": 0.5, "inner_steps": 500,
                       "quorum": 0.5},
     "slowmo": {"base": "local_sgd", "period": 48, "slow_momentum": 0.5, "slow_lr": 1.0},
     "gossip_pga": {"graph": "ring", "period": 4},

@@ -27,6 +27,9 @@ the same theta after it (the late rank too, when it takes the stored result with
 Exception, as in eager-SGD: pseudo-gradients published for the last round by ranks that were
 late for it are still in their buffers when the run ends and are dropped.
 
+The outer momentum defaults to 0.5, not DiLoCo's 0.9: about half of a round's pseudo-gradients
+are one round stale, and Nesterov momentum 0.9 on them oscillated (docs/algorithms.md).
+
 ``staleness`` at an outer step is the native round's: 0 when this rank's fresh pseudo-gradient
 was in the round, otherwise how many rounds old the buffer it contributed was; -1 between outer
 steps. With ``quorum: 1.0`` every round waits for everyone and this is DiLoCo (up to rounding).

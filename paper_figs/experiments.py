@@ -16,16 +16,18 @@ Common choices:
 - Throughput and time per iteration come from ``harness.results.summary.summarize``:
   ``iter_time_s`` is ``wall_s / iterations`` (makespan over all ranks, per iteration).
 - The network is the alpha-beta model of ``harness.sim.calibration.NetworkModel`` without
-  ``shared_cores``: one host per rank, a cluster; except for the SGP figure, whose 8 workers
-  per node share a NIC (``network.topology``).
+  ``shared_cores``: one host per rank, a cluster; except for the SGP and low-communication
+  figures, whose 8 workers per node share a NIC (``network.topology``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import yaml
 
 from harness.results.summary import summarize
 from harness.scenario.loader import scenario_from_dict
@@ -34,6 +36,10 @@ from harness.sim.runs import DEFAULT_NETWORK, predict
 
 RESNET50_PARAMS = 25_557_032  # ResNet-50's parameter count: the buffer every algorithm communicates
 SEED = 1234
+# The SGP figure's workers: ResNet-50 at batch 32 per GPU, 200 ms of compute, 8 GPUs per node.
+SGP_COMPUTE_MS = 200.0
+SGP_BATCH_SIZE = 32
+SGP_WORKERS_PER_NODE = 8
 
 # Series key -> algorithm entry of a scenario. Keys are the names paper_figs.style knows.
 WAGMA_SERIES: dict[str, Any] = {
@@ -71,6 +77,10 @@ IMBALANCE_SERIES: dict[str, Any] = {
 # the node). The topology is the whole network: the base point-to-point cost is taken as free.
 SGP_NETWORKS: dict[str, str] = {"10 GbE": "ethernet_10g", "100 Gb InfiniBand": "infiniband_100g"}
 FREE_NETWORK = NetworkModel(latency_s=0.0, bandwidth_bytes_per_s=1e15)
+
+# The low-communication figure's methods and stragglers are those of this scenario (one definition).
+LOW_COMMUNICATION_SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "low_communication.yaml"
+LOW_COMMUNICATION_NETWORK = "10 GbE"  # a key of SGP_NETWORKS
 
 
 def _scenario(name: str, ranks: int, algorithm: Any, iterations: int, batch_size: int, compute_ms: float,
@@ -135,7 +145,8 @@ def wagma_scaling(quick: bool, ranks: Sequence[int] | None = None, iterations: i
 
 
 def sgp_scaling(quick: bool, nodes: Sequence[int] | None = None, iterations: int | None = None,
-                workers_per_node: int = 8, compute_ms: float = 200.0, batch_size: int = 32) -> pd.DataFrame:
+                workers_per_node: int = SGP_WORKERS_PER_NODE, compute_ms: float = SGP_COMPUTE_MS,
+                batch_size: int = SGP_BATCH_SIZE) -> pd.DataFrame:
     """SGP paper: time per iteration vs nodes of 8 workers on 10 GbE and 100 Gb InfiniBand.
 
     No injection; ResNet-50 buffer; compute 200 ms +- 10% at batch 32 per worker. Every rank is
@@ -186,5 +197,51 @@ def imbalance_sweep(quick: bool, delays_ms: Sequence[float] | None = None, ranks
             row = _simulate("imbalance_sweep", ranks, algorithm, iterations, batch_size, compute_ms, imbalance,
                             DEFAULT_NETWORK)
             rows.append({"algorithm": key, "delay_ms": float(delay), "ranks": ranks, "iterations": iterations,
+                         "iter_time_s": row["wall_s"] / iterations, "samples_per_s": row["samples_per_s"]})
+    return pd.DataFrame(rows)
+
+
+def low_communication_series() -> tuple[dict[str, Any], list[dict]]:
+    """(series key -> algorithm entry, imbalance) of ``scenarios/low_communication.yaml``, as the
+    file writes them: the key is the algorithm's name (the scenario lists each name once)."""
+    data = yaml.safe_load(LOW_COMMUNICATION_SCENARIO.read_text())
+    series = {entry if isinstance(entry, str) else entry["name"]: entry for entry in data["algorithms"]}
+    return series, list(data.get("imbalance", []))
+
+
+def low_communication_scaling(quick: bool, ranks: Sequence[int] | None = None, iterations: int | None = None,
+                              workers_per_node: int = SGP_WORKERS_PER_NODE, compute_ms: float = SGP_COMPUTE_MS,
+                              batch_size: int = SGP_BATCH_SIZE) -> pd.DataFrame:
+    """Low-communication methods at scale: time per iteration vs ranks on 10 Gb Ethernet.
+
+    The methods, their parameters (H = 20 inner steps for Local SGD and the DiLoCo family, ...)
+    and the stragglers (two random ranks sleep 40 ms per iteration, at every scale) are those of
+    ``scenarios/low_communication.yaml`` (:func:`low_communication_series`). The cluster is the
+    SGP figure's on 10 GbE: nodes of 8 ranks sharing the node's NIC (preset ``ethernet_10g``:
+    20 us, 10 Gb/s; NVLink-class inside the node; not the scenario's 1 Gb/s, which would leave
+    Allreduce-SGD nothing but communication), a ResNet-50-sized buffer, 200 ms +- 10% of
+    compute at batch 32 per rank. Allreduces are the native hierarchical ones (reduce inside
+    each node, a ring over the nodes' leaders, broadcast inside): each NIC carries twice the
+    model either way, as in the flat ring over ranks placed node by node (at 256 ranks the two
+    give every method's time per iteration within 6%), but the simulator walks the flat ring's
+    2(p-1) steps message by message through the shared NICs: Allreduce-SGD's 40 iterations at
+    1,024 ranks did not finish in 9 minutes. Ranks: 16, 64, 256, 1,024 (quick: 16, 64).
+    Iterations: 40, two outer rounds (quick: 20, one). The full sweep takes about 9 minutes
+    (WAGMA-SGD at 1,024 ranks most of it), the quick one a few seconds.
+
+    Columns: algorithm, network, ranks, nodes, iterations, iter_time_s, samples_per_s.
+    """
+    ranks = tuple(ranks or ((16, 64) if quick else (16, 64, 256, 1024)))
+    iterations = iterations or (20 if quick else 40)
+    series, imbalance = low_communication_series()
+    topology = {"preset": SGP_NETWORKS[LOW_COMMUNICATION_NETWORK], "ranks_per_node": workers_per_node,
+                "allreduce": "hierarchical"}
+    rows = []
+    for p in ranks:
+        for key, algorithm in series.items():
+            row = _simulate("low_communication_scaling", p, algorithm, iterations, batch_size, compute_ms, imbalance,
+                            FREE_NETWORK, topology)
+            rows.append({"algorithm": key, "network": LOW_COMMUNICATION_NETWORK, "ranks": p,
+                         "nodes": p // workers_per_node, "iterations": iterations,
                          "iter_time_s": row["wall_s"] / iterations, "samples_per_s": row["samples_per_s"]})
     return pd.DataFrame(rows)

@@ -30,7 +30,6 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import yaml
 
 from harness.algorithms import registry
 from paper_figs import readers, style
@@ -68,7 +67,7 @@ def _sizes(path: Path, algorithm: str) -> tuple[int, int]:
         row = frame[frame["algorithm"] == algorithm]
         if len(row):
             return int(row["ranks"].iloc[0]), int(row["batch_size"].iloc[0])
-    scenario = yaml.safe_load((path / "scenario.resolved.yaml").read_text())
+    scenario = readers.resolved_scenario(path)
     return int(scenario["ranks"]), int(scenario["workload"]["batch_size"])
 
 
@@ -129,7 +128,7 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
     axes[1].set_xlim(left=0)
     # Outside the axes: in a short run the curves reach every corner, so no inside spot is free.
     axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    scenario = yaml.safe_load((path / "scenario.resolved.yaml").read_text()) if (path / "scenario.resolved.yaml").exists() else {}
+    scenario = readers.resolved_scenario(path)
     ranks = scenario.get("ranks", "?")
     fig.suptitle(f"Overlap Local SGD family on '{scenario.get('name', path.parent.name)}' "
                  f"({ranks} ranks, run {path.name})", fontsize=12)

@@ -39,9 +39,11 @@ EXPERIMENTS: dict[str, RealRun | Sweep] = {
     "straggler": RealRun("scenarios/straggler.yaml", quick_iterations=20, compare=True),
     "slow_link": RealRun("scenarios/slow_link.yaml", quick_iterations=20, compare=True),
     "balanced": RealRun("scenarios/balanced.yaml", quick_iterations=20, compare=True),
+    "low_communication": RealRun("scenarios/low_communication.yaml", quick_iterations=40),
     "wagma_scaling": Sweep("wagma_scaling"),
     "sgp_scaling": Sweep("sgp_scaling"),
     "imbalance_sweep": Sweep("imbalance_sweep"),
+    "low_communication_scaling": Sweep("low_communication_scaling"),
 }
 
 FIGURES: list[Figure] = [
@@ -51,4 +53,5 @@ FIGURES: list[Figure] = [
     Figure("fig4_imbalance_sweep", ("imbalance_sweep",)),
     Figure("fig5_real_vs_sim", ("straggler", "slow_link", "balanced")),
     Figure("fig6_timeline", ("straggler",)),
+    Figure("fig7_low_communication", ("low_communication", "low_communication_scaling")),
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 
 def accuracy_over_time(run: Path) -> pd.DataFrame:
@@ -26,3 +27,10 @@ def accuracy_over_time(run: Path) -> pd.DataFrame:
                                _order=averaged["algorithm"].map(order))
     averaged = averaged.sort_values(["_order", "iteration", "time_s"], kind="stable")
     return averaged[["algorithm", "iteration", "time_s", "elapsed_s", "test_accuracy"]].reset_index(drop=True)
+
+
+def resolved_scenario(run: Path) -> dict:
+    """The scenario the real run at ``run`` ran (its ``scenario.resolved.yaml``), or ``{}``
+    when the run directory has none."""
+    path = Path(run) / "scenario.resolved.yaml"
+    return (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}

@@ -45,9 +45,9 @@ def test_errors_that_argparse_and_pydantic_catch_stay_value_errors() -> None:
 def test_scenario_and_algorithm_models_share_the_strict_base() -> None:
     assert issubclass(Scenario, StrictModel) and issubclass(Workload, StrictModel)
     assert issubclass(AlgorithmParams, StrictModel)
-    with pytest.raises(ValueError, match=r"unknown key \(valid: name, period\)"):
+    with pytest.raises(ValueError, match=r"unknown key \(valid: name, period, optimizer\)"):
         LocalSGDParams.model_validate({"perod": 2})
-    with pytest.raises(ScenarioError, match=r"algorithms\[0\]\.perod: unknown key \(valid: name, period\)"):
+    with pytest.raises(ScenarioError, match=r"algorithms\[0\]\.perod: unknown key \(valid: name, period, optimizer\)"):
         scenario_from_dict({**TWO_PROBLEMS, "workload": {**TWO_PROBLEMS["workload"], "batch_size": 8},
                             "algorithms": [{"name": "local_sgd", "perod": 2}]})
 

@@ -81,6 +81,27 @@ def test_figures_command_runs_what_is_missing_then_reuses_it(figure_results, tmp
     assert len(list((results / "tiny_fig").iterdir())) == 1
 
 
+def test_figures_command_draws_fig7_from_its_run_and_sweep(tmp_path, capsys) -> None:
+    # fig7's manifest entries, wired up without a real run: a synthetic complete run with the
+    # quick iterations and a tiny sweep saved where the command looks are both reused.
+    from test_figures_sweeps import write_low_communication_run
+
+    from paper_figs import experiments
+
+    results = tmp_path / "results"
+    real = manifest.EXPERIMENTS["low_communication"]
+    run = write_low_communication_run(results / "low_communication" / "20260101-000000", real.quick_iterations)
+    sweep = results / "figures" / "low_communication_scaling-quick.csv"
+    sweep.parent.mkdir(parents=True)
+    names = list(experiments.low_communication_series()[0])
+    pd.DataFrame({"algorithm": names, "network": "10 GbE", "ranks": 16, "iter_time_s": 0.25}).to_csv(sweep, index=False)
+    assert harness_main(["figures", "--quick", "--results", str(results), "--only", "fig7_low_communication"]) == 0
+    err = capsys.readouterr().err
+    assert f"reusing {run}" in err and f"reusing {sweep}" in err
+    drawn = pd.read_csv(results / "figures" / "quick" / "fig7_low_communication.csv")
+    assert set(drawn["panel"]) == {0, 1} and (drawn.loc[drawn["panel"] == 1, "x"] == 16).all()
+
+
 def _listing(directory) -> dict[str, tuple[int, int]]:
     return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in directory.iterdir()}
 

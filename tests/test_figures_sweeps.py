@@ -1,14 +1,27 @@
 """The simulated sweeps of ``paper_figs.experiments`` and the figures drawn from them
-(fig1_wagma_throughput, fig2_sgp_scaling, fig4_imbalance_sweep): tiny sweeps, the quick real runs
-of the ``figure_results`` fixture, and the check that each figure's table is what it draws."""
+(fig1_wagma_throughput, fig2_sgp_scaling, fig4_imbalance_sweep, fig7_low_communication): tiny
+sweeps, the quick real runs of the ``figure_results`` fixture (fig7: a synthetic run directory,
+:func:`write_low_communication_run`), and the check that each figure's table is what it draws."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
-from paper_figs import experiments, fig1_wagma_throughput, fig2_sgp_scaling, fig4_imbalance_sweep, style
+from paper_figs import (
+    experiments,
+    fig1_wagma_throughput,
+    fig2_sgp_scaling,
+    fig4_imbalance_sweep,
+    fig7_low_communication,
+    readers,
+    style,
+)
 
 
 @pytest.fixture(scope="module")
@@ -18,6 +31,38 @@ def tiny_sweeps(tmp_path_factory) -> dict[str, pd.DataFrame]:
         "sgp_scaling": experiments.sgp_scaling(True, nodes=(1, 2), iterations=3),
         "imbalance_sweep": experiments.imbalance_sweep(True, delays_ms=(0, 100), ranks=16, iterations=4),
     }
+
+
+@pytest.fixture(scope="module")
+def tiny_low_communication() -> pd.DataFrame:
+    """The low-communication sweep on 2 and 4 nodes of 8, one outer round (H = 20): a few seconds."""
+    return experiments.low_communication_scaling(True, ranks=(16, 32), iterations=20)
+
+
+def write_low_communication_run(run: Path, iterations: int = 40) -> Path:
+    """A synthetic complete run directory of ``scenarios/low_communication.yaml`` at ``run``
+    (what ``python -m harness run`` writes that fig7 and ``figures`` read: ``run.json``,
+    ``scenario.resolved.yaml``, ``steps.csv`` of rank 0, ``evals.csv``), without running it:
+    algorithm k starts at 10 k s, takes 0.1 (k + 1) s per step, and evaluates every 20 steps."""
+    scenario = yaml.safe_load(experiments.LOW_COMMUNICATION_SCENARIO.read_text())
+    scenario["workload"] = {**scenario["workload"], "iterations": iterations}
+    names = list(experiments.low_communication_series()[0])
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"status": "complete"}))
+    (run / "scenario.resolved.yaml").write_text(yaml.safe_dump(scenario))
+    steps, evals = [], []
+    for k, name in enumerate(names):
+        start, step = 10.0 * k, 0.1 * (k + 1)
+        steps += [{"algorithm": name, "rank": 0, "iteration": i, "start_s": start + i * step,
+                   "end_s": start + (i + 1) * step} for i in range(iterations)]
+        for i in range(20, iterations + 1, 20):
+            accuracy = 0.5 + 0.4 * i / iterations - 0.01 * k
+            evals += [{"algorithm": name, "iteration": i, "time_s": start + i * step, "model": model,
+                       "test_loss": 1.0 - accuracy, "test_accuracy": accuracy, "consensus_distance": 0.0}
+                      for model in ("average", "rank0")]
+    pd.DataFrame(steps).to_csv(run / "steps.csv", index=False)
+    pd.DataFrame(evals).to_csv(run / "evals.csv", index=False)
+    return run
 
 
 def _sane(table: pd.DataFrame, columns: list[str]) -> None:
@@ -82,11 +127,37 @@ def test_imbalance_sweep_table(tiny_sweeps):
         assert t[(algorithm, 100.0)] < t[("allreduce_sgd", 100.0)]
 
 
+def test_low_communication_scaling_table(tiny_low_communication):
+    table = tiny_low_communication
+    _sane(table, ["algorithm", "network", "ranks", "nodes", "iter_time_s", "samples_per_s"])
+    # The methods and their parameters are the scenario's, read from its file.
+    scenario = yaml.safe_load(experiments.LOW_COMMUNICATION_SCENARIO.read_text())
+    series, imbalance = experiments.low_communication_series()
+    assert list(series.values()) == scenario["algorithms"] and imbalance == scenario["imbalance"]
+    assert list(dict.fromkeys(table["algorithm"])) == list(series) == [
+        "allreduce_sgd", "local_sgd", "wagma", "eager_sgd", "diloco", "streaming_diloco", "quorum_diloco"]
+    assert len(table) == 2 * len(series) and sorted(table["ranks"].unique()) == [16, 32]
+    assert (table["nodes"] * 8 == table["ranks"]).all() and set(table["network"]) == {"10 GbE"}
+    assert np.allclose(table["samples_per_s"], table["ranks"] * experiments.SGP_BATCH_SIZE / table["iter_time_s"])
+    # 200 ms +- 10% of compute per iteration, and never more than a few times that.
+    assert (table["iter_time_s"] > 0.18).all() and (table["iter_time_s"] < 1.0).all()
+    t = table.set_index(["ranks", "algorithm"])["iter_time_s"]
+    for p in (16, 32):
+        # Allreduce-SGD puts the 102 MB model through the shared 10 GbE NICs every step and waits
+        # for both stragglers; the DiLoCo family pays one allreduce per H = 20 steps.
+        assert t[(p, "diloco")] < 0.75 * t[(p, "allreduce_sgd")]
+        # DiLoCo's outer step is Local SGD's average as far as the network goes.
+        assert t[(p, "diloco")] == pytest.approx(t[(p, "local_sgd")], rel=0.01)
+        # Streaming DiLoCo overlaps its fragments with inner steps; quorum DiLoCo waits for half the ranks.
+        assert t[(p, "streaming_diloco")] <= t[(p, "diloco")] + 1e-9
+        assert t[(p, "quorum_diloco")] <= t[(p, "diloco")] + 1e-9
+
+
 def test_sweeps_accept_quick_flag_only():
     """The figures command calls ``function(quick)``: every sweep takes it positionally."""
     import inspect
 
-    for name in ("wagma_scaling", "sgp_scaling", "imbalance_sweep"):
+    for name in ("wagma_scaling", "sgp_scaling", "imbalance_sweep", "low_communication_scaling"):
         params = list(inspect.signature(getattr(experiments, name)).parameters.values())
         assert params[0].name == "quick"
         assert all(p.default is not inspect.Parameter.empty for p in params[1:])
@@ -145,3 +216,28 @@ def test_fig4_imbalance_sweep(tiny_sweeps, tmp_path):
     table = _check_figure(fig4_imbalance_sweep, {"imbalance_sweep": sweep}, tmp_path, panels=1)
     assert set(table["series"]) == {style.label(a) for a in ("allreduce_sgd", "eager_sgd_solo", "eager_sgd_majority",
                                                              "wagma")}
+
+
+def test_fig7_low_communication(tiny_low_communication, tmp_path):
+    sweep = tmp_path / "low_communication_scaling.csv"
+    tiny_low_communication.to_csv(sweep, index=False)
+    run = write_low_communication_run(tmp_path / "low_communication" / "20260101-000000")
+    table = _check_figure(fig7_low_communication, {"low_communication": run, "low_communication_scaling": sweep},
+                          tmp_path, panels=2)
+    assert list(table.columns) == fig7_low_communication.COLUMNS
+    names = list(experiments.low_communication_series()[0])
+    # Panel 0: every algorithm of the run, accuracy (%) against its own training time.
+    real = table[table["panel"] == 0]
+    assert set(real["algorithm"]) == set(names) and (real["source"] == f"real run {run.name}").all()
+    assert (real["ranks"] == 8).all() and (real["network"] == "ethernet_1g, 4 ranks per node").all()
+    for k, name in enumerate(names):
+        part = real[real["algorithm"] == name]
+        assert part["iteration"].tolist() == [20, 40]
+        assert np.allclose(part["x"], part["iteration"] * 0.1 * (k + 1))  # since its first step
+        assert np.allclose(part["y"], 100 * (0.5 + 0.4 * part["iteration"] / 40 - 0.01 * k))
+    assert fig7_low_communication._stragglers(readers.resolved_scenario(run)) == ", 2 random ranks sleep 40 ms"
+    # Panel 1: the sweep's points, one line per method.
+    sim = table[table["panel"] == 1].sort_values(["algorithm", "x"])
+    expected = tiny_low_communication.sort_values(["algorithm", "ranks"])
+    assert np.allclose(sim["x"], expected["ranks"]) and np.allclose(sim["y"], expected["iter_time_s"])
+    assert set(sim["series"]) == {style.label(name) for name in names}

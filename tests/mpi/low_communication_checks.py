@@ -29,7 +29,7 @@ from mpi4py import MPI
 from checklib import Checks, Skip, run_checks
 from harness.comm import Communicator
 from harness.schedules import fragment_sync, periodic_sync
-from periodic_checks import LENGTHS, LR, agree_that, assert_close, drive, gathered, local_step, make, x0
+from periodic_checks import LENGTHS, agree_that, assert_close, drive, gathered, local_step, make, x0
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.rank, WORLD.size
@@ -140,7 +140,7 @@ def diloco_matches_its_rule(comm):
     for n in LENGTHS:
         for iterations in (12, 14):  # 14: two leftover steps, folded in by finish()
             alg = drive(make(comm, "diloco", n, iterations, inner_steps=4, **OUTER), iterations)
-            want = diloco_reference(n, iterations, 4, **{"lr": 0.7, "mu": 0.9})
+            want = diloco_reference(n, iterations, 4, lr=0.7, mu=0.9)
             assert_close(gathered(alg.ctx.params), want if RANK == 0 else None, f"diloco n={n} T={iterations}",
                          rtol=1e-4, atol=1e-4)
 

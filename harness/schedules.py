@@ -11,6 +11,7 @@ arguments, so every rank (and the SimPy model) derives the same pattern independ
 
 from __future__ import annotations
 
+import operator
 from functools import lru_cache
 
 RING_THRESHOLD_BYTES = 64 * 1024
@@ -74,6 +75,18 @@ def is_sync_round(t: int, sync_every: int) -> bool:
     The native layer applies the same rule (``harness._core.is_sync_round``); a test pins them.
     """
     return sync_every > 0 and t % sync_every == sync_every - 1
+
+
+def checked_quorum(quorum: object, ranks: int) -> int:
+    """A wait-avoiding op's ``quorum`` (arrivals that activate a round) as an int in [1, ranks];
+    ValueError naming it otherwise. The native and the simulated communicator both check with it."""
+    try:
+        q = operator.index(quorum)
+    except TypeError:
+        raise ValueError(f"quorum must be an int in [1, {ranks}] (got {quorum!r})") from None
+    if not 1 <= q <= ranks:
+        raise ValueError(f"quorum must be in [1, {ranks}] (the number of ranks; got {q})")
+    return q
 
 
 @lru_cache(maxsize=1024)  # pure; the simulator asks for it once per rank and iteration

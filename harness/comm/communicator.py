@@ -18,7 +18,6 @@ Example (run under ``mpiexec -n 4``)::
 from __future__ import annotations
 
 import atexit
-import operator
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from harness import _core
 from harness._core import CommError
 from harness.comm.buffers import as_float32_buffer
 from harness.comm.op_record import OpRecord
-from harness.schedules import RING_THRESHOLD_BYTES
+from harness.schedules import RING_THRESHOLD_BYTES, checked_quorum
 
 if TYPE_CHECKING:
     from harness.scenario.network import NodeTopology
@@ -178,12 +177,7 @@ class Communicator:
         Raises:
             ValueError: ``quorum`` is not an int in ``[1, size]``.
         """
-        try:
-            q = operator.index(quorum)
-        except TypeError:
-            raise ValueError(f"quorum must be an int in [1, {self.size}] (got {quorum!r})") from None
-        if not 1 <= q <= self.size:
-            raise ValueError(f"quorum must be in [1, {self.size}] (the number of ranks; got {q})")
+        q = checked_quorum(quorum, self.size)
         return WaitAvoidingAllreduce(
             self._native.wait_avoiding(
                 as_float32_buffer(initial, "initial buffer"),

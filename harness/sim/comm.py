@@ -18,13 +18,12 @@ rounds by round number.
 from __future__ import annotations
 
 import bisect
-import operator
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from harness.comm.op_record import OpRecord
-from harness.schedules import is_sync_round
+from harness.schedules import checked_quorum, is_sync_round
 from harness.sim.engine import SimEngine
 from harness.sim.network import FLOAT_BYTES, SimNetwork
 from harness.sim.primitives import Collective, Mailboxes
@@ -263,12 +262,7 @@ class SimCommunicator:
 
     def wait_avoiding(self, initial: Any, *, phases: Sequence[Sequence[int]], sync_every: int,
                       accumulate: bool = False, quorum: int = 1) -> "SimWaitAvoidingAllreduce":
-        try:
-            q = operator.index(quorum)
-        except TypeError:
-            raise ValueError(f"quorum must be an int in [1, {self.size}] (got {quorum!r})") from None
-        if not 1 <= q <= self.size:
-            raise ValueError(f"quorum must be in [1, {self.size}] (the number of ranks; got {q})")
+        q = checked_quorum(quorum, self.size)
         state = self._persistent(lambda: WaitAvoidingState(self.fabric, _floats(initial), int(sync_every), q))
         if state.count != _floats(initial) or state.sync_every != int(sync_every):
             raise SimCommError("wait_avoiding: ranks created the op with different lengths or sync_every")

@@ -17,12 +17,13 @@ Per iteration t the loop calls, in this order::
 and ``finish()`` once after the last iteration (flush what is in flight, close persistent
 operations) before the final evaluation.
 
-The local optimizer (the scenario's ``optimizer:``: momentum SGD, Adam, AdamW or the user's) and
+The local optimizer (the algorithm entry's ``optimizer:``, else the scenario's: momentum SGD,
+Adam, AdamW or the user's; ``harness.scenario.schema.Scenario.optimizer_of``) and
 its state belong to the loop: the context has no optimizer, and no algorithm reads, sends,
 averages or resets its state (momentum, Adam's moments), which stays rank-local, fresh per
 algorithm. Algorithms change ``ctx.params`` in place under it (an average or mix is what the
 next step starts from); gradient averaging hands every rank the same gradient, so the ranks'
-states stay equal. ``ctx.lr`` is the scenario's ``optimizer.lr`` whatever the optimizer; BMUF
+states stay equal. ``ctx.lr`` is that optimizer's ``lr`` whatever the optimizer; BMUF, SlowMo
 and Overlap Local SGD use it only as the unit of their momentum, so their models do not depend
 on its value (docs/algorithms.md, "Local optimizer state").
 
@@ -51,7 +52,7 @@ a scenario by reference (``harness.algorithms.user_class``)::
   so collectives match. Set ``self.staleness`` in an iteration where the model used was stale;
   override :meth:`Algorithm.eval_params` if the deployed model is not ``ctx.params``.
 - The context (:class:`AlgorithmContext`) offers ``comm``, ``params`` and ``grads`` (the flat
-  float32 model and gradient, modified in place), ``lr`` (``optimizer.lr``), ``seed`` (the
+  float32 model and gradient, modified in place), ``lr`` (the optimizer's), ``seed`` (the
   scenario's), ``rank`` and ``size``.
 - Communicate only through ``ctx.comm`` (never mpi4py, threads or files): it is the native
   layer's ``harness.comm.Communicator`` on real ranks, a simulated one in the simulator, and a

@@ -50,6 +50,7 @@ class QuorumDiLoCo(DiLoCo):
 
     def __init__(self, params: QuorumDiLoCoParams, ctx: AlgorithmContext) -> None:
         super().__init__(params, ctx)
+        self.pseudo_grad = None  # DiLoCo's allreduce buffer: the pseudo-gradient goes in self.message here
         n = ctx.params.numel()
         self.quorum = params.quorum_ranks(ctx.size)
         self.message = ctx.params.new_zeros(n + 1)  # [Delta, weight]; derived from the model

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# vhost_exec.sh HOST CMD [ARGS...]: run CMD on a virtual host of tests/vhosts/start_vhosts.sh,
+# inside its network, host-name and clock namespaces (the file system is this machine's).
+# Exit status: CMD's; 2 when HOST is not a running virtual host.
+set -u
+NS_DIR=/run/harness-vhosts
+host=${1:-}
+if [ -z "$host" ] || [ $# -lt 2 ]; then
+    echo "usage: vhost_exec.sh HOST CMD [ARGS...]" >&2; exit 2
+fi
+shift
+if [ ! -e "/run/netns/harness-$host" ] || [ ! -e "$NS_DIR/$host.uts" ]; then
+    echo "vhost_exec.sh: no virtual host '$host' (start it with tests/vhosts/start_vhosts.sh)" >&2; exit 2
+fi
+exec nsenter --net="/run/netns/harness-$host" --uts="$NS_DIR/$host.uts" --time="$NS_DIR/$host.time" -- "$@"

@@ -18,6 +18,12 @@
 #   4 a daemon did not start (munged, slurmctld, slurmd)    5 the node did not become idle in time
 # Stop with tests/slurm/stop_slurm.sh.
 #
+# Several nodes on one machine: with HARNESS_SLURM_NODES="vh1 vh2" (virtual hosts of
+# tests/vhosts/start_vhosts.sh, which must be running) slurmctld runs on the first of them and one
+# slurmd on each, every daemon and client started inside its virtual host through
+# tests/vhosts/vhost_exec.sh; clients (sbatch, sinfo) must then run on a virtual host too. Use
+# another HARNESS_SLURM_DIR for it than for the single-node cluster (tests/test_vhosts.py does).
+#
 # Settings that matter (see write_conf):
 #   SlurmdParameters=config_overrides  the node may declare more CPUs than it has (CPUs=8 on a
 #                                      2-core machine), so 4- and 8-task jobs fit;
@@ -31,6 +37,8 @@ set -u
 set -o pipefail
 
 BASE=${HARNESS_SLURM_DIR:-/var/lib/harness-slurm}
+VHOST_EXEC=$(cd "$(dirname "$0")/.." && pwd)/vhosts/vhost_exec.sh
+read -r -a NODES <<< "${HARNESS_SLURM_NODES:-}"
 CONF=$BASE/slurm.conf
 NODE_CPUS=${HARNESS_SLURM_CPUS:-8}
 WAIT_S=${HARNESS_SLURM_WAIT:-60}
@@ -126,10 +134,22 @@ if ! munge_ok; then
 fi
 
 # --- slurm.conf ---------------------------------------------------------------------------------
-NODE=$(hostname -s)
+if [ "${#NODES[@]}" -gt 0 ]; then
+    for n in "${NODES[@]}"; do
+        bash "$VHOST_EXEC" "$n" true || fail 4 "virtual host $n is not running (tests/vhosts/start_vhosts.sh)"
+    done
+    NODE=${NODES[0]}
+    on() { local host=$1; shift; bash "$VHOST_EXEC" "$host" "$@"; }   # on HOST CMD...: inside that host
+else
+    NODES=("$(hostname -s)")
+    NODE=${NODES[0]}
+    on() { shift; "$@"; }
+fi
+PIDS=""   # several slurmd on one machine: pid, spool and log files per node (%n: the node name)
+[ "${#NODES[@]}" -gt 1 ] && PIDS=-%n
 write_conf() {
     cat > "$CONF.new" <<EOF
-# Written by tests/slurm/start_slurm.sh: single-node test cluster on $NODE.
+# Written by tests/slurm/start_slurm.sh: test cluster of ${NODES[*]}.
 ClusterName=harness
 SlurmctldHost=$NODE
 SlurmUser=root
@@ -137,11 +157,11 @@ SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 StateSaveLocation=$BASE/state
-SlurmdSpoolDir=$BASE/spool
+SlurmdSpoolDir=$BASE/spool$PIDS
 SlurmctldPidFile=$BASE/run/slurmctld.pid
-SlurmdPidFile=$BASE/run/slurmd.pid
+SlurmdPidFile=$BASE/run/slurmd$PIDS.pid
 SlurmctldLogFile=$BASE/log/slurmctld.log
-SlurmdLogFile=$BASE/log/slurmd.log
+SlurmdLogFile=$BASE/log/slurmd$PIDS.log
 SlurmctldDebug=info
 SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
@@ -161,8 +181,8 @@ SlurmdTimeout=60
 InactiveLimit=0
 KillWait=5
 MinJobAge=300
-NodeName=$NODE CPUs=$NODE_CPUS State=UNKNOWN
-PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+NodeName=$(IFS=,; echo "${NODES[*]}") CPUs=$NODE_CPUS State=UNKNOWN
+PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 EOF
     if [ -f "$CONF" ] && cmp -s "$CONF" "$CONF.new"; then
         rm -f "$CONF.new"; return 1   # unchanged
@@ -172,13 +192,15 @@ EOF
 conf_changed=0
 write_conf && conf_changed=1
 
-running() {  # running NAME: the pid in its pid file is alive and is that program
+running() {  # running PIDFILE: the pid in $BASE/run/PIDFILE.pid is alive and is that daemon
     local f=$BASE/run/$1.pid
-    [ -s "$f" ] && [ "$(cat "/proc/$(cat "$f")/comm" 2>/dev/null)" = "$1" ]
+    [ -s "$f" ] && [ "$(cat "/proc/$(cat "$f")/comm" 2>/dev/null)" = "${1%%-*}" ]
 }
+SLURMDS=()   # the pid file name of each node's slurmd
+for n in "${NODES[@]}"; do SLURMDS+=("slurmd${PIDS:+-$n}"); done
 
 if [ "$conf_changed" = 1 ]; then   # a running daemon would keep the old configuration
-    for d in slurmd slurmctld; do
+    for d in "${SLURMDS[@]}" slurmctld; do
         if running "$d"; then
             log "configuration changed, restarting $d"
             pid=$(cat "$BASE/run/$d.pid"); kill "$pid"
@@ -189,37 +211,43 @@ fi
 
 # --- slurmctld, slurmd --------------------------------------------------------------------------
 if ! running slurmctld; then
-    log "starting slurmctld"
+    log "starting slurmctld on $NODE"
     # -i: ignore unreadable state from an older run rather than refuse to start
-    slurmctld -f "$CONF" -i >/dev/null 2>"$BASE/log/slurmctld.start" 9>&- \
+    on "$NODE" slurmctld -f "$CONF" -i >/dev/null 2>"$BASE/log/slurmctld.start" 9>&- \
         || fail 4 "slurmctld did not start: $(tail -n1 "$BASE/log/slurmctld.start") (log $BASE/log/slurmctld.log)"
     STARTED+=(slurmctld)
 fi
-for _ in $(seq 100); do scontrol ping 2>/dev/null | grep -q "is UP" && break; sleep 0.2; done
-scontrol ping 2>/dev/null | grep -q "is UP" \
+for _ in $(seq 100); do on "$NODE" scontrol ping 2>/dev/null | grep -q "is UP" && break; sleep 0.2; done
+on "$NODE" scontrol ping 2>/dev/null | grep -q "is UP" \
     || fail 4 "slurmctld not answering: $(grep -iE 'error|fatal' "$BASE/log/slurmctld.log" | tail -n1)"
 
-if ! running slurmd; then
-    log "starting slurmd"
-    slurmd -f "$CONF" >/dev/null 2>"$BASE/log/slurmd.start" 9>&- \
-        || fail 4 "slurmd did not start: $(tail -n1 "$BASE/log/slurmd.start") (log $BASE/log/slurmd.log)"
-    STARTED+=(slurmd)
-fi
-
-# --- wait for the node ----------------------------------------------------------------------------
-state=""
-for i in $(seq $((WAIT_S * 2))); do
-    state=$(sinfo -h -n "$NODE" -o %T 2>/dev/null | head -n1)
-    case $state in
-        idle|mixed|allocated) break ;;
-        drain*|down*) [ $((i % 10)) = 1 ] && scontrol update NodeName="$NODE" State=RESUME >/dev/null 2>&1 ;;
-    esac
-    running slurmd || fail 4 "slurmd exited: $(grep -iE 'error|fatal' "$BASE/log/slurmd.log" | tail -n1)"
-    sleep 0.5
+for i in "${!NODES[@]}"; do
+    n=${NODES[$i]} d=${SLURMDS[$i]}
+    if ! running "$d"; then
+        log "starting slurmd on $n"
+        on "$n" slurmd -f "$CONF" >/dev/null 2>"$BASE/log/$d.start" 9>&- \
+            || fail 4 "slurmd on $n did not start: $(tail -n1 "$BASE/log/$d.start") (log $BASE/log/$d.log)"
+        STARTED+=("$d")
+    fi
 done
-case $state in
-    idle|mixed|allocated) ;;
-    *) fail 5 "node $NODE not idle after ${WAIT_S} s (state '${state}'; $(scontrol show node "$NODE" 2>/dev/null | grep -o 'Reason=.*'))" ;;
-esac
-log "node $NODE is $state (conf $CONF)"
+
+# --- wait for the nodes ---------------------------------------------------------------------------
+for i in "${!NODES[@]}"; do
+    n=${NODES[$i]} d=${SLURMDS[$i]}
+    state=""
+    for k in $(seq $((WAIT_S * 2))); do
+        state=$(on "$NODE" sinfo -h -n "$n" -o %T 2>/dev/null | head -n1)
+        case $state in
+            idle|mixed|allocated) break ;;
+            drain*|down*) [ $((k % 10)) = 1 ] && on "$NODE" scontrol update NodeName="$n" State=RESUME >/dev/null 2>&1 ;;
+        esac
+        running "$d" || fail 4 "slurmd on $n exited: $(grep -iE 'error|fatal' "$BASE/log/$d.log" | tail -n1)"
+        sleep 0.5
+    done
+    case $state in
+        idle|mixed|allocated) ;;
+        *) fail 5 "node $n not idle after ${WAIT_S} s (state '${state}'; $(on "$NODE" scontrol show node "$n" 2>/dev/null | grep -o 'Reason=.*'))" ;;
+    esac
+done
+log "nodes ${NODES[*]} are up (conf $CONF)"
 echo "export SLURM_CONF=$CONF"

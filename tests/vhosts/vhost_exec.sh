@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # vhost_exec.sh HOST CMD [ARGS...]: run CMD on a virtual host of tests/vhosts/start_vhosts.sh,
-# inside its network, host-name and clock namespaces (the file system is this machine's).
+# inside its network, host-name and clock namespaces (the file system is this machine's), with
+# the test bed's environment:
+#   HYDRA_LAUNCHER_EXEC  ssh with the test bed's keys and settings, for Hydra's proxies;
+#   UCX_TLS=tcp          MPI's messages between virtual hosts cross their network: the hosts share
+#                        one kernel, and UCX, seeing that, would otherwise move them through
+#                        shared memory around the network (and around any shaping of it).
+# Both reach the ranks: Hydra and sbatch pass the launching environment on.
 # Exit status: CMD's; 2 when HOST is not a running virtual host.
 set -u
 NS_DIR=/run/harness-vhosts
@@ -12,4 +18,6 @@ shift
 if [ ! -e "/run/netns/harness-$host" ] || [ ! -e "$NS_DIR/$host.uts" ]; then
     echo "vhost_exec.sh: no virtual host '$host' (start it with tests/vhosts/start_vhosts.sh)" >&2; exit 2
 fi
+BASE=${HARNESS_VHOSTS_DIR:-/var/lib/harness-vhosts}
+export HYDRA_LAUNCHER_EXEC=$BASE/bin/ssh UCX_TLS=tcp
 exec nsenter --net="/run/netns/harness-$host" --uts="$NS_DIR/$host.uts" --time="$NS_DIR/$host.time" -- "$@"

@@ -19,6 +19,40 @@ from harness.launch import run_ranks
 MPI_DIR = Path(__file__).parent / "mpi"
 
 
+# -- timing tests run alone ----------------------------------------------------------------------
+# Under pytest-xdist two test files run at once (pyproject: -n 2), which halves the suite's time
+# on two cores; but a test marked `timing` compares measured times with each other or with a
+# bound, and a second test's ranks on the same cores would skew them. So every test holds a
+# readers-writer lock for its whole protocol (fixtures included): `timing` tests exclusively,
+# the others shared. The turnstile gives a waiting `timing` test priority: once it queues, no new
+# shared holder gets in, so it waits at most for the test running beside it.
+
+def _session_lock_path(name: str) -> Path:
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"harness-pytest-{os.environ['PYTEST_XDIST_TESTRUNUID']}.{name}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if "PYTEST_XDIST_TESTRUNUID" not in os.environ:  # one process: nothing runs beside the test
+        yield
+        return
+    import fcntl
+
+    exclusive = item.get_closest_marker("timing") is not None
+    with open(_session_lock_path("turnstile"), "a") as turnstile, open(_session_lock_path("lock"), "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def launch_checks(script: str, ranks: int, tmp_path: Path, timeout: float = 240) -> dict:
     """Run ``tests/mpi/<script>`` on ``ranks`` ranks; return rank 0's JSON report."""
     out = tmp_path / f"{Path(script).stem}-{ranks}.json"

@@ -184,7 +184,7 @@ Host vh*
     UserKnownHostsFile /dev/null
     LogLevel ERROR
     BatchMode yes
-    ConnectTimeout 5
+    ConnectTimeout 30
 EOF
 cat > "$BASE/bin/ssh" <<EOF
 #!/bin/sh

@@ -1,0 +1,389 @@
+"""Across hosts, for real: the harness on a test bed of virtual hosts (tests/vhosts/).
+
+``tests/vhosts/start_vhosts.sh`` builds three virtual hosts on this machine (network, host-name and
+time namespaces, veth pairs on a bridge, addresses in 198.18.0.0/15, one sshd each; vh2's
+CLOCK_MONOTONIC runs SKEW_S[1] seconds ahead of vh1's, vh3's SKEW_S[2] behind). Every command
+runs on vh1, as on a cluster's first node, with ``tests/vhosts/vhost_exec.sh``: Hydra starts its
+proxies on the other hosts over ssh, and MPI's messages between hosts cross the virtual network.
+
+What is shown here:
+
+* ``run --hosts`` over 2 and 3 hosts with odd ranks per host completes; ``run.json`` counts the
+  hosts MPI saw and names each rank's host; the clocks are aligned (the estimated host offsets
+  are the injected skews within 1 ms, and every blocking allreduce's latest start precedes its
+  earliest end on the common clock);
+* ``sbatch`` of ``python -m harness sbatch FILE --nodes 2`` on a SLURM of two virtual nodes;
+* the watchdog across hosts: a rank killed on vh2 and a rank hung on vh2 are named with their
+  host; a host that is down (its link cut) is named after the start-up timeout; ranks started by
+  the user's own ``mpiexec`` are watched too (a hang ends in MPI_Abort, the culprit named); and
+  nothing is left running on any virtual host afterwards;
+* ``calibrate --hosts`` and ``compare`` of a multi-host run: hosts are the simulated nodes;
+* the kernel's shaping of a link (``tbf``) against the native link emulator and the simulator:
+  the same bandwidth gives iteration times within 10% of each other.
+
+Skipped, with the reason, where the test bed cannot be built: not Linux, not root, no network or
+time namespaces, the packages cannot be installed, or ``HARNESS_SKIP_VHOSTS=1``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BED = Path(__file__).resolve().parent / "vhosts"
+SLURM = Path(__file__).resolve().parent / "slurm"
+HOSTS = ["vh1", "vh2", "vh3"]
+SKEW_S = [0, 7, -3]  # each host's CLOCK_MONOTONIC offset, in whole seconds (time namespaces)
+START_TIMEOUT_S = 300  # installing openssh-server on a fresh machine: ~15 s here
+RUN_TIMEOUT_S = 180
+SLURM_DIR = "/var/lib/harness-vslurm"  # not the single-node cluster's (tests/test_slurm.py)
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timing, pytest.mark.timeout(START_TIMEOUT_S + 4 * RUN_TIMEOUT_S)]
+
+
+def _cannot_start() -> str | None:
+    if os.environ.get("HARNESS_SKIP_VHOSTS") == "1":
+        return "HARNESS_SKIP_VHOSTS=1"
+    if platform.system() != "Linux":
+        return f"virtual hosts need Linux namespaces (this is {platform.system()})"
+    if os.geteuid() != 0:
+        return "virtual hosts need root (network, UTS and time namespaces, /etc/hosts, sshd)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def bed():
+    """The test bed's host names; it is stopped at the end only if this session started it."""
+    reason = _cannot_start()
+    if reason:
+        pytest.skip(reason)
+    env = dict(os.environ, HARNESS_VHOSTS=str(len(HOSTS)), HARNESS_VHOST_SKEW=" ".join(map(str, SKEW_S)))
+    t0 = time.monotonic()
+    proc = subprocess.run(["bash", str(BED / "start_vhosts.sh")], capture_output=True, text=True, env=env,
+                          timeout=START_TIMEOUT_S)
+    if proc.returncode != 0 or proc.stdout.split() != HOSTS:
+        lines = proc.stderr.strip().splitlines() or ["no output"]
+        fail = [ln for ln in lines if "FAIL:" in ln]
+        if proc.returncode in (2, 3):  # unsupported here, or the packages cannot be installed
+            pytest.skip(f"virtual hosts cannot be built here: {(fail or lines)[-1]}")
+        pytest.fail(f"start_vhosts.sh exited {proc.returncode}: {(fail or lines)[-1]}")
+    started = "already running" not in proc.stderr
+    print(f"\ntest bed of {len(HOSTS)} virtual hosts ready in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+    yield HOSTS
+    if started:
+        subprocess.run(["bash", str(SLURM / "stop_slurm.sh")], env=dict(os.environ, HARNESS_SLURM_DIR=SLURM_DIR),
+                       capture_output=True, timeout=120)
+        subprocess.run(["bash", str(BED / "stop_vhosts.sh")], capture_output=True, timeout=120)
+
+
+def on(host: str, *cmd: str, timeout: float = RUN_TIMEOUT_S, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``cmd`` on a virtual host (in the repository); on timeout it is interrupted like
+    Ctrl+C, so a launcher stops its ranks, then the test fails."""
+    proc = subprocess.Popen(["bash", str(BED / "vhost_exec.sh"), host, *cmd], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=dict(os.environ if env is None else env, PYTHONUNBUFFERED="1"))
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        pytest.fail(f"{' '.join(cmd)} on {host} did not finish in {timeout} s\n{err[-3000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def harness(host: str, *args: str, **kw) -> subprocess.CompletedProcess:
+    return on(host, sys.executable, "-m", "harness", *args, **kw)
+
+
+def _daemons() -> set[int]:
+    """Pids of the test bed's own daemons (sshd, slurmd, slurmctld), which stay."""
+    pids = set()
+    for pattern in ("sshd", "slurmd", "slurmctld"):
+        proc = subprocess.run(["pgrep", "-x", pattern], capture_output=True, text=True)
+        pids |= {int(p) for p in proc.stdout.split()}
+    return pids
+
+
+def left_running(wait_s: float = 10.0) -> dict[str, list[str]]:
+    """What still runs on each virtual host besides its daemons, after at most ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        daemons, left = _daemons(), {}
+        for host in HOSTS:
+            pids = subprocess.run(["ip", "netns", "pids", f"harness-{host}"], capture_output=True,
+                                  text=True).stdout.split()
+            others = [p for p in pids if int(p) not in daemons]
+            if others:
+                left[host] = [Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
+                              for p in others if Path(f"/proc/{p}/cmdline").exists()]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def clean_hosts(bed):
+    """Each test ends with nothing of it running on any virtual host."""
+    yield
+    left = left_running()
+    assert not left, f"processes left running on the virtual hosts: {left}"
+
+
+def host_file(tmp_path: Path, slots: dict[str, int]) -> Path:
+    path = tmp_path / "hosts"
+    path.write_text("".join(f"{h}:{n}\n" for h, n in slots.items()))
+    return path
+
+
+def scenario(tmp_path: Path, ranks: int, name: str = "vhosts", iterations: int = 30, **extra) -> Path:
+    """A small scenario: emulated compute (5 ms), a 100,000-parameter model (400 kB messages)."""
+    spec = {
+        "name": name,
+        "ranks": ranks,
+        "seed": 1,
+        "workload": {"model": "logreg", "dataset": "synthetic", "batch_size": 8, "iterations": iterations,
+                     "eval_every": iterations, "compute": {"emulate_ms": 5}, "params": 100_000},
+        "algorithms": ["allreduce_sgd"],
+        "results": {"comm_calls": False},
+        **extra,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def only_run(out: Path, name: str) -> Path:
+    runs = [p for p in (out / name).iterdir() if p.is_dir()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def expected_hosts(slots: dict[str, int], ranks: int) -> list[str]:
+    """Hydra's placement: each host's slots in file order, wrapping around."""
+    order = [h for h, n in slots.items() for _ in range(n)]
+    return [order[r % len(order)] for r in range(ranks)]
+
+
+# ------------------------------------------------------------------------------------------------
+# runs across hosts, one clock
+
+
+def _blocking_allreduce_spans(run: Path) -> dict[tuple[str, int], list[tuple[float, float]]]:
+    """{(algorithm, k): [(start, end) of every rank]} of the k-th allreduce of every rank."""
+    spans: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    seen: dict[tuple[str, int], int] = {}
+    with open(run / "comm_ops.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            if row["op"] != "allreduce":
+                continue
+            rank = (row["algorithm"], int(row["rank"]))
+            k = seen[rank] = seen.get(rank, -1) + 1
+            spans.setdefault((row["algorithm"], k), []).append((float(row["start_s"]), float(row["end_s"])))
+    return spans
+
+
+@pytest.mark.parametrize("slots", [{"vh1": 2, "vh2": 1}, {"vh1": 1, "vh2": 2, "vh3": 2}], ids=["2hosts", "3hosts"])
+def test_run_across_hosts_on_one_clock(bed, clean_hosts, tmp_path, slots):
+    ranks = sum(slots.values())
+    out = tmp_path / "out"
+    proc = harness("vh1", "run", str(scenario(tmp_path, ranks)), "--hosts", str(host_file(tmp_path, slots)),
+                   "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = only_run(out, "vhosts")
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["status"] == "complete"
+    assert meta["hosts"] == len(slots)
+    assert meta["rank_hosts"] == expected_hosts(slots, ranks)
+
+    # One clock: every host's offset is its injected skew, within 1 ms.
+    clock = meta["clock"]
+    for host, offset in clock["host_offsets_s"].items():
+        injected = SKEW_S[HOSTS.index(host)] - SKEW_S[0]
+        assert abs(offset - injected) < 1e-3, (host, offset, injected, clock)
+    print(f"\nclock offsets (s): {clock['host_offsets_s']}; error bound {clock['error_bound_s'] * 1e3:.3f} ms",
+          file=sys.stderr)
+    # ... and the timelines line up: nobody leaves a blocking allreduce before the last rank entered it.
+    spans = _blocking_allreduce_spans(run)
+    assert spans and all(len(s) == ranks for s in spans.values())
+    worst = max(max(start for start, _ in s) - min(end for _, end in s) for s in spans.values())
+    assert worst < 1e-3, f"an allreduce ended {worst * 1e3:.1f} ms before its last rank started"
+
+
+# ------------------------------------------------------------------------------------------------
+# SLURM with two virtual nodes
+
+
+def _job_state(job_id: str) -> tuple[str, str]:
+    proc = on("vh1", "scontrol", "-o", "show", "job", job_id, timeout=30, env=_slurm_env())
+    fields = dict(f.split("=", 1) for f in proc.stdout.split() if "=" in f)
+    return fields.get("JobState", ""), fields.get("ExitCode", "")
+
+
+def _slurm_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PMI_", "PMIX_", "SBATCH_", "SRUN_"))}
+    return dict(env, SLURM_CONF=f"{SLURM_DIR}/slurm.conf")
+
+
+def test_sbatch_on_two_virtual_nodes(bed, clean_hosts, tmp_path):
+    env = dict(os.environ, HARNESS_SLURM_DIR=SLURM_DIR, HARNESS_SLURM_NODES="vh1 vh2")
+    proc = subprocess.run(["bash", str(SLURM / "start_slurm.sh")], capture_output=True, text=True, env=env,
+                          timeout=START_TIMEOUT_S)
+    if proc.returncode in (2, 3):
+        pytest.skip(f"SLURM cannot be installed here: {proc.stderr.strip().splitlines()[-1]}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out, ranks = tmp_path / "out", 5
+    file = scenario(tmp_path, ranks)
+    proc = harness("vh1", "sbatch", str(file), "--nodes", "2", "--out", str(out), "--time", "5", env=_slurm_env())
+    assert proc.returncode == 0, proc.stderr
+    script = out / "vhosts" / "vhosts.sbatch"
+    assert "#SBATCH --nodes=2" in script.read_text().splitlines()
+    proc = on("vh1", "sbatch", "--parsable", str(script), timeout=60, env=_slurm_env())
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip().split(";")[0]
+    deadline, state = time.monotonic() + RUN_TIMEOUT_S, ""
+    while time.monotonic() < deadline:
+        state, exit_code = _job_state(job)
+        if state not in ("", "PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+            break
+        time.sleep(0.5)
+    logs = list((out / "vhosts").glob("slurm-*.out"))
+    output = logs[0].read_text(errors="replace")[-3000:] if logs else "(no job output)"
+    assert state == "COMPLETED", f"job {job}: {state}\n{output}"
+    meta = json.loads((only_run(out, "vhosts") / "run.json").read_text())
+    assert meta["status"] == "complete" and meta["hosts"] == 2, meta
+    assert set(meta["rank_hosts"]) == {"vh1", "vh2"}, meta["rank_hosts"]
+
+
+# ------------------------------------------------------------------------------------------------
+# the watchdog across hosts
+
+SECOND_HOST = {"vh1": 1, "vh2": 2}  # ranks 1 and 2 on vh2
+WATCHDOG = {"stall_timeout_s": 3, "startup_timeout_s": 8}
+
+
+def _fault_scenario(tmp_path: Path, fault: dict | None, ranks: int = 3) -> Path:
+    return scenario(tmp_path, ranks, name="vhfault", iterations=40, faults=[fault] if fault else [],
+                    watchdog=WATCHDOG)
+
+
+def test_killed_rank_on_the_second_host_is_named_with_its_host(bed, clean_hosts, tmp_path):
+    file = _fault_scenario(tmp_path, {"kind": "kill", "rank": 2, "at_iteration": 5})
+    proc = harness("vh1", "run", str(file), "--hosts", str(host_file(tmp_path, SECOND_HOST)),
+                   "--out", str(tmp_path / "out"))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert re.search(r"rank 2 \(pid \d+ on host vh2\) died in iteration 5", proc.stderr), proc.stderr[-3000:]
+
+
+def test_hung_rank_on_the_second_host_is_named_after_the_stall_timeout(bed, clean_hosts, tmp_path):
+    file = _fault_scenario(tmp_path, {"kind": "hang", "rank": 2, "at_iteration": 5})
+    t0 = time.monotonic()
+    proc = harness("vh1", "run", str(file), "--hosts", str(host_file(tmp_path, SECOND_HOST)),
+                   "--out", str(tmp_path / "out"))
+    took = time.monotonic() - t0
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    match = re.search(r"rank 2 \(pid \d+ on host vh2\) made no progress for ([\d.]+) s in iteration 5", proc.stderr)
+    assert match, proc.stderr[-3000:]
+    assert WATCHDOG["stall_timeout_s"] <= float(match.group(1)) < WATCHDOG["stall_timeout_s"] + 2
+    print(f"\nhang on vh2 named after {match.group(1)} s of silence; the whole run took {took:.1f} s", file=sys.stderr)
+
+
+def test_a_host_that_never_starts_its_ranks_is_named(bed, clean_hosts, tmp_path):
+    """vh3's sshd is frozen (SIGSTOP), as on a hung node: Hydra's ssh to it waits, its rank never
+    starts, and the watchdog names it and its host after the start-up timeout."""
+    sshd = int((Path("/var/lib/harness-vhosts/run/sshd-vh3.pid")).read_text())
+    file = _fault_scenario(tmp_path, None)
+    os.kill(sshd, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        proc = harness("vh1", "run", str(file), "--hosts", str(host_file(tmp_path, {"vh1": 1, "vh2": 1, "vh3": 1})),
+                       "--out", str(tmp_path / "out"))
+        took = time.monotonic() - t0
+    finally:
+        os.kill(sshd, signal.SIGCONT)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert re.search(r"rank 2 .*vh3.* did not start within startup_timeout_s", proc.stderr), proc.stderr[-3000:]
+    assert took < WATCHDOG["startup_timeout_s"] + 30, took
+
+
+def test_ranks_the_user_starts_are_watched_too(bed, clean_hosts, tmp_path):
+    """``mpiexec -f HOSTS -n 3 python -m harness run FILE``: no launcher of the harness watches, so
+    rank 0 does; a hang on vh2 ends the job with MPI_Abort, the culprit named."""
+    file = _fault_scenario(tmp_path, {"kind": "hang", "rank": 2, "at_iteration": 5})
+    mpiexec = str(Path(sys.executable).parent / "mpiexec")
+    t0 = time.monotonic()
+    proc = on("vh1", mpiexec, "-f", str(host_file(tmp_path, SECOND_HOST)), "-n", "3", sys.executable, "-m",
+              "harness", "run", str(file), "--out", str(tmp_path / "out"))
+    took = time.monotonic() - t0
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    assert re.search(r"rank 2 \(pid \d+ on host vh2\) made no progress", proc.stderr), proc.stderr[-3000:]
+    assert took < RUN_TIMEOUT_S / 2, took
+
+
+# ------------------------------------------------------------------------------------------------
+# calibrate and compare across hosts; the kernel's shaping against the emulator and the simulator
+
+SHAPED_MBIT = 100  # one virtual host's link, both ways: 400 kB messages take ~32 ms each way
+TWO = {"vh1": 1, "vh2": 1}
+
+
+def _shape(rate_mbit: int | None) -> None:
+    """tbf on vh2's link, both directions (its eth0, and the switch port towards it); None: off."""
+    for ns, dev in (("harness-vh2", "eth0"), ("harness-vswitch", "vh2-port")):
+        subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], capture_output=True)
+        if rate_mbit is not None:
+            subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{rate_mbit}mbit",
+                            "burst", "64kb", "latency", "200ms"], check=True, capture_output=True)
+
+
+def _iteration_s(run: Path) -> float:
+    with open(run / "summary.csv", newline="") as f:
+        return float(next(csv.DictReader(f))["iter_time_median_s"])
+
+
+def test_kernel_shaping_emulator_and_simulator_agree(bed, clean_hosts, tmp_path):
+    hosts = str(host_file(tmp_path, TWO))
+    calibration = tmp_path / "calibration.json"
+    proc = harness("vh1", "calibrate", "--hosts", hosts, "--ranks", "2", "--quick", "--output", str(calibration),
+                   "--scenario", str(scenario(tmp_path, 2, name="vhcal")))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    entry = json.loads(calibration.read_text())
+    assert "vh1" in json.dumps(entry) and "vh2" in json.dumps(entry), "the calibration does not record its hosts"
+
+    shaped_out, emulated_out = tmp_path / "shaped", tmp_path / "emulated"
+    _shape(SHAPED_MBIT)
+    try:
+        proc = harness("vh1", "run", str(scenario(tmp_path, 2, name="vhshaped", iterations=40)), "--hosts", hosts,
+                       "--out", str(shaped_out))
+    finally:
+        _shape(None)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    emulated = scenario(tmp_path, 2, name="vhemulated", iterations=40,
+                        network={"links": [{"rank": 1, "bandwidth_gbps": SHAPED_MBIT / 1000}]})
+    proc = harness("vh1", "run", str(emulated), "--hosts", hosts, "--out", str(emulated_out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    emulated_run = only_run(emulated_out, "vhemulated")
+    proc = harness("vh1", "compare", str(emulated_run), "--calibration", str(calibration), "--mode", "trace")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "vh1" in proc.stdout + proc.stderr and "vh2" in proc.stdout + proc.stderr, proc.stdout
+
+    kernel = _iteration_s(only_run(shaped_out, "vhshaped"))
+    native = _iteration_s(emulated_run)
+    with open(emulated_run / "compare.csv", newline="") as f:
+        simulated = float(next(r for r in csv.DictReader(f) if r["mode"] == "trace")["predicted_iter_s"])
+    print(f"\nper iteration at {SHAPED_MBIT} Mb/s: kernel tbf {kernel * 1e3:.1f} ms, native emulator "
+          f"{native * 1e3:.1f} ms, simulator {simulated * 1e3:.1f} ms", file=sys.stderr)
+    assert abs(kernel / native - 1) < 0.10, (kernel, native)
+    assert abs(simulated / native - 1) < 0.10, (simulated, native)
+    assert abs(simulated / kernel - 1) < 0.10, (simulated, kernel)

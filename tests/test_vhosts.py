@@ -212,7 +212,7 @@ def test_run_across_hosts_on_one_clock(bed, clean_hosts, tmp_path, slots):
     for host, offset in clock["host_offsets_s"].items():
         injected = SKEW_S[HOSTS.index(host)] - SKEW_S[0]
         assert abs(offset - injected) < 1e-3, (host, offset, injected, clock)
-    print(f"\nclock offsets (s): {clock['host_offsets_s']}; error bound {clock['error_bound_s'] * 1e3:.3f} ms",
+    print(f"\nclock offsets (s): {clock['host_offsets_s']}; error bound {max(clock['error_bound_s']) * 1e3:.3f} ms",
           file=sys.stderr)
     # ... and the timelines line up: nobody leaves a blocking allreduce before the last rank entered it.
     spans = _blocking_allreduce_spans(run)
@@ -339,12 +339,16 @@ TWO = {"vh1": 1, "vh2": 1}
 
 
 def _shape(rate_mbit: int | None) -> None:
-    """tbf on vh2's link, both directions (its eth0, and the switch port towards it); None: off."""
+    """tbf on vh2's link, both directions (its eth0, and the switch port towards it); None: off.
+    The bucket holds 16 kB, little more than the 12.5 kB one timer tick sends at 100 Mb/s: a
+    bucket that fills up while the ranks compute lets the next message's first bytes through at
+    the full speed of the veth pair (64 kB took 5 ms off every 35 ms iteration), which no link
+    of the emulator or the simulator does."""
     for ns, dev in (("harness-vh2", "eth0"), ("harness-vswitch", "vh2-port")):
         subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], capture_output=True)
         if rate_mbit is not None:
             subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{rate_mbit}mbit",
-                            "burst", "64kb", "latency", "200ms"], check=True, capture_output=True)
+                            "burst", "16kb", "latency", "200ms"], check=True, capture_output=True)
 
 
 def _iteration_s(run: Path) -> float:
@@ -387,3 +391,31 @@ def test_kernel_shaping_emulator_and_simulator_agree(bed, clean_hosts, tmp_path)
     assert abs(kernel / native - 1) < 0.10, (kernel, native)
     assert abs(simulated / native - 1) < 0.10, (simulated, native)
     assert abs(simulated / kernel - 1) < 0.10, (simulated, kernel)
+
+
+# ------------------------------------------------------------------------------------------------
+# the test bed itself (last: it takes the test bed down)
+
+
+def test_start_is_idempotent_and_stop_leaves_nothing(bed):
+    env = dict(os.environ, HARNESS_VHOSTS=str(len(HOSTS)), HARNESS_VHOST_SKEW=" ".join(map(str, SKEW_S)))
+    t0 = time.monotonic()
+    proc = subprocess.run(["bash", str(BED / "start_vhosts.sh")], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0 and "already running" in proc.stderr and proc.stdout.split() == HOSTS, proc.stderr
+    assert time.monotonic() - t0 < 10
+    bad = subprocess.run(["bash", str(BED / "start_vhosts.sh")], capture_output=True, text=True, timeout=60,
+                         env=dict(env, HARNESS_VHOST_SKEW="0 1.5 0"))
+    assert bad.returncode == 2 and "start_vhosts: FAIL: HARNESS_VHOST_SKEW: '1.5' is not a whole number" in bad.stderr
+    assert proc.stdout.split() == HOSTS and not bad.stdout  # refused before touching the running bed
+
+    subprocess.run(["bash", str(SLURM / "stop_slurm.sh")], env=dict(os.environ, HARNESS_SLURM_DIR=SLURM_DIR),
+                   capture_output=True, timeout=120)
+    sshds = [int(Path(f"/var/lib/harness-vhosts/run/sshd-{h}.pid").read_text()) for h in HOSTS]
+    subprocess.run(["bash", str(BED / "stop_vhosts.sh")], capture_output=True, timeout=120, check=True)
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "harness-v" not in namespaces, namespaces
+    assert "# harness-vhosts" not in Path("/etc/hosts").read_text()
+    assert not Path("/run/harness-vhosts").exists()
+    assert not [pid for pid in sshds if Path(f"/proc/{pid}").exists()], "an sshd of the test bed is still running"
+    again = subprocess.run(["bash", str(BED / "stop_vhosts.sh")], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and not again.stderr  # idempotent, and quiet when there is nothing to do

@@ -54,6 +54,17 @@ def mpiexec_path() -> Path:
     return path
 
 
+def launcher_rank() -> int | None:
+    """This process's rank as the launcher that started it says (MPICH's Hydra, Open MPI, PMIx,
+    SLURM's srun), read without initializing MPI; None when none says."""
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        if var in os.environ:
+            return int(os.environ[var])
+    if "SLURM_STEP_ID" in os.environ and "SLURM_PROCID" in os.environ:
+        return int(os.environ["SLURM_PROCID"])
+    return None
+
+
 def inside_mpi_job() -> int | None:
     """World size of the MPI job this process was started in by a launcher, or None.
 
@@ -137,14 +148,59 @@ class Launch:
         return [str(mpiexec_path()), *where, "-n", str(ranks), *argv]
 
     def single_host(self) -> bool:
-        """Whether every rank runs on this host (the watchdog can then see every process)."""
+        """Whether every rank runs on this host (the watchdog then listens on 127.0.0.1)."""
         if self.launcher == "slurm":
             return os.environ.get("SLURM_JOB_NUM_NODES", os.environ.get("SLURM_NNODES", "1")) == "1"
         if self.hosts is None:
             return True
-        here = {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.gethostname().split(".")[0],
-                socket.getfqdn()}
+        here = _names_of_this_host()
         return all(host in here for host, _ in read_hosts(self.hosts))
+
+    def rank_hosts(self, ranks: int) -> list[str | None]:
+        """The host each rank is to start on, as the launcher will place it; None where that
+        cannot be known (the watchdog names the host of a rank that never reported in)."""
+        if self.hosts is not None:
+            return hydra_placement(read_hosts(self.hosts), ranks)
+        if self.launcher == "slurm" and not self.single_host():
+            return _slurm_placement(ranks)
+        return [socket.gethostname()] * ranks
+
+
+def _names_of_this_host() -> set[str]:
+    return {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.gethostname().split(".")[0],
+            socket.getfqdn()}
+
+
+def hydra_placement(hosts: Sequence[tuple[str, int | None]], ranks: int) -> list[str]:
+    """The host of each of ``ranks`` ranks under Hydra with the host file entries ``hosts``
+    (:func:`read_hosts`): it fills each host's slots in the file's order (a host without
+    ``:slots`` has 1), and starts again from the first host when the ranks outnumber the slots."""
+    if not hosts:
+        raise ValueError("hydra_placement: no hosts")
+    order = [host for host, slots in hosts for _ in range(slots or 1)]
+    return [order[r % len(order)] for r in range(ranks)]
+
+
+def _slurm_placement(ranks: int) -> list[str | None]:
+    """Where Hydra's SLURM bootstrap places ranks in this allocation: the nodes of
+    ``SLURM_JOB_NODELIST`` (expanded by ``scontrol show hostnames``) with the slots of
+    ``SLURM_TASKS_PER_NODE`` (e.g. ``2(x3),1``); None for every rank when either is missing."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST", os.environ.get("SLURM_NODELIST"))
+    tasks = os.environ.get("SLURM_TASKS_PER_NODE")
+    if not nodelist or not tasks:
+        return [None] * ranks
+    try:
+        names = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                               timeout=10, check=True).stdout.split()
+        slots: list[int] = []
+        for part in tasks.split(","):
+            count, _, times = part.partition("(x")
+            slots += [int(count)] * (int(times.rstrip(")")) if times else 1)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return [None] * ranks
+    if len(names) != len(slots) or not names:
+        return [None] * ranks
+    return hydra_placement(list(zip(names, slots)), ranks)
 
 
 def read_hosts(path: str | Path) -> list[tuple[str, int | None]]:
@@ -188,9 +244,9 @@ def start_ranks(ranks: int, argv: Sequence[str], *, env: dict | None = None,
 
 
 def run_ranks(ranks: int, argv: Sequence[str], *, timeout: float | None = None, env: dict | None = None,
-              capture: bool = False) -> subprocess.CompletedProcess:
+              capture: bool = False, launch: Launch | None = None) -> subprocess.CompletedProcess:
     """Run ``argv`` on ``ranks`` processes and wait; on timeout or Ctrl+C stop the whole job."""
-    proc = start_ranks(ranks, argv, env=env, capture=capture)
+    proc = start_ranks(ranks, argv, env=env, capture=capture, launch=launch)
     try:
         out, err = proc.communicate(timeout=timeout)
     except BaseException:
@@ -199,37 +255,40 @@ def run_ranks(ranks: int, argv: Sequence[str], *, timeout: float | None = None, 
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def stop_job(proc: subprocess.Popen, reported_in: Collection[int] | None = None) -> None:
+def stop_job(proc: subprocess.Popen, reported_in: Collection[int] | None = None, remote: bool = False) -> None:
     """End the job the launcher ``proc`` (mpiexec) runs, leaving no process of it behind.
 
-    ``reported_in``: the pids of the ranks known to handle SIGINT, all of them on this host
-    (the watchdog's; a rank still starting up may not handle it yet), or None when unknown.
+    ``reported_in``: the pids of the ranks on this host known to handle SIGINT (the watchdog's;
+    a rank still starting up may not handle it yet), or None when unknown. ``remote``: some
+    ranks run on other hosts (or may: the watchdog does not know where one is).
 
-    SIGINT goes straight to those ranks (the launcher's grandchildren, under Hydra's proxies;
-    when unknown, to every one found), which then end with an exit status, so mpiexec ends
-    quietly as after any exit. A rank that has not ended within ``RANKS_STOP_S`` (one blocked
-    in a collective whose peers have left, one still starting) is ended by force, but mpiexec
-    is killed first: it reports every rank that ends by a signal as a "BAD TERMINATION" that
-    "typically refers to a problem with your application", which a stop asked for is not.
+    SIGINT goes straight to the known local ranks (the launcher's grandchildren, under Hydra's
+    proxies; when unknown, to every one found), which then end with an exit status, so mpiexec
+    ends quietly as after any exit. A rank that has not ended within ``RANKS_STOP_S`` (one
+    blocked in a collective whose peers have left, one still starting) is ended by force, but
+    mpiexec is killed first: it reports every rank that ends by a signal as a "BAD TERMINATION"
+    that "typically refers to a problem with your application", which a stop asked for is not.
 
-    When unknown and none is found (ranks on other hosts, or started by srun): SIGINT to the
-    launcher's process group, which mpiexec forwards (ranks end within ``INTERRUPT_GRACE_S``,
-    see :func:`exit_promptly_when_interrupted`), then SIGTERM, then SIGKILL. Last, SIGKILL to
-    whatever of the group, of the proxies and of their ranks outlived the launcher.
+    With ranks elsewhere (``remote``), or when unknown and none is found here (started by
+    srun): SIGINT to mpiexec, which forwards it through its proxies to every rank on every
+    host (ranks end within ``INTERRUPT_GRACE_S``, see :func:`exit_promptly_when_interrupted`);
+    then SIGTERM to the launcher's process group, then SIGKILL. Last, SIGKILL to whatever of
+    the group, of the proxies and of their ranks outlived the launcher.
     """
     proxies = _children_of([proc.pid])
     ranks = _children_of(proxies, below=True)
     try:
-        if ranks or reported_in is not None:
+        if remote or not (ranks or reported_in is not None):
+            for pid, fd in ranks.items():
+                if reported_in is not None and pid in reported_in:
+                    _send(fd, signal.SIGINT)  # at once; mpiexec's copy comes through the proxy
+            _interrupt_through_launcher(proc)
+        else:
             asked = [fd for pid, fd in ranks.items() if reported_in is None or pid in reported_in]
             for fd in asked:
                 _send(fd, signal.SIGINT)
             if not (asked and _waited(proc, RANKS_STOP_S)):
                 _signal_group(proc, signal.SIGKILL)
-        else:
-            for sig, wait_s in ((signal.SIGINT, INTERRUPT_GRACE_S + SIGNAL_STOP_S), (signal.SIGTERM, SIGNAL_STOP_S)):
-                if not _signal_group(proc, sig) or _waited(proc, wait_s):
-                    break
         _signal_group(proc, signal.SIGKILL)
         proc.wait()
         for fd in proxies.values():
@@ -244,6 +303,32 @@ def stop_job(proc: subprocess.Popen, reported_in: Collection[int] | None = None)
     finally:
         for fd in [*ranks.values(), *proxies.values()]:
             os.close(fd)
+
+
+def _interrupt_through_launcher(proc: subprocess.Popen) -> None:
+    """SIGINT to mpiexec alone (Hydra forwards it to every proxy, which signals its ranks; the
+    ssh or srun clients of the group are left alone, so the proxies stay reachable), then, if
+    it has not ended in time, SIGTERM to its process group; bounded either way."""
+    try:
+        proc.send_signal(signal.SIGINT)
+    except ProcessLookupError:
+        return
+    if not _waited(proc, INTERRUPT_GRACE_S + SIGNAL_STOP_S) and _signal_group(proc, signal.SIGTERM):
+        _waited(proc, SIGNAL_STOP_S)
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    """Whether process ``pid`` of this host is ``ancestor`` or one of its descendants (False
+    where /proc is missing or either has ended)."""
+    seen = 0
+    while pid > 1 and seen < 1000:  # a bounded walk up the parents
+        if pid == ancestor:
+            return True
+        parent = _parent(pid)
+        if parent is None:
+            return False
+        pid, seen = parent, seen + 1
+    return pid == ancestor
 
 
 def _waited(proc: subprocess.Popen, seconds: float) -> bool:
@@ -312,6 +397,7 @@ def _send(pidfd: int, sig: int) -> None:
 
 _interrupt_guard: tuple | None = None  # what exit_promptly_when_interrupted keeps alive
 _interrupted = False  # whether this rank got SIGINT or SIGTERM (with the guard on)
+_raised = False  # whether that interrupt has been raised as KeyboardInterrupt
 
 
 def exit_promptly_when_interrupted(grace_s: float = INTERRUPT_GRACE_S) -> None:
@@ -350,11 +436,18 @@ def exit_promptly_when_interrupted(grace_s: float = INTERRUPT_GRACE_S) -> None:
 
 
 def _raise_interrupt(signum: int, frame) -> None:
-    """SIGINT, SIGTERM: KeyboardInterrupt, but never in the middle of an import. Raised there, it
-    can be swallowed, turned into an ImportError, or make the interpreter end by SIGINT at
-    exit (seen importing torch); so the signal comes again a little later instead."""
-    global _interrupted
+    """SIGINT, SIGTERM: KeyboardInterrupt, once, but never in the middle of an import. Raised
+    there, it can be swallowed, turned into an ImportError, or make the interpreter end by
+    SIGINT at exit (seen importing torch); so the signal comes again a little later instead.
+
+    Later interrupts are ignored: a stop sends one straight to a rank and one through mpiexec
+    (ranks on other hosts get only that), and a second KeyboardInterrupt raised while the
+    first unwinds (in an ``except`` on the way to ``sys.exit(130)``) would end the rank with a
+    traceback. The timer armed by the first ends the rank within its grace anyway."""
+    global _interrupted, _raised
     _interrupted = True
+    if _raised:
+        return
     while frame is not None:
         if frame.f_code.co_filename.startswith("<frozen importlib"):
             again = threading.Timer(IMPORT_RETRY_S, os.kill, (os.getpid(), signum))
@@ -362,6 +455,7 @@ def _raise_interrupt(signum: int, frame) -> None:
             again.start()
             return
         frame = frame.f_back
+    _raised = True
     raise KeyboardInterrupt
 
 

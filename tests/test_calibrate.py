@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -13,9 +14,12 @@ from conftest import harness_cli, write_scenario_file
 from harness.calibrate.measure import (
     MAX_OP_BYTES,
     QUICK,
+    P2PPairs,
     Plan,
     Workload,
     allreduce_sizes,
+    format_table,
+    p2p_pairs,
     parse_ranks,
     per_rep_mean_median,
     plan_from_scenarios,
@@ -23,7 +27,7 @@ from harness.calibrate.measure import (
     window_means,
 )
 from harness.scenario import scenario_from_dict
-from harness.sim.calibration import P2PPoint, fit_alpha_beta, load_calibration
+from harness.sim.calibration import CalibrationError, P2PPoint, fit_alpha_beta, load_calibration
 
 TINY = {
     "name": "tiny",
@@ -198,3 +202,148 @@ def test_recalibrating_one_rank_count_keeps_the_others(calibrated):
     assert sorted(after) == [2, 3]
     assert after[3] == before[3]
     assert "3 ranks (kept)" in proc.stdout
+
+
+# -- ranks on several hosts -------------------------------------------------------------------------
+@pytest.mark.parametrize(("rank_hosts", "pairs"), [
+    (["a", "a", "a"], P2PPairs((0, 1), None)),  # one host: ranks 0 and 1, as always
+    (["a", "b", "a", "b", "b"], P2PPairs((0, 2), (0, 1))),  # both from rank 0
+    (["b", "b", "b", "a", "a"], P2PPairs((0, 1), (0, 3))),
+    (["a", "b", "c", "b", "c"], P2PPairs((1, 3), (0, 1))),  # rank 0 alone: the lowest pair sharing a host
+    (["a", "b", "c"], P2PPairs(None, (0, 1))),  # no two ranks on one host
+])
+def test_point_to_point_pairs_follow_the_hosts(rank_hosts, pairs):
+    assert p2p_pairs(rank_hosts) == pairs
+    if pairs.same_host is not None:
+        a, b = pairs.same_host
+        assert rank_hosts[a] == rank_hosts[b] and a != b
+    if pairs.cross_host is not None:
+        a, b = pairs.cross_host
+        assert rank_hosts[a] != rank_hosts[b]
+
+
+# What `calibrate` wrote before it recorded hosts: no rank_hosts, hosts, pairs or inter-host link.
+OLDER_FILE = {
+    "format": 1, "created_at": "2026-01-01T00:00:00+00:00", "harness_version": "0.9", "cpus": 2,
+    "entries": [{
+        "ranks": 4,
+        "network": {"latency_s": 1.6e-4, "bandwidth_bytes_per_s": 9.3e7, "progress_s": 1.6e-4, "shared_cores": 2},
+        "network_source": "reference trainings", "network_fit_error": 0.05,
+        "p2p_network": {"latency_s": 1e-5, "bandwidth_bytes_per_s": 5e9, "progress_s": 0.0, "shared_cores": None},
+        "p2p": [{"bytes": 8, "one_way_s": 1e-5}, {"bytes": 1048576, "one_way_s": 2.2e-4}],
+        "ops": [{"op": "barrier", "bytes": 0, "median_s": 3e-5}],
+        "compute": [], "evaluation": [], "loop_overhead_s": 1e-4,
+    }],
+}
+
+
+def test_an_older_calibration_file_still_loads_and_reads_as_one_host(tmp_path):
+    from harness.scenario import scenario_from_dict as scenario_of
+    from harness.sim.hosts import simulated_topology
+
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(OLDER_FILE))
+    (entry,) = load_calibration(path).entries
+    assert (entry.rank_hosts, entry.hosts, entry.ranks_per_host) == ([], [], [])
+    assert entry.p2p_pair == (0, 1) and entry.inter_host_network is None and entry.inter_host_p2p == []
+    assert entry.network.latency_s == 1.6e-4  # what simulate uses is untouched
+    assert "hosts (ranks)" not in format_table(load_calibration(path))
+    # A multi-host run simulated with it: the hosts are named, and why they cannot be used.
+    scenario = scenario_of({**TINY, "ranks": 4})
+    (note,) = simulated_topology(scenario, entry, ["a", "a", "b", "b"]).notes
+    assert "the calibration of 4 ranks was measured on one host: it has no inter-host link" in note
+
+
+def test_hosts_of_an_entry_must_agree_with_its_ranks(tmp_path):
+    path = tmp_path / "c.json"
+    data = json.loads(json.dumps(OLDER_FILE))
+    data["entries"][0].update(rank_hosts=["a", "a", "b", "b"], hosts=["a", "b"], ranks_per_host=[2, 2],
+                              inter_host_pair=[0, 2], inter_host_network=data["entries"][0]["p2p_network"])
+    path.write_text(json.dumps(data))
+    cal = load_calibration(path)
+    table = format_table(cal)
+    assert "a (2), b (2)" in table and "0-1 (one host)" in table and "inter-host alpha (us)" in table
+    for change, message in [({"rank_hosts": ["a", "b"]}, "rank_hosts names 2 hosts for 4 ranks"),
+                            ({"ranks_per_host": [3, 1]}, "disagree with rank_hosts"),
+                            ({"rank_hosts": []}, "need rank_hosts")]:
+        bad = json.loads(json.dumps(data))
+        bad["entries"][0].update(change)
+        path.write_text(json.dumps(bad))
+        with pytest.raises(CalibrationError, match=f"c.json: entries.0: .*{message}"):
+            load_calibration(path)
+
+
+def test_calibrate_launches_across_the_hosts_of_a_host_file(tmp_path):
+    """``--hosts FILE`` reaches the launcher, and the job's files go next to ``--output`` (rank 0
+    may run on another host); the fake launcher only records what it was asked."""
+    scenario = write_scenario_file(tmp_path, TINY)
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("vh-elsewhere-1:2\nvh-elsewhere-2:2\n")
+    output = tmp_path / "cal" / "c.json"
+    script = textwrap.dedent(f"""
+        import json, subprocess, sys
+        import harness.launch
+        calls = []
+        def fake_run_ranks(n, argv, launch=None, **kw):
+            calls.append([n, list(argv), launch.launcher, str(launch.hosts)])
+            return subprocess.CompletedProcess(argv, 3)
+        harness.launch.run_ranks = fake_run_ranks
+        from harness.cli import main
+        rc = main(["calibrate", "--scenario", {str(scenario)!r}, "--ranks", "4", "--hosts", {str(hosts)!r},
+                   "--output", {str(output)!r}])
+        print(json.dumps({{"rc": rc, "calls": calls}}))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.splitlines()[-1])
+    ((n, argv, launcher, host_file),) = out["calls"]
+    assert (out["rc"], n, launcher, host_file) == (1, 4, "mpiexec", str(hosts))
+    assert argv[1:3] == ["-m", "harness.calibrate.worker"]
+    assert Path(argv[3]).parent.parent == output.parent  # plan and entry on the shared file system
+    assert not output.exists() and list(output.parent.iterdir()) == []  # the job's directory is gone
+
+    bad = tmp_path / "bad-hosts.txt"
+    bad.write_text("vh1:x\n")
+    proc = harness_cli("calibrate", "--scenario", str(scenario), "--hosts", str(bad), "--output", str(output))
+    assert proc.returncode == 2 and f"--hosts {bad}:1: expected 'host' or 'host:slots'" in proc.stderr
+    proc = harness_cli("calibrate", "--scenario", str(scenario), "--hosts", str(hosts), prefix=["env", "PMI_SIZE=2"])
+    assert proc.returncode == 2
+    assert "--launcher and --hosts are for starting ranks; this process already is one of an MPI job" in proc.stderr
+
+
+def _can_rename_host() -> bool:
+    """Whether this process may start one with a host name of its own (a UTS namespace)."""
+    try:
+        return subprocess.run(["unshare", "--uts", "sh", "-c", "hostname harness-probe"], capture_output=True,
+                              timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not _can_rename_host(), reason="needs `unshare --uts` (root or user namespaces) to give one "
+                                                  "rank a host name of its own")
+def test_a_calibration_across_two_host_names_measures_both_pairs(tmp_path):
+    """Three ranks of one in-place calibration job (MPMD), the last in a UTS namespace whose host
+    name differs: to the calibration that is a second host (its MPI traffic still goes through
+    shared memory, so the two links measure alike here; the test bed of virtual hosts,
+    tests/vhosts/, has real separate network stacks)."""
+    from harness.launch import mpiexec_path
+
+    data = {**TINY, "ranks": 3, "workload": {**TINY["workload"], "compute": {"emulate_ms": 2}, "params": 2000}}
+    scenario = write_scenario_file(tmp_path, data)
+    command = [sys.executable, "-m", "harness", "calibrate", "--quick", "--scenario", str(scenario),
+               "--output", str(tmp_path / "cal.json")]
+    renamed = ["unshare", "--uts", "sh", "-c", 'hostname harness-other-host && exec "$@"', "sh", *command]
+    proc = subprocess.run([str(mpiexec_path()), "-n", "2", *command, ":", "-n", "1", *renamed],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    (entry,) = load_calibration(tmp_path / "cal.json").entries
+    here = entry.rank_hosts[0]
+    assert entry.rank_hosts == [here, here, "harness-other-host"] and here != "harness-other-host"
+    assert (entry.hosts, entry.ranks_per_host) == ([here, "harness-other-host"], [2, 1])
+    assert entry.p2p_pair == (0, 1) and entry.inter_host_pair == (0, 2)
+    assert [p.bytes for p in entry.inter_host_p2p] == [p.bytes for p in entry.p2p]
+    assert all(p.one_way_s > 0 for p in entry.inter_host_p2p) and entry.inter_host_network is not None
+    assert entry.network_source == "quiet allreduce times"  # fitted with the hosts as nodes
+    assert f"{here} (2), harness-other-host (1)" in proc.stdout and "inter-host alpha (us)" in proc.stdout

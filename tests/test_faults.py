@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,8 +19,8 @@ import pytest
 from conftest import harness_cli, write_scenario_file
 from harness.faults import FaultPlan
 from harness.results import atomic
-from harness.runner import heartbeat
-from harness.runner.heartbeat import Heartbeat, Phase, TableReader
+from harness.runner.heartbeat import Heartbeat, Phase
+from harness.runner.heartbeat_net import HeartbeatServer
 from harness.runner.watchdog import RankState, Watchdog, read_states
 from harness.scenario import ScenarioError, scenario_from_dict
 
@@ -87,9 +89,9 @@ def test_fault_plan_strikes_where_the_scenario_says():
 # --- the watchdog's decisions, on hand-made heartbeat tables ---------------------------------
 
 
-def _state(rank, phase, iteration=5, algorithm=0, progress_at=100.0, slowest=0.1, pid=None):
+def _state(rank, phase, iteration=5, algorithm=0, progress_at=100.0, slowest=0.1, pid=None, host=None):
     return RankState(rank, 1000 + rank if pid is None else pid, phase, algorithm, iteration, progress_at, slowest,
-                     iteration)
+                     iteration, host)
 
 
 def _watchdog(**settings) -> Watchdog:
@@ -121,24 +123,27 @@ def test_stuck_job_names_the_rank_that_is_not_waiting_for_others():
     dog = _watchdog(min_timeout_s=1)
     # Rank 0 blocked in communication longest; rank 2 stopped in its local work: rank 2 is the cause.
     states = [_state(0, Phase.COMMUNICATING, progress_at=90.0), _state(1, Phase.COMMUNICATING, 6, progress_at=95.0),
-              _state(2, Phase.LOCAL, progress_at=92.0)]
+              _state(2, Phase.LOCAL, progress_at=92.0, host="vh3")]
     verdict = dog.check(states, now=100.0, ended=set())
-    assert verdict.kind == "stuck" and verdict.rank == 2
+    assert verdict.kind == "stuck" and verdict.rank == 2 and verdict.host == "vh3"
     assert verdict.algorithm == "allreduce_sgd" and verdict.iteration == 5
-    assert "rank 2 made no progress for 8.0 s in iteration 5 of allreduce_sgd" in verdict.message
+    assert "rank 2 (pid 1002 on host vh3) made no progress for 8.0 s in iteration 5 of allreduce_sgd" in verdict.message
     assert "faults[0] hang" in verdict.message
     assert "2 waiting in communication (iterations 5-6)" in verdict.message
 
 
 def test_dead_rank_is_named_before_the_ranks_the_launcher_killed():
     dog = _watchdog()
-    states = [_state(0, Phase.COMMUNICATING), _state(1, Phase.LOCAL), _state(2, Phase.COMMUNICATING)]
+    states = [_state(0, Phase.COMMUNICATING), _state(1, Phase.LOCAL, host="vh2"), _state(2, Phase.COMMUNICATING)]
     verdict = dog.check(states, now=101.0, ended={0, 1, 2})
-    assert verdict.kind == "died" and verdict.rank == 1
-    assert "rank 1 (pid 1001) died in iteration 5 of allreduce_sgd" in verdict.message
+    assert verdict.kind == "died" and verdict.rank == 1 and verdict.as_json()["host"] == "vh2"
+    assert "rank 1 (pid 1001 on host vh2) died in iteration 5 of allreduce_sgd" in verdict.message
     assert "faults[1] kill" in verdict.message
-    failed = dog.check([_state(0, Phase.FAILED, iteration=-1, algorithm=1), _state(1, Phase.LOCAL)], 101.0, {0, 1})
-    assert failed.kind == "failed" and failed.rank == 0 and "raised an error" in failed.message
+    assert "rank 1 (pid 1001) died" in dog.check(states[:1] + [_state(1, Phase.LOCAL)], 101.0, {1}).message
+    failed = dog.check([_state(0, Phase.FAILED, iteration=-1, algorithm=1, host="vh1"), _state(1, Phase.LOCAL)],
+                       101.0, {0, 1})
+    assert failed.kind == "failed" and failed.rank == 0
+    assert "rank 0 (pid 1000 on host vh1) raised an error in the set-up or results of dpsgd" in failed.message
 
 
 def test_rank_that_never_reports_in_is_named_after_the_startup_timeout():
@@ -148,7 +153,18 @@ def test_rank_that_never_reports_in_is_named_after_the_startup_timeout():
     assert dog.check(states, now=4.0, ended=set()) is None
     verdict = dog.check(states, now=6.0, ended=set())
     assert verdict.kind == "not_started" and verdict.rank == 1
-    assert "rank 1 did not start within startup_timeout_s (5 s" in verdict.message
+    assert "rank 1 (host unknown) did not start within startup_timeout_s (5 s; waited 6.0 s)" in verdict.message
+    # Where the launcher placed them; a rank that connected but did not report in names its own host.
+    planned = Watchdog(dog_scenario := scenario_from_dict(_scenario(watchdog={"startup_timeout_s": 5})), 0.0,
+                       hosts=["vh1", "vh2", "vh2"])
+    absent = [states[0], states[1], _state(2, Phase.NOT_STARTED, pid=0)]
+    verdict = planned.check(absent, now=6.0, ended=set())
+    assert verdict.message.startswith("ranks 1, 2 (on host vh2) did not start within startup_timeout_s (5 s")
+    assert verdict.host == "vh2"
+    absent[2] = _state(2, Phase.NOT_STARTED, pid=0, host="vh3")
+    assert planned.check(absent, 6.0, set()).message.startswith("ranks 1 (on host vh2) and 2 (on host vh3) did not")
+    # In a job the user started every rank runs already: no start-up verdict.
+    assert Watchdog(dog_scenario, 0.0, startup=False).check(absent, 6.0, set()) is None
 
 
 def test_silence_is_counted_from_the_launch_at_the_earliest():
@@ -161,25 +177,34 @@ def test_silence_is_counted_from_the_launch_at_the_earliest():
         assert dog.check(states, now=1004.0, ended=set()) is None
         verdict = dog.check(states, now=1006.0, ended=set())
         assert verdict.kind == "stuck" and verdict.rank == 0
-        assert "rank 0 made no progress for 6.0 s during start-up (setting up)" in verdict.message
+        assert "rank 0 (pid 1000) made no progress for 6.0 s during start-up (setting up)" in verdict.message
 
 
-def test_heartbeat_rows_reach_the_watchdog(tmp_path):
-    table = heartbeat.create_table(tmp_path / "hb", 2)
-    beat = Heartbeat(tmp_path / "hb", 1)
-    beat.report_in()
-    beat.algorithm(1)
-    beat.iteration(7)
-    beat.phase(Phase.COMMUNICATING)
-    beat.iteration_done(0.25)
-    reader = TableReader(table)
-    first, second = read_states(reader)
-    assert not first.started
-    assert (second.pid, second.phase, second.algorithm, second.iteration) == (os.getpid(), Phase.COMMUNICATING, 1, 7)
-    assert second.slowest_iteration_s == 0.25 and second.iterations_done == 1
-    assert abs(second.progress_at - time.monotonic()) < 5
-    beat.expect(30.0)  # an injected delay of 30 s: progress until it is over
-    assert read_states(reader)[1].progress_at > time.monotonic() + 25
+def test_heartbeat_rows_reach_the_watchdog():
+    with HeartbeatServer(2, "127.0.0.1") as server:
+        beat = Heartbeat(server.url, 1)
+        beat.report_in()
+        beat.algorithm(1)
+        beat.iteration(7)
+        beat.phase(Phase.COMMUNICATING)
+        beat.iteration_done(0.25)
+        beat.stage(Phase.EVALUATING)
+        beat.phase(Phase.COMMUNICATING)  # evaluation's own collectives
+        deadline = time.monotonic() + 10
+        while read_states(server)[1].phase != Phase.COMMUNICATING and time.monotonic() < deadline:
+            time.sleep(0.05)  # shipped by the sender thread within 0.2 s
+        first, second = read_states(server)
+        assert not first.started and first.host is None
+        assert (second.pid, second.phase, second.algorithm, second.iteration) == (os.getpid(), Phase.COMMUNICATING, 1, 7)
+        assert second.slowest_iteration_s == 0.25 and second.iterations_done == 1
+        assert second.host == socket.gethostname()
+        assert abs(second.progress_at - time.monotonic()) < 5
+        beat.expect(30.0)  # an injected delay of 30 s: progress until it is over
+        deadline = time.monotonic() + 10
+        while read_states(server)[1].progress_at < time.monotonic() + 25 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert read_states(server)[1].progress_at > time.monotonic() + 25
+        beat.close()
     Heartbeat(None, 0).iteration(3)  # no watchdog listening: a no-op
 
 
@@ -252,11 +277,13 @@ def test_killed_rank_ends_the_job_and_resume_finishes_it(tmp_path):
                              {"kind": "kill", "rank": 1, "at_iteration": 5, "algorithm": "dpsgd"}])
     proc = harness_cli("run", str(write_scenario_file(tmp_path, data)), "--out", str(tmp_path / "out"), timeout=120)
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "error: rank 1 (pid" in proc.stderr and "died in iteration 5 of dpsgd" in proc.stderr, proc.stderr[-3000:]
+    assert re.search(rf"error: rank 1 \(pid \d+ on host {re.escape(socket.gethostname())}\) died in iteration 5 of "
+                     r"dpsgd: its process ended without finishing", proc.stderr), proc.stderr[-3000:]
     assert "BAD TERMINATION" in proc.stdout  # a real failure: MPICH's own report is not hidden
     run = _only_run(tmp_path / "out", "faulty")
     meta = _assert_failed_cleanly(run, ["allreduce_sgd"])
     assert meta["fault"]["rank"] == 1 and meta["fault"]["iteration"] == 5 and meta["fault"]["kind"] == "died"
+    assert meta["fault"]["host"] == socket.gethostname()
     assert meta["device"] == "cpu" and meta["hosts"] == 1  # what the ranks wrote is kept
     first = pd.read_csv(run / "steps.csv")
 
@@ -281,7 +308,8 @@ def test_hung_rank_is_found_by_the_watchdog(tmp_path):
                      watchdog={"min_timeout_s": 2, "factor": 5})
     proc = harness_cli("run", str(write_scenario_file(tmp_path, data)), "--out", str(tmp_path / "out"), timeout=120)
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "error: rank 2 made no progress for" in proc.stderr, proc.stderr[-3000:]
+    assert re.search(rf"error: rank 2 \(pid \d+ on host {re.escape(socket.gethostname())}\) made no progress for",
+                     proc.stderr), proc.stderr[-3000:]
     assert "in iteration 7 of dpsgd" in proc.stderr and "faults[0] hang" in proc.stderr
     meta = _assert_failed_cleanly(_only_run(tmp_path / "out", "faulty"), ["allreduce_sgd"])
     assert meta["fault"]["kind"] == "stuck" and meta["fault"]["rank"] == 2
@@ -292,7 +320,8 @@ def test_rank_that_starts_too_late_is_named(tmp_path):
     data = _scenario(faults=[{"kind": "slow_start", "rank": 1, "delay_s": 600}], watchdog={"startup_timeout_s": 8})
     proc = harness_cli("run", str(write_scenario_file(tmp_path, data)), "--out", str(tmp_path / "out"), timeout=150)
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "error: rank 1 did not start within startup_timeout_s (8 s" in proc.stderr, proc.stderr[-3000:]
+    assert f"error: rank 1 (on host {socket.gethostname()}) did not start within startup_timeout_s (8 s" in proc.stderr, \
+        proc.stderr[-3000:]
     run = _only_run(tmp_path / "out", "faulty")
     assert json.loads((run / "run.json").read_text())["status"] == "failed"
     assert not _processes_mentioning(str(run))

@@ -24,7 +24,7 @@ from harness.sim.calibration import (
     save_calibration,
 )
 from harness.sim.compare import COMPARE_COLUMNS
-from harness.sim.runs import calibration_entry
+from harness.sim.runs import calibration_entry, predict
 from conftest import harness_cli, run_scenario, write_scenario_file
 
 # Emulated compute: the local work is a sleep, so the comparison tests the communication model
@@ -256,3 +256,148 @@ def test_simulate_needs_no_mpi(tmp_path) -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# -- runs on several hosts (harness.sim.hosts) ------------------------------------------------------
+INTRA = NetworkModel(latency_s=10e-6, bandwidth_bytes_per_s=5e9)
+INTER = NetworkModel(latency_s=60e-6, bandwidth_bytes_per_s=1e8)
+
+
+def _hosts_entry(ranks: int, inter: NetworkModel | None = INTER, rank_hosts: list[str] | None = None):
+    """An entry with an intra-host link (``p2p_network``) and, unless None, an inter-host one."""
+    rank_hosts = rank_hosts or (["h0"] * ranks if inter is None else ["h0"] * (ranks - 1) + ["h1"])
+    hosts = list(dict.fromkeys(rank_hosts))
+    return CalibrationEntry(ranks=ranks, network=NetworkModel(latency_s=3e-4, bandwidth_bytes_per_s=1e9),
+                            p2p_network=INTRA, inter_host_network=inter, rank_hosts=rank_hosts, hosts=hosts,
+                            ranks_per_host=[rank_hosts.count(h) for h in hosts],
+                            inter_host_pair=(0, ranks - 1) if inter is not None else None)
+
+
+@pytest.mark.parametrize(("rank_hosts", "placement"), [
+    (["b", "b", "b", "a", "a"], [0, 0, 0, 1, 1]),  # 2 hosts, 3 + 2 ranks
+    (["x", "y", "x", "z", "y", "x", "z"], [0, 1, 0, 2, 1, 0, 2]),  # 3 hosts, 3 + 2 + 2, interleaved
+])
+def test_a_multi_host_run_is_simulated_with_its_hosts_as_nodes(rank_hosts, placement) -> None:
+    from harness.sim.hosts import run_rank_hosts, simulated_topology
+
+    ranks = len(rank_hosts)
+    scenario = scenario_from_dict({**SMALL, "ranks": ranks}, source="test")
+    known, notes = run_rank_hosts({"hosts": len(set(rank_hosts)), "rank_hosts": rank_hosts}, ranks)
+    assert (known, notes) == (rank_hosts, [])
+    chosen = simulated_topology(scenario, _hosts_entry(ranks), known)
+    assert chosen.source == "hosts" and chosen.notes == ()
+    # Hosts numbered in order of first appearance; the NIC adds what the inter-host link costs
+    # beyond the intra-host one: 50 us, and 1 / (1/1e8 - 1/5e9) bytes per second.
+    assert list(chosen.hosts.node_of) == placement
+    assert chosen.hosts.nic_latency_s == pytest.approx(50e-6)
+    assert chosen.hosts.nic_bandwidth_bytes_per_s == pytest.approx(1 / (1 / 1e8 - 1 / 5e9))
+    assert chosen.hosts.intra_bandwidth_bytes_per_s is None and chosen.hosts.intra_latency_s == 0.0
+    assert chosen.description.startswith(f"the run's {len(set(rank_hosts))} hosts as nodes ({rank_hosts[0]} (3 ranks)")
+    assert chosen.record()["placement"] == placement and chosen.record()["rank_hosts"] == rank_hosts
+    # ... and the simulation sees them: the same run on one host is faster.
+    entry = _hosts_entry(ranks)
+    on_hosts, _ = predict(scenario, entry, hosts=chosen.hosts)
+    on_one, _ = predict(scenario, entry)
+    for name, frame in on_hosts.items():
+        assert frame["end_s"].max() > on_one[name]["end_s"].max(), name
+
+
+def test_the_scenario_topology_wins_over_the_hosts_and_one_host_changes_nothing() -> None:
+    from harness.sim.hosts import simulated_topology
+
+    topo = {**SMALL, "network": {"topology": {"preset": "ethernet_1g", "ranks_per_node": 2}}}
+    scenario = scenario_from_dict(topo, source="test")
+    chosen = simulated_topology(scenario, _hosts_entry(4), ["a", "a", "b", "b"])
+    assert chosen.source == "scenario" and chosen.hosts is None
+    assert "the scenario declares network.topology: simulating that topology" in chosen.notes[0]
+    assert chosen.description == "the scenario's network.topology (2 nodes, emulated in the run)"
+    plain = scenario_from_dict(SMALL, source="test")
+    for rank_hosts in (None, ["a"] * 4):
+        chosen = simulated_topology(plain, _hosts_entry(4), rank_hosts)
+        assert (chosen.source, chosen.hosts, chosen.notes, chosen.worth_recording) == ("none", None, (), False)
+
+
+def test_a_multi_host_run_with_a_single_host_calibration_says_so() -> None:
+    from harness.sim.hosts import run_rank_hosts, simulated_topology
+
+    scenario = scenario_from_dict(SMALL, source="test")
+    chosen = simulated_topology(scenario, _hosts_entry(4, inter=None), ["a", "b", "a", "b"])
+    assert chosen.source == "none" and chosen.hosts is None
+    (note,) = chosen.notes
+    assert note.startswith("the run's ranks ran on 2 hosts (a (2 ranks), b (2 ranks)), but the calibration of 4 ranks "
+                           "was measured on one host: it has no inter-host link; simulating every pair")
+    assert "--hosts FILE" in note and chosen.worth_recording
+    separate = _hosts_entry(2, inter=None, rank_hosts=["p", "q"])  # no two ranks on one host
+    assert "no two ranks on one host" in simulated_topology(scenario, separate, ["a", "b", "a", "b"]).notes[0]
+    assert "no calibration" in simulated_topology(scenario, None, ["a", "b", "a", "b"]).notes[0]
+    # run.json read defensively: older runs, wrong lengths, not names.
+    assert run_rank_hosts({"hosts": 1}, 4) == (None, [])
+    assert run_rank_hosts(None, 4) == (None, [])
+    known, notes = run_rank_hosts({"hosts": 2}, 4)
+    assert known is None and "does not say which rank ran where (no rank_hosts)" in notes[0]
+    known, notes = run_rank_hosts({"rank_hosts": ["a", "b"]}, 4)
+    assert known is None and "names the hosts of 2 ranks, the simulation has 4: ignored" in notes[0]
+    known, notes = run_rank_hosts({"rank_hosts": "a,b"}, 2)
+    assert known is None and "is not a list of host names" in notes[0]
+
+
+def _multi_host_run(tmp_path, rank_hosts):
+    """A run directory of SMALL (4 ranks) as a real run on ``rank_hosts`` would leave it, run.json
+    ``rank_hosts`` included; its steps come from a simulation on one host (what compare does with
+    the hosts is under test here, not how well it predicts: test_a_small_real_run_agrees...)."""
+    from harness.sim.runs import write_simulated_run
+
+    scenario = scenario_from_dict(SMALL, source="test")
+    frames, stats = predict(scenario, _hosts_entry(4))
+    path = tmp_path / "run"
+    write_simulated_run(path, scenario, frames, stats, "predictive", None, calibration_ranks=None)
+    meta = json.loads((path / "run.json").read_text())
+    meta = {k: v for k, v in meta.items() if k not in ("simulated", "mode", "calibration", "calibration_ranks")}
+    (path / "run.json").write_text(json.dumps({**meta, "hosts": len(set(rank_hosts)), "rank_hosts": rank_hosts}))
+    return path
+
+
+def test_compare_and_simulate_of_a_multi_host_run_use_its_hosts(tmp_path) -> None:
+    """A run whose 4 ranks ran on two hosts, a calibration with a slow inter-host link: compare
+    says which topology it simulated, records it in the simulated runs, and predicts the run
+    slower than the same run on one host; simulate of the run's scenario.resolved.yaml does
+    the same."""
+    rank_hosts = ["vh1", "vh1", "vh2", "vh2"]
+    run = _multi_host_run(tmp_path, rank_hosts)
+    cal = tmp_path / "cal.json"
+    save_calibration(Calibration(created_at="x", harness_version="x", cpus=2,
+                                 entries=[_hosts_entry(4, rank_hosts=rank_hosts)]), cal)
+    proc = harness_cli("compare", str(run), "--calibration", str(cal), "--mode", "trace")
+    assert proc.returncode == 0, proc.stderr
+    line = ("simulated network topology: the run's 2 hosts as nodes (vh1 (2 ranks), vh2 (2 ranks)); each host's NIC "
+            "adds 50.0 us and 0.816 Gb/s")
+    assert line in proc.stdout and "note:" not in proc.stderr
+    recorded = json.loads((run / "sim-trace" / "run.json").read_text())["network_topology"]
+    assert recorded["source"] == "hosts" and recorded["placement"] == [0, 0, 1, 1]
+    assert recorded["rank_hosts"] == rank_hosts
+    on_hosts = pd.read_csv(run / "compare.csv").set_index("algorithm")["predicted_iter_s"]
+
+    proc = harness_cli("simulate", str(run / "scenario.resolved.yaml"), "--calibration", str(cal),
+                       "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    assert line in proc.stderr
+    (simulated,) = (tmp_path / "out" / "simcheck").iterdir()
+    assert json.loads((simulated / "run.json").read_text())["network_topology"]["placement"] == [0, 0, 1, 1]
+
+    meta = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**meta, "hosts": 1, "rank_hosts": ["vh1"] * 4}))  # on one host
+    proc = harness_cli("compare", str(run), "--calibration", str(cal), "--mode", "trace")
+    assert proc.returncode == 0, proc.stderr
+    assert "simulated network topology" not in proc.stdout
+    assert "network_topology" not in json.loads((run / "sim-trace" / "run.json").read_text())
+    on_one = pd.read_csv(run / "compare.csv").set_index("algorithm")["predicted_iter_s"]
+    assert (on_hosts > on_one).all(), (on_hosts, on_one)
+
+    single = tmp_path / "single.json"  # a calibration measured on one host: said, and used as it is
+    save_calibration(Calibration(created_at="x", harness_version="x", cpus=2, entries=[_hosts_entry(4, inter=None)]),
+                     single)
+    (run / "run.json").write_text(json.dumps(meta))
+    proc = harness_cli("compare", str(run), "--calibration", str(single), "--mode", "trace")
+    assert proc.returncode == 0, proc.stderr
+    assert "note: the run's ranks ran on 2 hosts (vh1 (2 ranks), vh2 (2 ranks)), but the calibration" in proc.stderr
+    assert "simulated network topology: no topology: 2 hosts, but no inter-host link calibrated" in proc.stdout

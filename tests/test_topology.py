@@ -12,7 +12,9 @@ from conftest import assert_check, check_names, harness_cli, report_cache, run_s
 from harness.scenario import scenario_from_dict
 from harness.scenario.network import Link, NodeTopology, node_topology
 from harness.schedules import RING_THRESHOLD_BYTES
+from harness.scenario.schema import LinkSettings
 from harness.sim.calibration import NetworkModel
+from harness.sim.hosts import hosts_topology
 from harness.sim.network import SimNetwork, hierarchical_schedule, run_schedule
 
 core = pytest.importorskip("harness._core")
@@ -118,6 +120,50 @@ def test_scenario_topology_reaches_both_sides() -> None:
     assert (topo.nic_latency_s, topo.nic_bandwidth_bytes_per_s) == (50e-6, 1.25e8)
     assert topo.fabric_bandwidth_bytes_per_s == 2.5e8
     assert topo.intra_bandwidth_bytes_per_s == 1.5e11
+
+
+# -- the hosts of a multi-host run as nodes (harness.sim.hosts) ------------------------------------
+
+def test_hosts_nics_queue_like_emulated_ones_but_need_no_wake_up() -> None:
+    """5 ranks on hosts a, b, a, b, b; the calibration's NIC excess 50 us and 0.8 Gb/s (1e8 B/s).
+    A message between hosts is held on the two NICs by the emulator's rule and released when its
+    bytes have crossed, plus the NIC latency; inside a host it goes at once. Unlike an emulated
+    topology, a real NIC needs no progress thread to release the message: no ``progress_s``."""
+    base = NetworkModel(latency_s=100e-6, bandwidth_bytes_per_s=1e9, progress_s=1e-3)
+    hosts = hosts_topology(["a", "b", "a", "b", "b"], LinkSettings(latency_us=50, bandwidth_gbps=0.8))
+    assert hosts.node_of == (0, 1, 0, 1, 1) and not hosts.hierarchical
+    assert (hosts.intra_latency_s, hosts.intra_bandwidth_bytes_per_s) == (0.0, None)  # the base is the intra link
+    mb = 1_000_000
+    net = SimNetwork(5, base, hosts=hosts)
+    release, arrival = net.message(0, 2, mb, 0.0)  # both on host a
+    assert release == 0.0 and arrival == pytest.approx(100e-6 + 1e-3)
+    release, arrival = net.message(0, 1, mb, 0.0)  # a -> b: 10 ms on each NIC, cut through
+    assert release == pytest.approx(0.010 + 50e-6)
+    assert arrival == pytest.approx(release + 100e-6 + 1e-3)
+    assert net.message(2, 4, mb, 0.0)[0] == pytest.approx(0.020 + 50e-6)  # queued behind it on a's NIC
+    emulated = SimNetwork(5, base, topology=hosts)  # the same nodes, emulated by the native layer
+    assert emulated.message(0, 1, mb, 0.0)[0] == pytest.approx(0.010 + 50e-6 + 1e-3)
+    with pytest.raises(ValueError, match="not both"):
+        SimNetwork(5, base, topology=hosts, hosts=hosts)
+
+
+def test_an_allreduce_across_hosts_is_slower_by_the_nic() -> None:
+    """The same 3+2 ranks, a 4 MB ring allreduce: on one host it costs the base network only;
+    on two hosts the ring crosses each NIC, and the predicted time grows by at least the bytes
+    a NIC carries at its bandwidth; the allreduce fit on hosts recovers the base from such times."""
+    from harness.sim.fit import ALPHAS, BANDWIDTHS, fit_allreduce_on_hosts
+    from harness.sim.network import predict_allreduce_s
+
+    truth = NetworkModel(latency_s=float(ALPHAS[5]), bandwidth_bytes_per_s=float(BANDWIDTHS[5]))
+    hosts = hosts_topology(["a", "a", "a", "b", "b"], LinkSettings(latency_us=50, bandwidth_gbps=0.8))
+    one_host = predict_allreduce_s(5, 4 << 20, truth)
+    two_hosts = predict_allreduce_s(5, 4 << 20, truth, hosts=hosts)
+    chunk = (4 << 20) / 5
+    assert two_hosts >= one_host + 2 * chunk / 1e8  # at least one chunk in each direction of the ring, twice
+    points = [(5, size, predict_allreduce_s(5, size, truth, hosts=hosts)) for size in (4, 65536, 1 << 20, 4 << 20)]
+    fitted, error = fit_allreduce_on_hosts(points, hosts)
+    assert (fitted.latency_s, fitted.bandwidth_bytes_per_s) == pytest.approx((truth.latency_s, truth.bandwidth_bytes_per_s))
+    assert error == pytest.approx(0.0, abs=1e-9)
 
 
 # -- a whole run ----------------------------------------------------------------------------------

@@ -57,6 +57,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         from harness.algorithms.base import AlgorithmContext
         from harness.comm.call_log import CallLog
         from harness.device import Staging
+        from harness.runner.clock import Clock
         from harness.runner.loop import Iterations
         from harness.workload import flat_grads, flat_params
 
@@ -97,8 +98,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                         if p.requires_grad]
         setattr(model, _WRAPPED, True)
         run.optimizer = self
+        self.clock = Clock.synchronize(run.world)  # every rank's offset from rank 0's clock, for run.json too
         run.comm.barrier()
-        self.t0 = time.monotonic()  # common origin: every rank leaves the barrier at about the same time
+        self.t0 = self.clock.origin()  # one instant on every rank: times - t0 are on rank 0's clock
         self.loop = Iterations(self.algorithm, comm, time.monotonic, run.beat, run.faults)  # drops set-up records
 
     # -- what torch.optim users expect ---------------------------------------------------------

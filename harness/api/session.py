@@ -3,7 +3,8 @@
 A :class:`Run` is what ``python -m harness.runner.worker`` is for the harness's own loop: it
 joins the MPI job, opens the native communicators with the scenario's emulated links, injects
 the scenario's imbalance and faults (through :class:`harness.api.DistributedOptimizer`), reports
-to the watchdog when ``python -m harness launch`` started it, and at the end has rank 0 write
+to the watchdog (``python -m harness launch``'s, or, when you start the ranks with your own
+``mpiexec``, one that rank 0 runs and that aborts a job that hangs), and at the end has rank 0 write
 the records into a results directory of the usual schema (``harness.runner.report``).
 
 Where the settings come from, first match wins:
@@ -129,14 +130,14 @@ class Run:
         from harness.faults import FaultPlan
         from harness.injection import InjectionPlan
         from harness.results.records import RunDirectory
-        from harness.runner.heartbeat import Heartbeat
+        from harness.runner.watchdog import join_watchdog
 
         s = self.scenario
         if threads is not None:
             torch.set_num_threads(int(threads))
         self.faults = FaultPlan(s, self.rank)
         self.faults.delay_start()
-        self.beat = Heartbeat.from_env(self.rank)
+        self.beat = join_watchdog(self.world, s)  # the launcher's watchdog, or one rank 0 runs (collective)
         self.beat.report_in()
         on_host = local_rank(self.world)
         self.hosts = self.world.allreduce(int(on_host == 0))
@@ -184,6 +185,8 @@ class Run:
         from harness.runner.report import gather, publish
 
         opt, name = self.optimizer, self.algorithm
+        opt.clock.remeasure()  # the end estimate: run.json's drift (harness.runner.clock)
+        opt.clock.close()
         steps, ops = opt.loop.records(opt.t0)
         steps, evals, ops = (gather(self.world, x) for x in (steps, opt.evals, ops))
         calls = None
@@ -199,7 +202,7 @@ class Run:
         workload = {"params": opt.model_floats, "compute_median_ms": median_ms, "optimizer": repr(opt.inner)}
         publish(run, scenario, name, steps, evals, ops, calls, finished, hosts=self.hosts,
                 extra={"script": self.script, "script_workload": workload, "device": str(self.device),
-                       **scenario_facts(scenario)})
+                       **scenario_facts(scenario), **opt.clock.run_json()})
         print(f"{name}: results in {run.path}", file=sys.stderr)
 
     def _recorded_scenario(self, model_floats: int):

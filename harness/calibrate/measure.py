@@ -175,6 +175,39 @@ def plan_from_scenarios(scenarios: Iterable[Any], quick: bool = False) -> Plan:
     return Plan(0, quick, tuple(workloads.values()), tuple(op_models.values()), tuple(sorted(op_bytes)))
 
 
+@dataclass(frozen=True)
+class P2PPairs:
+    """The rank pairs the point-to-point measurement times (``p2p_pairs``): ``same_host``, two
+    ranks on one host (None: no host has two), and ``cross_host``, two ranks on different hosts
+    (None: one host)."""
+
+    same_host: tuple[int, int] | None
+    cross_host: tuple[int, int] | None
+
+
+def p2p_pairs(rank_hosts: Sequence[str]) -> P2PPairs:
+    """Which ranks time point-to-point messages, from the host name of every rank.
+
+    On one host: ranks 0 and 1, as always. Across hosts: rank 0 with the lowest other rank on
+    its host and rank 0 with the lowest rank on another host, so both links are measured from
+    the same rank; when rank 0 is alone on its host, the lowest two ranks that share a host.
+    """
+    if len(rank_hosts) < MIN_RANKS:
+        raise ValueError(f"point-to-point needs {MIN_RANKS} ranks (got {len(rank_hosts)})")
+    home = rank_hosts[0]
+    if all(host == home for host in rank_hosts):
+        return P2PPairs((0, 1), None)
+    cross = (0, next(r for r, host in enumerate(rank_hosts) if host != home))
+    if home in rank_hosts[1:]:
+        return P2PPairs((0, list(rank_hosts).index(home, 1)), cross)
+    first: dict[str, int] = {}  # the lowest rank seen so far on each host
+    for r, host in enumerate(rank_hosts):
+        if host in first:  # the first rank whose host already had one: the lowest such pair
+            return P2PPairs((first[host], r), cross)
+        first[host] = r
+    return P2PPairs(None, cross)
+
+
 def allreduce_sizes(model_bytes: Iterable[int]) -> list[int]:
     """``ALLREDUCE_SIZES`` plus the given model sizes up to ``MAX_OP_BYTES``, ascending, distinct."""
     return sorted({*ALLREDUCE_SIZES, *(b for b in model_bytes if 0 < b <= MAX_OP_BYTES)})
@@ -276,11 +309,22 @@ def format_table(calibration: Any, measured: Iterable[int] = ()) -> str:
         put("  shared cores", col, str(e.network.shared_cores or "-"))
         if e.network_fit_error is not None:
             put("  rms error of the fit (%)", col, f"{e.network_fit_error * 100:.1f}")
+        if len(e.hosts) > 1:  # single-host tables stay as they were
+            put("hosts (ranks)", col, ", ".join(f"{h} ({n})" for h, n in zip(e.hosts, e.ranks_per_host)))
+            put("point-to-point pair", col, f"{e.p2p_pair[0]}-{e.p2p_pair[1]}"
+                + (" (one host)" if e.rank_hosts[e.p2p_pair[0]] == e.rank_hosts[e.p2p_pair[1]] else " (two hosts)"))
         if e.p2p_network is not None:
             put("quiet point-to-point alpha (us)", col, f"{e.p2p_network.latency_s * 1e6:.1f}")
             put("quiet point-to-point bandwidth (GB/s)", col, f"{e.p2p_network.bandwidth_bytes_per_s / 1e9:.2f}")
         for p in e.p2p:
             put(f"one-way {_bytes_label(p.bytes)} (us)", col, f"{p.one_way_s * 1e6:.1f}")
+        if e.inter_host_network is not None:
+            pair = e.inter_host_pair
+            put("inter-host pair", col, f"{pair[0]}-{pair[1]}" if pair else "-")
+            put("inter-host alpha (us)", col, f"{e.inter_host_network.latency_s * 1e6:.1f}")
+            put("inter-host bandwidth (GB/s)", col, f"{e.inter_host_network.bandwidth_bytes_per_s / 1e9:.2f}")
+            for p in e.inter_host_p2p:
+                put(f"inter-host one-way {_bytes_label(p.bytes)} (us)", col, f"{p.one_way_s * 1e6:.1f}")
         for op in e.ops:
             label = op.op if op.op == "barrier" else f"{op.op} {_bytes_label(op.bytes)}"
             put(f"{label} (us)", col, f"{op.median_s * 1e6:.1f}")

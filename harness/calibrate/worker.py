@@ -9,15 +9,21 @@ barrier polled every millisecond).
 
 What is measured, in this order (times on ``time.perf_counter`` / ``time.monotonic``):
 
-1. ``p2p``: ranks 0 and 1 run back-to-back blocking ``exchange``s of float32 buffers of each
-   size (``P2PPoint.bytes`` = bytes sent one way) while the other ranks wait; both post at
+0. where the ranks run: every rank's ``socket.gethostname()``, gathered (``rank_hosts``,
+   ``hosts``, ``ranks_per_host``); they choose the point-to-point pairs
+   (``measure.p2p_pairs``).
+1. ``p2p``: two ranks on one host (ranks 0 and 1 on one host; see ``measure.p2p_pairs``
+   across hosts, recorded as ``p2p_pair``) run back-to-back blocking ``exchange``s of float32
+   buffers of each size (``P2PPoint.bytes`` = bytes sent one way) while the other ranks wait; both post at
    about the same time and an exchange completes when the peer's message has arrived, so
    the time of one exchange in the chain is one one-way message time: post -> hand-off to
    the progress thread -> MPI transfer -> arrival -> the caller woken (a ping-pong's half
    round trip, with both directions in flight at once). ``one_way_s`` = median over
    repetitions (in interleaved rounds over all sizes) of the mean of the two ranks' times.
-   No emulated links. ``network`` is ``fit_alpha_beta`` of these points; its ``progress_s``
-   (the wake-up delay of a message held on an emulated link) is not measured and stays 0.
+   No emulated links. ``p2p_network`` is ``fit_alpha_beta`` of these points. When the ranks
+   span several hosts, a pair on two hosts (``inter_host_pair``) is timed the same way right
+   after (``inter_host_p2p``, fitted as ``inter_host_network``). (When no two ranks share a
+   host, ``p2p`` is that pair's and there is no separate inter-host measurement.)
 2. ``ops``: all ranks time native ``barrier`` and ``allreduce`` (sum, float32) of each size
    (``bytes`` = buffer bytes per rank), each repetition started right after a native
    barrier, i.e. from an (almost) synchronized start, in interleaved rounds over all
@@ -41,11 +47,13 @@ What is measured, in this order (times on ``time.perf_counter`` / ``time.monoton
 5. ``loop_overhead_s``: every rank runs the training loop at once with emulated compute
    (sleep ``OVERHEAD_SLEEP_S`` per iteration, no-op hooks); the mean excess of an iteration
    over the nominal sleep (sleep overshoot included), averaged over ranks, floored at 0.
+6. ``network``, what ``simulate`` uses: see :func:`network_fields`.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -71,8 +79,8 @@ def quiet_barrier(world: Any, poll_s: float = 0.001) -> None:
 
 
 # -- 1. point to point ----------------------------------------------------------------------------
-def measure_p2p(comm: Any, world: Any, effort: measure.Effort) -> list[Any]:
-    """One-way times of exchanges between ranks 0 and 1 (rank 0 returns the points).
+def measure_p2p(comm: Any, world: Any, effort: measure.Effort, pair: tuple[int, int] = (0, 1)) -> list[Any]:
+    """One-way times of exchanges between the two ranks of ``pair`` (rank 0 returns the points).
 
     The sizes are measured in ``effort.rounds`` interleaved rounds (a block of repetitions of
     every size per round): how the scheduler happens to place the two ranks' threads on the
@@ -83,8 +91,8 @@ def measure_p2p(comm: Any, world: Any, effort: measure.Effort) -> list[Any]:
 
     rank = comm.rank
     times: dict[int, list[float]] = {size: [] for size in measure.P2P_SIZES}
-    if rank < 2:
-        peer = 1 - rank
+    if rank in pair:
+        peer = pair[1] if rank == pair[0] else pair[0]
         buffers = {}
         for size in measure.P2P_SIZES:
             send = np.full(size // 4, rank + 1, dtype=np.float32)
@@ -110,7 +118,8 @@ def measure_p2p(comm: Any, world: Any, effort: measure.Effort) -> list[Any]:
     comm.drain_records()
     if rank != 0:
         return []
-    return [P2PPoint(bytes=size, one_way_s=measure.per_rep_mean_median([gathered[0][size], gathered[1][size]]))
+    a, b = pair
+    return [P2PPoint(bytes=size, one_way_s=measure.per_rep_mean_median([gathered[a][size], gathered[b][size]]))
             for size in measure.P2P_SIZES]
 
 
@@ -332,10 +341,19 @@ def run_worker(plan: Plan) -> Any:
     datasets, model_bytes = world.bcast((datasets, model_bytes), root=0)
     sizes = measure.allreduce_sizes([*model_bytes, *plan.op_bytes])
 
+    rank_hosts = world.allgather(socket.gethostname())  # every rank needs them to pick the pairs
+    pairs = measure.p2p_pairs(rank_hosts)
+    hosts = list(dict.fromkeys(rank_hosts))
+    if len(hosts) > 1:
+        _say(rank, f"[{n} ranks] on {len(hosts)} hosts: "
+                   + ", ".join(f"{h} ({rank_hosts.count(h)})" for h in hosts))
     comm = Communicator(world)
     try:
         t = time.monotonic()
-        p2p = measure_p2p(comm, world, effort)
+        p2p_pair = pairs.same_host or pairs.cross_host
+        p2p = measure_p2p(comm, world, effort, p2p_pair)
+        inter_pair = pairs.cross_host if pairs.same_host is not None else None
+        inter = measure_p2p(comm, world, effort, inter_pair) if inter_pair is not None else []
         _say(rank, f"[{n} ranks] point-to-point: {time.monotonic() - t:.1f} s")
         t = time.monotonic()
         ops = measure_ops(comm, world, effort, sizes)
@@ -363,35 +381,59 @@ def run_worker(plan: Plan) -> Any:
         comm.close()
     if rank != 0:
         return None
+    places = host_fields(rank_hosts, p2p_pair, inter_pair, inter)
     return CalibrationEntry(ranks=n, p2p=p2p, ops=ops, compute=compute, evaluation=evaluation,
-                            loop_overhead_s=overhead, **network_fields(n, p2p, ops, references))
+                            loop_overhead_s=overhead, **places,
+                            **network_fields(n, p2p, ops, references, places))
 
 
-def network_fields(ranks: int, p2p: list[Any], ops: list[Any], references: list[tuple[Any, Any]]) -> dict[str, Any]:
+def host_fields(rank_hosts: list[str], p2p_pair: tuple[int, int], inter_pair: tuple[int, int] | None,
+                inter: list[Any]) -> dict[str, Any]:
+    """The entry's fields saying where the ranks ran and what was measured between hosts."""
+    from harness.sim.calibration import fit_alpha_beta  # noqa: PLC0415
+
+    hosts = list(dict.fromkeys(rank_hosts))
+    return {"rank_hosts": list(rank_hosts), "hosts": hosts, "ranks_per_host": [rank_hosts.count(h) for h in hosts],
+            "p2p_pair": p2p_pair, "inter_host_pair": inter_pair, "inter_host_p2p": inter,
+            "inter_host_network": fit_alpha_beta(inter) if inter else None}
+
+
+def network_fields(ranks: int, p2p: list[Any], ops: list[Any], references: list[tuple[Any, Any]],
+                   places: dict[str, Any] | None = None) -> dict[str, Any]:
     """The entry's ``network`` (what ``simulate`` uses) and how it was obtained.
 
     Preferred: fitted to the reference trainings under load (``harness.sim.fit``), with the
     cores shared when ranks outnumber them. Without a real-compute workload to train: fitted to
-    the quiet allreduce times (``fit_to_allreduce``).
+    the quiet allreduce times (``fit_to_allreduce``). ``places``: :func:`host_fields`; when it
+    has an inter-host link, both fits simulate the ranks' hosts as nodes whose NICs add that
+    link's excess (``harness.sim.hosts``), so ``network`` is the cost of a message inside a host.
     """
     import os  # noqa: PLC0415
 
     from harness.sim.calibration import fit_alpha_beta  # noqa: PLC0415
-    from harness.sim.fit import fit_loaded_network  # noqa: PLC0415
+    from harness.sim.fit import fit_allreduce_on_hosts, fit_loaded_network  # noqa: PLC0415
+    from harness.sim.hosts import hosts_topology, nic_link  # noqa: PLC0415
     from harness.sim.network import fit_to_allreduce  # noqa: PLC0415
 
     cpus = os.cpu_count() or 1
     shared = cpus if ranks > cpus else None
     fields: dict[str, Any] = {"p2p_network": fit_alpha_beta(p2p)}
+    hosts = None
+    if places and places.get("inter_host_network") is not None:
+        hosts = hosts_topology(places["rank_hosts"], nic_link(fields["p2p_network"], places["inter_host_network"]))
     if references:
         t = time.monotonic()
-        network, error = fit_loaded_network(references, shared)
+        network, error = fit_loaded_network(references, shared, hosts=hosts)
         _say(0, f"[{ranks} ranks] network fit to the reference trainings: {time.monotonic() - t:.1f} s")
         fields.update(network=network, network_source="reference trainings", network_fit_error=error)
     else:
         points = [(ranks, o.bytes, o.median_s) for o in ops if o.op == "allreduce"]
-        fields.update(network=fit_to_allreduce(points).model_copy(update={"shared_cores": shared}),
-                      network_source="quiet allreduce times")
+        if hosts is None:
+            network, error = fit_to_allreduce(points), None
+        else:
+            network, error = fit_allreduce_on_hosts(points, hosts)
+        fields.update(network=network.model_copy(update={"shared_cores": shared}),
+                      network_source="quiet allreduce times", network_fit_error=error)
     return fields
 
 

@@ -23,10 +23,18 @@ when a later one fails or is interrupted. An existing file that does not load is
 tests). Inside an MPI job (``mpiexec -n 8 python -m harness calibrate``) every rank measures
 in place and only that job's rank count is calibrated.
 
+Where the ranks run: as ``run``, ``--launcher`` and ``--hosts HOSTFILE`` (``harness.launch``),
+so a calibration can span the hosts a run will use. Every entry records the host of each rank;
+across hosts the point-to-point times are measured for a pair on one host and a pair on two
+hosts, which ``simulate`` and ``compare`` turn into the hosts' NICs (``harness.sim.hosts``).
+Off this host, the jobs' plan and result files are written next to ``--output`` (a shared
+file system, as a run's ``--out``), not in this host's temporary directory.
+
 Example::
 
     python -m harness calibrate --ranks 2,8
     python -m harness calibrate --scenario scenarios/straggler.yaml --quick --output /tmp/cal.json
+    python -m harness calibrate --scenario scenarios/straggler.yaml --ranks 8 --hosts hosts.txt
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from pathlib import Path
 
 from harness.arguments import argtype
 from harness.calibrate.measure import MIN_RANKS, Plan, parse_ranks
+from harness.commands.run import add_launch_arguments
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -58,6 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--output", type=Path, default=DEFAULT_PATH, metavar="FILE",
                         help=f"calibration file to merge into (default {DEFAULT_PATH})")
     parser.add_argument("--quick", action="store_true", help="few repetitions (seconds per rank count)")
+    add_launch_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -124,12 +134,16 @@ def _merge(cal, entry):
 
 def run(args: argparse.Namespace) -> int:
     from harness.calibrate.measure import format_table, plan_from_scenarios  # noqa: PLC0415
-    from harness.launch import LaunchError, inside_mpi_job, run_ranks  # noqa: PLC0415
+    from harness.launch import Launch, LaunchError, inside_mpi_job, run_ranks  # noqa: PLC0415
     from harness.sim.calibration import CalibrationEntry, CalibrationError, save_calibration  # noqa: PLC0415
 
     scenarios = _load_scenarios(args)
     plan = plan_from_scenarios(scenarios, quick=args.quick)
     job = inside_mpi_job()
+    if job is not None and (args.launcher != "auto" or args.hosts is not None):
+        return _error("--launcher and --hosts are for starting ranks; this process already is one of an MPI job "
+                      f"of {job} ranks")
+    launch = Launch.choose(args.launcher, args.hosts) if job is None else None  # LaunchError: exit 2
     if args.ranks is not None:
         ranks = args.ranks
     elif job is not None:
@@ -161,13 +175,20 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     done: list[int] = []
     status = 0
-    with tempfile.TemporaryDirectory(prefix="harness-calibrate-") as tmp:
+    # Ranks on other hosts read the plan and rank 0 (wherever it runs) writes the entry: off this
+    # host both go next to the output, on the file system the hosts share.
+    shared_dir = None
+    if not launch.single_host():
+        shared_dir = args.output.absolute().parent
+        shared_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="harness-calibrate-", dir=shared_dir) as tmp:
         for n in ranks:
             spec, out = Path(tmp) / f"plan-{n}.json", Path(tmp) / f"entry-{n}.json"
             spec.write_text(json.dumps(plan.with_ranks(n).to_json()))
             print(f"calibrating {n} ranks{' (quick)' if args.quick else ''} ...", file=sys.stderr, flush=True)
             try:
-                proc = run_ranks(n, [sys.executable, "-m", "harness.calibrate.worker", str(spec), str(out)])
+                proc = run_ranks(n, [sys.executable, "-m", "harness.calibrate.worker", str(spec), str(out)],
+                                 launch=launch)
             except LaunchError as exc:
                 status = _error(str(exc), 1)
                 break

@@ -8,6 +8,11 @@ entry for the run's rank count, a note names the one used (``calibration_ranks``
 compare.csv and in the simulated runs' run.json); a real-compute workload the calibration
 lacks is an error (exit 2) giving the exact ``calibrate`` command to run.
 
+A run whose ranks ran on several hosts (run.json ``rank_hosts``) is simulated with the hosts
+as nodes sharing a NIC, from the calibration's inter-host link, unless the scenario declares
+its own ``network.topology`` (``harness.sim.hosts.simulated_topology``); a line before the
+table says which topology was simulated, and a note when the hosts could not be used.
+
 Example::
 
     python -m harness compare results/straggler/20260101-120000
@@ -39,13 +44,15 @@ def run(args: argparse.Namespace) -> int:
     from harness.scenario import load_scenario
     from harness.sim.calibration import DEFAULT_PATH, CalibrationError, calibrate_command, load_calibration
     from harness.sim.compare import COMPARE_FILE, COMPARE_PLOT, MODES, compare_run, compared_scenario, error_summary
+    from harness.sim.hosts import run_rank_hosts, simulated_topology
     from harness.sim.runs import calibration_entry
 
     run_dir: Path = args.run_dir
     if not (run_dir / SCENARIO_FILE).is_file():
         print(f"error: {run_dir}: not a run directory (no {SCENARIO_FILE})", file=sys.stderr)
         return 2
-    if (run_dir / RUN_FILE).is_file() and json.loads((run_dir / RUN_FILE).read_text()).get("simulated"):
+    meta = json.loads((run_dir / RUN_FILE).read_text()) if (run_dir / RUN_FILE).is_file() else None
+    if isinstance(meta, dict) and meta.get("simulated"):
         print(f"error: {run_dir}: is a simulated run; compare takes a real one", file=sys.stderr)
         return 2
     calibration_path = args.calibration or DEFAULT_PATH
@@ -67,10 +74,14 @@ def run(args: argparse.Namespace) -> int:
     # Checked before anything is simulated or written; trace mode takes compute from the run.
     entry, note = calibration_entry(scenario, calibration, run_dir / SCENARIO_FILE, calibration_path,
                                     needs_compute="predictive" in modes)
-    if note:
-        print(f"note: {note}", file=sys.stderr)
+    rank_hosts, host_notes = run_rank_hosts(meta, scenario.ranks)
+    topology = simulated_topology(scenario, entry, rank_hosts)
+    for line in ([note] if note else []) + host_notes + list(topology.notes):
+        print(f"note: {line}", file=sys.stderr)
+    if topology.worth_recording:
+        print(f"simulated network topology: {topology.description}")
     try:
-        table = compare_run(run, scenario, entry, str(calibration_path), modes)
+        table = compare_run(run, scenario, entry, str(calibration_path), modes, topology)
     except ValueError as exc:  # records the simulation cannot replay, as above
         print(f"error: {exc}", file=sys.stderr)
         return 2

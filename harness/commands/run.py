@@ -1,9 +1,10 @@
 """``python -m harness run FILE``: validate, create the run directory, launch and watch the ranks.
 
 Outside an MPI job it starts the venv's mpiexec with the scenario's rank count and watches the
-ranks (``harness.runner.watchdog``): a rank that dies, raises, or stops making progress ends
-the job with a message naming it; inside a job of the right size (``mpiexec -n 8 python -m
-harness run FILE`` or ``srun ...``) it runs in place, and the launcher's own limits apply.
+ranks, on this host or on several (``harness.runner.watchdog``): a rank that dies, raises, or
+stops making progress ends the job with a message naming it and its host; inside a job of the
+right size (``mpiexec -n 8 python -m harness run FILE`` or ``srun ...``) it runs in place, and
+rank 0 watches the ranks and aborts the MPI job when one hangs.
 ``--resume RUN_DIR`` trains the algorithms an interrupted or failed run did not finish.
 Nothing is launched and nothing is written when the scenario is invalid (exit 2).
 
@@ -202,11 +203,8 @@ def _begin_resume(run_dir) -> None:
 
 
 def _launch(scenario, run_dir, launch, resume: bool, renamed: list[str]) -> int:
-    """Start the ranks under the venv's mpiexec and watch them until they end.
-
-    The watchdog sees the ranks' heartbeats and processes only when they all run on this host;
-    across hosts a dead rank still ends the job (Hydra sees to that), a hang does not.
-    """
+    """Start the ranks under the venv's mpiexec and watch them until they end, on this host or
+    across hosts (their heartbeats come over TCP)."""
     from harness.launch import LaunchError
     from harness.results.atomic import remove_partial_files
     from harness.runner.watchdog import run_watched

@@ -11,6 +11,10 @@ real-compute workload that was never calibrated is an error (exit 2) that gives 
 the real run's files and columns (no losses, no evaluations), and prints the summary with the
 simulator's speed.
 
+The ``scenario.resolved.yaml`` of a real run whose ranks ran on several hosts (``rank_hosts``
+in the run.json beside it) is simulated with those hosts as nodes sharing a NIC, as ``compare``
+does (``harness.sim.hosts.simulated_topology``, which also says when it cannot).
+
 Example::
 
     python -m harness simulate scenarios/straggler.yaml --ranks 1024 --iterations 1000 --only wagma
@@ -49,6 +53,22 @@ def load_optional_calibration(path: Path | None, real_compute: bool):
     return None, file
 
 
+def _run_beside(scenario_file: Path) -> dict | None:
+    """The run.json of the real run whose ``scenario.resolved.yaml`` ``scenario_file`` is, or None
+    (another file, no run.json, a simulated run's, or one that does not read as JSON)."""
+    import json
+
+    from harness.results.records import RUN_FILE, SCENARIO_FILE
+
+    if scenario_file.name != SCENARIO_FILE or not (scenario_file.parent / RUN_FILE).is_file():
+        return None
+    try:
+        meta = json.loads((scenario_file.parent / RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # the scenario is what is simulated; a broken run.json only loses the hosts
+    return meta if isinstance(meta, dict) and not meta.get("simulated") else None
+
+
 def run(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
@@ -56,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.results.records import SUMMARY_TABLE_FILE
     from harness.scenario import load_scenario_with_notes
     from harness.scenario.checks import check_user_code
+    from harness.sim.hosts import run_rank_hosts, simulated_topology
     from harness.sim.runs import DEFAULT_TRACE_RANKS, calibration_entry, new_simulated_run_path, predict
     from harness.sim.runs import write_simulated_run
 
@@ -71,8 +92,12 @@ def run(args: argparse.Namespace) -> int:
     check_user_code(scenario, args.scenario)  # the user's model, dataset...: imported and called
     calibration, calibration_file = load_optional_calibration(args.calibration, scenario.workload.compute == "real")
     entry, note = calibration_entry(scenario, calibration, args.scenario, calibration_file)
-    for line in renamed + ([note] if note else []) + scenario_notes(scenario):
+    rank_hosts, host_notes = run_rank_hosts(_run_beside(Path(args.scenario)), scenario.ranks)
+    topology = simulated_topology(scenario, entry if calibration is not None else None, rank_hosts)
+    for line in renamed + ([note] if note else []) + host_notes + list(topology.notes) + scenario_notes(scenario):
         print(f"note: {line}", file=sys.stderr)
+    if topology.worth_recording:
+        print(f"simulated network topology: {topology.description}", file=sys.stderr)
     if scenario.faults:
         print(f"note: the scenario's {len(scenario.faults)} faults are not simulated (the model predicts the "
               "run without them)", file=sys.stderr)
@@ -84,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
 
     try:
-        frames, stats = predict(scenario, entry, on_done=report)
+        frames, stats = predict(scenario, entry, on_done=report, hosts=topology.hosts)
     except KeyboardInterrupt:
         print("interrupted: nothing written", file=sys.stderr)
         return 130
@@ -93,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     calibrated = calibration is not None  # else the default network: run.json says null for both
     run_dir = write_simulated_run(path, scenario, frames, stats, "predictive",
                                   str(calibration_file) if calibrated else None, trace_ranks,
-                                  calibration_ranks=entry.ranks if calibrated else None)
+                                  calibration_ranks=entry.ranks if calibrated else None, topology=topology)
     print("simulated (predictive):")
     print((run_dir.path / SUMMARY_TABLE_FILE).read_text(), end="")  # written with the run
     total_events, total_s = sum(s.events for s in stats), sum(s.host_s for s in stats)

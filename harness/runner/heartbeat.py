@@ -1,40 +1,36 @@
-"""Heartbeats: where each rank is, written into a small shared file the watchdog reads.
+"""Heartbeats: where each rank is, shipped to the watchdog wherever it runs.
 
-The file is a ``ranks x FIELDS`` float64 array. Each rank owns one row and updates it with
-plain memory writes through a memory map (no system call, no communication), so beating at
-every iteration and around every communication hook costs a few microseconds per iteration.
-The launching parent creates the file and passes its path in ``HARNESS_HEARTBEAT``; without
-it (ranks launched by the user) every beat is a no-op. Times are ``time.monotonic()``, which
-on Linux is one clock for every process of the host.
+Each rank owns one row of ``FIELDS`` float64 in its own memory and updates it with plain memory
+writes (no system call, no communication), so beating at every iteration and around every
+communication hook costs a few microseconds per iteration. A daemon thread of the rank ships
+the row to the watchdog over TCP when it changed, at most every 0.2 s, and DONE and FAILED at
+once (``harness.runner.heartbeat_net``). The watchdog's address comes from the launcher in
+``HARNESS_HEARTBEAT``, or from rank 0 in a job the user started
+(``harness.runner.watchdog.join_watchdog``); without one every beat is a no-op. Times are
+``time.monotonic()`` of the rank's host; what travels is their age, never the time itself.
 
-Consistent reads. A beat changes several cells of a row while the watchdog may be copying
-it, and a copy mixing two beats once showed a rank with its pid set but no progress time
-yet (a time of 0, read as "no progress since boot"). So each row carries a sequence number,
-a seqlock with one writer per row: the rank makes the number odd, writes its cells, and makes
-it even again; :class:`TableReader` keeps a row only when the numbers read before and after
-copying it are the same even number, retries a few times otherwise, and falls back to the
-row's last consistent copy (a rank descheduled in the middle of a beat). A phase switch
-within an iteration (:meth:`Heartbeat.phase`) writes one cell and skips the sequence: it is
-the only cell that ever changes outside a sequenced write, so a copy taken between two
-sequence changes is still a state the rank was in.
+Consistent reads. A beat changes several cells of a row while the sender thread may be copying
+it (the interpreter switches threads between any two bytecodes), and a copy mixing two beats
+once showed a rank with its pid set but no progress time yet (a time of 0, read as "no progress
+since boot"). So each row carries a sequence number, a seqlock with one writer per row: the
+rank makes the number odd, writes its cells, and makes it even again; :class:`TableReader`
+keeps a row only when the numbers read before and after copying it are the same even number,
+retries a few times otherwise (sleeping, which lets the writer finish its beat), and falls back
+to the row's last consistent copy. A phase switch within an iteration (:meth:`Heartbeat.phase`)
+writes one cell and skips the sequence: it is the only cell that ever changes outside a
+sequenced write, so a copy taken between two sequence changes is still a state the rank was in.
 
-What this relies on: every cell is written by one aligned 8-byte store, which is atomic on
-every 64-bit CPU, and one process's stores (and another's loads) are seen in program order,
-which x86-64 guarantees (TSO); Python runs each store as a separate call, in order. CPUs
-with weaker ordering (ARM) could, rarely, let a reader accept a row that mixes two
-consecutive beats; every cell would still be a value the rank wrote, and the watchdog never
-counts progress from before the launch, so that mix cannot make it stop a healthy job.
+What this relies on: every cell is written by one aligned 8-byte store, and the writer's stores
+are seen in program order by the copying thread (true of threads of one CPython process on any
+CPU, since they hand over the interpreter lock, and of x86-64 in general); Python runs each
+store as a separate call, in order.
 """
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import os
-import tempfile
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 
@@ -45,7 +41,7 @@ READ_RETRY_S = 0.001  # between them: sleeping lets a writer descheduled mid-bea
 
 
 class Phase(enum.IntEnum):
-    """What a rank is doing; 0 (NOT_STARTED) is what a fresh file holds."""
+    """What a rank is doing; 0 (NOT_STARTED) is what a fresh row holds."""
 
     NOT_STARTED = 0
     SETUP = 1  # loading, building the model, waiting at the barrier before an algorithm
@@ -55,10 +51,11 @@ class Phase(enum.IntEnum):
     RESULTS = 5  # gathering records and writing results
     DONE = 6
     FAILED = 7  # raised an error (its traceback is on stderr)
+    STARTING = 8  # the process runs, in MPI's start-up, which waits for every rank on every host
 
 
 class Field(enum.IntEnum):
-    """Columns of a row: 8 float64, one 64-byte cache line (the file is mapped page-aligned)."""
+    """Columns of a row: 8 float64, 64 bytes (one message on the wire)."""
 
     SEQUENCE = 0  # odd while the rank writes the row, even when it is consistent
     PID = 1
@@ -77,28 +74,9 @@ _SEQ, _PID, _PHASE, _ALGORITHM, _ITERATION, _PROGRESS_AT, _SLOWEST, _DONE = (int
 _LOCAL = float(Phase.LOCAL)
 
 
-def create_table(path: str | Path, ranks: int) -> np.memmap:
-    """The parent's side: a zeroed table for ``ranks`` ranks at ``path``."""
-    table = np.memmap(path, dtype=np.float64, mode="w+", shape=(ranks, FIELDS))
-    table[:] = 0.0
-    table.flush()
-    return table
-
-
-@contextlib.contextmanager
-def temporary_table(ranks: int) -> Iterator[tuple[str, np.memmap]]:
-    """A fresh table in a temporary file for one launch: (path for ``ENV_VAR``, the table);
-    the file is removed afterwards."""
-    fd, path = tempfile.mkstemp(prefix="harness-heartbeat-")
-    os.close(fd)
-    try:
-        yield path, create_table(path, ranks)
-    finally:
-        Path(path).unlink(missing_ok=True)
-
-
 class TableReader:
-    """The watchdog's side: consistent copies of the table's rows (see the module's doc)."""
+    """Consistent copies of the rows of ``table`` (a ``rows x FIELDS`` array that other threads
+    write, one writer per row; see the module's doc). The sender thread reads its rank's row so."""
 
     def __init__(self, table: np.ndarray) -> None:
         self._table = table
@@ -122,27 +100,42 @@ class TableReader:
 
 
 class Heartbeat:
-    """A rank's side: its row of the table, or nothing when no watchdog listens.
+    """A rank's side: its row, shipped to the watchdog at ``url`` (``tcp://ADDRESS:PORT/KEY``), or
+    nothing when ``url`` is None or the watchdog cannot be reached (a warning says so).
 
-    One writer per row: only this rank's process may write it, from one thread.
+    One writer per row: only one thread of this rank's process may beat. :meth:`close` ships
+    the last row and ends the connection.
     """
 
-    def __init__(self, path: str | Path | None, rank: int) -> None:
+    def __init__(self, url: str | None, rank: int) -> None:
         self._cells = None  # the row as a memoryview: each item store is one 8-byte store
+        self._sender = None
         self._seq = 0
-        if path:
-            rows = np.memmap(path, dtype=np.float64, mode="r+").reshape(-1, FIELDS)
-            if not 0 <= rank < len(rows):
-                raise ValueError(f"heartbeat table {path} has {len(rows)} rows, no row for rank {rank}")
-            self._cells = memoryview(rows[rank])
-            self._seq = int(self._cells[_SEQ]) + int(self._cells[_SEQ]) % 2  # continue after what is there
+        if url:
+            from harness.runner.heartbeat_net import Sender  # here: it imports this module
+
+            row = np.zeros((1, FIELDS), dtype=np.float64)
+            self._sender = Sender(url, rank, row)
+            if self._sender.connected:
+                self._cells = memoryview(row[0])
         self._iteration = -1
         self._slowest = 0.0
         self._done = 0
 
     @classmethod
     def from_env(cls, rank: int) -> Heartbeat:
+        """The heartbeat to the launcher's watchdog (``HARNESS_HEARTBEAT``), or a no-op one."""
         return cls(os.environ.get(ENV_VAR), rank)
+
+    @property
+    def watched(self) -> bool:
+        """Whether a watchdog receives this rank's beats."""
+        return self._cells is not None
+
+    def close(self) -> None:
+        """Ship the last row and close the connection (the watchdog sees the rank's end)."""
+        if self._sender is not None:
+            self._sender.close()
 
     # The sequenced write: _begin, the cells, _end (inlined where it runs every iteration).
     def _begin(self) -> memoryview:
@@ -154,22 +147,25 @@ class Heartbeat:
         self._seq += 1
         self._cells[_SEQ] = self._seq  # even: consistent
 
-    def report_in(self) -> None:
+    def report_in(self, phase: Phase = Phase.SETUP) -> None:
         """The rank has started: record its pid (the watchdog watches the process from now on),
-        together with its phase and the time, in one consistent write."""
+        together with its phase (STARTING: before MPI's start-up) and the time, in one
+        consistent write."""
         if self._cells is not None:
             c = self._begin()
             c[_PID] = float(os.getpid())
             c[_ALGORITHM] = -1.0
             self._iteration = -1
             c[_ITERATION] = -1.0
-            c[_PHASE] = float(Phase.SETUP)
+            c[_PHASE] = float(phase)
             c[_PROGRESS_AT] = time.monotonic()
             self._end()
+            if phase == Phase.STARTING:
+                self._sender.ship()  # now: MPI's start-up may hold the interpreter lock for long
 
     def reset(self) -> None:
-        """Back to a fresh table's row (not started, no pid), in one consistent write; lets a
-        test replay a rank's whole life on one row."""
+        """Back to a fresh row (not started, no pid), in one consistent write; lets a test
+        replay a rank's whole life on one row."""
         if self._cells is not None:
             c = self._begin()
             for cell in (_PID, _PHASE, _ALGORITHM, _ITERATION, _PROGRESS_AT, _SLOWEST, _DONE):
@@ -231,12 +227,17 @@ class Heartbeat:
 
     def stage(self, phase: Phase) -> None:
         """Enter a phase outside iterations (EVALUATING, RESULTS, DONE, FAILED): progress.
-        Evaluation keeps the iteration it follows; the others have none."""
+        Evaluation keeps the iteration it follows, a failure the one it struck in (if any); the
+        others have none."""
         if self._cells is not None:
-            if phase != Phase.EVALUATING:
+            if phase not in (Phase.EVALUATING, Phase.FAILED):
                 self._iteration = -1
             c = self._begin()
             c[_ITERATION] = float(self._iteration)
             c[_PHASE] = float(phase)
             c[_PROGRESS_AT] = time.monotonic()
             self._end()
+            if phase in (Phase.DONE, Phase.FAILED):
+                # At once, and handed to the kernel before the rank goes on: it may exit right
+                # after, and the row must arrive before its connection's end does.
+                self._sender.ship()

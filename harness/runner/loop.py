@@ -1,6 +1,7 @@
 """The one training loop. Real ranks and simulated ranks both run it; algorithms plug in through hooks.
 
-Iteration t on rank r (times on the backend's clock, relative to the run's t0)::
+Iteration t on rank r (times on the backend's clock, relative to ``t0``; on real ranks ``t0`` is
+the common origin of ``harness.runner.clock``, which puts every rank's times on rank 0's clock)::
 
     start -> before_forward -> injected sleep -> local work: the gradient (forward and backward,
     an emulated sleep, or the simulator's timing), with the injected compute factor

@@ -1,8 +1,11 @@
-"""The watchdog: ``python -m harness run`` watches its ranks and ends a job that cannot finish.
+"""The watchdog: ends a job that cannot finish, naming the rank, its host and what happened.
 
-It reads the heartbeat table (``harness.runner.heartbeat``) and watches every rank's process
-through a Linux pidfd (polling ``kill(pid, 0)`` where pidfds are missing). It never spins: it
-sleeps in ``poll()`` until a process ends or ``POLL_S`` passes. Three things end a job:
+It judges the ranks' heartbeats (``harness.runner.heartbeat``), which every rank ships over TCP
+wherever it runs (``harness.runner.heartbeat_net``). A rank's process has ended when its
+connection closed (EOF arrives even after SIGKILL); a rank on the watchdog's own host is also
+watched through a Linux pidfd (polling ``kill(pid, 0)`` where pidfds are missing), which is
+exact and immediate. It never spins: it sleeps in ``poll()`` until a process ends or ``POLL_S``
+passes. Three things end a job:
 
 - a rank's process ends before the rank reported DONE (killed, crashed, or raised an error);
 - a rank did not report in within ``startup_timeout_s`` of the launch;
@@ -10,10 +13,15 @@ sleeps in ``poll()`` until a process ends or ``POLL_S`` passes. Three things end
   ``harness.scenario.schema.Watchdog``). The rank named is the one furthest behind, preferring
   a rank that is not waiting in communication: the others are usually waiting for it.
 
-The verdict names the rank, the algorithm, the iteration and what happened, and says when the
-scenario itself injected that fault. It judges only consistent rows (``TableReader``), and never
-counts a rank's silence from before the launch: a rank that reported in without a progress time
-(or with one older than the launch) has been quiet since the launch, not since the machine booted.
+Where it runs: in the launching process when ``python -m harness run`` or ``launch`` start the
+ranks (:func:`run_watched`, :func:`supervise`), on one host or many; in rank 0, in a thread,
+when the user started the ranks (``mpiexec -n 8 python -m harness run FILE``, ``srun``, a
+``harness.api`` script), where a verdict aborts the MPI job (:func:`join_watchdog`).
+
+The verdict names the rank, its pid and host, the algorithm, the iteration and what happened,
+and says when the scenario itself injected that fault. It never counts a rank's silence from
+before the launch: a rank that reported in without a progress time (or with one older than
+the launch) has been quiet since the launch, not since the machine booted.
 """
 
 from __future__ import annotations
@@ -22,19 +30,23 @@ import dataclasses
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 
 import numpy as np
 
-from harness.runner.heartbeat import Field, Phase, TableReader
+from harness.launch import descends_from
+from harness.runner.heartbeat import ENV_VAR, Field, Heartbeat, Phase
 from harness.scenario.schema import FaultSpec, HangFault, KillFault, Scenario, SlowStartFault
 from harness.scenario.schema import Watchdog as WatchdogSettings
 
 POLL_S = 0.5  # how often the table is read when no process ends: cheap, and bounds the delay
 GRACE_S = 10.0  # after a rank died, how long the MPI launcher gets to end the others itself
+CLOSE_WAIT_S = 1.0  # after a rank's process ended, for its last rows (its connection's end follows them)
 
 _DOING = {
     Phase.NOT_STARTED: "not started",
@@ -45,12 +57,14 @@ _DOING = {
     Phase.RESULTS: "gathering and writing results",
     Phase.DONE: "done",
     Phase.FAILED: "failed",
+    Phase.STARTING: "in MPI's start-up, which waits for every rank",
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class RankState:
-    """One row of the heartbeat table, read at one moment."""
+    """One row of the heartbeat table, read at one moment (``progress_at`` on the watchdog's
+    clock), and the host the rank said it runs on (None before it connected)."""
 
     rank: int
     pid: int
@@ -60,6 +74,7 @@ class RankState:
     progress_at: float
     slowest_iteration_s: float
     iterations_done: int
+    host: str | None = None
 
     @property
     def started(self) -> bool:
@@ -70,14 +85,18 @@ class RankState:
         return self.phase in (Phase.DONE, Phase.FAILED)
 
 
-def read_states(reader: TableReader) -> list[RankState]:
-    """Every rank's state, each row as its rank last wrote it completely."""
-    rows = reader.read()
+def read_states(server) -> list[RankState]:
+    """Every rank's state as a ``HeartbeatServer`` last received it."""
+    table, hosts, _ = server.snapshot()
+    return _states(table, hosts)
+
+
+def _states(table: np.ndarray, hosts: list[str | None]) -> list[RankState]:
     return [
         RankState(r, int(row[Field.PID]), Phase(int(row[Field.PHASE])), int(row[Field.ALGORITHM]),
                   int(row[Field.ITERATION]), float(row[Field.PROGRESS_AT]),
-                  float(row[Field.SLOWEST_ITERATION_S]), int(row[Field.ITERATIONS_DONE]))
-        for r, row in enumerate(rows)
+                  float(row[Field.SLOWEST_ITERATION_S]), int(row[Field.ITERATIONS_DONE]), hosts[r])
+        for r, row in enumerate(table)
     ]
 
 
@@ -90,19 +109,34 @@ class Verdict:
     message: str
     algorithm: str | None = None
     iteration: int | None = None
+    host: str | None = None
 
     def as_json(self) -> dict:
         return dataclasses.asdict(self)
 
 
 class Watchdog:
-    """The pure decision part: given the table and which processes ended, is the job done for?"""
+    """The pure decision part: given the table and which processes ended, is the job done for?
 
-    def __init__(self, scenario: Scenario, launched_at: float, faults_enabled: bool = True) -> None:
+    ``hosts``: where each rank was to start (None: unknown), named for ranks that never
+    connected. ``startup``: whether ranks that did not report in within ``startup_timeout_s``
+    end the job (not where every rank is known to run already: a job the user started).
+    """
+
+    def __init__(self, scenario: Scenario, launched_at: float, faults_enabled: bool = True,
+                 hosts: list[str | None] | None = None, startup: bool = True) -> None:
         self.settings: WatchdogSettings = scenario.watchdog
         self.algorithms = [a.name for a in scenario.algorithms]
         self.faults = list(scenario.faults) if faults_enabled else []
         self.launched_at = launched_at
+        self.hosts = hosts
+        self.startup = startup
+
+    def host_of(self, st: RankState) -> str | None:
+        """The host ``st`` runs on, or was to start on; None when unknown."""
+        if st.host is not None:
+            return st.host
+        return self.hosts[st.rank] if self.hosts is not None and st.rank < len(self.hosts) else None
 
     def quiet_for(self, state: RankState, now: float) -> float:
         """Seconds since ``state``'s last progress, counted from the launch at the earliest."""
@@ -136,9 +170,9 @@ class Watchdog:
         if died:
             return self._died(died)
         waited = now - self.launched_at
-        absent = [st.rank for st in states if not st.started]
-        if absent and waited > self.settings.startup_timeout_s:
-            return self._not_started(absent, waited)
+        absent = [st for st in states if not st.started]
+        if self.startup and absent and waited > self.settings.startup_timeout_s:
+            return self._not_started(absent, waited, [st.rank for st in states if st.phase == Phase.STARTING])
         running = [st for st in states if st.started and not st.finished]
         stuck = [st for st in running if self.quiet_for(st, now) > self.timeout(st, states)[0]]
         if stuck:
@@ -151,32 +185,40 @@ class Watchdog:
         first = min(died, key=lambda st: (st.phase != Phase.FAILED, st.phase == Phase.COMMUNICATING, st.rank))
         where = self._where(first)
         if first.phase == Phase.FAILED:
-            what = f"rank {first.rank} raised an error {where} (its traceback is above)"
+            what = f"{self._who(first)} raised an error {where} (its traceback is above)"
             kind = "failed"
         else:
-            what = f"rank {first.rank} (pid {first.pid}) died {where}: its process ended without finishing"
+            what = f"{self._who(first)} died {where}: its process ended without finishing"
             kind = "died"
         others = sorted(st.rank for st in died if st is not first)
         if others:
             what += f"; ranks {', '.join(map(str, others))} ended at about the same time"
         return self._verdict(kind, first, what + self._injected(first, KillFault))
 
-    def _not_started(self, absent: list[int], waited: float) -> Verdict:
-        names = ", ".join(map(str, absent))
+    def _not_started(self, absent: list[RankState], waited: float, waiting: list[int]) -> Verdict:
+        """``waiting``: the ranks that started but wait in MPI's start-up (for the absent ones)."""
+        groups: dict[str | None, list[int]] = {}  # by host, in rank order
+        for st in absent:
+            groups.setdefault(self.host_of(st), []).append(st.rank)
+        names = " and ".join(f"{', '.join(map(str, ranks))} ({'on host ' + host if host else 'host unknown'})"
+                             for host, ranks in groups.items())
         what = (f"rank{'s' if len(absent) > 1 else ''} {names} did not start within startup_timeout_s "
                 f"({self.settings.startup_timeout_s:g} s; waited {waited:.1f} s)")
-        rank = absent[0]
+        rank = absent[0].rank
         for f in self.faults:
             if isinstance(f, SlowStartFault) and f.rank == rank:
                 what += f" (the scenario injects faults[{self.faults.index(f)}]: slow_start, delay_s {f.delay_s:g})"
                 break
-        return Verdict("not_started", rank, what)
+        if waiting:
+            what += (f"; rank{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} started and "
+                     f"wait{'' if len(waiting) > 1 else 's'} for {'them' if len(absent) > 1 else 'it'} in MPI's start-up")
+        return Verdict("not_started", rank, what, host=self.host_of(absent[0]))
 
     def _stuck(self, running: list[RankState], states: list[RankState], now: float) -> Verdict:
         culprit = min(running, key=lambda st: (st.phase == Phase.COMMUNICATING, st.algorithm, st.iteration,
                                                st.progress_at))
         timeout, how = self.timeout(culprit, states)
-        what = (f"rank {culprit.rank} made no progress for {self.quiet_for(culprit, now):.1f} s "
+        what = (f"{self._who(culprit)} made no progress for {self.quiet_for(culprit, now):.1f} s "
                 f"{self._where(culprit)} ({_DOING[culprit.phase]}); timeout {how}")
         others = [st for st in running if st is not culprit]
         if others:
@@ -184,6 +226,11 @@ class Watchdog:
         return self._verdict("stuck", culprit, what + self._injected(culprit, HangFault))
 
     # -- wording ------------------------------------------------------------------------------
+    def _who(self, st: RankState) -> str:
+        """E.g. "rank 3 (pid 1234 on host vh2)"."""
+        host = self.host_of(st)
+        return f"rank {st.rank} (pid {st.pid}{' on host ' + host if host else ''})"
+
     def _algorithm(self, st: RankState) -> str | None:
         return self.algorithms[st.algorithm] if 0 <= st.algorithm < len(self.algorithms) else None
 
@@ -206,7 +253,8 @@ class Watchdog:
         return ""
 
     def _verdict(self, kind: str, st: RankState, message: str) -> Verdict:
-        return Verdict(kind, st.rank, message, self._algorithm(st), st.iteration if st.iteration >= 0 else None)
+        return Verdict(kind, st.rank, message, self._algorithm(st), st.iteration if st.iteration >= 0 else None,
+                       self.host_of(st))
 
 
 def _tally(states: list[RankState]) -> str:
@@ -222,40 +270,67 @@ def _tally(states: list[RankState]) -> str:
     return ", ".join(parts)
 
 
-def supervise(proc: subprocess.Popen, table: np.ndarray, watchdog: Watchdog,
-              stop_job) -> tuple[int, Verdict | None]:
-    """Wait for the launcher ``proc``, judging the ranks every ``POLL_S``; returns its exit
-    status and the verdict, if any. ``stop_job(proc, reported_in)`` ends the whole job, given
-    the pids of the ranks that have reported in (those handle an interrupt; the others are
-    still starting). A KeyboardInterrupt (Ctrl+C, SIGTERM) stops the job before it goes on."""
-    processes = _ProcessWatch(proc)
-    reader = TableReader(table)
+def supervise(proc: subprocess.Popen, server, watchdog: Watchdog, stop_job,
+              here: str | None = None) -> tuple[int, Verdict | None]:
+    """Wait for the launcher ``proc``, judging every ``POLL_S`` the ranks whose beats ``server``
+    (a ``HeartbeatServer``) receives; returns its exit status and the verdict, if any.
 
-    def stop() -> None:
-        stop_job(proc, {st.pid for st in read_states(reader) if st.started})
+    ``stop_job(proc, reported_in, remote=...)`` ends the whole job, given the pids of the ranks
+    on this host that have reported in (those handle an interrupt; the others are still
+    starting) and whether ranks run elsewhere (they get the interrupt through the launcher).
+    ``here``: this host's name (default ``socket.gethostname()``); ranks that name another
+    host are watched through their connection alone. A KeyboardInterrupt (Ctrl+C, SIGTERM)
+    stops the job before it goes on."""
+    here = socket.gethostname() if here is None else here
+    processes = _ProcessWatch(proc)
+    ours: dict[int, bool] = {}  # pid -> whether it is a process of this job on this host
+
+    def local(st: RankState) -> bool:
+        # The host name alone could match a process of another pid namespace (a container, a
+        # test bed's virtual host): only a descendant of the launcher is this job's for sure.
+        if not st.started or st.host != here:
+            return False
+        if st.pid not in ours:
+            ours[st.pid] = descends_from(st.pid, proc.pid)
+        return ours[st.pid]
+
+    def observe() -> tuple[list[RankState], set[int]]:
+        """The ranks' states and which have ended (connection closed, or process seen to end)."""
+        table, hosts, closed = server.snapshot()
+        states = _states(table, hosts)
+        gone = processes.ended_ranks(states)
+        if gone - closed and server.wait_closed(gone - closed, CLOSE_WAIT_S):
+            table, hosts, closed = server.snapshot()  # now with the rows they sent last
+            states = _states(table, hosts)
+        return states, closed | gone
+
+    def stop(states: list[RankState]) -> None:
+        mine = {st.pid for st in states if local(st)}
+        remote = any(not local(st) if st.started else watchdog.host_of(st) != here for st in states)
+        stop_job(proc, mine, remote=remote)
 
     verdict: Verdict | None = None
     deadline = None
-    states = read_states(reader)
+    states, ended = observe()
     try:
         while proc.poll() is None:
-            processes.watch([st.pid for st in states])
-            processes.wait(POLL_S)
+            processes.watch([st.pid for st in states if local(st)])
+            processes.wait(POLL_S, also=server.ended_fd())
             if proc.poll() is not None:
                 break
-            states = read_states(reader)
+            states, ended = observe()
             if verdict is None:
-                verdict = watchdog.check(states, time.monotonic(), processes.ended_ranks(states))
+                verdict = watchdog.check(states, time.monotonic(), ended)
                 if verdict is not None and verdict.kind in ("stuck", "not_started"):
-                    stop()
+                    stop(states)
                     break
                 if verdict is not None:
                     deadline = time.monotonic() + GRACE_S
             elif deadline is not None and time.monotonic() > deadline:
-                stop()  # the launcher did not end the others by itself
+                stop(states)  # the launcher did not end the others by itself
                 break
     except KeyboardInterrupt:
-        stop()
+        stop(read_states(server))
         raise
     finally:
         processes.close()
@@ -263,8 +338,8 @@ def supervise(proc: subprocess.Popen, table: np.ndarray, watchdog: Watchdog,
     if verdict is None and rc != 0:
         # The launcher ended first (it ends the job when a rank dies). Judge by the ends seen,
         # or, if none was seen, by every rank: all of them have ended with the launcher.
-        states = read_states(reader)
-        ended = processes.ended_ranks(states)
+        server.wait_closed([st.rank for st in states if st.host is not None], CLOSE_WAIT_S)
+        states, ended = observe()
         if all(states[r].phase == Phase.DONE for r in ended):
             ended = {st.rank for st in states if st.started}
         verdict = watchdog.check(states, time.monotonic(), ended)
@@ -285,10 +360,11 @@ class _ProcessWatch:
                 fd = _pidfd(pid)
                 self._fds[pid] = -1 if fd is None else fd
 
-    def wait(self, timeout: float) -> None:
-        """Sleep until a watched process ends or ``timeout`` passes, then note what ended."""
+    def wait(self, timeout: float, also: int | None = None) -> None:
+        """Sleep until a watched process ends, ``also`` (a file descriptor) becomes readable or
+        ``timeout`` passes, then note what ended."""
         poller = select.poll()
-        for fd in [self._launcher_fd, *self._fds.values()]:
+        for fd in [self._launcher_fd, also, *self._fds.values()]:
             if fd is not None and fd >= 0:
                 poller.register(fd, select.POLLIN)
         ready = {fd for fd, _ in poller.poll(timeout * 1000)}
@@ -331,42 +407,166 @@ def _alive(pid: int) -> bool:
 def run_watched(scenario, ranks: int, argv: list[str], env: dict[str, str], launch, faults_enabled: bool = True,
                 on_interrupt: Callable[[], None] | None = None) -> tuple[int, Verdict | None]:
     """Start ``argv`` on ``ranks`` ranks with ``launch`` (extra environment ``env``) and wait for
-    them: watched by the watchdog (``scenario``'s settings and faults) when they all run on this
-    host, else left to the MPI launcher. Returns the exit status and the verdict, if any.
-    ``python -m harness run`` and ``launch`` both start their jobs here.
+    them, watched by the watchdog (``scenario``'s settings and faults) on this host or across
+    hosts: it listens for their heartbeats (``HARNESS_HEARTBEAT``; see
+    ``harness.runner.heartbeat_net`` for the address). Returns the exit status and the verdict,
+    if any. ``python -m harness run`` and ``launch`` both start their jobs here.
 
     Ctrl+C, SIGINT and SIGTERM (batch system, timeout) stop every rank, then ``on_interrupt``
     runs (the caller's tidying up), then the KeyboardInterrupt goes on; until then further
     interrupts are ignored, so none cuts the bounded stop short and orphans ranks.
     """
 
-    from harness.launch import start_ranks, stop_job  # noqa: PLC0415
-    from harness.runner import heartbeat  # noqa: PLC0415
+    from harness.launch import LaunchError, start_ranks, stop_job  # noqa: PLC0415
+    from harness.runner.heartbeat_net import HeartbeatServer, watchdog_address  # noqa: PLC0415
 
-    base = {k: v for k, v in os.environ.items() if k != heartbeat.ENV_VAR}
+    base = {k: v for k, v in os.environ.items() if k != ENV_VAR}
     previous = {sig: signal.signal(sig, signal.default_int_handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     proc = None
-    watched = False
+    single = True
     try:
-        watched = launch.single_host()
-        if watched:
-            with heartbeat.temporary_table(ranks) as (table_path, table):
-                proc = start_ranks(ranks, argv, env={**base, **env, heartbeat.ENV_VAR: table_path}, launch=launch)
-                rc, verdict = supervise(proc, table, Watchdog(scenario, time.monotonic(), faults_enabled), stop_job)
-        else:
-            print("note: ranks on several hosts: the watchdog is off (a dead rank still ends the job; a hang "
-                  "lasts until your time limit)", file=sys.stderr)
-            proc = start_ranks(ranks, argv, env={**base, **env}, launch=launch)
-            rc, verdict = proc.wait(), None
-        return rc, verdict
+        single = launch.single_host()
+        hosts = launch.rank_hosts(ranks)
+        try:
+            server = HeartbeatServer(ranks, watchdog_address(single))
+        except ValueError as exc:
+            raise LaunchError(f"the watchdog cannot start: {exc}") from None
+        with server:
+            proc = start_ranks(ranks, argv, env={**base, **env, ENV_VAR: server.url}, launch=launch)
+            watchdog = Watchdog(scenario, time.monotonic(), faults_enabled, hosts=hosts)
+            return supervise(proc, server, watchdog, stop_job)
     except KeyboardInterrupt:
         for sig in previous:
             signal.signal(sig, signal.SIG_IGN)
         if proc is not None and proc.poll() is None:  # supervise stops the job it watches itself
-            stop_job(proc, () if watched else None)  # no rank known to have reported in
+            stop_job(proc, (), remote=not single)  # no rank known to have reported in
         if on_interrupt is not None:
             on_interrupt()
         raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+# -- the watchdog of a job the user started ------------------------------------------------------
+
+_joined: Heartbeat | None = None  # this process's heartbeat, once join_watchdog made it
+_in_job: _InJobWatchdog | None = None  # rank 0's watchdog, in a job the user started
+
+
+def report_in_before_mpi() -> Heartbeat | None:
+    """Report this rank in to the launcher's watchdog before MPI is initialized, in phase
+    STARTING; None when there is no launcher's watchdog, or the launcher's environment does not
+    say which rank this process is (``launch.launcher_rank``).
+
+    MPI's start-up waits for every rank of every host, so a rank that reported in only after it
+    would leave the watchdog unable to tell a host that never started its ranks from the hosts
+    whose ranks wait for it: all would be "not started". Reported in here, the ranks that wait
+    are known, and the verdict names the absent ones and their hosts.
+    """
+    from harness.launch import launcher_rank
+
+    url, rank = os.environ.get(ENV_VAR), launcher_rank()
+    if not url or rank is None:
+        return None
+    beat = Heartbeat(url, rank)
+    beat.report_in(Phase.STARTING)
+    return beat
+
+
+def join_watchdog(world, scenario, faults_enabled: bool = True,
+                  on_verdict: Callable[[Verdict], None] | None = None,
+                  early: Heartbeat | None = None) -> Heartbeat:
+    """This rank's heartbeat, beating to the job's watchdog. Every rank calls it at the same
+    point (it may be collective); ``python -m harness run`` in place (through the worker) and
+    ``harness.api.Run`` both do.
+
+    - Launched by ``python -m harness run`` or ``launch``: to the launcher's watchdog
+      (``HARNESS_HEARTBEAT``).
+    - Started by the user (``mpiexec``, ``srun``; ``world`` has more than one rank and no
+      launcher's watchdog is named): rank 0 starts the watchdog in a thread of its own process
+      (:class:`_InJobWatchdog`) and broadcasts its address; every rank, rank 0 included, beats
+      to it. On a verdict rank 0 prints it and aborts the MPI job, after calling
+      ``on_verdict(verdict)`` (to record it). The start-up timeout does not apply: every rank
+      runs already.
+    - A job of one process the user started: no watchdog; beats are no-ops.
+
+    Once per process: a later call (a script's next ``harness.api.Run``) returns the same
+    heartbeat, and rank 0's watchdog then judges by the new ``scenario``. ``early``: the
+    heartbeat to the launcher's watchdog this rank opened before MPI started
+    (:func:`report_in_before_mpi`), used instead of a new one.
+    """
+    global _joined, _in_job
+    if _joined is not None:
+        if _in_job is not None:
+            _in_job.follow(scenario, faults_enabled, on_verdict)
+        return _joined
+    url = os.environ.get(ENV_VAR)
+    if url or world.size == 1:
+        _joined = early if early is not None and early.watched else Heartbeat(url, world.rank)
+        return _joined
+    from harness.runner.heartbeat_net import HeartbeatServer, watchdog_address
+
+    hosts = world.gather(socket.gethostname(), root=0)
+    if world.rank == 0:
+        try:
+            server = HeartbeatServer(world.size, watchdog_address(all(h == hosts[0] for h in hosts)))
+        except ValueError as exc:
+            print(f"warning: the watchdog cannot start ({exc}): this job runs unwatched, so a hang lasts until "
+                  "your launcher's or batch system's time limit", file=sys.stderr)
+        else:
+            watchdog = Watchdog(scenario, time.monotonic(), faults_enabled, hosts=hosts, startup=False)
+            _in_job = _InJobWatchdog(server, watchdog, world, on_verdict)
+            url = server.url
+    url = world.bcast(url, root=0)
+    _joined = Heartbeat(url, world.rank)
+    return _joined
+
+
+class _InJobWatchdog:
+    """Rank 0's watchdog over a job the user started: a daemon thread judges the ranks every
+    ``POLL_S``. A stuck job is aborted at once; a rank that died or raised is left to MPI for
+    ``GRACE_S`` (MPICH's launcher ends the job when a rank dies, and a rank that raises aborts
+    it), then aborted. Aborting is the only way to end every rank from here: MPI_Abort ends the
+    whole job, on every host, now rather than at the batch system's time limit."""
+
+    def __init__(self, server, watchdog: Watchdog, world, on_verdict: Callable[[Verdict], None] | None) -> None:
+        self.server, self.world = server, world
+        self._lock = threading.Lock()  # the watchdog and on_verdict may change under the thread
+        self._watchdog, self._on_verdict = watchdog, on_verdict
+        threading.Thread(target=self._run, name="watchdog", daemon=True).start()
+
+    def follow(self, scenario, faults_enabled: bool, on_verdict: Callable[[Verdict], None] | None) -> None:
+        """Judge by ``scenario`` from now on (a script's next ``harness.api.Run``)."""
+        with self._lock:
+            old = self._watchdog
+            self._watchdog = Watchdog(scenario, old.launched_at, faults_enabled, hosts=old.hosts, startup=False)
+            self._on_verdict = on_verdict
+
+    def _run(self) -> None:
+        deadline = None
+        while True:
+            time.sleep(POLL_S)
+            table, hosts, closed = self.server.snapshot()
+            with self._lock:
+                watchdog, on_verdict = self._watchdog, self._on_verdict
+            verdict = watchdog.check(_states(table, hosts), time.monotonic(), closed)
+            if verdict is None:
+                deadline = None
+                continue
+            if verdict.kind in ("died", "failed"):
+                deadline = deadline or time.monotonic() + GRACE_S
+                if time.monotonic() < deadline:
+                    continue
+            self._abort(verdict, on_verdict)
+            return
+
+    def _abort(self, verdict: Verdict, on_verdict: Callable[[Verdict], None] | None) -> None:
+        print(f"\nerror: watchdog: {verdict.message}; aborting the MPI job", file=sys.stderr, flush=True)
+        if on_verdict is not None:
+            try:
+                on_verdict(verdict)
+            except Exception as exc:  # noqa: BLE001  the abort must happen whatever this did
+                print(f"warning: could not record the watchdog's verdict ({exc.__class__.__name__}: {exc})",
+                      file=sys.stderr, flush=True)
+        self.world.Abort(1)

@@ -11,27 +11,38 @@ scenario's faults again).
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 
 def main(run_dir: str, resume: bool = False) -> int:
-    from mpi4py import MPI
-
     from harness.faults import FaultPlan
+    from harness.launch import launcher_rank
     from harness.results.records import RunDirectory
-    from harness.runner.heartbeat import Heartbeat, Phase
+    from harness.runner.heartbeat import Phase
+    from harness.runner.watchdog import join_watchdog, report_in_before_mpi
     from harness.scenario import load_scenario
+
+    scenario = load_scenario(Path(run_dir) / "scenario.resolved.yaml")
+    # Before MPI starts (it waits for every rank on every host): a slow_start strikes, then the
+    # rank reports in, so the watchdog can tell a host that never starts from ranks that wait.
+    early_rank = launcher_rank()
+    if early_rank is not None:
+        FaultPlan(scenario, early_rank, enabled=not resume).delay_start()
+    early = report_in_before_mpi()
+    from mpi4py import MPI
 
     world = MPI.COMM_WORLD
     rank = world.rank
     run = RunDirectory.open(run_dir)
-    scenario = load_scenario(Path(run_dir) / "scenario.resolved.yaml")
     if world.size != scenario.ranks:
         raise SystemExit(f"error: scenario needs {scenario.ranks} ranks, this job has {world.size}")
     faults = FaultPlan(scenario, rank, enabled=not resume)
-    faults.delay_start()
-    beat = Heartbeat.from_env(rank)
+    if early_rank is None:
+        faults.delay_start()
+    # The launcher's watchdog, or (ranks the user started) one rank 0 runs: it records its
+    # verdict in run.json before it aborts the job.
+    beat = join_watchdog(world, scenario, faults_enabled=not resume, on_verdict=lambda v: run.update_run_json(
+        "failed", {"error": v.message, "fault": v.as_json()}), early=early)
     beat.report_in()
     try:
         _train_all(world, run, scenario, faults, beat)
@@ -39,6 +50,7 @@ def main(run_dir: str, resume: bool = False) -> int:
         beat.stage(Phase.FAILED)
         raise
     beat.stage(Phase.DONE)
+    beat.close()
     return 0
 
 
@@ -58,6 +70,7 @@ def _train_all(world, run, scenario, faults, beat) -> None:
     from harness.results.provenance import level as provenance_level
     from harness.results.records import PROVENANCE_DIR
     from harness.results.summary import format_table
+    from harness.runner.clock import Clock
     from harness.runner.heartbeat import Phase
     from harness.runner.local_work import LocalWork
     from harness.runner.loop import train
@@ -85,6 +98,8 @@ def _train_all(world, run, scenario, faults, beat) -> None:
         if rank == 0:
             provenance.write_start(shards, build_state(scenario, 0, dataset, device).params.clone())
 
+    # Every rank's offset from rank 0's clock, so that all records are on one clock across hosts.
+    clock = Clock.synchronize(world)
     finished = [a.name for a in scenario.algorithms if a.name in run.finished_algorithms]
     for index, params in enumerate(scenario.algorithms):
         if params.name in finished:
@@ -98,7 +113,7 @@ def _train_all(world, run, scenario, faults, beat) -> None:
         algorithm = algorithm_class(params.name)(params, ctx)
         bar = _progress_bar(params.name, scenario.workload.iterations) if rank == 0 else None
         comm.barrier()
-        t0 = time.monotonic()  # common origin: every rank leaves the barrier at about the same time
+        t0 = clock.origin()  # one instant on every rank: times - t0 are on rank 0's clock (harness.runner.clock)
         work = LocalWork(scenario, state, rank, plan, eval_comm, params.name)
         steps, evals, ops = train(scenario, algorithm, algo_comm, work, t0,
                                   progress=(lambda t: bar.update(1)) if bar else None, heartbeat=beat,
@@ -106,6 +121,7 @@ def _train_all(world, run, scenario, faults, beat) -> None:
         if bar:
             bar.close()
         beat.stage(Phase.RESULTS)
+        clock.remeasure()  # after every algorithm, so run.json's drift covers the run so far
         steps, evals, ops = (gather(world, x) for x in (steps, evals, ops))
         calls = None
         if log is not None:  # every rank has the same scenario: all gather, or none
@@ -122,11 +138,13 @@ def _train_all(world, run, scenario, faults, beat) -> None:
             provenance.write_final(params.name, average, torch.stack(finals) if finals is not None else None)
             finished.append(params.name)
             publish(run, scenario, params.name, steps, evals, ops, calls, finished, hosts=hosts,
-                    extra={**placement, "provenance": provenance.keep, **scenario_facts(scenario)})
+                    extra={**placement, "provenance": provenance.keep, **scenario_facts(scenario),
+                           **clock.run_json()})
     if rank == 0:
         print(format_table(write_summary(run, scenario)))
         print(provenance.report())
         print(f"results: {run.path}")
+    clock.close()
     eval_comm.close()
     comm.close()
 

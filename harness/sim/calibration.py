@@ -13,7 +13,14 @@ ranks share the cores. An entry has:
   loop bookkeeping) of each (model, dataset, batch size) while all ranks compute at once;
 - ``evaluation``: the median time of one evaluation point on rank 0 (test metrics of the
   averaged model and of rank 0's model) per (model, dataset);
-- ``loop_overhead_s``: per-iteration overhead of the loop beyond an emulated-compute sleep.
+- ``loop_overhead_s``: per-iteration overhead of the loop beyond an emulated-compute sleep;
+- where the ranks ran (added later; older files without it still load, as one host of unknown
+  name): ``rank_hosts`` (the host name of every rank), ``hosts`` (in order of first appearance)
+  and ``ranks_per_host``. ``p2p`` is the pair ``p2p_pair`` on one host. When the ranks spanned
+  several hosts, ``inter_host_p2p`` are the same one-way times for ``inter_host_pair``, a pair on
+  different hosts, and ``inter_host_network`` their alpha-beta fit: the inter-host link beside
+  the intra-host one (``p2p_network``). ``harness.sim.hosts`` turns the two into the simulated
+  network of a multi-host run.
 
 The models validate the file on load, so a hand-edited or truncated file fails with one
 message naming the bad field.
@@ -37,7 +44,7 @@ from pathlib import Path
 from typing import Annotated, NamedTuple
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from harness.config import HarnessError, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
@@ -112,6 +119,30 @@ class CalibrationEntry(_Strict):
     compute: list[ComputePoint] = []
     evaluation: list[EvalPoint] = []
     loop_overhead_s: NonNegativeFloat = 0.0
+    # Where the ranks ran (README "Simulation", paragraph "Calibration"); empty in older files.
+    rank_hosts: list[str] = []  # host name of every rank, in rank order
+    hosts: list[str] = []  # the distinct host names, in order of first appearance
+    ranks_per_host: list[PositiveInt] = []  # in the order of ``hosts``
+    p2p_pair: tuple[NonNegativeInt, NonNegativeInt] = (0, 1)  # the ranks ``p2p`` measured (one host, if any)
+    inter_host_pair: tuple[NonNegativeInt, NonNegativeInt] | None = None  # the ranks ``inter_host_p2p`` measured
+    inter_host_p2p: list[P2PPoint] = []  # as ``p2p``, between two hosts
+    inter_host_network: NetworkModel | None = None  # alpha-beta fit of ``inter_host_p2p``
+
+    @model_validator(mode="after")
+    def _hosts_agree(self) -> CalibrationEntry:
+        """``hosts`` and ``ranks_per_host`` are what ``rank_hosts`` says, for ``ranks`` ranks."""
+        if not self.rank_hosts:
+            if self.hosts or self.ranks_per_host:
+                raise ValueError("hosts and ranks_per_host need rank_hosts (the host of every rank)")
+            return self
+        if len(self.rank_hosts) != self.ranks:
+            raise ValueError(f"rank_hosts names {len(self.rank_hosts)} hosts for {self.ranks} ranks")
+        hosts = list(dict.fromkeys(self.rank_hosts))
+        counts = [self.rank_hosts.count(h) for h in hosts]
+        if (self.hosts, self.ranks_per_host) != (hosts, counts):
+            raise ValueError(f"hosts {self.hosts} and ranks_per_host {self.ranks_per_host} disagree with rank_hosts "
+                             f"(hosts {hosts}, ranks per host {counts})")
+        return self
 
     def compute_s(self, model: str, dataset: str, batch_size: int) -> float | None:
         """Median local work per iteration of this workload, or None if it was not calibrated."""

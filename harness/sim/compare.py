@@ -9,7 +9,9 @@ Two modes:
 
 Both use the calibrated network of the run's rank count (or of the entry
 :meth:`~harness.sim.calibration.Calibration.choose` falls back to, recorded as
-``calibration_ranks``) and the scenario's injection plan. Per algorithm and mode,
+``calibration_ranks``), the topology :func:`harness.sim.hosts.simulated_topology` chose (the
+scenario's, or the hosts of a multi-host run; recorded in the simulated runs' run.json as
+``network_topology``) and the scenario's injection plan. Per algorithm and mode,
 ``compare.csv`` (columns :data:`COMPARE_COLUMNS`) holds measured and predicted time per
 iteration (``wall_s / iterations``) and throughput, and the relative throughput error
 ``predicted / measured - 1``. ``compare.png`` plots predicted against measured
@@ -30,6 +32,7 @@ from harness.results.records import RunDirectory
 from harness.results.summary import summarize
 from harness.scenario.schema import Scenario
 from harness.sim.calibration import CalibrationEntry
+from harness.sim.hosts import SimTopology
 from harness.sim.runs import predict, replay, write_simulated_run
 
 MODES = ("trace", "predictive")
@@ -58,22 +61,24 @@ def compared_scenario(run: RunDirectory, scenario: Scenario) -> Scenario:
 
 
 def compare_run(run: RunDirectory, scenario: Scenario, entry: CalibrationEntry, calibration_name: str,
-                modes: tuple[str, ...] = MODES) -> pd.DataFrame:
+                modes: tuple[str, ...] = MODES, topology: SimTopology | None = None) -> pd.DataFrame:
     """Simulate ``run``'s finished algorithms (``scenario`` from :func:`compared_scenario`) in
-    each mode with calibration ``entry``; write and return the comparison."""
+    each mode with calibration ``entry`` and ``topology`` (``harness.sim.hosts.simulated_topology``;
+    None: the scenario's own, if any); write and return the comparison."""
     w = scenario.workload
     measured = summarize(run.steps, run.evals, w.batch_size, w.iterations, ranks=scenario.ranks)
+    hosts = topology.hosts if topology is not None else None
     rows = []
     for mode in modes:
         if mode == "trace":
-            frames, stats = replay(scenario, run.steps, entry.network)
+            frames, stats = replay(scenario, run.steps, entry.network, hosts=hosts)
         elif mode == "predictive":
-            frames, stats = predict(scenario, entry)
+            frames, stats = predict(scenario, entry, hosts=hosts)
         else:
             raise ValueError(f"unknown mode {mode!r} (valid: {', '.join(MODES)})")
         _replace_dir(run.path / f"sim-{mode}", lambda path, frames=frames, stats=stats, mode=mode: write_simulated_run(
             path, scenario, frames, stats, mode, calibration_name, run_id=f"sim-{mode}",
-            calibration_ranks=entry.ranks))
+            calibration_ranks=entry.ranks, topology=topology))
         predicted = summarize(pd.concat(frames.values()), None, w.batch_size, w.iterations, ranks=scenario.ranks)
         both = measured.merge(predicted, on="algorithm", suffixes=("_measured", "_predicted"))
         for row in both.itertuples(index=False):

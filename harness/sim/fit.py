@@ -14,6 +14,12 @@ for a held message costs one hop; shared cores as given) under which the trace-d
 simulation of those runs reproduces their measured wall times best (squared log error). The
 reference runs are not the runs ``compare`` reports on: the fit is calibration, the comparison
 is validation (though a reference training is close to the ``balanced`` scenario).
+
+When the calibration's ranks spanned several hosts, the references are simulated with the
+hosts as nodes (``hosts``, ``harness.sim.hosts``), whose NICs add the measured inter-host
+excess to the messages between hosts, so the fitted model is what a message costs inside a
+host, as ``simulate`` and ``compare`` use it. Without reference trainings,
+:func:`fit_allreduce_on_hosts` fits the quiet allreduce times the same way.
 """
 
 from __future__ import annotations
@@ -23,8 +29,10 @@ import math
 import numpy as np
 import pandas as pd
 
+from harness.scenario.network import NodeTopology
 from harness.scenario.schema import Scenario
 from harness.sim.calibration import NetworkModel
+from harness.sim.network import predict_allreduce_s
 from harness.sim.simulate import simulate_algorithm
 from harness.sim.timing import TraceTiming
 
@@ -36,12 +44,13 @@ def _wall(frame: pd.DataFrame) -> float:
     return float(frame["end_s"].max() - frame["start_s"].min())
 
 
-def fit_loaded_network(references: list[tuple[Scenario, pd.DataFrame]], shared_cores: int | None
-                       ) -> tuple[NetworkModel, float]:
+def fit_loaded_network(references: list[tuple[Scenario, pd.DataFrame]], shared_cores: int | None,
+                       hosts: NodeTopology | None = None) -> tuple[NetworkModel, float]:
     """The grid point minimising the squared log error of the simulated wall times.
 
-    ``references``: (one-algorithm scenario, its measured steps) pairs. Returns the model and
-    the root-mean-square relative error it leaves on the references.
+    ``references``: (one-algorithm scenario, its measured steps) pairs; ``hosts``: the hosts
+    they ran on as nodes, or None (one host). Returns the model and the root-mean-square
+    relative error it leaves on the references.
     """
     if not references:
         raise ValueError("no reference runs to fit the network to")
@@ -54,8 +63,27 @@ def fit_loaded_network(references: list[tuple[Scenario, pd.DataFrame]], shared_c
                                  progress_s=float(alpha), shared_cores=shared_cores)
             error = 0.0
             for (sc, _), timing, wall in zip(references, timings, measured):
-                frame, _ = simulate_algorithm(sc, sc.algorithms[0], timing, model)
+                frame, _ = simulate_algorithm(sc, sc.algorithms[0], timing, model, hosts=hosts)
                 error += math.log(_wall(frame) / wall) ** 2
             if error < best_error:
                 best, best_error = model, error
     return best, math.sqrt(best_error / len(references))
+
+
+def fit_allreduce_on_hosts(points: list[tuple[int, int, float]], hosts: NodeTopology) -> tuple[NetworkModel, float]:
+    """The grid point under which allreduces on ``hosts`` take the measured times (squared log
+    error), and the rms relative error left. ``points``: (ranks, bytes per rank, seconds) of
+    allreduces all ranks joined at once. ``harness.sim.network.fit_to_allreduce`` solves this in
+    closed form on one host; the NICs' queues make the time nonlinear in alpha and beta."""
+    points = [p for p in points if p[0] == len(hosts.node_of) and p[2] > 0]
+    if len(points) < 2:
+        raise ValueError(f"need allreduce times of {len(hosts.node_of)} ranks at 2 or more sizes (got {len(points)})")
+    best, best_error = None, math.inf
+    for alpha in ALPHAS:
+        for bandwidth in BANDWIDTHS:
+            model = NetworkModel(latency_s=float(alpha), bandwidth_bytes_per_s=float(bandwidth))
+            error = sum(math.log(predict_allreduce_s(ranks, nbytes, model, hosts=hosts) / seconds) ** 2
+                        for ranks, nbytes, seconds in points)
+            if error < best_error:
+                best, best_error = model, error
+    return best, math.sqrt(best_error / len(points))

@@ -11,6 +11,10 @@ A message of b bytes posted at time t from src to dst:
    latencies. Other messages are released at t.
 2. From its release it takes the calibrated base cost ``alpha + b / base_bandwidth`` to arrive.
 
+The nodes may also be the hosts of a multi-host run (``hosts``, from ``harness.sim.hosts``):
+their NICs are then real, not the native emulator's, and the same rule models how the messages
+of a host's ranks queue on its NIC; only the emulator's wake-up (``progress_s``) is left out.
+
 A send completes (its buffer may be reused, the next schedule step may start) at its release:
 the native layer hands it to MPI then, and MPI's shared-memory sends complete locally.
 
@@ -99,13 +103,23 @@ class _Resource:
 
 class SimNetwork:
     """Message timing for ``ranks`` ranks: base alpha-beta plus the scenario's emulated links and
-    topology of nodes (``harness.scenario.network.NodeTopology``)."""
+    topology of nodes (``harness.scenario.network.NodeTopology``), or the hosts of a multi-host
+    run as nodes."""
 
     def __init__(self, ranks: int, base: NetworkModel, links: list[Link] = (),
                  ring_threshold_bytes: int = RING_THRESHOLD_BYTES, topology: NodeTopology | None = None,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, hosts: NodeTopology | None = None) -> None:
         """``clock``: the simulated time now, before which no message is posted any more (lets the
-        network forget old reservations); without one it keeps the last 10 s before each post."""
+        network forget old reservations); without one it keeps the last 10 s before each post.
+
+        ``hosts``: instead of an emulated ``topology``, the real hosts the ranks ran on, as nodes
+        (``harness.sim.hosts.hosts_topology``). Their paths hold messages by the same rule, but a
+        real NIC hands a message on by itself: no progress-thread wake-up (``base.progress_s``) is
+        added unless the pair also has an emulated link."""
+        if topology is not None and hosts is not None:
+            raise ValueError("give the scenario's emulated topology or the run's hosts, not both")
+        self._wake_on_topology = hosts is None  # only the native emulator needs a progress thread to release
+        topology = topology if hosts is None else hosts
         self.ranks = ranks
         self.clock = clock
         self.alpha = base.latency_s
@@ -166,14 +180,16 @@ class SimNetwork:
             held = held | (same & self._intra_emulated) | (~same & self._inter_emulated)
         return held & (src != dst)
 
-    def _path(self, src: int, dst: int) -> tuple[list[tuple[_Resource, float]], float]:
-        """The resources (with their seconds per byte) a message src -> dst crosses, and its
-        latency; unlimited resources are left out (they queue nothing)."""
+    def _path(self, src: int, dst: int) -> tuple[list[tuple[_Resource, float]], float, bool]:
+        """The resources (with their seconds per byte) a message src -> dst crosses, its latency,
+        and whether the native emulator holds it (then releasing it costs a wake-up);
+        unlimited resources are left out (they queue nothing)."""
         cached = self._paths.get((src, dst))
         if cached is not None:
             return cached
         path, latency = [], 0.0
         link = self._links.get((src, dst))
+        wakes = link is not None or self._wake_on_topology
         if link is not None:
             latency += link[0]
             path.append((("link", src, dst), link[1]))
@@ -188,8 +204,8 @@ class SimNetwork:
                 path.append((("fabric",), self._fabric_inv))
                 path.append((("in", b), self._nic[1]))
         resources = [(self._resources.setdefault(key, _Resource()), inv_bw) for key, inv_bw in path if inv_bw > 0]
-        self._paths[(src, dst)] = (resources, latency)
-        return resources, latency
+        self._paths[(src, dst)] = (resources, latency, wakes)
+        return resources, latency, wakes
 
     def load_factor(self) -> float:
         """How much slower the progress threads are now: ``computing / shared_cores``, at least 1.
@@ -206,14 +222,14 @@ class SimNetwork:
         """Release time of a message on an emulated path (reserves it), by the native layer's rule:
         on each resource it starts no earlier than on the previous one, after the messages posted
         before it; it is released when its last byte has crossed them all, plus the latencies."""
-        path, latency = self._path(src, dst)
+        path, latency, wakes = self._path(src, dst)
         now = self.clock() if self.clock is not None else post - 10.0
         start = finish = post
         for resource, inv_bw in path:
             transfer = nbytes * inv_bw
             start = resource.reserve(post, start, transfer, now)
             finish = max(finish, start + transfer)
-        return finish + latency + self.progress * self.load_factor()
+        return finish + latency + (self.progress * self.load_factor() if wakes else 0.0)
 
     def message(self, src: int, dst: int, nbytes: float, post: float) -> tuple[float, float]:
         """(release, arrival) of one message posted at ``post``."""
@@ -545,10 +561,10 @@ def _run_small(schedule: Schedule, t: list[float], network: SimNetwork) -> list[
 
 
 def predict_allreduce_s(ranks: int, nbytes: int, base: NetworkModel,
-                        ring_threshold_bytes: int = RING_THRESHOLD_BYTES) -> float:
+                        ring_threshold_bytes: int = RING_THRESHOLD_BYTES, hosts: NodeTopology | None = None) -> float:
     """Predicted time of a blocking allreduce of ``nbytes`` per rank that all ranks join at once
-    (no emulated links): the slowest member's completion."""
-    network = SimNetwork(ranks, base, ring_threshold_bytes=ring_threshold_bytes)
+    (no emulated links; on ``hosts``, see :class:`SimNetwork`): the slowest member's completion."""
+    network = SimNetwork(ranks, base, ring_threshold_bytes=ring_threshold_bytes, hosts=hosts)
     schedule = network.allreduce_schedule(range(ranks), max(0, nbytes // FLOAT_BYTES))
     done = run_schedule(schedule, range(ranks), [0.0] * ranks, network)
     return max(done) if ranks else 0.0

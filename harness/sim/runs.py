@@ -20,6 +20,7 @@ from harness.algorithms import scenario_facts
 from harness.comm.call_log import CallLog  # needs neither MPI nor the native layer
 from harness.results.columns import COMM_CALL_COLUMNS, CommCallRecord, to_frame
 from harness.results.records import RunDirectory
+from harness.scenario.network import NodeTopology
 from harness.scenario.schema import Scenario
 from harness.sim.calibration import (
     DEFAULT_PATH,
@@ -30,6 +31,7 @@ from harness.sim.calibration import (
     NetworkModel,
     calibrate_command,
 )
+from harness.sim.hosts import SimTopology
 from harness.sim.simulate import SimStats, injection_arrays, simulate_scenario
 from harness.sim.timing import PredictiveTiming, TraceTiming
 from harness.workload.names import workload_labels
@@ -82,10 +84,11 @@ class SimulatedFrames(dict):
         self.comm_calls = comm_calls
 
 
-def _simulate(scenario: Scenario, network: NetworkModel, timing_for, on_done) -> tuple[SimulatedFrames, list[SimStats]]:
+def _simulate(scenario: Scenario, network: NetworkModel, timing_for, on_done,
+              hosts: NodeTopology | None) -> tuple[SimulatedFrames, list[SimStats]]:
     """``simulate_scenario``, with a call log around every rank's communicator if the scenario asks."""
     if not scenario.results.comm_calls:
-        frames, stats = simulate_scenario(scenario, network, timing_for, on_done)
+        frames, stats = simulate_scenario(scenario, network, timing_for, on_done, hosts=hosts)
         return SimulatedFrames(frames, {}), stats
     logs: dict[str, dict[int, CallLog]] = {}
 
@@ -94,36 +97,42 @@ def _simulate(scenario: Scenario, network: NetworkModel, timing_for, on_done) ->
         logs.setdefault(name, {})[rank] = log
         return log
 
-    frames, stats = simulate_scenario(scenario, network, timing_for, on_done, wrap_comm=log_calls)
+    frames, stats = simulate_scenario(scenario, network, timing_for, on_done, wrap_comm=log_calls, hosts=hosts)
     calls = {name: to_frame([CommCallRecord(name, rank, *call) for rank in sorted(by_rank)
                              for call in by_rank[rank].calls], COMM_CALL_COLUMNS)
              for name, by_rank in logs.items()}
     return SimulatedFrames(frames, calls), stats
 
 
-def predict(scenario: Scenario, entry: CalibrationEntry, on_done=None) -> tuple[SimulatedFrames, list[SimStats]]:
-    """Predictive simulation: calibrated network and compute, the scenario's injection."""
+def predict(scenario: Scenario, entry: CalibrationEntry, on_done=None,
+            hosts: NodeTopology | None = None) -> tuple[SimulatedFrames, list[SimStats]]:
+    """Predictive simulation: calibrated network and compute, the scenario's injection;
+    ``hosts``: the hosts of a multi-host run as nodes (``harness.sim.hosts.simulated_topology``)."""
     _, factors = injection_arrays(scenario)
     timing = PredictiveTiming(scenario, entry, factors)
-    return _simulate(scenario, entry.network, lambda _name: timing, on_done)
+    return _simulate(scenario, entry.network, lambda _name: timing, on_done, hosts)
 
 
 def replay(scenario: Scenario, real_steps: pd.DataFrame, network: NetworkModel,
-           on_done=None) -> tuple[SimulatedFrames, list[SimStats]]:
-    """Trace-driven simulation: each rank's local work as the real run measured it."""
+           on_done=None, hosts: NodeTopology | None = None) -> tuple[SimulatedFrames, list[SimStats]]:
+    """Trace-driven simulation: each rank's local work as the real run measured it; ``hosts``
+    as :func:`predict`."""
     def timing_for(name: str) -> TraceTiming:
         return TraceTiming(real_steps[real_steps["algorithm"] == name], scenario.ranks, scenario.workload.iterations)
 
-    return _simulate(scenario, network, timing_for, on_done)
+    return _simulate(scenario, network, timing_for, on_done, hosts)
 
 
 def write_simulated_run(path: Path, scenario: Scenario, frames: dict[str, pd.DataFrame], stats: list[SimStats],
                         mode: str, calibration: str | None, trace_ranks: int = DEFAULT_TRACE_RANKS,
-                        run_id: str | None = None, *, calibration_ranks: int | None) -> RunDirectory:
+                        run_id: str | None = None, *, calibration_ranks: int | None,
+                        topology: SimTopology | None = None) -> RunDirectory:
     """Write a simulated run directory at ``path`` (created; must not exist); ``run_id``
     defaults to the directory's name. ``calibration_ranks``: the rank count of the calibration
     entry used (None: the default network). comm_calls.csv is written when ``frames`` (from
-    :func:`predict` or :func:`replay`) holds call logs."""
+    :func:`predict` or :func:`replay`) holds call logs. ``topology``: the choice of
+    ``harness.sim.hosts.simulated_topology``, recorded as ``network_topology`` when there was
+    one to make (a scenario topology or a run's hosts)."""
     path.mkdir(parents=True)
     run = RunDirectory(path, scenario.name, run_id or path.name, datetime.now(timezone.utc).isoformat(timespec="seconds"))
     run.write_resolved_scenario(scenario.resolved_dict())
@@ -144,6 +153,7 @@ def write_simulated_run(path: Path, scenario: Scenario, frames: dict[str, pd.Dat
         "events": sum(s.events for s in stats),
         "host_s": sum(s.host_s for s in stats),
         **scenario_facts(scenario),
+        **({"network_topology": topology.record()} if topology is not None and topology.worth_recording else {}),
     })
     return run
 

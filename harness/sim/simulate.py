@@ -30,7 +30,7 @@ from harness.algorithms.base import AlgorithmContext
 from harness.injection import InjectionPlan
 from harness.results.columns import STEP_COLUMNS
 from harness.runner.loop import train
-from harness.scenario.network import link_table, node_topology
+from harness.scenario.network import NodeTopology, link_table, node_topology
 from harness.scenario.schema import Scenario
 from harness.sim.calibration import NetworkModel
 from harness.sim.comm import SimFabric
@@ -136,11 +136,12 @@ class SimulatedWork:
 def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
                        delays: np.ndarray | None = None, factors: np.ndarray | None = None,
                        wrap_comm: Callable[[int, object], object] | None = None,
-                       ) -> tuple[pd.DataFrame, SimStats]:
+                       hosts: NodeTopology | None = None) -> tuple[pd.DataFrame, SimStats]:
     """Simulate one algorithm of ``scenario``; returns its steps frame (STEP_COLUMNS) and stats.
 
     ``wrap_comm(rank, comm)``, if given, returns what the rank's algorithm and loop use instead
-    of its simulated communicator (e.g. a call log).
+    of its simulated communicator (e.g. a call log). ``hosts``: the hosts of a multi-host run
+    as nodes (``harness.sim.hosts``), for a scenario without ``network.topology``.
     """
     if delays is None or factors is None:
         delays, factors = injection_arrays(scenario)
@@ -148,7 +149,7 @@ def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
     count = communicated_floats(scenario)
     engine = SimEngine()
     network = SimNetwork(ranks, base, link_table(scenario), topology=node_topology(scenario),
-                         clock=lambda: engine.env.now)
+                         clock=lambda: engine.env.now, hosts=hosts)
     fabric = SimFabric(engine, network, ranks)
     evaluations = _Evaluations(engine, ranks, count, base, timing)
     cls = algorithm_class(params.name)
@@ -206,15 +207,17 @@ def _steps_frame(name: str, steps: list[np.ndarray], scenario: Scenario) -> pd.D
 def simulate_scenario(scenario: Scenario, base: NetworkModel, timing_for: Callable[[str], object],
                       on_done: Callable[[str, pd.DataFrame, SimStats], None] | None = None,
                       wrap_comm: Callable[[str, int, object], object] | None = None,
-                      ) -> tuple[dict[str, pd.DataFrame], list[SimStats]]:
+                      hosts: NodeTopology | None = None) -> tuple[dict[str, pd.DataFrame], list[SimStats]]:
     """Simulate every algorithm of ``scenario``; ``timing_for(name)`` gives its timing source,
-    ``wrap_comm(name, rank, comm)`` optionally wraps each rank's communicator."""
+    ``wrap_comm(name, rank, comm)`` optionally wraps each rank's communicator; ``hosts`` as
+    :func:`simulate_algorithm`."""
     delays, factors = injection_arrays(scenario)
     frames: dict[str, pd.DataFrame] = {}
     stats: list[SimStats] = []
     for params in scenario.algorithms:
         wrap = None if wrap_comm is None else (lambda r, c, name=params.name: wrap_comm(name, r, c))
-        frame, stat = simulate_algorithm(scenario, params, timing_for(params.name), base, delays, factors, wrap)
+        frame, stat = simulate_algorithm(scenario, params, timing_for(params.name), base, delays, factors, wrap,
+                                         hosts=hosts)
         frames[params.name] = frame
         stats.append(stat)
         if on_done is not None:

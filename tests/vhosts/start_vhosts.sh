@@ -106,7 +106,7 @@ healthy() {
         [ "$(bash "$HERE/vhost_exec.sh" "vh$k" hostname 2>/dev/null)" = "vh$k" ] || return 1
         [ -s "$BASE/run/sshd-vh$k.pid" ] && kill -0 "$(cat "$BASE/run/sshd-vh$k.pid")" 2>/dev/null || return 1
     done
-    "$BASE/bin/ssh" "vh$N" true 2>/dev/null
+    bash "$HERE/vhost_exec.sh" vh1 "$BASE/bin/ssh" "vh$N" true 2>/dev/null  # reachable only from a virtual host
 }
 hosts_line() { local k out=(); for k in $(seq "$N"); do out+=("vh$k"); done; echo "${out[*]}"; }
 if healthy; then

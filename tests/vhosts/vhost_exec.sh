@@ -6,7 +6,9 @@
 #   UCX_TLS=tcp          MPI's messages between virtual hosts cross their network: the hosts share
 #                        one kernel, and UCX, seeing that, would otherwise move them through
 #                        shared memory around the network (and around any shaping of it).
-# Both reach the ranks: Hydra and sbatch pass the launching environment on.
+# Both reach the ranks: Hydra and sbatch pass the launching environment on. With
+# HARNESS_VHOST_NO_SSH=1, HYDRA_LAUNCHER_EXEC is left out: for SLURM jobs, whose Hydra starts its
+# proxies with srun and would take HYDRA_LAUNCHER_EXEC for the path of srun.
 # Exit status: CMD's; 2 when HOST is not a running virtual host.
 set -u
 NS_DIR=/run/harness-vhosts
@@ -19,5 +21,10 @@ if [ ! -e "/run/netns/harness-$host" ] || [ ! -e "$NS_DIR/$host.uts" ]; then
     echo "vhost_exec.sh: no virtual host '$host' (start it with tests/vhosts/start_vhosts.sh)" >&2; exit 2
 fi
 BASE=${HARNESS_VHOSTS_DIR:-/var/lib/harness-vhosts}
-export HYDRA_LAUNCHER_EXEC=$BASE/bin/ssh UCX_TLS=tcp
+export UCX_TLS=tcp
+if [ "${HARNESS_VHOST_NO_SSH:-}" = 1 ]; then
+    unset HYDRA_LAUNCHER_EXEC
+else
+    export HYDRA_LAUNCHER_EXEC=$BASE/bin/ssh
+fi
 exec nsenter --net="/run/netns/harness-$host" --uts="$NS_DIR/$host.uts" --time="$NS_DIR/$host.time" -- "$@"

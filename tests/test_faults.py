@@ -165,6 +165,15 @@ def test_rank_that_never_reports_in_is_named_after_the_startup_timeout():
     assert planned.check(absent, 6.0, set()).message.startswith("ranks 1 (on host vh2) and 2 (on host vh3) did not")
     # In a job the user started every rank runs already: no start-up verdict.
     assert Watchdog(dog_scenario, 0.0, startup=False).check(absent, 6.0, set()) is None
+    # Ranks that reported in before MPI's start-up and wait there for the absent one are named too.
+    waiting = [_state(0, Phase.STARTING, iteration=-1, algorithm=-1, progress_at=1.0, host="vh1"),
+               _state(1, Phase.STARTING, iteration=-1, algorithm=-1, progress_at=1.0, host="vh2"),
+               _state(2, Phase.NOT_STARTED, pid=0)]
+    assert planned.check(waiting, 4.0, set()) is None
+    assert planned.timeout(waiting[0], waiting)[0] == 5.0  # MPI's start-up: the start-up timeout
+    assert planned.check(waiting, 6.0, set()).message == (
+        "rank 2 (on host vh2) did not start within startup_timeout_s (5 s; waited 6.0 s); ranks 0, 1 started and "
+        "wait for it in MPI's start-up")
 
 
 def test_silence_is_counted_from_the_launch_at_the_earliest():

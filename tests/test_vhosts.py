@@ -263,7 +263,8 @@ def test_sbatch_on_two_virtual_nodes(bed, clean_hosts, tmp_path):
     proc = on("vh1", "sbatch", "--parsable", str(script), timeout=60, env=_slurm_env())
     assert proc.returncode == 0, proc.stderr
     job = proc.stdout.strip().split(";")[0]
-    deadline, state = time.monotonic() + RUN_TIMEOUT_S, ""
+    submitted = time.monotonic()
+    deadline, state = submitted + RUN_TIMEOUT_S, ""
     while time.monotonic() < deadline:
         state, exit_code = _job_state(job)
         if state not in ("", "PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
@@ -272,6 +273,7 @@ def test_sbatch_on_two_virtual_nodes(bed, clean_hosts, tmp_path):
     logs = list((out / "vhosts").glob("slurm-*.out"))
     output = logs[0].read_text(errors="replace")[-3000:] if logs else "(no job output)"
     assert state == "COMPLETED", f"job {job}: {state}\n{output}"
+    print(f"\nSLURM job on two virtual nodes: submitted to done in {time.monotonic() - submitted:.1f} s", file=sys.stderr)
     meta = json.loads((only_run(out, "vhosts") / "run.json").read_text())
     assert meta["status"] == "complete" and meta["hosts"] == 2, meta
     assert set(meta["rank_hosts"]) == {"vh1", "vh2"}, meta["rank_hosts"]
@@ -327,6 +329,7 @@ def test_a_host_that_never_starts_its_ranks_is_named(bed, clean_hosts, tmp_path)
     assert ("error: rank 2 (on host vh3) did not start within startup_timeout_s (8 s" in proc.stderr
             and "; ranks 0, 1 started and wait for it in MPI's start-up" in proc.stderr), proc.stderr[-3000:]
     assert took < WATCHDOG["startup_timeout_s"] + 30, took
+    print(f"\nvh3 never started its rank: named and stopped {took:.1f} s after the launch", file=sys.stderr)
 
 
 def test_ranks_the_user_starts_are_watched_too(bed, clean_hosts, tmp_path):
@@ -341,6 +344,7 @@ def test_ranks_the_user_starts_are_watched_too(bed, clean_hosts, tmp_path):
     assert proc.returncode != 0, proc.stderr[-3000:]
     assert re.search(r"rank 2 \(pid \d+ on host vh2\) made no progress", proc.stderr), proc.stderr[-3000:]
     assert took < RUN_TIMEOUT_S / 2, took
+    print(f"\nranks the user started: the hang on vh2 aborted the job {took:.1f} s after mpiexec started", file=sys.stderr)
 
 
 # ------------------------------------------------------------------------------------------------

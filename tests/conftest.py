@@ -166,14 +166,33 @@ def quick_figure_scenario(name: str) -> dict:
 def figure_results(tmp_path_factory) -> dict[str, Path]:
     """Quick real runs of the straggler and slow-link scenarios (see ``quick_figure_scenario``),
     each with ``compare`` applied (a fixed calibration: 0.3 ms, 1 GB/s, 3 ms of compute): the
-    results the figure scripts read. Maps scenario name to run directory."""
-    root = tmp_path_factory.mktemp("figure_results")
-    calibration = save_test_calibration(root / "calibration.json", 4, [("mlp", "mnist5k", 32, 0.003)])
-    runs = {}
-    for name in ("straggler", "slow_link"):
-        (root / name).mkdir()
-        run = run_scenario(root / name, quick_figure_scenario(name))
-        proc = harness_cli("compare", str(run), "--calibration", str(calibration))
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        runs[name] = run
-    return runs
+    results the figure scripts read. Maps scenario name to run directory.
+
+    Made once per test session: under pytest-xdist the first worker that needs them makes them
+    in the session's directory (above every worker's own), under a lock, and the others read
+    what it recorded (three test files use them; they took about 70 s)."""
+    import fcntl
+    import tempfile
+
+    shared = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        shared = shared.parent
+    made = shared / "figure_results.json"
+    with open(shared / "figure_results.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if made.exists():
+                return {name: Path(run) for name, run in json.loads(made.read_text()).items()}
+            root = Path(tempfile.mkdtemp(prefix="figure_results", dir=shared))
+            calibration = save_test_calibration(root / "calibration.json", 4, [("mlp", "mnist5k", 32, 0.003)])
+            runs = {}
+            for name in ("straggler", "slow_link"):
+                (root / name).mkdir()
+                run = run_scenario(root / name, quick_figure_scenario(name))
+                proc = harness_cli("compare", str(run), "--calibration", str(calibration))
+                assert proc.returncode == 0, proc.stderr[-3000:]
+                runs[name] = run
+            made.write_text(json.dumps({name: str(run) for name, run in runs.items()}))
+            return runs
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

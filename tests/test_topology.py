@@ -169,6 +169,7 @@ def test_an_allreduce_across_hosts_is_slower_by_the_nic() -> None:
 # -- a whole run ----------------------------------------------------------------------------------
 
 @pytest.mark.mpi
+@pytest.mark.timing
 def test_a_run_on_two_emulated_nodes_pays_for_the_nic_and_its_simulation_agrees(tmp_path) -> None:
     """`harness run` with a topology: 4 ranks as 2 nodes of 2 behind 0.2 Gb/s NICs, a 1 MB buffer.
     Every allreduce (a flat ring) puts 1.5 MB through each NIC: at 25 MB/s at least 60 ms per
@@ -204,6 +205,7 @@ def reports(tmp_path_factory):
 
 
 @pytest.mark.mpi
+@pytest.mark.timing  # nic_contention_agrees_with_the_simulator compares measured times (one launch for all)
 @pytest.mark.parametrize("ranks", RANK_COUNTS)
 @pytest.mark.parametrize("check", check_names("topology_checks.py"))
 def test_topology_under_mpi(reports, ranks: int, check: str) -> None:

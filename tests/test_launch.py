@@ -63,7 +63,8 @@ def test_command_lines(no_slurm, tmp_path):
         Launch().command(0, ["x"])
 
 
-def test_watchdog_sees_only_single_host_jobs(no_slurm, tmp_path):
+def test_single_host_jobs_are_told_from_multi_host_ones(no_slurm, tmp_path):
+    """Single host: the watchdog listens on 127.0.0.1; otherwise on an address the hosts reach."""
     local, remote = tmp_path / "local", tmp_path / "remote"
     local.write_text("localhost:2\n127.0.0.1\n")
     remote.write_text("localhost\nnode7.cluster:8\n")

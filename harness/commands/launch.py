@@ -112,7 +112,7 @@ def _create_run_dir(scenario, out: str, script: str) -> Path:
 
 
 def _start(scenario, ranks: int, argv: list[str], launch, env: dict, what: str) -> int:
-    """Run ``argv`` on ``ranks`` ranks, watched when they all run here; the exit status."""
+    """Run ``argv`` on ``ranks`` ranks, watched wherever they run; the exit status."""
     from harness.launch import LaunchError
     from harness.runner.watchdog import run_watched
 

@@ -168,7 +168,7 @@ def test_rank_that_never_reports_in_is_named_after_the_startup_timeout():
     # Ranks that reported in before MPI's start-up and wait there for the absent one are named too.
     waiting = [_state(0, Phase.STARTING, iteration=-1, algorithm=-1, progress_at=1.0, slowest=0.0, host="vh1"),
                _state(1, Phase.STARTING, iteration=-1, algorithm=-1, progress_at=1.0, slowest=0.0, host="vh2"),
-               _state(2, Phase.NOT_STARTED, pid=0)]
+               _state(2, Phase.NOT_STARTED, pid=0, slowest=0.0)]
     assert planned.check(waiting, 4.0, set()) is None
     assert planned.timeout(waiting[0], waiting)[0] == 5.0  # MPI's start-up: the start-up timeout
     assert planned.check(waiting, 6.0, set()).message == (

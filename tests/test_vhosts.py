@@ -14,7 +14,8 @@ What is shown here:
   earliest end on the common clock);
 * ``sbatch`` of ``python -m harness sbatch FILE --nodes 2`` on a SLURM of two virtual nodes;
 * the watchdog across hosts: a rank killed on vh2 and a rank hung on vh2 are named with their
-  host; a host that is down (its link cut) is named after the start-up timeout; ranks started by
+  host; a host whose ranks never start (its sshd frozen, as on a hung node) is named after the
+  start-up timeout, with the ranks that wait for it; ranks started by
   the user's own ``mpiexec`` are watched too (a hang ends in MPI_Abort, the culprit named); and
   nothing is left running on any virtual host afterwards;
 * ``calibrate --hosts`` and ``compare`` of a multi-host run: hosts are the simulated nodes;

@@ -93,6 +93,21 @@ def harness_cli(*args: str, timeout: float = 300, prefix: Sequence[str] = (),
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+def processes_mentioning(marker: str) -> list[str]:
+    """Command lines of live processes that mention ``marker`` (a run directory, a scenario)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append(cmdline)
+    return found
+
+
 def write_scenario_file(tmp_path: Path, data: dict) -> Path:
     path = tmp_path / f"{data['name']}.yaml"
     path.write_text(yaml.safe_dump(data))

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import harness_cli, write_scenario_file
+from conftest import harness_cli, processes_mentioning, write_scenario_file
 from harness.faults import FaultPlan
 from harness.results import atomic
 from harness.runner.heartbeat import Heartbeat, Phase
@@ -251,21 +251,6 @@ def test_a_writer_killed_mid_write_leaves_the_old_file_whole(tmp_path):
 # --- whole runs under real mpiexec --------------------------------------------------------------
 
 
-def _processes_mentioning(marker: str) -> list[str]:
-    """Command lines of live processes that mention ``marker`` (a run directory)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmdline:
-            found.append(cmdline)
-    return found
-
-
 def _only_run(root: Path, name: str) -> Path:
     (run,) = (root / name).iterdir()
     return run
@@ -277,7 +262,7 @@ def _assert_failed_cleanly(run: Path, finished: list[str]) -> dict:
     assert not list(run.rglob(f".*{atomic.PARTIAL_SUFFIX}"))
     steps = pd.read_csv(run / "steps.csv")
     assert sorted(set(steps["algorithm"])) == sorted(finished)
-    assert not _processes_mentioning(str(run)), "ranks left running"
+    assert not processes_mentioning(str(run)), "ranks left running"
     return meta
 
 
@@ -333,7 +318,7 @@ def test_rank_that_starts_too_late_is_named(tmp_path):
         proc.stderr[-3000:]
     run = _only_run(tmp_path / "out", "faulty")
     assert json.loads((run / "run.json").read_text())["status"] == "failed"
-    assert not _processes_mentioning(str(run))
+    assert not processes_mentioning(str(run))
 
 
 def _start_in_background_of_a_script(cmd: list[str]) -> tuple[subprocess.Popen, int]:
@@ -387,7 +372,7 @@ def test_sigint_stops_every_rank_quietly_and_keeps_finished_algorithms(tmp_path,
     meta = json.loads(run_json.read_text())
     assert meta["status"] == "incomplete" and meta["finished_algorithms"] == ["allreduce_sgd"]
     assert "interrupted" in meta["stopped"]
-    assert not _processes_mentioning(str(run_json.parent))
+    assert not processes_mentioning(str(run_json.parent))
     # Only the harness's own message: no traceback, nothing from MPICH's mpiexec (its "BAD
     # TERMINATION" report, its "Sending Ctrl-C to processes").
     assert f"interrupted: finished algorithms are kept in {run_json.parent}" in err

@@ -12,11 +12,10 @@ import socket
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from conftest import harness_cli, write_scenario_file
+from conftest import harness_cli, processes_mentioning, write_scenario_file
 from harness.launch import Launch, descends_from, hydra_placement, mpiexec_path, read_hosts, start_ranks, stop_job
 from harness.runner import heartbeat_net
 from harness.runner.heartbeat import FIELDS, Field, Heartbeat, Phase
@@ -219,25 +218,11 @@ def test_slurm_placement_from_the_allocation(monkeypatch, tmp_path):
 # --- whole jobs under real mpiexec ---------------------------------------------------------------------
 
 
-def _processes_mentioning(marker: str) -> list[str]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmdline:
-            found.append(cmdline)
-    return found
-
-
 def _left_running(marker: str, wait_s: float = 5.0) -> list[str]:
     """Processes mentioning ``marker`` that are still there after at most ``wait_s`` (processes
     just killed may take a moment to go on a loaded machine; leftovers stay)."""
-    _until(lambda: not _processes_mentioning(marker), wait_s)
-    return _processes_mentioning(marker)
+    _until(lambda: not processes_mentioning(marker), wait_s)
+    return processes_mentioning(marker)
 
 
 def test_only_the_launchers_descendants_count_as_its_local_ranks():

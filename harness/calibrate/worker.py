@@ -64,18 +64,12 @@ import numpy as np
 
 from harness.calibrate import measure
 from harness.calibrate.measure import Plan, Workload
+from harness.comm.asleep import quiet_barrier
 
 
 def _say(rank: int, text: str) -> None:
     if rank == 0:
         print(text, file=sys.stderr, flush=True)
-
-
-def quiet_barrier(world: Any, poll_s: float = 0.001) -> None:
-    """An MPI barrier that sleeps while it waits (MPICH's blocking Barrier spins a core)."""
-    req = world.Ibarrier()
-    while not req.Test():
-        time.sleep(poll_s)
 
 
 # -- 1. point to point ----------------------------------------------------------------------------

@@ -40,10 +40,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from harness.comm.asleep import wait_asleep
+
 REFERENCE = "rank 0's CLOCK_MONOTONIC"
 EXCHANGES = 32  # per rank and estimate: a few ms in all on one host, tens of ms across a network
 _TURN, _PING, _PONG = 7101, 7102, 7103  # tags, on the clock's own communicator
-_MAX_PAUSE_S = 5e-4  # longest sleep between tests of a request a rank waits on
 
 
 class Estimate(NamedTuple):
@@ -91,20 +92,12 @@ def drift(start: Sequence[Estimate], end: Sequence[Estimate]) -> tuple[list[floa
     return drift_s, per_s
 
 
-def _wait(request) -> None:
-    """Wait for ``request``, sleeping between tests (from 10 us, doubling, to 0.5 ms): ranks
-    usually outnumber cores, and a rank spinning in MPI while it waits its turn would take the
-    CPU from the two ranks whose exchange is being timed."""
-    pause = 1e-5
-    while not request.Test():
-        time.sleep(pause)
-        pause = min(pause * 2, _MAX_PAUSE_S)
-
-
 def _estimate(comm, exchanges: int) -> list[Estimate]:
     """Collective on ``comm``: every rank's estimate, in rank order, on every rank."""
     rank, size = comm.Get_rank(), comm.Get_size()
-    _wait(comm.Ibarrier())  # ranks arrive at different times: wait asleep, not in rank 0's Recv
+    # Waits asleep: a rank spinning while it waits its turn would take the CPU from the two ranks
+    # whose exchange is being timed.
+    wait_asleep(comm.Ibarrier())  # ranks arrive at different times: not in rank 0's Recv
     buf = np.zeros(1)
     mine = np.zeros(4)  # offset, round trip, ref time, exchanges
     if rank == 0:
@@ -116,7 +109,7 @@ def _estimate(comm, exchanges: int) -> list[Estimate]:
                 comm.Send(buf, dest=peer, tag=_PONG)
         mine[:] = (0.0, 0.0, time.monotonic(), 0)
     else:
-        _wait(comm.Irecv(buf, source=0, tag=_TURN))
+        wait_asleep(comm.Irecv(buf, source=0, tag=_TURN))
         samples = np.empty((exchanges, 3))
         for k in range(exchanges):  # blocking here: both sides are busy only for this exchange
             t_send = time.monotonic()
@@ -126,7 +119,7 @@ def _estimate(comm, exchanges: int) -> list[Estimate]:
             samples[k] = (t_send, buf[0], t_recv)
         mine[:] = best_exchange(samples)
     everyone = np.empty((size, 4))
-    _wait(comm.Iallgather(mine, everyone))  # rank 0 may still be serving later ranks
+    wait_asleep(comm.Iallgather(mine, everyone))  # rank 0 may still be serving later ranks
     return [Estimate(float(o), float(r), float(t), int(n)) for o, r, t, n in everyone]
 
 
@@ -153,7 +146,7 @@ class Clock:
         if exchanges < 1:
             raise ValueError(f"exchanges must be >= 1 (got {exchanges})")
         comm, request = world.Idup()  # its own context: no other message can match the clock's
-        _wait(request)
+        wait_asleep(request)
         rank_hosts = comm.allgather(socket.gethostname())
         return cls(comm, rank_hosts, _estimate(comm, exchanges), exchanges)
 

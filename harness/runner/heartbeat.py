@@ -122,11 +122,6 @@ class Heartbeat:
         self._slowest = 0.0
         self._done = 0
 
-    @classmethod
-    def from_env(cls, rank: int) -> Heartbeat:
-        """The heartbeat to the launcher's watchdog (``HARNESS_HEARTBEAT``), or a no-op one."""
-        return cls(os.environ.get(ENV_VAR), rank)
-
     @property
     def watched(self) -> bool:
         """Whether a watchdog receives this rank's beats."""

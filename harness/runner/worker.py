@@ -62,6 +62,7 @@ def _train_all(world, run, scenario, faults, beat) -> None:
     from harness.algorithms import scenario_facts
     from harness.algorithms.base import AlgorithmContext
     from harness.comm import Communicator
+    from harness.comm.asleep import quiet_barrier
     from harness.comm.call_log import CallLog
     from harness.device import dataset_on, local_rank, mpi_cuda_aware, torch_device
     from harness.injection import InjectionPlan
@@ -79,6 +80,10 @@ def _train_all(world, run, scenario, faults, beat) -> None:
     from harness.workload import configure_torch_threads, scenario_dataset, shard_indices
 
     rank = world.rank
+    # The ranks arrive here as their imports finish (torch alone takes seconds of CPU, and ranks
+    # often outnumber cores): the first collective would have the early ones poll a core that
+    # the late ones are importing on. They sleep instead.
+    quiet_barrier(world)
     on_host = local_rank(world)
     hosts = world.allreduce(int(on_host == 0))  # one local rank 0 per host
     device = torch_device(scenario.workload.device, on_host)

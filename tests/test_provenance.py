@@ -63,6 +63,21 @@ def test_expected_bytes_of_the_issue_scenario():
     assert full - final == pytest.approx(2 * 4 * MODEL_BYTES, abs=20_000)
 
 
+def test_a_run_that_keeps_nothing_is_checked_without_torch():
+    """`harness run`'s own process checks the disk before it launches; where the run keeps no
+    provenance (emulated compute by default) that must not cost it torch's import (seconds of
+    CPU on a machine whose cores the ranks are about to share)."""
+    import subprocess
+    import sys
+
+    script = (f"import sys; from harness.scenario import scenario_from_dict; "
+              f"from harness.results.provenance import disk_problem; "
+              f"print(disk_problem(scenario_from_dict({PAPER_SCALE!r}), 2, '.'), 'torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["None", "False"]
+
+
 def test_human_bytes():
     assert [provenance.human_bytes(n) for n in (0, 999, 1000, 12_345, 879_400_000, 1_126_000_000)] == [
         "0 B", "999 B", "1 kB", "12.3 kB", "879 MB", "1.13 GB"]

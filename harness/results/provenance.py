@@ -57,11 +57,11 @@ def level(scenario: Scenario) -> str:
 
 def expected_bytes(scenario: Scenario, algorithms: int) -> int:
     """An upper bound of what a run training ``algorithms`` algorithms writes into ``provenance/``."""
+    keep = level(scenario)
+    if keep == NONE:  # before the import: `harness run`'s own process need not load torch then
+        return 0
     from harness.workload import communicated_floats, dataset_facts  # noqa: PLC0415  (imports torch)
 
-    keep = level(scenario)
-    if keep == NONE:
-        return 0
     model = FLOAT32 * communicated_floats(scenario)
     initial = model + FILE_OVERHEAD
     shards = INT64 * dataset_facts(scenario).samples + FILE_OVERHEAD * (1 + scenario.ranks)

@@ -11,11 +11,12 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from harness.results import atomic
+
+if TYPE_CHECKING:  # pandas is imported where frames are made: every rank uses the record types,
+    import pandas as pd  # only rank 0 makes frames, and pandas costs each process 0.35 s of CPU
 
 STEP_COLUMNS = (
     "algorithm",
@@ -194,6 +195,8 @@ def _typed(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
 
 def to_frame(records: Iterable[Any] | pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
     """A typed DataFrame from records (anything with ``as_row()``) or an existing DataFrame."""
+    import pandas as pd  # noqa: PLC0415  (see the imports)
+
     if isinstance(records, pd.DataFrame):
         return _typed(records, columns)
     rows = [r.as_row() for r in records]
@@ -203,6 +206,8 @@ def to_frame(records: Iterable[Any] | pd.DataFrame, columns: Sequence[str]) -> p
 
 def read_frame(path: str | Path, columns: Sequence[str]) -> pd.DataFrame:
     """Read one of the run's CSV files back with the schema's dtypes; empty if absent."""
+    import pandas as pd  # noqa: PLC0415  (see the imports)
+
     path = Path(path)
     if not path.exists():
         return to_frame([], columns)

@@ -1,7 +1,7 @@
 """The run directory: collects a run's records and writes (or reads back) every file of it.
 
-The top of ``harness.results``: it builds on ``columns`` (the files' columns and record
-types), ``summary`` and ``trace``, none of which imports it. The file layout is documented in
+The top of ``harness.results``: it builds on ``layout`` (the files' names), ``columns`` (the
+files' columns and record types), ``summary`` and ``trace``, none of which imports it. The file layout is documented in
 ``results/README.md``.
 """
 
@@ -34,21 +34,23 @@ from harness.results.columns import (
     read_frame,
     to_frame,
 )
+from harness.results.layout import (  # noqa: F401  (the names of the files, re-exported here)
+    COMM_CALLS_FILE,
+    COMM_OPS_FILE,
+    EVALS_FILE,
+    PROVENANCE_DIR,
+    RUN_FILE,
+    SCENARIO_FILE,
+    STEPS_FILE,
+    SUMMARY_FILE,
+    SUMMARY_TABLE_FILE,
+    TRACE_FILE,
+    read_run_json,
+)
 from harness.results.summary import format_table, summarize
 from harness.results.trace import chrome_trace
 
 RUN_STATUSES = ("complete", "incomplete", "failed")
-
-STEPS_FILE = "steps.csv"
-EVALS_FILE = "evals.csv"
-COMM_OPS_FILE = "comm_ops.csv"
-COMM_CALLS_FILE = "comm_calls.csv"  # only when the scenario sets results.comm_calls
-SUMMARY_FILE = "summary.csv"
-SUMMARY_TABLE_FILE = "summary.txt"
-TRACE_FILE = "trace.json"
-SCENARIO_FILE = "scenario.resolved.yaml"
-RUN_FILE = "run.json"
-PROVENANCE_DIR = "provenance"
 
 
 def _concat(frames: Iterable[pd.DataFrame], columns: Sequence[str]) -> pd.DataFrame:
@@ -130,9 +132,7 @@ class RunDirectory:
         path = Path(path)
         if not path.is_dir():
             raise FileNotFoundError(f"no run directory at {path}")
-        meta: dict[str, Any] = {}
-        if (path / RUN_FILE).exists():
-            meta = json.loads((path / RUN_FILE).read_text(encoding="utf-8"))
+        meta = read_run_json(path)
         run = cls(
             path,
             meta.get("scenario", path.parent.name),

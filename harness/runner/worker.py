@@ -17,7 +17,6 @@ from pathlib import Path
 def main(run_dir: str, resume: bool = False) -> int:
     from harness.faults import FaultPlan
     from harness.launch import launcher_rank
-    from harness.results.records import RunDirectory
     from harness.runner.heartbeat import Phase
     from harness.runner.watchdog import join_watchdog, report_in_before_mpi
     from harness.scenario import load_scenario
@@ -33,7 +32,11 @@ def main(run_dir: str, resume: bool = False) -> int:
 
     world = MPI.COMM_WORLD
     rank = world.rank
-    run = RunDirectory.open(run_dir)
+    run = None
+    if rank == 0:  # only rank 0 writes results: the others never load the records (nor pandas)
+        from harness.results.records import RunDirectory
+
+        run = RunDirectory.open(run_dir)
     if world.size != scenario.ranks:
         raise SystemExit(f"error: scenario needs {scenario.ranks} ranks, this job has {world.size}")
     faults = FaultPlan(scenario, rank, enabled=not resume)
@@ -45,7 +48,7 @@ def main(run_dir: str, resume: bool = False) -> int:
         "failed", {"error": v.message, "fault": v.as_json()}), early=early)
     beat.report_in()
     try:
-        _train_all(world, run, scenario, faults, beat)
+        _train_all(world, Path(run_dir), run, scenario, faults, beat)
     except BaseException:
         beat.stage(Phase.FAILED)
         raise
@@ -54,8 +57,9 @@ def main(run_dir: str, resume: bool = False) -> int:
     return 0
 
 
-def _train_all(world, run, scenario, faults, beat) -> None:
-    """Every algorithm not finished yet, in the scenario's order; rank 0 writes after each."""
+def _train_all(world, run_dir: Path, run, scenario, faults, beat) -> None:
+    """Every algorithm not finished yet, in the scenario's order; rank 0 writes (into ``run``,
+    None on the other ranks) after each."""
     import torch
 
     from harness.algorithms import algorithm_class
@@ -67,10 +71,9 @@ def _train_all(world, run, scenario, faults, beat) -> None:
     from harness.device import dataset_on, local_rank, mpi_cuda_aware, torch_device
     from harness.injection import InjectionPlan
     from harness.results.columns import CommCallRecord
+    from harness.results.layout import PROVENANCE_DIR, finished_algorithms
     from harness.results.provenance import ProvenanceWriter
     from harness.results.provenance import level as provenance_level
-    from harness.results.records import PROVENANCE_DIR
-    from harness.results.summary import format_table
     from harness.runner.clock import Clock
     from harness.runner.heartbeat import Phase
     from harness.runner.local_work import LocalWork
@@ -97,7 +100,7 @@ def _train_all(world, run, scenario, faults, beat) -> None:
     plan = InjectionPlan.from_scenario(scenario)
     dataset = dataset_on(scenario_dataset(scenario), device)
 
-    provenance = ProvenanceWriter(run.path / PROVENANCE_DIR, provenance_level(scenario))
+    provenance = ProvenanceWriter(run_dir / PROVENANCE_DIR, provenance_level(scenario))
     if provenance.keeps_anything:
         shards = world.gather(shard_indices(dataset.num_train, scenario.ranks, rank, scenario.seed), root=0)
         if rank == 0:
@@ -105,7 +108,8 @@ def _train_all(world, run, scenario, faults, beat) -> None:
 
     # Every rank's offset from rank 0's clock, so that all records are on one clock across hosts.
     clock = Clock.synchronize(world)
-    finished = [a.name for a in scenario.algorithms if a.name in run.finished_algorithms]
+    done_before = finished_algorithms(run_dir)  # what a resumed run has already
+    finished = [a.name for a in scenario.algorithms if a.name in done_before]
     for index, params in enumerate(scenario.algorithms):
         if params.name in finished:
             continue
@@ -146,6 +150,8 @@ def _train_all(world, run, scenario, faults, beat) -> None:
                     extra={**placement, "provenance": provenance.keep, **scenario_facts(scenario),
                            **clock.run_json()})
     if rank == 0:
+        from harness.results.summary import format_table
+
         print(format_table(write_summary(run, scenario)))
         print(provenance.report())
         print(f"results: {run.path}")

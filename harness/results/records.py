@@ -1,13 +1,12 @@
 """The run directory: collects a run's records and writes (or reads back) every file of it.
 
 The top of ``harness.results``: it builds on ``layout`` (the files' names), ``columns`` (the
-files' columns and record types), ``summary`` and ``trace``, none of which imports it. The file layout is documented in
-``results/README.md``.
+files' columns and record types), ``summary`` and ``trace``, none of which imports it. The
+file layout is documented in ``results/README.md``.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
@@ -186,7 +185,7 @@ class RunDirectory:
                         drop: Sequence[str] = ("error", "fault", "stopped")) -> Path:
         """Rewrite run.json with a new ``status``, keeping what it says (ranks, hosts, device,
         ...) except the keys in ``drop``; ``extra`` adds or replaces keys."""
-        meta = json.loads((self.path / RUN_FILE).read_text(encoding="utf-8"))
+        meta = read_run_json(self.path)
         own = {"run_id", "scenario", "started_at", "updated_at", "hosts", "ranks", "status", "finished_algorithms",
                "harness_version", "resumed_at"}
         kept = {k: v for k, v in meta.items() if k not in own and k not in drop}

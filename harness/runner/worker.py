@@ -17,11 +17,12 @@ from pathlib import Path
 def main(run_dir: str, resume: bool = False) -> int:
     from harness.faults import FaultPlan
     from harness.launch import launcher_rank
+    from harness.results.layout import SCENARIO_FILE
     from harness.runner.heartbeat import Phase
     from harness.runner.watchdog import join_watchdog, report_in_before_mpi
     from harness.scenario import load_scenario
 
-    scenario = load_scenario(Path(run_dir) / "scenario.resolved.yaml")
+    scenario = load_scenario(Path(run_dir) / SCENARIO_FILE)
     # Before MPI starts (it waits for every rank on every host): a slow_start strikes, then the
     # rank reports in, so the watchdog can tell a host that never starts from ranks that wait.
     early_rank = launcher_rank()

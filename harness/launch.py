@@ -37,6 +37,8 @@ INTERRUPT_GRACE_S = 5.0  # an interrupted rank ends within this, whatever it was
 RANKS_STOP_S = 2.5  # stop_job: for ranks given SIGINT to end by themselves (< INTERRUPT_GRACE_S)
 SIGNAL_STOP_S = 3.0  # stop_job: for the launcher after a signal to its process group
 IMPORT_RETRY_S = 0.05  # an interrupt arriving during an import is delivered again after this
+OUTPUT_DRAIN_S = 2.0  # abort_job_after_error: at most this long for the launcher to read the traceback
+OUTPUT_DRAIN_POLL_S = 0.005
 
 
 class LaunchError(HarnessError):
@@ -469,9 +471,48 @@ def abort_job_after_error() -> int:
     import traceback
 
     traceback.print_exc()
+    sys.stdout.flush()
     sys.stderr.flush()
     from mpi4py import MPI  # only ranks call this; the launching parent never imports mpi4py
 
     if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+        wait_until_output_is_read()
         MPI.COMM_WORLD.Abort(1)
     return 1
+
+
+def wait_until_output_is_read(fds: Sequence[int] = (1, 2), limit_s: float = OUTPUT_DRAIN_S) -> bool:
+    """Wait (sleeping, at most ``limit_s``) until whoever reads this process's stdout and stderr
+    pipes has taken all that was written to them; False if it has not by then.
+
+    Under mpiexec a rank's output goes through a pipe to Hydra's proxy, which forwards it. On
+    MPI_Abort the proxy kills the job at once, and what it has not read from the pipe by then
+    is lost: about one abort in ten under load lost the traceback that says why. Once the proxy
+    has read it, the forwarded text goes ahead of the abort on the same connection. Outputs
+    that are not pipes (a terminal, a file) have nothing in flight and are not waited for."""
+    import fcntl
+    import stat
+    import struct
+    import termios
+    import time
+
+    pipes = []
+    for fd in fds:
+        try:
+            if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                pipes.append(fd)
+        except OSError:
+            pass
+    deadline = time.monotonic() + limit_s
+    while True:
+        unread = 0
+        for fd in pipes:
+            try:
+                unread += struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+            except OSError:
+                pass
+        if unread == 0:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(OUTPUT_DRAIN_POLL_S)

@@ -5,13 +5,16 @@ What needs a real SLURM is in ``tests/test_slurm.py``."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
+import threading
+import time
 
 import pytest
 
 from conftest import harness_cli, write_scenario_file
-from harness.launch import Launch, LaunchError, inside_mpi_job, read_hosts, slurm_allocation
+from harness.launch import Launch, LaunchError, inside_mpi_job, read_hosts, slurm_allocation, wait_until_output_is_read
 
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_JOB_NUM_NODES", "SLURM_NNODES")
 
@@ -160,3 +163,26 @@ def test_srun_tasks_mpi_cannot_join_are_refused_before_anything_is_written(no_sl
     no_slurm.delenv("PMIX_RANK")
     no_slurm.setenv("PMI_FD", "13")  # srun --mpi=pmi2: MPI can join the tasks
     assert inside_mpi_job() == 4
+
+
+def test_an_aborting_rank_waits_until_its_output_pipe_is_read(tmp_path):
+    """A rank about to call MPI_Abort waits until the proxy has read its traceback from the pipe
+    (the abort would lose what is still in it); never for a file, never past its limit."""
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, b"Traceback (most recent call last): ...\n")
+        started = time.monotonic()
+        assert not wait_until_output_is_read([write_end], limit_s=0.2)  # nobody reads: gives up
+        assert time.monotonic() - started >= 0.2
+        reader = threading.Timer(0.1, os.read, (read_end, 4096))
+        reader.start()
+        assert wait_until_output_is_read([write_end], limit_s=5.0)
+        reader.join()
+        assert time.monotonic() - started < 5.0
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    with open(tmp_path / "stderr.txt", "w") as file:
+        file.write("written, and nobody reads it")
+        file.flush()
+        assert wait_until_output_is_read([file.fileno()], limit_s=0.0)

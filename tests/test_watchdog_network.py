@@ -283,13 +283,15 @@ def test_ranks_the_user_starts_are_watched_by_rank_0(tmp_path, ranks):
     proc = harness_cli("run", str(write_scenario_file(tmp_path, data)), "--out", str(tmp_path / "out"), timeout=90,
                        prefix=[str(mpiexec_path()), "-n", str(ranks)])
     took = time.monotonic() - t0
-    assert proc.returncode != 0, proc.stderr[-3000:]
+    # MPI_Abort(world, 1): mpiexec ends with its code. (MPICH's own "application called MPI_Abort"
+    # line is not checked: the aborting rank writes it just before it tells Hydra, and Hydra may
+    # kill the job before it has read it. The watchdog's verdict comes out before that.)
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
     match = re.search(rf"error: watchdog: rank 2 \(pid \d+ on host {re.escape(HERE)}\) made no progress for ([\d.]+) s "
                       r"in iteration 3 of allreduce_sgd \(local work .*?\); timeout stall_timeout_s = 2 s;.*"
                       r"faults\[0\] hang\); aborting the MPI job", proc.stderr)
     assert match, proc.stderr[-3000:]
     assert 2 <= float(match.group(1)) < 2 + 2, proc.stderr[-3000:]  # judged every 0.5 s
-    assert "MPI_Abort" in proc.stdout + proc.stderr, proc.stderr[-3000:]
     (run,) = (tmp_path / "out" / "netdog").iterdir()
     meta = json.loads((run / "run.json").read_text())
     assert meta["status"] == "failed" and meta["fault"]["kind"] == "stuck" and meta["fault"]["host"] == HERE, meta

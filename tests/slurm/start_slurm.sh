@@ -6,7 +6,7 @@
 # (the daemons are run directly, in the background).
 #
 # Everything lives under $HARNESS_SLURM_DIR (default /var/lib/harness-slurm): slurm.conf, state,
-# spool, logs and pid files.  The system's /etc/slurm/slurm.conf is NOT written, so a real SLURM
+# spool, logs, pid files and the socket of the cluster's own munged.  The system's /etc/slurm/slurm.conf is NOT written, so a real SLURM
 # configuration on the machine is never touched; clients therefore need SLURM_CONF:
 #     eval "$(tests/slurm/start_slurm.sh | tail -n1)"    # last line: export SLURM_CONF=...
 # (jobs get SLURM_CONF in their environment from slurmd, so srun inside a job finds it too).
@@ -105,7 +105,12 @@ done
 mkdir -p "$BASE"/{state,spool,log,run} || fail 4 "cannot create $BASE"
 
 # --- munge --------------------------------------------------------------------------------------
-munge_ok() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
+# A munged of this cluster's own, on its own socket (slurm.conf's AuthInfo names it): the
+# single-node cluster and the virtual hosts' one may run at once (two test files side by side),
+# and stopping one cluster must not take the other's authentication with it.
+MUNGE_DIR=$BASE/munge
+MUNGE_SOCKET=$MUNGE_DIR/munge.socket
+munge_ok() { munge -S "$MUNGE_SOCKET" -n 2>/dev/null | unmunge -S "$MUNGE_SOCKET" >/dev/null 2>&1; }
 if ! munge_ok; then
     if [ ! -s /etc/munge/munge.key ]; then
         log "creating /etc/munge/munge.key"
@@ -118,15 +123,16 @@ if ! munge_ok; then
         fi
     fi
     chown -R munge:munge /etc/munge && chmod 700 /etc/munge && chmod 400 /etc/munge/munge.key
-    mkdir -p /run/munge /var/log/munge /var/lib/munge
-    chown munge:munge /run/munge /var/log/munge /var/lib/munge
-    chmod 755 /run/munge
-    log "starting munged"
+    mkdir -p "$MUNGE_DIR" && chown munge:munge "$MUNGE_DIR" && chmod 755 "$MUNGE_DIR" \
+        || fail 4 "cannot create $MUNGE_DIR"
+    log "starting munged on $MUNGE_SOCKET"
     # munged daemonizes; as the munge user, like the Debian service does.  --force: a stale
     # socket left by a killed munged is replaced.
-    runuser -u munge -- munged --force >/dev/null 2>"$BASE/log/munged.start" 9>&- \
+    runuser -u munge -- munged --force --socket="$MUNGE_SOCKET" --pid-file="$MUNGE_DIR/munged.pid" \
+        --log-file="$MUNGE_DIR/munged.log" --seed-file="$MUNGE_DIR/munged.seed" \
+        >/dev/null 2>"$BASE/log/munged.start" 9>&- \
         || fail 4 "munged did not start: $(tail -n1 "$BASE/log/munged.start")"
-    cp /run/munge/munged.pid "$BASE/run/munged.pid" 2>/dev/null
+    cp "$MUNGE_DIR/munged.pid" "$BASE/run/munged.pid" 2>/dev/null
     touch "$BASE/run/munged.started"
     STARTED+=(munged)
     for _ in $(seq 50); do munge_ok && break; sleep 0.1; done
@@ -155,6 +161,7 @@ SlurmctldHost=$NODE
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+AuthInfo=socket=$MUNGE_SOCKET
 CredType=cred/munge
 StateSaveLocation=$BASE/state
 SlurmdSpoolDir=$BASE/spool$PIDS

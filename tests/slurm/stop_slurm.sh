@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stop the daemons tests/slurm/start_slurm.sh started: every slurmd, slurmctld (by their pid files under
-# $HARNESS_SLURM_DIR, default /var/lib/harness-slurm) and munged, only if start_slurm.sh started it.
+# $HARNESS_SLURM_DIR, default /var/lib/harness-slurm) and its munged, only if start_slurm.sh started it.
 # Running jobs are killed with slurmd.  Idempotent; always exits 0.
 
 set -u

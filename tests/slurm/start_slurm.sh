@@ -6,8 +6,9 @@
 # (the daemons are run directly, in the background).
 #
 # Everything lives under $HARNESS_SLURM_DIR (default /var/lib/harness-slurm): slurm.conf, state,
-# spool, logs, pid files and the socket of the cluster's own munged.  The system's /etc/slurm/slurm.conf is NOT written, so a real SLURM
-# configuration on the machine is never touched; clients therefore need SLURM_CONF:
+# spool, logs, pid files and the socket of the cluster's own munged.  The system's
+# /etc/slurm/slurm.conf is NOT written, so a real SLURM configuration on the machine is never
+# touched; clients therefore need SLURM_CONF:
 #     eval "$(tests/slurm/start_slurm.sh | tail -n1)"    # last line: export SLURM_CONF=...
 # (jobs get SLURM_CONF in their environment from slurmd, so srun inside a job finds it too).
 #

@@ -37,7 +37,7 @@ INTERRUPT_GRACE_S = 5.0  # an interrupted rank ends within this, whatever it was
 RANKS_STOP_S = 2.5  # stop_job: for ranks given SIGINT to end by themselves (< INTERRUPT_GRACE_S)
 SIGNAL_STOP_S = 3.0  # stop_job: for the launcher after a signal to its process group
 IMPORT_RETRY_S = 0.05  # an interrupt arriving during an import is delivered again after this
-OUTPUT_DRAIN_S = 2.0  # abort_job_after_error: at most this long for the launcher to read the traceback
+OUTPUT_DRAIN_S = 2.0  # before MPI_Abort: at most this long for the launcher to read what the rank printed
 OUTPUT_DRAIN_POLL_S = 0.005
 
 
@@ -487,9 +487,9 @@ def wait_until_output_is_read(fds: Sequence[int] = (1, 2), limit_s: float = OUTP
 
     Under mpiexec a rank's output goes through a pipe to Hydra's proxy, which forwards it. On
     MPI_Abort the proxy kills the job at once, and what it has not read from the pipe by then
-    is lost: about one abort in ten under load lost the traceback that says why. Once the proxy
-    has read it, the forwarded text goes ahead of the abort on the same connection. Outputs
-    that are not pipes (a terminal, a file) have nothing in flight and are not waited for."""
+    is lost: under load about one abort in ten lost the traceback that says why, and none did
+    once the rank waited for the pipe to empty (measured, not a guarantee Hydra documents).
+    Outputs that are not pipes (a terminal, a file) have nothing in flight and are not waited for."""
     import fcntl
     import stat
     import struct

@@ -377,6 +377,26 @@ def _iteration_s(run: Path) -> float:
         return float(next(csv.DictReader(f))["iter_time_median_s"])
 
 
+def _shaped_and_emulated(out: Path, hosts: str) -> tuple[float, float, Path]:
+    """Median iteration (s) of the same 2-host run with vh2's link shaped by the kernel and by the
+    native emulator, and the emulated run's directory."""
+    shaped_out, emulated_out = out / "shaped", out / "emulated"
+    out.mkdir()
+    _shape(SHAPED_MBIT)
+    try:
+        proc = harness("vh1", "run", str(scenario(out, 2, name="vhshaped", iterations=40)), "--hosts", hosts,
+                       "--out", str(shaped_out))
+    finally:
+        _shape(None)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    emulated = scenario(out, 2, name="vhemulated", iterations=40,
+                        network={"links": [{"rank": 1, "bandwidth_gbps": SHAPED_MBIT / 1000}]})
+    proc = harness("vh1", "run", str(emulated), "--hosts", hosts, "--out", str(emulated_out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    emulated_run = only_run(emulated_out, "vhemulated")
+    return _iteration_s(only_run(shaped_out, "vhshaped")), _iteration_s(emulated_run), emulated_run
+
+
 @pytest.mark.timing
 def test_kernel_shaping_emulator_and_simulator_agree(bed, clean_hosts, tmp_path):
     hosts = str(host_file(tmp_path, TWO))
@@ -387,25 +407,19 @@ def test_kernel_shaping_emulator_and_simulator_agree(bed, clean_hosts, tmp_path)
     entry = json.loads(calibration.read_text())
     assert "vh1" in json.dumps(entry) and "vh2" in json.dumps(entry), "the calibration does not record its hosts"
 
-    shaped_out, emulated_out = tmp_path / "shaped", tmp_path / "emulated"
-    _shape(SHAPED_MBIT)
-    try:
-        proc = harness("vh1", "run", str(scenario(tmp_path, 2, name="vhshaped", iterations=40)), "--hosts", hosts,
-                       "--out", str(shaped_out))
-    finally:
-        _shape(None)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    emulated = scenario(tmp_path, 2, name="vhemulated", iterations=40,
-                        network={"links": [{"rank": 1, "bandwidth_gbps": SHAPED_MBIT / 1000}]})
-    proc = harness("vh1", "run", str(emulated), "--hosts", hosts, "--out", str(emulated_out))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    emulated_run = only_run(emulated_out, "vhemulated")
+    # The pair is measured again, once, when it disagrees: a busy spell of the machine slows
+    # both, the kernel's timer-driven shaping more (seen once in CI: 58 against 44 ms, where 39
+    # against 38 is usual). A real disagreement shows in both measurements.
+    for attempt in (1, 2):
+        kernel, native, emulated_run = _shaped_and_emulated(tmp_path / f"attempt{attempt}", hosts)
+        if abs(kernel / native - 1) < 0.10 or attempt == 2:
+            break
+        print(f"\nattempt {attempt}: kernel tbf {kernel * 1e3:.1f} ms, native emulator {native * 1e3:.1f} ms; "
+              "measuring again", file=sys.stderr)
     proc = harness("vh1", "compare", str(emulated_run), "--calibration", str(calibration), "--mode", "trace")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "vh1" in proc.stdout + proc.stderr and "vh2" in proc.stdout + proc.stderr, proc.stdout
 
-    kernel = _iteration_s(only_run(shaped_out, "vhshaped"))
-    native = _iteration_s(emulated_run)
     with open(emulated_run / "compare.csv", newline="") as f:
         simulated = float(next(r for r in csv.DictReader(f) if r["mode"] == "trace")["predicted_iter_s"])
     print(f"\nper iteration at {SHAPED_MBIT} Mb/s: kernel tbf {kernel * 1e3:.1f} ms, native emulator "

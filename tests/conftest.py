@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import yaml
@@ -17,6 +18,7 @@ import yaml
 from harness.launch import run_ranks
 
 MPI_DIR = Path(__file__).parent / "mpi"
+T = TypeVar("T")
 
 
 # -- timing tests run alone ----------------------------------------------------------------------
@@ -51,6 +53,41 @@ def pytest_runtest_protocol(item, nextitem):
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def cpu_steal() -> tuple[int, int]:
+    """(stolen, total) CPU time of the machine since boot, in clock ticks (``/proc/stat``): the
+    time a virtual machine's runnable threads waited while its hypervisor ran something else."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return fields[7] if len(fields) > 7 else 0, sum(fields[:8])
+
+
+STOLEN_TOO_MUCH = 0.05  # of the CPU time during a measurement; here 0-2% is quiet, 10-50% busy
+
+
+def measure_until_they_agree(measure: Callable[[Path], T], disagreement: Callable[[T], str | None],
+                             out: Path, attempts: int = 4) -> T:
+    """``measure(out / "attemptN")`` again, up to ``attempts`` times, while ``disagreement`` of
+    its result names one (None: they agree); the last result, for the test to assert on.
+    Running alone does not make the machine quiet: a virtual machine's hypervisor takes CPU time
+    away in spells of seconds (steal time, 10-50% here at times), which slows a run and not the
+    simulator's prediction (seen: 40% off where 5% is usual). A disagreement measured while
+    little was stolen fails the test; when every attempt disagreed while the hypervisor stole
+    more than STOLEN_TOO_MUCH, the machine cannot measure it and the test is skipped, saying so."""
+    stolen = []
+    for attempt in range(1, attempts + 1):
+        before = cpu_steal()
+        result = measure(out / f"attempt{attempt}")
+        after = cpu_steal()
+        stolen.append((after[0] - before[0]) / max(after[1] - before[1], 1))
+        why = disagreement(result)
+        if why is None:
+            return result
+        print(f"\nattempt {attempt} of {attempts}: {why} ({stolen[-1]:.0%} of the CPU time stolen)", file=sys.stderr)
+        if stolen[-1] <= STOLEN_TOO_MUCH:
+            return result
+    pytest.skip(f"every attempt disagreed while the hypervisor took {min(stolen):.0%}-{max(stolen):.0%} of the "
+                "CPU time (steal): this machine cannot measure it now")
 
 
 def launch_checks(script: str, ranks: int, tmp_path: Path, timeout: float = 240) -> dict:

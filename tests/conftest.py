@@ -75,7 +75,7 @@ def measure_until_they_agree(measure: Callable[[Path], T], disagreement: Callabl
     last one measured while at most STOLEN_TOO_MUCH was stolen is returned, and the test fails
     on it: a real disagreement shows on a quiet machine too. When every attempt was disturbed,
     the machine cannot measure it now and the test is skipped, saying so."""
-    quiet: list[T] = []
+    last_quiet: T | None = None
     stolen: list[float] = []
     for attempt in range(1, attempts + 1):
         before = cpu_steal()
@@ -87,9 +87,9 @@ def measure_until_they_agree(measure: Callable[[Path], T], disagreement: Callabl
             return result
         print(f"\nattempt {attempt} of {attempts}: {why} ({stolen[-1]:.0%} of the CPU time stolen)", file=sys.stderr)
         if stolen[-1] <= STOLEN_TOO_MUCH:
-            quiet.append(result)
-    if quiet:
-        return quiet[-1]
+            last_quiet = result
+    if last_quiet is not None:
+        return last_quiet
     pytest.skip(f"every attempt disagreed while the hypervisor took {min(stolen):.0%}-{max(stolen):.0%} of the "
                 "CPU time (steal): this machine cannot measure it now")
 

@@ -14,6 +14,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from mpi4py import MPI
+
 
 class Skip(Exception):
     """The check cannot show its property at this rank count; the message says why."""
@@ -53,3 +55,28 @@ def run_checks(checks: Checks, out_path: str, world: Any, *args: Any, only: list
         with open(out_path, "w") as fh:
             json.dump(results, fh, indent=1)
     return 0
+
+
+def agree(assertion: Callable[[], object], world: Any = MPI.COMM_WORLD) -> None:
+    """Run a local assertion on every rank; if it fails anywhere, raise on every rank.
+
+    Keeps the ranks in step: none goes on into a collective that another one has left, so a
+    failed check fails at once instead of hanging until the test's timeout.
+    """
+    try:
+        assertion()
+        message = None
+    except AssertionError as exc:
+        message = str(exc)
+    failed = [f"rank {r}: {m}" for r, m in enumerate(world.allgather(message)) if m is not None]
+    if failed:
+        raise AssertionError("\n".join(failed))
+
+
+def agree_that(ok: bool, message: str, world: Any = MPI.COMM_WORLD) -> None:
+    """``assert ok, message`` on every rank at once (``ok`` may differ across ranks)."""
+
+    def assertion() -> None:
+        assert ok, message
+
+    agree(assertion, world)

@@ -13,13 +13,12 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
-from collections.abc import Callable
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
-from checklib import Checks, Skip, run_checks
+from checklib import Checks, Skip, agree, agree_that, run_checks
 from harness.algorithms import algorithm_class, params_model
 from harness.algorithms.base import AlgorithmContext
 from harness.schedules import periodic_sync
@@ -92,30 +91,6 @@ def gathered(x: torch.Tensor) -> np.ndarray | None:
 
 def same_on_all_ranks(x: torch.Tensor) -> bool:
     return len(set(WORLD.allgather(hashlib.sha1(x.detach().numpy().tobytes()).hexdigest()))) == 1
-
-
-def agree(assertion: Callable[[], object]) -> None:
-    """Run a local assertion on every rank; if it fails anywhere, raise on every rank.
-
-    Keeps the ranks in step: none goes on into a collective that another one has left.
-    """
-    try:
-        assertion()
-        message = None
-    except AssertionError as exc:
-        message = str(exc)
-    failed = [f"rank {r}: {m}" for r, m in enumerate(WORLD.allgather(message)) if m is not None]
-    if failed:
-        raise AssertionError("\n".join(failed))
-
-
-def agree_that(ok: bool, message: str) -> None:
-    """``assert ok, message`` on every rank at once (``ok`` may differ across ranks)."""
-
-    def assertion() -> None:
-        assert ok, message
-
-    agree(assertion)
 
 
 def assert_close(got, want, what: str, rtol: float = 1e-5, atol: float = 1e-5) -> None:
@@ -318,7 +293,14 @@ def overlap_local_sgd_beta0_anchor_is_mean_of_pulled_models(comm: Communicator) 
 
 @check
 def overlap_variants_do_not_wait_at_sync_points(comm: Communicator) -> None:
-    """With 100 ms links into and out of rank 0, blocking syncs wait, overlapped ones do not."""
+    """With 100 ms links into and out of rank 0, blocking syncs wait, overlapped ones do not.
+
+    A blocking sync is an allreduce: every rank's result needs data that crossed a 100 ms link
+    after its sender entered the sync. So the last rank to leave leaves at least one latency
+    after the last rank to enter. One rank alone may wait less: it may enter late (the ranks
+    leave the previous sync at different times, and the hypervisor may pause a process) and find
+    its data already on the way. All ranks share one machine, so ``time.monotonic`` is one clock.
+    """
     if SIZE < 2:
         raise Skip("needs 2 ranks: one rank sends no messages")
     slow = Communicator(WORLD)
@@ -332,25 +314,30 @@ def overlap_variants_do_not_wait_at_sync_points(comm: Communicator) -> None:
             ("cocod_sgd", {}, False),
             ("easgd", {"overlap": True}, False),
         ):
-            times = []
+            entered, left = {}, {}
 
-            def before_sync(t, alg, times=times):
-                times.append(time.monotonic())
+            def before_sync(t, alg, entered=entered):
+                entered[t] = time.monotonic()
 
-            def after_sync(t, alg, times=times):
-                times[-1] = time.monotonic() - times[-1]
+            def after_sync(t, alg, left=left):
+                left[t] = time.monotonic()
 
             # 4 steps of 0.15 s between syncs: enough for a few 100 ms hops to finish in the background.
             drive(make(slow, name, 1000, 8, period=4, **params), 8, before_sync=before_sync, after_sync=after_sync,
                   compute_s=0.15)
-            sync_times = [round(times[3], 4), round(times[7], 4)]
             label = f"{name} {params}"
-            if blocking:
-                ok = min(sync_times) >= 0.9 * latency
-                agree_that(ok, f"{label}: blocking sync took only {sync_times} s")
-            else:
-                ok = max(sync_times) < 0.3 * latency
-                agree_that(ok, f"{label}: overlapped sync blocked {sync_times} s")
+            for t in (3, 7):
+                if blocking:
+                    spans = WORLD.allgather((entered[t], left[t]))
+                    last_in = max(e for e, _ in spans)
+                    waited = max(x for _, x in spans) - last_in
+                    relative = [(round(e - last_in, 4), round(x - last_in, 4)) for e, x in spans]
+                    agree_that(waited >= 0.9 * latency,
+                               f"{label}: the sync after iteration {t} ended {waited:.4f} s after the last rank "
+                               f"entered it (entered, left per rank, from the last entry: {relative})")
+                else:
+                    took = left[t] - entered[t]
+                    agree_that(took < 0.3 * latency, f"{label}: overlapped sync after iteration {t} blocked {took:.4f} s")
     finally:
         slow.close()
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from checklib import Checks, run_checks
+from checklib import Checks, agree_that, run_checks
 from harness.algorithms import algorithm_class
 from harness.algorithms.base import AlgorithmContext
 from harness.comm import Communicator
@@ -48,7 +48,7 @@ def post_local(comm: Communicator, switch_at: int, period: int):
     """The example's class with these parameters."""
     alg = build(comm, {"name": "post_local", "class": "post_local_sgd:PostLocalSGD", "switch_at": switch_at,
                        "period": period})
-    agree(alg.name == "post_local", f"the instance is named {alg.name!r}, not the scenario's 'post_local'")
+    agree_that(alg.name == "post_local", f"the instance is named {alg.name!r}, not the scenario's 'post_local'")
     return alg
 
 
@@ -59,13 +59,6 @@ def gradient(t: int) -> np.ndarray:
 def models(x: torch.Tensor) -> np.ndarray:
     """Every rank's copy of ``x``, (P, N) in float64, on every rank."""
     return np.stack(WORLD.allgather(x.numpy().copy())).astype(np.float64)
-
-
-def agree(ok: bool, message: str) -> None:
-    """``assert ok`` on every rank at once, so no rank goes on into a collective alone."""
-    failed = [f"rank {r}: {m}" for r, m in enumerate(WORLD.allgather(None if ok else message)) if m is not None]
-    if failed:
-        raise AssertionError("\n".join(failed))
 
 
 def drive(alg, expect=None) -> list[np.ndarray]:
@@ -103,7 +96,7 @@ def gradient_averaged(before: np.ndarray, t: int) -> np.ndarray:
 
 def close_to(t: int, after: np.ndarray, want: np.ndarray, what: str) -> None:
     error = float(np.abs(after - want).max())
-    agree(error < 1e-5, f"iteration {t} ({what}): off by {error:g}")
+    agree_that(error < 1e-5, f"iteration {t} ({what}): off by {error:g}")
 
 
 def spread(after: np.ndarray) -> float:
@@ -112,7 +105,7 @@ def spread(after: np.ndarray) -> float:
 
 def same_as(mine: list[np.ndarray], builtin: list[np.ndarray], name: str) -> None:
     differ = [t for t, (a, b) in enumerate(zip(mine, builtin, strict=True)) if not np.array_equal(a, b)]
-    agree(not differ, f"the models differ from {name}'s (bit for bit) after iterations {differ}")
+    agree_that(not differ, f"the models differ from {name}'s (bit for bit) after iterations {differ}")
 
 
 @check
@@ -123,7 +116,7 @@ def switch_at_past_the_last_iteration_is_allreduce_sgd(comm):
         # The models started different per rank and stay so: gradients are averaged, not models.
         close_to(t, after, gradient_averaged(before, t), "gradient average")
         if SIZE > 1:
-            agree(spread(after) > 1e-3, f"iteration {t}: the ranks' models became equal (a model average?)")
+            agree_that(spread(after) > 1e-3, f"iteration {t}: the ranks' models became equal (a model average?)")
 
     mine = drive(alg, expect)
     same_as(mine, drive(build(comm, "allreduce_sgd")), "allreduce_sgd")

@@ -18,7 +18,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from checklib import Checks, Skip, run_checks
+from checklib import Checks, Skip, agree, agree_that, run_checks
 from harness.comm import CommError, Communicator
 
 WORLD = MPI.COMM_WORLD
@@ -100,26 +100,28 @@ def quorum_waits_for_its_arrivals_only(comm: Communicator) -> str:
     sleep_s, rounds, slow_rounds = 0.3, 4, {1, 3}
     # quorum = P: every round waits for the slow rank, and every contribution is fresh.
     outs, infos, spans = run_rounds(comm, SIZE, rounds, 0, slow_rounds, sleep_s)
-    for k, (out, info) in enumerate(zip(outs, infos)):
-        want = np.concatenate([np.ones(SIZE), [SIZE * (k + 1.0), SIZE]]).astype(np.float32)
-        assert np.array_equal(out, want), f"quorum {SIZE}, round {k}: got {out.tolist()}, want {want.tolist()}"
-        assert info["staleness"] == 0 and not info["joined_early"], f"quorum {SIZE}, round {k}: {info}"
+
+    def every_contribution_is_fresh() -> None:
+        for k, (out, info) in enumerate(zip(outs, infos)):
+            want = np.concatenate([np.ones(SIZE), [SIZE * (k + 1.0), SIZE]]).astype(np.float32)
+            assert np.array_equal(out, want), f"quorum {SIZE}, round {k}: got {out.tolist()}, want {want.tolist()}"
+            assert info["staleness"] == 0 and not info["joined_early"], f"quorum {SIZE}, round {k}: {info}"
+
+    agree(every_contribution_is_fresh)
     # Each round needs the slow rank's contribution, so no rank leaves it before the slow rank,
     # done sleeping, entered it. (A per-rank wait of about sleep_s would be the same claim, but
     # it fails when a fast rank itself is held up by a hypervisor pause.)
     slow_entered = WORLD.bcast([t0 for t0, _ in spans], root=SLOW)
-    if RANK != SLOW:
-        early = {k: round(slow_entered[k] - spans[k][1], 4) for k in sorted(slow_rounds)
-                 if spans[k][1] < slow_entered[k]}
-        assert not early, f"quorum {SIZE}: a fast rank left rounds before the slow rank entered them (by s): {early}"
+    early = {k: round(slow_entered[k] - spans[k][1], 4) for k in sorted(slow_rounds) if spans[k][1] < slow_entered[k]}
+    agree_that(not early, f"quorum {SIZE}: left rounds before the slow rank entered them (by s): {early}")
     # quorum = ceil(P/2): the fast ranks are a quorum by themselves and never wait for the slow one.
     _, infos_half, spans_half = run_rounds(comm, HALF, rounds, 0, set(range(rounds)), sleep_s)
     durations_half = [end - begin for begin, end in spans_half]
     if RANK != SLOW:
-        assert max(durations_half) < 0.2, (
-            f"quorum {HALF}: fast rank waited {max(durations_half):.3f} s (slow rank sleeps {sleep_s} s)")
+        agree_that(max(durations_half) < 0.2,
+                   f"quorum {HALF}: fast rank waited {max(durations_half):.3f} s (slow rank sleeps {sleep_s} s)")
     else:
-        assert any(i["joined_early"] for i in infos_half), "the slow rank's progress thread never joined for it"
+        agree_that(any(i["joined_early"] for i in infos_half), "the slow rank's progress thread never joined for it")
     worst = WORLD.allreduce(max(durations_half) if RANK != SLOW else 0.0, op=MPI.MAX)
     waited = min(spans[k][1] - spans[k][0] for k in slow_rounds)
     least = WORLD.allreduce(waited if RANK != SLOW else math.inf, op=MPI.MIN)

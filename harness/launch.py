@@ -476,9 +476,15 @@ def abort_job_after_error() -> int:
     from mpi4py import MPI  # only ranks call this; the launching parent never imports mpi4py
 
     if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
-        wait_until_output_is_read()
-        MPI.COMM_WORLD.Abort(1)
+        abort_mpi_job(MPI.COMM_WORLD)
     return 1
+
+
+def abort_mpi_job(comm) -> None:
+    """``comm.Abort(1)`` once the launcher has read what this rank printed (see
+    :func:`wait_until_output_is_read`): otherwise the message saying why may never arrive."""
+    wait_until_output_is_read()
+    comm.Abort(1)
 
 
 def wait_until_output_is_read(fds: Sequence[int] = (1, 2), limit_s: float = OUTPUT_DRAIN_S) -> bool:

@@ -39,7 +39,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from harness.launch import descends_from, wait_until_output_is_read
+from harness.launch import abort_mpi_job, descends_from
 from harness.runner.heartbeat import ENV_VAR, Field, Heartbeat, Phase
 from harness.scenario.schema import FaultSpec, HangFault, KillFault, Scenario, SlowStartFault
 from harness.scenario.schema import Watchdog as WatchdogSettings
@@ -569,5 +569,4 @@ class _InJobWatchdog:
             except Exception as exc:  # noqa: BLE001  the abort must happen whatever this did
                 print(f"warning: could not record the watchdog's verdict ({exc.__class__.__name__}: {exc})",
                       file=sys.stderr, flush=True)
-        wait_until_output_is_read()  # the proxy would drop the verdict still in the pipe on MPI_Abort
-        self.world.Abort(1)
+        abort_mpi_job(self.world)

@@ -37,8 +37,10 @@ def published(k: int) -> np.ndarray:
     return v
 
 
-def run_rounds(comm: Communicator, quorum: int, rounds: int, sync_every: int, slow_rounds: set[int],
-               sleep_s: float, may_activate: bool = True) -> tuple[list[np.ndarray], list[dict], list[float]]:
+def run_rounds(
+    comm: Communicator, quorum: int, rounds: int, sync_every: int, slow_rounds: set[int], sleep_s: float,
+    may_activate: bool = True,
+) -> tuple[list[np.ndarray], list[dict], list[tuple[float, float]]]:
     """Rounds of one op; the slow rank sleeps ``sleep_s`` before each of ``slow_rounds``.
     Returns each round's sum, info and when this rank's call began and returned
     (``time.monotonic``: one clock for all ranks of this machine)."""

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import assert_check, check_names, report_cache, run_scenario
+from conftest import assert_check, check_names, harness_cli, measure_until_they_agree, report_cache, run_scenario
 from harness.algorithms.outer import OuterNesterov
 from harness.algorithms.streaming_diloco import fragment_bounds, round_to
 from harness.workload import batch_indices, build_model, flat_params, load_dataset
@@ -190,30 +190,58 @@ def test_every_new_algorithm_records_its_staleness(e2e):
 # -- convergence, CI-sized -------------------------------------------------------------------------
 
 CONVERGENCE = ["allreduce_sgd", "diloco", "streaming_diloco", "quorum_diloco", "slowmo", "gossip_pga"]
+CONVERGENCE_RUN = ["--ranks", "4", "--iterations", "150", "--provenance", "none"]
+# Quorum DiLoCo's rounds depend on who arrives first: its accuracy varies from run to run by about
+# a point more than the synchronous methods' (which are the same every run).
+QUORUM_DILOCO_ALLOWED = 0.045
+
+
+def _final_accuracy(out):
+    """The final accuracy of each algorithm of the one run under ``out`` (a pandas Series)."""
+    import pandas as pd
+
+    (run,) = (out / "convergence").iterdir()
+    return pd.read_csv(run / "summary.csv").set_index("algorithm")["final_accuracy"]
 
 
 @pytest.fixture(scope="module")
 def convergence(tmp_path_factory):
     """``scenarios/convergence.yaml``'s entries for the family, on 4 ranks for 150 iterations (the
-    full run, 8 ranks and 300 iterations, is in the README)."""
-    from conftest import harness_cli
-
+    full run, 8 ranks and 300 iterations, is in the README): their final accuracies."""
     out = tmp_path_factory.mktemp("convergence")
-    proc = harness_cli("run", "scenarios/convergence.yaml", "--only", ",".join(CONVERGENCE), "--ranks", "4",
-                       "--iterations", "150", "--provenance", "none", "--out", str(out), timeout=280)
+    proc = harness_cli("run", "scenarios/convergence.yaml", "--only", ",".join(CONVERGENCE), *CONVERGENCE_RUN,
+                       "--out", str(out), timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    (run,) = (out / "convergence").iterdir()
-    return run
+    return _final_accuracy(out)
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("algorithm", CONVERGENCE[1:])
+@pytest.mark.parametrize("algorithm", [a for a in CONVERGENCE[1:] if a != "quorum_diloco"])
 def test_trains_within_3_points_of_allreduce_sgd(convergence, algorithm):
-    import pandas as pd
+    assert convergence[algorithm] >= convergence["allreduce_sgd"] - 0.03, convergence.to_dict()
 
-    summary = pd.read_csv(convergence / "summary.csv").set_index("algorithm")
-    accuracy = summary["final_accuracy"]
-    # Quorum DiLoCo's rounds depend on who arrives first: its accuracy varies from run to run by
-    # about a point more than the synchronous methods' (which are the same every run).
-    allowed = 0.045 if algorithm == "quorum_diloco" else 0.03
-    assert accuracy[algorithm] >= accuracy["allreduce_sgd"] - allowed, accuracy.to_dict()
+
+@pytest.mark.mpi
+@pytest.mark.timing
+def test_quorum_diloco_trains_within_4_5_points_of_allreduce_sgd(convergence, tmp_path):
+    """Who arrives first depends on the load: with another test's ranks on the same two cores, or
+    the hypervisor stealing CPU time, one rank misses more rounds and the accuracy drops (88.1%
+    seen in CI against 89.3-91.9% alone). Load only makes it worse, so a first result within the
+    bound is enough; otherwise quorum DiLoCo runs again alone (this test is ``timing``), and a
+    result below the bound measured while little CPU time was stolen fails the test.
+    (All-reduce SGD's accuracy is the same every run.)"""
+    floor = convergence["allreduce_sgd"] - QUORUM_DILOCO_ALLOWED
+
+    def measure(out) -> float:
+        proc = harness_cli("run", "scenarios/convergence.yaml", "--only", "quorum_diloco", *CONVERGENCE_RUN,
+                           "--out", str(out), timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return float(_final_accuracy(out)["quorum_diloco"])
+
+    def disagreement(accuracy: float) -> str | None:
+        return None if accuracy >= floor else f"final accuracy {accuracy:.3f} below {floor:.3f}"
+
+    accuracy = convergence["quorum_diloco"]
+    if disagreement(accuracy) is not None:
+        accuracy = measure_until_they_agree(measure, disagreement, tmp_path, attempts=3)
+    assert accuracy >= floor, (accuracy, convergence.to_dict())

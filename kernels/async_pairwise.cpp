@@ -31,8 +31,9 @@ bool PairListenerOp::progress(Engine& e) {
   for (;;) {
     int flag = 0;
     MPI_Status status;
-    if (MPI_Test(&req_, &flag, &status) != MPI_SUCCESS)
-      throw CommError("pairwise averaging: a rank sent a model longer than " + std::to_string(count_) + " floats");
+    if (int rc = MPI_Test(&req_, &flag, &status); rc != MPI_SUCCESS)
+      throw failed_any_source_receive(rc, "pairwise averaging: a rank sent a model longer than " +
+                                              std::to_string(count_) + " floats");
     if (!flag) break;
     int got = 0;
     MPI_Get_count(&status, MPI_FLOAT, &got);

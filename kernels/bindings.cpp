@@ -172,11 +172,17 @@ std::vector<double> emulated_releases(int ranks, const std::vector<std::tuple<in
 PYBIND11_MODULE(_core, m) {
   m.doc() = "Native collective layer of harness (private: use harness.comm)";
   static py::exception<CommError> comm_error(m, "CommError");
+  // A CommError about another rank's death (common.hpp: kPeerLost), not this rank's own: the
+  // worker reports it to the watchdog as a consequence.
+  static py::exception<CommError> peer_lost_error(m, "PeerLostError", comm_error.ptr());
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const CommError& e) {
-      comm_error(e.what());
+      if (is_peer_lost(e.what()))
+        peer_lost_error(e.what());
+      else
+        comm_error(e.what());
     }
   });
   m.def("now", &now, "Seconds on CLOCK_MONOTONIC (the clock of time.monotonic()).");

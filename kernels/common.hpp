@@ -27,13 +27,69 @@ inline double now() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-// Throws CommError with the MPI error string when an MPI call fails.
-inline void check_mpi(int rc, const char* what) {
-  if (rc == MPI_SUCCESS) return;
+// What a surviving rank sees of another rank's death: MPI fails a receive from it, or a call
+// that waits on it, with an error that is not about the message itself (MPICH: a closed
+// connection, "Communication error with rank N", or MPIX_ERR_PROC_FAILED). Such an error's
+// message begins with kPeerLost, which survives being carried as an op's error string, so that
+// Python raises it as harness.comm.PeerLostError and the watchdog counts it as a consequence.
+constexpr const char kPeerLost[] = "peer lost: ";
+
+inline bool is_peer_lost(const std::string& what) { return what.rfind(kPeerLost, 0) == 0; }
+
+inline std::string mpi_error_string(int err) {
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
-  MPI_Error_string(rc, msg, &len);
-  throw CommError(std::string(what) + " failed: " + std::string(msg, static_cast<size_t>(len)));
+  MPI_Error_string(err, msg, &len);
+  return std::string(msg, static_cast<size_t>(len));
+}
+
+// Whether MPI error `err` is about this rank's own call (bad arguments, a message longer than
+// the receive) rather than about the peer it waited on: only those are this rank's fault.
+inline bool is_local_mpi_error(int err) {
+  int cls = MPI_ERR_OTHER;
+  MPI_Error_class(err, &cls);
+  switch (cls) {
+    case MPI_ERR_BUFFER: case MPI_ERR_COUNT: case MPI_ERR_TYPE: case MPI_ERR_TAG: case MPI_ERR_COMM:
+    case MPI_ERR_RANK: case MPI_ERR_REQUEST: case MPI_ERR_ROOT: case MPI_ERR_GROUP: case MPI_ERR_OP:
+    case MPI_ERR_ARG: case MPI_ERR_TRUNCATE: case MPI_ERR_NO_MEM:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Throws CommError with the MPI error string when an MPI call fails; a failure that is not
+// about the call itself (is_local_mpi_error) is reported as a lost peer.
+inline void check_mpi(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  const std::string msg = std::string(what) + " failed: " + mpi_error_string(rc);
+  if (is_local_mpi_error(rc)) throw CommError(msg);
+  throw CommError(kPeerLost + msg + " (a peer's process died or its connection was lost)");
+}
+
+// The error of a receive of `count` floats from member `peer` (world rank `world_rank`) that
+// MPI failed with `err`. Only MPI_ERR_TRUNCATE means the sender's buffer was longer than this
+// rank's; any other error is MPI losing the sender, and saying "buffer lengths differ" then
+// would send the user after the wrong rank.
+inline CommError failed_receive(int err, int peer, int world_rank, int64_t count) {
+  int cls = MPI_ERR_OTHER;
+  MPI_Error_class(err, &cls);
+  const std::string who = "member " + std::to_string(peer) + " (rank " + std::to_string(world_rank) + ")";
+  if (cls == MPI_ERR_TRUNCATE)
+    return CommError("size mismatch: " + who + " sent more than the " + std::to_string(count) +
+                     " floats this rank expects (buffer lengths differ across ranks)");
+  return CommError(std::string(kPeerLost) + "the receive from " + who + " failed: " + mpi_error_string(err) +
+                   " (its process died or its connection was lost)");
+}
+
+// The same for a receive from any rank (a listener), which failed with `err`: `too_long` says
+// what a longer message means; any other error is a lost peer.
+inline CommError failed_any_source_receive(int err, const std::string& too_long) {
+  int cls = MPI_ERR_OTHER;
+  MPI_Error_class(err, &cls);
+  if (cls == MPI_ERR_TRUNCATE) return CommError(too_long);
+  return CommError(std::string(kPeerLost) + "a listener's receive failed: " + mpi_error_string(err) +
+                   " (a peer's process died or its connection was lost)");
 }
 
 // Completion state of one posted operation, shared by the caller's handle and the progress

@@ -51,8 +51,8 @@ bool PushListenerOp::progress(Engine& e) {
     MPI_Status status;
     int rc = MPI_Test(&req_, &flag, &status);
     if (rc != MPI_SUCCESS)
-      throw CommError("push channel: a rank pushed a buffer longer than the channel's " + std::to_string(count_) +
-                      " floats");
+      throw failed_any_source_receive(rc, "push channel: a rank pushed a buffer longer than the channel's " +
+                                              std::to_string(count_) + " floats");
     if (!flag) break;
     keep(status);
     post();

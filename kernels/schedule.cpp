@@ -203,8 +203,7 @@ bool StepExecutor::complete(Engine& engine) {
     if (rc == MPI_ERR_IN_STATUS) {
       for (size_t k = 0; k < statuses.size(); ++k)
         if (statuses[k].MPI_ERROR != MPI_SUCCESS && statuses[k].MPI_ERROR != MPI_ERR_PENDING)
-          throw CommError("size mismatch: member " + std::to_string(st.recvs[k].peer) + " sent more than the " +
-                          std::to_string(st.recvs[k].count) + " floats this rank expects (buffer lengths differ)");
+          throw failed_receive(statuses[k].MPI_ERROR, st.recvs[k].peer, world_[st.recvs[k].peer], st.recvs[k].count);
     }
     check_mpi(rc, "MPI_Testall");
     if (!flag) return false;

@@ -19,7 +19,8 @@ import pytest
 from conftest import harness_cli, processes_mentioning, write_scenario_file
 from harness.faults import FaultPlan
 from harness.results import atomic
-from harness.runner.heartbeat import Heartbeat, Phase
+from harness.runner.heartbeat import Heartbeat
+from harness.runner.heartbeat_row import Cause, Phase
 from harness.runner.heartbeat_net import HeartbeatServer
 from harness.runner.watchdog import RankState, Watchdog, read_states
 from harness.scenario import ScenarioError, scenario_from_dict
@@ -80,7 +81,7 @@ def test_fault_plan_strikes_where_the_scenario_says():
     ]))
     plan = FaultPlan(scenario, 1)
     assert plan.start_delay_s == 1.5
-    assert set(plan._strikes) == {("allreduce_sgd", 4), ("dpsgd", 2)}
+    assert set(plan._strikes) == {("allreduce_sgd", "iteration"), ("dpsgd", "iteration")}
     assert not FaultPlan(scenario, 0)  # other ranks: nothing
     assert not FaultPlan(scenario, 1, enabled=False)  # a resumed run injects nothing
     FaultPlan(scenario, 1).at_iteration("allreduce_sgd", 3)  # not due: returns
@@ -89,9 +90,10 @@ def test_fault_plan_strikes_where_the_scenario_says():
 # --- the watchdog's decisions, on hand-made heartbeat tables ---------------------------------
 
 
-def _state(rank, phase, iteration=5, algorithm=0, progress_at=100.0, slowest=0.1, pid=None, host=None):
+def _state(rank, phase, iteration=5, algorithm=0, progress_at=100.0, slowest=0.1, pid=None, host=None,
+           cause=Cause.NONE):
     return RankState(rank, 1000 + rank if pid is None else pid, phase, algorithm, iteration, progress_at, slowest,
-                     iteration, host)
+                     iteration, host, cause)
 
 
 def _watchdog(**settings) -> Watchdog:
@@ -114,9 +116,9 @@ def test_timeout_follows_the_slowest_iteration():
 def test_no_verdict_while_every_rank_progresses():
     dog = _watchdog(min_timeout_s=1)
     states = [_state(r, Phase.COMMUNICATING, progress_at=100.0) for r in range(3)]
-    assert dog.check(states, now=101.5, ended=set()) is None  # 1.5 s < 20 x 0.1 s
+    assert dog.check(states, now=101.5, ended={}) is None  # 1.5 s < 20 x 0.1 s
     done = [_state(r, Phase.DONE) for r in range(3)]
-    assert dog.check(done, now=1000.0, ended={0, 1, 2}) is None  # finished ranks may end
+    assert dog.check(done, now=1000.0, ended={0: 1.0, 1: 1.0, 2: 1.0}) is None  # finished ranks may end
 
 
 def test_stuck_job_names_the_rank_that_is_not_waiting_for_others():
@@ -124,54 +126,102 @@ def test_stuck_job_names_the_rank_that_is_not_waiting_for_others():
     # Rank 0 blocked in communication longest; rank 2 stopped in its local work: rank 2 is the cause.
     states = [_state(0, Phase.COMMUNICATING, progress_at=90.0), _state(1, Phase.COMMUNICATING, 6, progress_at=95.0),
               _state(2, Phase.LOCAL, progress_at=92.0, host="vh3")]
-    verdict = dog.check(states, now=100.0, ended=set())
+    verdict = dog.check(states, now=100.0, ended={})
     assert verdict.kind == "stuck" and verdict.rank == 2 and verdict.host == "vh3"
-    assert verdict.algorithm == "allreduce_sgd" and verdict.iteration == 5
+    assert verdict.algorithm == "allreduce_sgd" and verdict.iteration == 5 and verdict.evidence == "furthest_behind"
     assert "rank 2 (pid 1002 on host vh3) made no progress for 8.0 s in iteration 5 of allreduce_sgd" in verdict.message
-    assert "faults[0] hang" in verdict.message
+    assert "injects" not in verdict.message  # rank 2 said nothing of a fault: none is claimed
     assert "2 waiting in communication (iterations 5-6)" in verdict.message
 
 
-def test_dead_rank_is_named_before_the_ranks_the_launcher_killed():
+def test_a_rank_that_announced_an_injected_hang_is_the_stuck_one():
+    dog = _watchdog(min_timeout_s=1)
+    # Rank 1 is further behind and not communicating, but rank 2 said an injected hang strikes it.
+    states = [_state(0, Phase.COMMUNICATING, 6, progress_at=90.0), _state(1, Phase.LOCAL, 4, progress_at=91.0),
+              _state(2, Phase.COMMUNICATING, progress_at=92.0, cause=Cause.INJECTED_HANG)]
+    verdict = dog.check(states, now=100.0, ended={})
+    assert verdict.kind == "stuck" and verdict.rank == 2 and verdict.evidence == "announced"
+    assert "faults[0] hang" in verdict.message and verdict.after_s == pytest.approx(8.0)
+
+
+def test_an_announced_kill_is_the_root_whatever_order_the_others_ended_in():
     dog = _watchdog()
-    states = [_state(0, Phase.COMMUNICATING), _state(1, Phase.LOCAL, host="vh2"), _state(2, Phase.COMMUNICATING)]
-    verdict = dog.check(states, now=101.0, ended={0, 1, 2})
+    # Rank 0's end was seen first and rank 2 raised first; rank 1 announced its injected kill.
+    states = [_state(0, Phase.COMMUNICATING), _state(1, Phase.LOCAL, host="vh2", cause=Cause.INJECTED_KILL),
+              _state(2, Phase.FAILED, progress_at=99.0, cause=Cause.PEER_LOST)]
+    verdict = dog.check(states, now=101.0, ended={0: 100.1, 1: 100.2, 2: 100.3})
     assert verdict.kind == "died" and verdict.rank == 1 and verdict.as_json()["host"] == "vh2"
-    assert "rank 1 (pid 1001 on host vh2) died in iteration 5 of allreduce_sgd" in verdict.message
-    assert "faults[1] kill" in verdict.message
-    assert "rank 1 (pid 1001) died" in dog.check(states[:1] + [_state(1, Phase.LOCAL)], 101.0, {1}).message
-    failed = dog.check([_state(0, Phase.FAILED, iteration=-1, algorithm=1, host="vh1"), _state(1, Phase.LOCAL)],
-                       101.0, {0, 1})
-    assert failed.kind == "failed" and failed.rank == 0
-    assert "rank 0 (pid 1000 on host vh1) raised an error in the set-up or results of dpsgd" in failed.message
+    assert verdict.evidence == "announced"
+    assert verdict.message == (
+        "rank 1 (pid 1001 on host vh2) died in iteration 5 of allreduce_sgd: its process ended without finishing "
+        "(the scenario injects this: faults[1] kill); then: rank 2 then failed: it lost a peer (PeerLostError; its "
+        "traceback is above); rank 0 was stopped (ended after it)")
+
+
+def test_without_an_announcement_the_first_end_is_the_root_and_lost_peers_are_consequences():
+    dog = _watchdog()
+    # An out-of-memory kill of rank 2: its connection ended first; rank 3 raised PeerLostError
+    # before the watchdog saw that end (a lost peer is never a root while a death is known); the
+    # clean-up then ended ranks 1 and 0, in that order.
+    states = [_state(0, Phase.COMMUNICATING), _state(1, Phase.LOCAL), _state(2, Phase.COMMUNICATING, iteration=7),
+              _state(3, Phase.FAILED, progress_at=100.0, cause=Cause.PEER_LOST)]
+    verdict = dog.check(states, now=101.0, ended={0: 100.3, 1: 100.2, 2: 100.1, 3: 100.4})
+    assert verdict.kind == "died" and verdict.rank == 2 and verdict.evidence == "first_end"
+    assert verdict.iteration == 7 and "injects" not in verdict.message
+    assert verdict.message.endswith("; then: rank 3 then failed: it lost a peer (PeerLostError; its traceback is "
+                                    "above); ranks 1, 0 were stopped (ended after it)")
+    assert verdict.after_s == pytest.approx(0.9)
+
+
+def test_an_error_of_a_ranks_own_before_any_end_is_the_root():
+    dog = _watchdog()
+    failed = dog.check([_state(0, Phase.FAILED, iteration=-1, algorithm=1, host="vh1", progress_at=100.0,
+                               cause=Cause.OWN_ERROR), _state(1, Phase.LOCAL)], 101.0, {0: 100.3, 1: 100.2})
+    assert failed.kind == "failed" and failed.rank == 0 and failed.evidence == "first_error"
+    assert failed.message == ("rank 0 (pid 1000 on host vh1) raised an error in the set-up or results of dpsgd (its "
+                              "traceback is above); then: rank 1 was stopped (ended after it)")
+    # A rank that died before the other raised is the root.
+    died = dog.check([_state(0, Phase.FAILED, progress_at=100.5, cause=Cause.OWN_ERROR), _state(1, Phase.LOCAL)],
+                     101.0, {1: 100.2, 0: 100.6})
+    assert died.rank == 1 and died.kind == "died"
+    assert died.message.endswith("; then: rank 0 then raised an error (its traceback is above)")
+
+
+def test_when_only_consequences_are_known_the_earliest_is_named():
+    dog = _watchdog()
+    states = [_state(0, Phase.FAILED, progress_at=100.4, cause=Cause.INTERRUPTED),
+              _state(1, Phase.FAILED, progress_at=100.1, cause=Cause.PEER_LOST), _state(2, Phase.DONE)]
+    verdict = dog.check(states, now=101.0, ended={0: 100.5, 1: 100.2})
+    assert verdict.rank == 1 and verdict.kind == "failed" and verdict.evidence == "first_consequence"
+    assert verdict.message.endswith("; then: rank 0 then was interrupted")
 
 
 def test_rank_that_never_reports_in_is_named_after_the_startup_timeout():
     dog = _watchdog(startup_timeout_s=5)
     states = [_state(0, Phase.SETUP, iteration=-1, algorithm=-1, progress_at=1.0), _state(1, Phase.NOT_STARTED, pid=0),
               _state(2, Phase.SETUP, iteration=-1, algorithm=-1, progress_at=1.0)]
-    assert dog.check(states, now=4.0, ended=set()) is None
-    verdict = dog.check(states, now=6.0, ended=set())
+    assert dog.check(states, now=4.0, ended={}) is None
+    verdict = dog.check(states, now=6.0, ended={})
     assert verdict.kind == "not_started" and verdict.rank == 1
     assert "rank 1 (host unknown) did not start within startup_timeout_s (5 s; waited 6.0 s)" in verdict.message
     # Where the launcher placed them; a rank that connected but did not report in names its own host.
     planned = Watchdog(dog_scenario := scenario_from_dict(_scenario(watchdog={"startup_timeout_s": 5})), 0.0,
                        hosts=["vh1", "vh2", "vh2"])
     absent = [states[0], states[1], _state(2, Phase.NOT_STARTED, pid=0)]
-    verdict = planned.check(absent, now=6.0, ended=set())
+    verdict = planned.check(absent, now=6.0, ended={})
     assert verdict.message.startswith("ranks 1, 2 (on host vh2) did not start within startup_timeout_s (5 s")
     assert verdict.host == "vh2"
     absent[2] = _state(2, Phase.NOT_STARTED, pid=0, host="vh3")
-    assert planned.check(absent, 6.0, set()).message.startswith("ranks 1 (on host vh2) and 2 (on host vh3) did not")
+    assert planned.check(absent, 6.0, {}).message.startswith("ranks 1 (on host vh2) and 2 (on host vh3) did not")
     # In a job the user started every rank runs already: no start-up verdict.
-    assert Watchdog(dog_scenario, 0.0, startup=False).check(absent, 6.0, set()) is None
+    assert Watchdog(dog_scenario, 0.0, startup=False).check(absent, 6.0, {}) is None
     # Ranks that reported in before MPI's start-up and wait there for the absent one are named too.
     waiting = [_state(0, Phase.STARTING, iteration=-1, algorithm=-1, progress_at=1.0, slowest=0.0, host="vh1"),
                _state(1, Phase.STARTING, iteration=-1, algorithm=-1, progress_at=1.0, slowest=0.0, host="vh2"),
                _state(2, Phase.NOT_STARTED, pid=0, slowest=0.0)]
-    assert planned.check(waiting, 4.0, set()) is None
+    assert planned.check(waiting, 4.0, {}) is None
     assert planned.timeout(waiting[0], waiting)[0] == 5.0  # MPI's start-up: the start-up timeout
-    assert planned.check(waiting, 6.0, set()).message == (
+    assert planned.check(waiting, 6.0, {}).message == (
         "rank 2 (on host vh2) did not start within startup_timeout_s (5 s; waited 6.0 s); ranks 0, 1 started and "
         "wait for it in MPI's start-up")
 
@@ -183,8 +233,8 @@ def test_silence_is_counted_from_the_launch_at_the_earliest():
     for progress_at in (0.0, 900.0):
         states = [_state(0, Phase.SETUP, iteration=-1, algorithm=-1, progress_at=progress_at, slowest=0.0),
                   _state(1, Phase.SETUP, iteration=-1, algorithm=-1, progress_at=1003.0, slowest=0.0)]
-        assert dog.check(states, now=1004.0, ended=set()) is None
-        verdict = dog.check(states, now=1006.0, ended=set())
+        assert dog.check(states, now=1004.0, ended={}) is None
+        verdict = dog.check(states, now=1006.0, ended={})
         assert verdict.kind == "stuck" and verdict.rank == 0
         assert "rank 0 (pid 1000) made no progress for 6.0 s during start-up (setting up)" in verdict.message
 

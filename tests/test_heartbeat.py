@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from harness.runner.heartbeat import FIELDS, Field, Phase, TableReader
+from harness.runner.heartbeat_row import FIELDS, Field, Phase, TableReader
 from harness.runner.heartbeat_net import HeartbeatServer
 from harness.runner.watchdog import RankState, Watchdog, read_states
 from harness.scenario import scenario_from_dict
@@ -22,7 +22,8 @@ from harness.scenario import scenario_from_dict
 _WRITER = """
 import os, sys, time
 from harness.runner import heartbeat_net
-from harness.runner.heartbeat import Heartbeat, Phase
+from harness.runner.heartbeat import Heartbeat
+from harness.runner.heartbeat_row import Phase
 heartbeat_net.SEND_INTERVAL_S = 0.0005
 sys.setswitchinterval(1e-5)
 url, rank, stop = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -98,7 +99,7 @@ def test_watchdog_receives_no_torn_row_under_concurrent_writers(tmp_path):
                 reads += 1
                 changes += states != previous
                 previous = states
-                verdict = dog.check(states, now, ended=set())
+                verdict = dog.check(states, now, ended={})
                 if verdict is not None:
                     wrong.append(f"false verdict: {verdict.message}")
                 for st, proc in zip(states, procs):

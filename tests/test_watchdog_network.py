@@ -18,7 +18,8 @@ import pytest
 from conftest import harness_cli, processes_mentioning, write_scenario_file
 from harness.launch import Launch, descends_from, hydra_placement, mpiexec_path, read_hosts, start_ranks, stop_job
 from harness.runner import heartbeat_net
-from harness.runner.heartbeat import FIELDS, Field, Heartbeat, Phase
+from harness.runner.heartbeat import Heartbeat
+from harness.runner.heartbeat_row import FIELDS, Field, Phase
 from harness.runner.heartbeat_net import ADDRESS_ENV, HeartbeatServer, watchdog_address
 from harness.runner.watchdog import Watchdog, read_states, supervise
 from harness.scenario import scenario_from_dict
@@ -80,7 +81,7 @@ def test_round_trip_turns_ages_into_this_clock_and_an_early_end_into_a_death():
         done = threading.Thread(target=_fake_rank, args=(server.url, 0, 1000.0, [
             {"phase": Phase.LOCAL, "iteration": 3, "progress_ago": 4.0}], "vh2", 2.0))
         died = threading.Thread(target=_fake_rank, args=(server.url, 1, -500.0, [
-            {"phase": Phase.LOCAL, "iteration": 7, "progress_ago": 0.5}], "vh3", 2.0))
+            {"phase": Phase.LOCAL, "iteration": 7, "progress_ago": 0.5}], "vh3", 3.0))
         done.start()
         died.start()
         assert _until(lambda: all(st.started for st in read_states(server)))
@@ -89,14 +90,15 @@ def test_round_trip_turns_ages_into_this_clock_and_an_early_end_into_a_death():
         assert (zero.host, one.host) == ("vh2", "vh3")
         assert zero.progress_at == pytest.approx(now - 4.0, abs=0.5)  # not 1000 s in the future
         assert one.progress_at == pytest.approx(now - 0.5, abs=0.5)  # not 500 s in the past
-        assert server.snapshot()[2] == set()  # both connected
+        assert server.snapshot()[2] == {}  # both connected
         done.join()
         died.join()
-        # Both connections ended before their rows said DONE: both processes died.
+        # Both connections ended before their rows said DONE: both processes died, rank 0 first.
         assert server.wait_closed([0, 1], timeout=5)
         verdict = dog.check(read_states(server), time.monotonic(), server.snapshot()[2])
         assert verdict.kind == "died" and verdict.rank == 0 and verdict.host == "vh2"
         assert "rank 0 (pid 4242 on host vh2) died in iteration 3 of allreduce_sgd" in verdict.message
+        assert verdict.message.endswith("; then: rank 1 was stopped (ended after it)")
 
         # DONE, then the end of the connection: finished, not dead. A new connection of a rank
         # replaces its old one.
@@ -142,7 +144,7 @@ def test_strangers_are_not_admitted():
             sock.settimeout(5)
             assert sock.recv(1) == b""
         table, hosts, closed = server.snapshot()
-        assert not table.any() and hosts == [None, None] and closed == set()
+        assert not table.any() and hosts == [None, None] and closed == {}
 
 
 def test_a_rank_that_cannot_reach_the_watchdog_warns_once_and_runs_unwatched(monkeypatch, capsys):
@@ -324,3 +326,31 @@ def test_a_rank_that_raises_is_named_with_its_host(tmp_path):
     assert "RuntimeError: the script's own bug" in proc.stderr
     assert re.search(rf"error: .*train.py: rank 1 \(pid \d+ on host {re.escape(HERE)}\) raised an error in "
                      r"iteration 3 of train \(its traceback is above\)", proc.stderr), proc.stderr[-3000:]
+
+
+def test_ends_are_ordered_as_they_arrived_even_when_the_server_reads_late():
+    # A watchdog starved of CPU reads its sockets late, and a socket with unread rows is queued for
+    # reading before one whose process ended later. The order of the ends must still be the order
+    # in which they arrived. Rank 0 keeps sending rows while the server is held up; rank 1's
+    # process ends; then rank 0's. Rank 1 ended first.
+    with HeartbeatServer(2, "127.0.0.1") as server:
+        socks = []
+        for rank in (0, 1):
+            address, port, key = heartbeat_net.parse_url(server.url)
+            sock = socket.create_connection((address, port), timeout=10)
+            sock.sendall((json.dumps({"key": key, "rank": rank, "pid": 4242 + rank, "host": "here"}) + "\n").encode())
+            socks.append(sock)
+        assert _until(lambda: all(h is not None for h in server.snapshot()[1]))
+        row = [0.0] * FIELDS
+        row[Field.PID], row[Field.PHASE], row[Field.PROGRESS_AT] = 4242.0, float(Phase.LOCAL), 0.0
+        with server._changed:  # holds the server thread up as soon as it has rows to store
+            socks[0].sendall(heartbeat_net._ROW.pack(*row))
+            time.sleep(0.2)  # the server thread now waits for the lock with rank 0's row in hand
+            socks[0].sendall(heartbeat_net._ROW.pack(*row))  # unread rows: rank 0's socket is queued first
+            socks[1].close()
+            time.sleep(0.05)
+            socks[0].close()
+            time.sleep(0.2)
+        assert server.wait_closed([0, 1], timeout=5)
+        closed = server.snapshot()[2]
+        assert closed[1] < closed[0], closed

@@ -83,8 +83,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._broadcast_model(params)
         self.model_floats = int(params.numel())
         s = run.scenario
-        self.call_log = CallLog(run.comm) if s.results.comm_calls else None
-        comm = run.comm if self.call_log is None else self.call_log
+        striking = run.faults.striking(run.comm, run.algorithm)  # strikes after posting (during: communication)
+        self.call_log = CallLog(striking) if s.results.comm_calls else None
+        comm = striking if self.call_log is None else self.call_log
         self.ctx = AlgorithmContext(comm, self.staging.host_params, self.staging.host_grads, self._lr(), s.seed)
         self.algorithm = algorithm_class(run.algorithm)(run.algorithm_params, self.ctx)
         self.evals: list = []
@@ -214,12 +215,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         accuracy)`` (called on rank 0 only); recorded as the harness's evaluations are."""
         from harness.runner.evaluate import evaluate as evaluate_models
         from harness.runner.evaluate import testing
-        from harness.runner.heartbeat import Phase
 
         if self._began:
             raise ScriptError(f"evaluate() inside iteration {self.t} (after its forward pass, before step()): "
                               "evaluate between steps")
-        self.loop.beat.stage(Phase.EVALUATING)
+        self.loop.evaluation(self.t)
         local = self.algorithm.eval_params()
         params, model = self.staging.device_params, self.model
 

@@ -164,7 +164,7 @@ class Run:
             return
         self.closed = True
         Run._current = None
-        from harness.runner.heartbeat import Phase
+        from harness.runner.heartbeat_row import Phase
 
         try:
             if self.optimizer is None:
@@ -232,9 +232,7 @@ class Run:
         if exc is None:
             self.close()
             return
-        from harness.runner.heartbeat import Phase
-
-        self.beat.stage(Phase.FAILED)
+        self.beat.failed(exc)
         if self.size > 1 and not isinstance(exc, KeyboardInterrupt):
             from harness.launch import abort_job_after_error
 

@@ -9,94 +9,25 @@ once (``harness.runner.heartbeat_net``). The watchdog's address comes from the l
 (``harness.runner.watchdog.join_watchdog``); without one every beat is a no-op. Times are
 ``time.monotonic()`` of the rank's host; what travels is their age, never the time itself.
 
-Consistent reads. A beat changes several cells of a row while the sender thread may be copying
-it (the interpreter switches threads between any two bytecodes), and a copy mixing two beats
-once showed a rank with its pid set but no progress time yet (a time of 0, read as "no progress
-since boot"). So each row carries a sequence number, a seqlock with one writer per row: the
-rank makes the number odd, writes its cells, and makes it even again; :class:`TableReader`
-keeps a row only when the numbers read before and after copying it are the same even number,
-retries a few times otherwise (sleeping, which lets the writer finish its beat), and falls back
-to the row's last consistent copy. A phase switch within an iteration (:meth:`Heartbeat.phase`)
-writes one cell and skips the sequence: it is the only cell that ever changes outside a
-sequenced write, so a copy taken between two sequence changes is still a state the rank was in.
-
-What this relies on: every cell is written by one aligned 8-byte store, and the writer's stores
-are seen in program order by the copying thread (true of threads of one CPython process on any
-CPU, since they hand over the interpreter lock, and of x86-64 in general); Python runs each
-store as a separate call, in order.
+The row's layout, the causes a rank reports, and the consistent copy live in
+``harness.runner.heartbeat_row`` (a seqlock: see there).
 """
 
 from __future__ import annotations
 
-import enum
 import os
+import sys
 import time
 
 import numpy as np
 
+from harness.runner.heartbeat_row import FIELDS, Cause, Field, Phase
+
 ENV_VAR = "HARNESS_HEARTBEAT"
 
-READ_ATTEMPTS = 10  # copies of a row being written before its last consistent copy is used
-READ_RETRY_S = 0.001  # between them: sleeping lets a writer descheduled mid-beat finish
-
-
-class Phase(enum.IntEnum):
-    """What a rank is doing; 0 (NOT_STARTED) is what a fresh row holds."""
-
-    NOT_STARTED = 0
-    SETUP = 1  # loading, building the model, waiting at the barrier before an algorithm
-    LOCAL = 2  # an iteration's local work: injected delay, compute, optimizer step
-    COMMUNICATING = 3  # inside an algorithm hook (communication, or waiting for it)
-    EVALUATING = 4
-    RESULTS = 5  # gathering records and writing results
-    DONE = 6
-    FAILED = 7  # raised an error (its traceback is on stderr)
-    STARTING = 8  # the process runs, in MPI's start-up, which waits for every rank on every host
-
-
-class Field(enum.IntEnum):
-    """Columns of a row: 8 float64, 64 bytes (one message on the wire)."""
-
-    SEQUENCE = 0  # odd while the rank writes the row, even when it is consistent
-    PID = 1
-    PHASE = 2
-    ALGORITHM = 3  # index into the scenario's algorithms; -1 before the first
-    ITERATION = 4  # -1 outside training iterations
-    PROGRESS_AT = 5  # monotonic time of the last progress: a new iteration or a new phase
-    SLOWEST_ITERATION_S = 6  # longest finished iteration of this rank so far
-    ITERATIONS_DONE = 7
-
-
-FIELDS = len(Field)
-
 # Plain ints for the writer's hot path (an IntEnum index costs a conversion on every store).
-_SEQ, _PID, _PHASE, _ALGORITHM, _ITERATION, _PROGRESS_AT, _SLOWEST, _DONE = (int(f) for f in Field)
+_SEQ, _PID, _PHASE, _ALGORITHM, _ITERATION, _PROGRESS_AT, _SLOWEST, _DONE, _CAUSE = (int(f) for f in Field)
 _LOCAL = float(Phase.LOCAL)
-
-
-class TableReader:
-    """Consistent copies of the rows of ``table`` (a ``rows x FIELDS`` array that other threads
-    write, one writer per row; see the module's doc). The sender thread reads its rank's row so."""
-
-    def __init__(self, table: np.ndarray) -> None:
-        self._table = table
-        self._last = np.zeros(table.shape, dtype=np.float64)  # a fresh table: nobody started
-
-    def read(self) -> np.ndarray:
-        """Every row as its rank last wrote it completely (a ``ranks x FIELDS`` copy)."""
-        pending = np.ones(len(self._table), dtype=bool)
-        for attempt in range(READ_ATTEMPTS):
-            if attempt:
-                time.sleep(READ_RETRY_S)
-            before = np.array(self._table[:, _SEQ])
-            rows = np.array(self._table)
-            after = np.array(self._table[:, _SEQ])
-            whole = pending & (before == after) & (before % 2 == 0)
-            self._last[whole] = rows[whole]
-            pending &= ~whole
-            if not pending.any():
-                break
-        return self._last.copy()
 
 
 class Heartbeat:
@@ -112,7 +43,7 @@ class Heartbeat:
         self._sender = None
         self._seq = 0
         if url:
-            from harness.runner.heartbeat_net import Sender  # here: it imports this module
+            from harness.runner.heartbeat_net import Sender  # here: a rank without a watchdog needs no sockets
 
             row = np.zeros((1, FIELDS), dtype=np.float64)
             self._sender = Sender(url, rank, row)
@@ -163,7 +94,7 @@ class Heartbeat:
         replay a rank's whole life on one row."""
         if self._cells is not None:
             c = self._begin()
-            for cell in (_PID, _PHASE, _ALGORITHM, _ITERATION, _PROGRESS_AT, _SLOWEST, _DONE):
+            for cell in (_PID, _PHASE, _ALGORITHM, _ITERATION, _PROGRESS_AT, _SLOWEST, _DONE, _CAUSE):
                 c[cell] = 0.0
             self._end()
         self._iteration, self._slowest, self._done = -1, 0.0, 0
@@ -220,10 +151,11 @@ class Heartbeat:
             c[_SEQ] = seq + 2
             self._seq = seq + 2
 
-    def stage(self, phase: Phase) -> None:
+    def stage(self, phase: Phase, cause: Cause | None = None) -> None:
         """Enter a phase outside iterations (EVALUATING, RESULTS, DONE, FAILED): progress.
         Evaluation keeps the iteration it follows, a failure the one it struck in (if any); the
-        others have none."""
+        others have none. ``cause``: what the rank says about why it stops (with FAILED; see
+        :meth:`failed`)."""
         if self._cells is not None:
             if phase not in (Phase.EVALUATING, Phase.FAILED):
                 self._iteration = -1
@@ -231,8 +163,37 @@ class Heartbeat:
             c[_ITERATION] = float(self._iteration)
             c[_PHASE] = float(phase)
             c[_PROGRESS_AT] = time.monotonic()
+            if cause is not None:
+                c[_CAUSE] = float(cause)
             self._end()
             if phase in (Phase.DONE, Phase.FAILED):
                 # At once, and handed to the kernel before the rank goes on: it may exit right
                 # after, and the row must arrive before its connection's end does.
                 self._sender.ship()
+
+    def failed(self, exc: BaseException) -> None:
+        """The rank fails with ``exc``: FAILED, with the cause the watchdog weighs (a lost peer or
+        an interrupt is a consequence of something else; any other error is the rank's own)."""
+        self.stage(Phase.FAILED, failure_cause(exc))
+
+    def announce(self, cause: Cause) -> None:
+        """An injected fault strikes now (INJECTED_KILL, INJECTED_HANG): said to the watchdog, and
+        handed to the kernel, before it strikes, so that the verdict names this rank as its cause
+        however the others then end."""
+        if self._cells is not None:
+            c = self._begin()
+            c[_CAUSE] = float(cause)
+            c[_PROGRESS_AT] = time.monotonic()
+            self._end()
+            self._sender.ship()
+
+
+def failure_cause(exc: BaseException) -> Cause:
+    """What an exception that ends a rank says about the cause: PEER_LOST for the native layer's
+    ``PeerLostError`` (another rank died), INTERRUPTED for an interrupt, OWN_ERROR otherwise."""
+    if isinstance(exc, KeyboardInterrupt):
+        return Cause.INTERRUPTED
+    core = sys.modules.get("harness._core")  # not loaded: the error cannot be the native layer's
+    if core is not None and isinstance(exc, core.PeerLostError):
+        return Cause.PEER_LOST
+    return Cause.OWN_ERROR

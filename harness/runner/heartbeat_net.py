@@ -24,7 +24,18 @@ rank look at most that much more recent).
 
 A connection that ends (EOF, which arrives even after SIGKILL: the kernel closes a dead
 process's sockets) before its row said DONE means the rank's process ended without finishing.
-The receiver keeps, per rank, the host its hello named and whether its connection closed.
+The receiver keeps, per rank, the host its hello named and when its connection closed.
+
+When they closed is the watchdog's evidence for which rank died first (MPI's clean-up ends the
+others within milliseconds, and Hydra's own "BAD TERMINATION" report names whichever process it
+happened to reap first, not the first to die). The order in which the server thread happens to
+read its sockets is not that evidence: a socket with unread rows is queued for reading before
+one whose process died later, and a thread that was not scheduled for a while reads them all at
+once. So on Linux every connection is also registered, for its end alone (EPOLLRDHUP, with
+errors and hang-ups), in an epoll instance of its own: the kernel queues each connection there
+when its end arrives, in that order, and unread rows never queue it. The server takes the ends
+from it in that order, each after the rows that preceded it, and stamps them with increasing
+times. Elsewhere the ends are taken in the order they are read.
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ import json
 import math
 import os
 import secrets
+import select
 import selectors
 import socket
 import struct
@@ -45,7 +57,7 @@ from collections.abc import Collection
 
 import numpy as np
 
-from harness.runner.heartbeat import FIELDS, Field, TableReader
+from harness.runner.heartbeat_row import FIELDS, Field, TableReader
 
 ADDRESS_ENV = "HARNESS_WATCHDOG_ADDRESS"
 
@@ -207,10 +219,46 @@ def _connect(url: str, rank: int) -> socket.socket | None:
 
 
 class _Connection:
-    __slots__ = ("buffer", "rank", "sock")
+    __slots__ = ("buffer", "ended", "rank", "sock")
 
     def __init__(self, sock: socket.socket) -> None:
-        self.sock, self.buffer, self.rank = sock, bytearray(), None
+        self.sock, self.buffer, self.rank, self.ended = sock, bytearray(), None, False
+
+
+class _EndWatch:
+    """The connections whose end arrived, in the order the kernel saw them arrive (see the
+    module's doc); without epoll (not Linux) it knows nothing and the server reads ends as they
+    come."""
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll() if hasattr(select, "epoll") else None
+        self._conns: dict[int, _Connection] = {}
+
+    def fileno(self) -> int | None:
+        """Readable when an end is queued (None without epoll)."""
+        return None if self._epoll is None else self._epoll.fileno()
+
+    def add(self, conn: _Connection) -> None:
+        if self._epoll is not None:
+            fd = conn.sock.fileno()
+            self._conns[fd] = conn
+            self._epoll.register(fd, select.EPOLLRDHUP)  # EPOLLERR and EPOLLHUP come with it
+
+    def remove(self, conn: _Connection) -> None:
+        if self._epoll is not None:
+            fd = conn.sock.fileno()
+            if self._conns.pop(fd, None) is not None:
+                self._epoll.unregister(fd)
+
+    def ended(self) -> list[_Connection]:
+        """The connections whose end is queued, first to end first."""
+        if self._epoll is None:
+            return []
+        return [self._conns[fd] for fd, _ in self._epoll.poll(0) if fd in self._conns]
+
+    def close(self) -> None:
+        if self._epoll is not None:
+            self._epoll.close()
 
 
 class HeartbeatServer:
@@ -224,7 +272,9 @@ class HeartbeatServer:
         self.ranks = ranks
         self._table = np.zeros((ranks, FIELDS), dtype=np.float64)
         self._hosts: list[str | None] = [None] * ranks
-        self._closed = [False] * ranks
+        self._closed: list[float | None] = [None] * ranks  # when the rank's connection ended
+        self._last_end = -math.inf  # end times increase strictly, in the order the ends arrived
+        self._ends = _EndWatch()
         self._current: list[_Connection | None] = [None] * ranks  # a rank's latest connection
         self._changed = threading.Condition()
         self._key = secrets.token_hex(16)
@@ -240,23 +290,27 @@ class HeartbeatServer:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._selector.register(self._wake_read, selectors.EVENT_READ)
+        if self._ends.fileno() is not None:
+            self._selector.register(self._ends, selectors.EVENT_READ, self._ends)
         self._thread = threading.Thread(target=self._serve, name="heartbeat-server", daemon=True)
         self._thread.start()
 
     # -- what the watchdog reads -----------------------------------------------------------------
-    def snapshot(self) -> tuple[np.ndarray, list[str | None], set[int]]:
-        """(a copy of the table, each rank's host or None, the ranks whose connection closed)."""
+    def snapshot(self) -> tuple[np.ndarray, list[str | None], dict[int, float]]:
+        """(a copy of the table, each rank's host or None, the ranks whose connection closed with
+        when it did on this process's clock: the order of these times is the order of the ends)."""
         with contextlib.suppress(OSError):
             while self._ended_read.recv(4096):  # consumed: what closed is in the copy below
                 pass
         with self._changed:
-            return self._table.copy(), list(self._hosts), {r for r, c in enumerate(self._closed) if c}
+            return (self._table.copy(), list(self._hosts),
+                    {r: at for r, at in enumerate(self._closed) if at is not None})
 
     def wait_closed(self, ranks: Collection[int], timeout: float) -> bool:
         """Wait until the connections of ``ranks`` closed (their last rows arrived before); False
         when ``timeout`` passed first."""
         with self._changed:
-            return self._changed.wait_for(lambda: all(self._closed[r] for r in ranks), timeout)
+            return self._changed.wait_for(lambda: all(self._closed[r] is not None for r in ranks), timeout)
 
     def ended_fd(self) -> int:
         """A file descriptor that becomes readable when a rank's connection closes; :meth:`snapshot`
@@ -270,6 +324,7 @@ class HeartbeatServer:
         for key in list(self._selector.get_map().values()):
             key.fileobj.close()
         self._selector.close()
+        self._ends.close()
         self._wake_write.close()
         self._ended_read.close()
         self._ended_write.close()
@@ -283,12 +338,14 @@ class HeartbeatServer:
     # -- the thread ------------------------------------------------------------------------------
     def _serve(self) -> None:
         while True:
-            for key, _ in self._selector.select():
+            events = self._selector.select()
+            self._take_ends()  # first, in the order they arrived: a data event may be read later
+            for key, _ in events:
                 if key.fileobj is self._wake_read:
                     return
                 if key.fileobj is self._listener:
                     self._accept()
-                else:
+                elif key.data is not self._ends and not key.data.ended:
                     self._receive(key.data)
 
     def _accept(self) -> None:
@@ -299,18 +356,38 @@ class HeartbeatServer:
         sock.setblocking(False)
         conn = _Connection(sock)
         self._selector.register(sock, selectors.EVENT_READ, conn)
+        self._ends.add(conn)
 
-    def _receive(self, conn: _Connection) -> None:
-        try:
-            data = conn.sock.recv(65536)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""  # reset: the rank's end is gone, as after EOF
+    def _take_ends(self) -> None:
+        """End the connections whose end the kernel queued, in its order, each after reading the
+        rows it sent before its end."""
+        for conn in self._ends.ended():
+            self._receive(conn, ending=True)
+
+    def _receive(self, conn: _Connection, ending: bool = False) -> None:
+        """Read what ``conn`` sent; at its end, end it: in the end watch's order (``ending``: it
+        comes from there), so first every end queued before it."""
+        data, eof = bytearray(), False
+        while not eof:
+            try:
+                chunk = conn.sock.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                chunk = b""  # reset: the rank's end is gone, as after EOF
+            eof = not chunk
+            data += chunk
+        if data:
+            self._rows(conn, data)
+        if eof and not conn.ended:
+            if not ending:
+                self._take_ends()  # this end is queued there too, behind any that came before it
+            if not conn.ended:
+                self._end(conn)
+
+    def _rows(self, conn: _Connection, data: bytes) -> None:
+        """The rows in ``data`` (after the hello): the latest one is the rank's state."""
         arrival = time.monotonic()
-        if not data:
-            self._end(conn)
-            return
         conn.buffer += data
         if conn.rank is None and not self._hello(conn):
             return
@@ -348,18 +425,21 @@ class HeartbeatServer:
             # A rank's new connection replaces its old one (whose end then means nothing).
             self._current[rank] = conn
             self._hosts[rank] = host
-            self._closed[rank] = False
+            self._closed[rank] = None
             self._changed.notify_all()
         return True
 
     def _end(self, conn: _Connection) -> None:
+        conn.ended = True
+        self._ends.remove(conn)
         self._selector.unregister(conn.sock)
         conn.sock.close()
         if conn.rank is None:
             return
+        self._last_end = max(time.monotonic(), math.nextafter(self._last_end, math.inf))
         with self._changed:
             if self._current[conn.rank] is conn:
-                self._closed[conn.rank] = True
+                self._closed[conn.rank] = self._last_end
                 self._changed.notify_all()
         with contextlib.suppress(OSError):  # full: a wake-up is pending anyway
             self._ended_write.send(b"x")

@@ -20,8 +20,9 @@ emulated sleep); ``injected_delay_s`` the injected sleep; ``comm_blocked_s`` the
 the algorithm's hooks; ``bytes_sent`` the bytes sent by the operations this rank posted during
 the iteration (attributed to the iteration that posted them, whenever they finish; traffic the
 native layer's progress threads send on their own, such as answers to pairwise requests, is in
-no iteration); ``staleness`` the algorithm's own. Injected faults strike at ``start``; the
-heartbeat tells the watchdog where the rank is.
+no iteration); ``staleness`` the algorithm's own. Injected faults strike at ``start``, at an
+evaluation or at ``finish()`` (and, posting an operation, in the communicator
+``FaultPlan.striking`` gives the algorithm); the heartbeat tells the watchdog where the rank is.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from typing import Protocol
 from harness.algorithms.base import Algorithm
 from harness.faults import FaultPlan
 from harness.results.columns import CommOpRecord, EvalRecord, StepRecord
-from harness.runner.heartbeat import Heartbeat, Phase
+from harness.runner.heartbeat import Heartbeat
+from harness.runner.heartbeat_row import Phase
 from harness.scenario.schema import Scenario
 
 _HOOKS = ("before_forward", "after_backward", "after_step", "end_iteration")
@@ -70,6 +72,8 @@ class Iterations:
         self.algorithm, self.comm, self.now = algorithm, comm, now
         self.beat = heartbeat if heartbeat is not None else Heartbeat(None, comm.rank)
         self.faults, self.keep_ops = faults, keep_ops
+        if faults:
+            faults.watched_by(self.beat)  # an injected fault is announced to the watchdog before it strikes
         self.rows: list[tuple] = []  # per iteration: start, end, compute, delay, blocked, loss, staleness
         self.starts: list[float] = []  # per iteration: start (for attributing records by post time)
         self.sent: list[int] = []  # per iteration: bytes_sent
@@ -123,11 +127,19 @@ class Iterations:
         self.sent.append(0)
         self._collect(self.comm.drain_records())
 
+    def evaluation(self, iterations_done: int) -> None:
+        """An evaluation after ``iterations_done`` iterations begins (an injected fault may strike)."""
+        self.beat.stage(Phase.EVALUATING)
+        if self.faults:
+            self.faults.at_evaluation(self.algorithm.name, iterations_done)
+
     def finish(self) -> None:
         """After the last iteration: the algorithm's ``finish()`` (in no iteration)."""
         if self._begin is not None:
             self._begin(None)
         self.beat.phase(Phase.COMMUNICATING)
+        if self.faults:
+            self.faults.at_finish(self.algorithm.name)
         self.algorithm.finish()
         self._collect(self.comm.drain_records())
 
@@ -187,12 +199,12 @@ def train(
         if progress is not None:
             progress(t)
         if (t + 1) % eval_every == 0 and t + 1 < iterations:
-            beat.stage(Phase.EVALUATING)
+            loop.evaluation(t + 1)
             evals += work.evaluate(t + 1, now() - t0, algorithm.eval_params(), False)
         else:
             work.between(t)
     loop.finish()
-    beat.stage(Phase.EVALUATING)
+    loop.evaluation(iterations)
     evals += work.evaluate(iterations, now() - t0, algorithm.eval_params(), True)
     steps, kept = loop.records(t0)
     return steps, evals, kept

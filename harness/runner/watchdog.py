@@ -18,10 +18,24 @@ ranks (:func:`run_watched`, :func:`supervise`), on one host or many; in rank 0, 
 when the user started the ranks (``mpiexec -n 8 python -m harness run FILE``, ``srun``, a
 ``harness.api`` script), where a verdict aborts the MPI job (:func:`join_watchdog`).
 
-The verdict names the rank, its pid and host, the algorithm, the iteration and what happened,
-and says when the scenario itself injected that fault. It never counts a rank's silence from
-before the launch: a rank that reported in without a progress time (or with one older than
-the launch) has been quiet since the launch, not since the machine booted.
+The verdict names the root cause first: the rank, its pid and host, the algorithm, the iteration
+and what happened, and says when the scenario itself injected that fault; then what followed, as
+consequences ("rank 3 then failed: ...", "ranks 0, 1 were stopped"). When one rank dies, MPI's
+clean-up ends the others within milliseconds and the survivors' receives fail, so which rank is
+the root is decided on evidence, in this order (:func:`root_cause`):
+
+1. a rank that announced an injected fault (``kill`` ships its row just before the SIGKILL,
+   ``hang`` as it stops): the scenario's fault is the cause, however the others then ended;
+2. else the earliest of: a rank that raised an error of its own (its FAILED row carries when),
+   and a rank whose process ended without a word (killed by the kernel's out-of-memory killer, a
+   segfault, a node failure), by when its connection ended, in the order the kernel saw the ends
+   arrive (``harness.runner.heartbeat_net``); a rank that failed because it lost a peer
+   (``PeerLostError``) or was interrupted is a consequence, not a candidate;
+3. else (only consequences are known) the earliest of those.
+
+It never counts a rank's silence from before the launch: a rank that reported in without a
+progress time (or with one older than the launch) has been quiet since the launch, not since the
+machine booted.
 """
 
 from __future__ import annotations
@@ -35,13 +49,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from harness.launch import abort_mpi_job, descends_from
-from harness.runner.heartbeat import ENV_VAR, Field, Heartbeat, Phase
-from harness.scenario.schema import FaultSpec, HangFault, KillFault, Scenario, SlowStartFault
+from harness.runner.heartbeat import ENV_VAR, Heartbeat
+from harness.runner.heartbeat_row import Cause, Field, Phase
+from harness.scenario.schema import HangFault, KillFault, Scenario, SlowStartFault
 from harness.scenario.schema import Watchdog as WatchdogSettings
 
 POLL_S = 0.5  # how often the table is read when no process ends: cheap, and bounds the delay
@@ -75,6 +90,7 @@ class RankState:
     slowest_iteration_s: float
     iterations_done: int
     host: str | None = None
+    cause: Cause = Cause.NONE
 
     @property
     def started(self) -> bool:
@@ -83,6 +99,11 @@ class RankState:
     @property
     def finished(self) -> bool:
         return self.phase in (Phase.DONE, Phase.FAILED)
+
+    @property
+    def announced(self) -> bool:
+        """Whether the rank said an injected fault strikes it."""
+        return self.cause in (Cause.INJECTED_KILL, Cause.INJECTED_HANG)
 
 
 def read_states(server) -> list[RankState]:
@@ -95,7 +116,8 @@ def _states(table: np.ndarray, hosts: list[str | None]) -> list[RankState]:
     return [
         RankState(r, int(row[Field.PID]), Phase(int(row[Field.PHASE])), int(row[Field.ALGORITHM]),
                   int(row[Field.ITERATION]), float(row[Field.PROGRESS_AT]),
-                  float(row[Field.SLOWEST_ITERATION_S]), int(row[Field.ITERATIONS_DONE]), hosts[r])
+                  float(row[Field.SLOWEST_ITERATION_S]), int(row[Field.ITERATIONS_DONE]), hosts[r],
+                  Cause(int(row[Field.CAUSE])))
         for r, row in enumerate(table)
     ]
 
@@ -110,6 +132,8 @@ class Verdict:
     algorithm: str | None = None
     iteration: int | None = None
     host: str | None = None
+    evidence: str | None = None  # why ``rank`` is the root cause: "announced", "first_error", "first_end", ...
+    after_s: float | None = None  # from the root cause (its announcement, error or end) to the verdict
 
     def as_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -164,11 +188,12 @@ class Watchdog:
         return max(startup, it or startup)
 
     # -- the verdict ---------------------------------------------------------------------------
-    def check(self, states: list[RankState], now: float, ended: set[int]) -> Verdict | None:
-        """``ended``: ranks whose process is gone. None while the job may still finish."""
+    def check(self, states: list[RankState], now: float, ended: Mapping[int, float]) -> Verdict | None:
+        """``ended``: the ranks whose process is gone, with when that was seen (on the clock of
+        ``now``; their order is the order the ends arrived). None while the job may still finish."""
         died = [st for st in states if st.rank in ended and st.started and st.phase != Phase.DONE]
         if died:
-            return self._died(died)
+            return self._died(states, ended, now)
         waited = now - self.launched_at
         absent = [st for st in states if not st.started]
         if self.startup and absent and waited > self.settings.startup_timeout_s:
@@ -179,21 +204,37 @@ class Watchdog:
             return self._stuck(running, states, now)
         return None
 
-    def _died(self, died: list[RankState]) -> Verdict:
-        # Errors first (their traceback is above); then a rank not blocked in communication:
-        # when one rank dies, the MPI launcher kills the others, which are usually waiting for it.
-        first = min(died, key=lambda st: (st.phase != Phase.FAILED, st.phase == Phase.COMMUNICATING, st.rank))
-        where = self._where(first)
-        if first.phase == Phase.FAILED:
-            what = f"{self._who(first)} raised an error {where} (its traceback is above)"
+    def _died(self, states: list[RankState], ended: Mapping[int, float], now: float) -> Verdict:
+        root, evidence, at = root_cause(states, ended)
+        where = self._where(root)
+        if root.phase == Phase.FAILED:
+            what = f"{self._who(root)} raised an error {where} (its traceback is above)"
             kind = "failed"
-        else:
-            what = f"{self._who(first)} died {where}: its process ended without finishing"
+        elif root.rank in ended or root.cause == Cause.INJECTED_KILL:
+            what = f"{self._who(root)} died {where}: its process ended without finishing"
             kind = "died"
-        others = sorted(st.rank for st in died if st is not first)
+        else:  # an injected hang, announced before the others ended
+            what = f"{self._who(root)} stopped making progress {where}"
+            kind = "stuck"
+        what += self._injected(root) + _consequences(root, states, ended)
+        return self._verdict(kind, root, what, evidence, now - at)
+
+    def _stuck(self, running: list[RankState], states: list[RankState], now: float) -> Verdict:
+        announced = [st for st in running if st.cause == Cause.INJECTED_HANG]
+        if announced:
+            culprit, evidence = min(announced, key=lambda st: st.progress_at), "announced"
+        else:
+            culprit = min(running, key=lambda st: (st.phase == Phase.COMMUNICATING, st.algorithm, st.iteration,
+                                                   st.progress_at))
+            evidence = "furthest_behind"
+        timeout, how = self.timeout(culprit, states)
+        what = (f"{self._who(culprit)} made no progress for {self.quiet_for(culprit, now):.1f} s "
+                f"{self._where(culprit)} ({_DOING[culprit.phase]}); timeout {how}")
+        others = [st for st in running if st is not culprit]
         if others:
-            what += f"; ranks {', '.join(map(str, others))} ended at about the same time"
-        return self._verdict(kind, first, what + self._injected(first, KillFault))
+            what += f"; the other running ranks: {_tally(others)}"
+        return self._verdict("stuck", culprit, what + self._injected(culprit), evidence,
+                             now - max(culprit.progress_at, self.launched_at))
 
     def _not_started(self, absent: list[RankState], waited: float, waiting: list[int]) -> Verdict:
         """``waiting``: the ranks that started but wait in MPI's start-up (for the absent ones)."""
@@ -214,17 +255,6 @@ class Watchdog:
                      f"wait{'' if len(waiting) > 1 else 's'} for {'them' if len(absent) > 1 else 'it'} in MPI's start-up")
         return Verdict("not_started", rank, what, host=self.host_of(absent[0]))
 
-    def _stuck(self, running: list[RankState], states: list[RankState], now: float) -> Verdict:
-        culprit = min(running, key=lambda st: (st.phase == Phase.COMMUNICATING, st.algorithm, st.iteration,
-                                               st.progress_at))
-        timeout, how = self.timeout(culprit, states)
-        what = (f"{self._who(culprit)} made no progress for {self.quiet_for(culprit, now):.1f} s "
-                f"{self._where(culprit)} ({_DOING[culprit.phase]}); timeout {how}")
-        others = [st for st in running if st is not culprit]
-        if others:
-            what += f"; the other running ranks: {_tally(others)}"
-        return self._verdict("stuck", culprit, what + self._injected(culprit, HangFault))
-
     # -- wording ------------------------------------------------------------------------------
     def _who(self, st: RankState) -> str:
         """E.g. "rank 3 (pid 1234 on host vh2)"."""
@@ -244,17 +274,62 @@ class Watchdog:
             return f"while evaluating {name} after iteration {st.iteration}"
         return f"in iteration {st.iteration} of {name}"
 
-    def _injected(self, st: RankState, kind: type[FaultSpec]) -> str:
+    def _injected(self, st: RankState) -> str:
+        """" (the scenario injects this: faults[i] kill)" when ``st`` announced an injected fault."""
+        kind = {Cause.INJECTED_KILL: KillFault, Cause.INJECTED_HANG: HangFault}.get(st.cause)
         name = self._algorithm(st)
         for i, f in enumerate(self.faults):
-            if (isinstance(f, kind) and f.rank == st.rank and f.at_iteration == st.iteration
-                    and (f.algorithm or self.algorithms[0]) == name):
+            if isinstance(f, kind or ()) and f.rank == st.rank and (f.algorithm or self.algorithms[0]) == name:
                 return f" (the scenario injects this: faults[{i}] {f.kind})"
-        return ""
+        return " (the scenario injects this)" if kind is not None else ""
 
-    def _verdict(self, kind: str, st: RankState, message: str) -> Verdict:
+    def _verdict(self, kind: str, st: RankState, message: str, evidence: str | None = None,
+                 after_s: float | None = None) -> Verdict:
         return Verdict(kind, st.rank, message, self._algorithm(st), st.iteration if st.iteration >= 0 else None,
-                       self.host_of(st))
+                       self.host_of(st), evidence, None if after_s is None else round(max(after_s, 0.0), 3))
+
+
+def root_cause(states: list[RankState], ended: Mapping[int, float]) -> tuple[RankState, str, float]:
+    """The rank whose fault the others' ends followed, the evidence for it and when it struck (see
+    the module's doc for the order of evidence). ``ended`` must name at least one rank, or a rank
+    must have failed or announced a fault."""
+    announced = [st for st in states if st.started and st.announced]
+    if announced:
+        first = min(announced, key=lambda st: (st.progress_at, st.rank))
+        return first, "announced", first.progress_at
+    own = [(st.progress_at, st.rank, st, "first_error") for st in states
+           if st.phase == Phase.FAILED and st.cause in (Cause.OWN_ERROR, Cause.NONE)]
+    silent = [(ended[st.rank], st.rank, st, "first_end") for st in states
+              if st.rank in ended and st.started and st.phase not in (Phase.DONE, Phase.FAILED)]
+    candidates = own + silent
+    if not candidates:  # only consequences are known: the earliest of them
+        candidates = [(st.progress_at, st.rank, st, "first_consequence") for st in states
+                      if st.phase == Phase.FAILED]
+    at, _, first, evidence = min(candidates, key=lambda c: (c[0], c[1]))
+    return first, evidence, at
+
+
+_FOLLOWED = {
+    Cause.PEER_LOST: "then failed: it lost a peer (PeerLostError; its traceback is above)",
+    Cause.INTERRUPTED: "then was interrupted",
+    Cause.OWN_ERROR: "then raised an error (its traceback is above)",
+    Cause.NONE: "then raised an error (its traceback is above)",
+}
+
+
+def _consequences(root: RankState, states: list[RankState], ended: Mapping[int, float]) -> str:
+    """What followed the root cause, in order: "; then: rank 3 then failed: ...; ranks 0, 1 were
+    stopped (their processes ended after it)"."""
+    failed = [st for st in states if st is not root and st.phase == Phase.FAILED]
+    stopped = sorted((ended[st.rank], st.rank) for st in states
+                     if st is not root and st.rank in ended and st.started and st.phase not in (Phase.DONE, Phase.FAILED))
+    parts = [f"rank {st.rank} {_FOLLOWED[st.cause] if st.cause in _FOLLOWED else 'then failed'}"
+             for st in sorted(failed, key=lambda st: (st.progress_at, st.rank))]
+    if stopped:
+        ranks = [r for _, r in stopped]
+        parts.append(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} "
+                     f"{'were' if len(ranks) > 1 else 'was'} stopped (ended after it)")
+    return "; then: " + "; ".join(parts) if parts else ""
 
 
 def _tally(states: list[RankState]) -> str:
@@ -294,15 +369,17 @@ def supervise(proc: subprocess.Popen, server, watchdog: Watchdog, stop_job,
             ours[st.pid] = descends_from(st.pid, proc.pid)
         return ours[st.pid]
 
-    def observe() -> tuple[list[RankState], set[int]]:
-        """The ranks' states and which have ended (connection closed, or process seen to end)."""
+    def observe() -> tuple[list[RankState], dict[int, float]]:
+        """The ranks' states and which have ended, when (connection closed, or process seen to end)."""
         table, hosts, closed = server.snapshot()
         states = _states(table, hosts)
         gone = processes.ended_ranks(states)
-        if gone - closed and server.wait_closed(gone - closed, CLOSE_WAIT_S):
+        if gone - closed.keys() and server.wait_closed(gone - closed.keys(), CLOSE_WAIT_S):
             table, hosts, closed = server.snapshot()  # now with the rows they sent last
             states = _states(table, hosts)
-        return states, closed | gone
+        # A process seen to end whose connection has not (yet) ended: after every end seen so far.
+        seen = time.monotonic()
+        return states, {**{r: seen for r in gone}, **closed}
 
     def stop(states: list[RankState]) -> None:
         mine = {st.pid for st in states if local(st)}
@@ -335,13 +412,22 @@ def supervise(proc: subprocess.Popen, server, watchdog: Watchdog, stop_job,
     finally:
         processes.close()
     rc = proc.wait()
-    if verdict is None and rc != 0:
+    if verdict is not None and verdict.kind in ("died", "failed"):
+        # Judged at the first end; now every rank has ended: judge again with all the evidence,
+        # so the verdict lists what followed (its time stays that of the first judgement).
+        server.wait_closed([st.rank for st in states if st.host is not None], CLOSE_WAIT_S)
+        states, ended = observe()
+        final = watchdog.check(states, time.monotonic(), ended)
+        if final is not None:
+            verdict = dataclasses.replace(final, after_s=verdict.after_s) if final.rank == verdict.rank else final
+    elif verdict is None and rc != 0:
         # The launcher ended first (it ends the job when a rank dies). Judge by the ends seen,
         # or, if none was seen, by every rank: all of them have ended with the launcher.
         server.wait_closed([st.rank for st in states if st.host is not None], CLOSE_WAIT_S)
         states, ended = observe()
         if all(states[r].phase == Phase.DONE for r in ended):
-            ended = {st.rank for st in states if st.started}
+            seen = time.monotonic()
+            ended = {st.rank: seen for st in states if st.started}
         verdict = watchdog.check(states, time.monotonic(), ended)
     return rc, verdict
 

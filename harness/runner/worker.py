@@ -18,7 +18,7 @@ def main(run_dir: str, resume: bool = False) -> int:
     from harness.faults import FaultPlan
     from harness.launch import launcher_rank
     from harness.results.layout import SCENARIO_FILE
-    from harness.runner.heartbeat import Phase
+    from harness.runner.heartbeat_row import Phase
     from harness.runner.watchdog import join_watchdog, report_in_before_mpi
     from harness.scenario import load_scenario
 
@@ -50,8 +50,8 @@ def main(run_dir: str, resume: bool = False) -> int:
     beat.report_in()
     try:
         _train_all(world, Path(run_dir), run, scenario, faults, beat)
-    except BaseException:
-        beat.stage(Phase.FAILED)
+    except BaseException as exc:
+        beat.failed(exc)
         raise
     beat.stage(Phase.DONE)
     beat.close()
@@ -76,7 +76,7 @@ def _train_all(world, run_dir: Path, run, scenario, faults, beat) -> None:
     from harness.results.provenance import ProvenanceWriter
     from harness.results.provenance import level as provenance_level
     from harness.runner.clock import Clock
-    from harness.runner.heartbeat import Phase
+    from harness.runner.heartbeat_row import Phase
     from harness.runner.local_work import LocalWork
     from harness.runner.loop import train
     from harness.runner.report import gather, publish, write_summary
@@ -117,8 +117,9 @@ def _train_all(world, run_dir: Path, run, scenario, faults, beat) -> None:
         beat.algorithm(index)
         optimizer = scenario.optimizer_of(params)
         state = build_state(scenario, rank, dataset, device, optimizer)
-        log = CallLog(comm) if scenario.results.comm_calls else None  # the algorithm's calls, for comm_calls.csv
-        algo_comm = comm if log is None else log
+        striking = faults.striking(comm, params.name)  # strikes after posting (a during: communication fault)
+        log = CallLog(striking) if scenario.results.comm_calls else None  # the algorithm's calls, for comm_calls.csv
+        algo_comm = striking if log is None else log
         ctx = AlgorithmContext(algo_comm, state.params, state.grads, optimizer.lr, scenario.seed)
         algorithm = algorithm_class(params.name)(params, ctx)
         bar = _progress_bar(params.name, scenario.workload.iterations) if rank == 0 else None

@@ -545,12 +545,38 @@ class FaultSpec(StrictModel):
         _check_rank("rank", self.rank, ranks)
 
 
-class IterationFault(FaultSpec):
-    """A fault that strikes at the start of iteration ``at_iteration`` of ``algorithm``
-    (None: the first algorithm the run trains)."""
+FaultPoint = Literal["iteration", "communication", "evaluation", "finish"]
+"""Where in an algorithm's run a ``kill`` or ``hang`` strikes (``IterationFault.during``)."""
 
-    at_iteration: NonNegativeInt
+
+class IterationFault(FaultSpec):
+    """A fault that strikes in ``algorithm`` (None: the first algorithm the run trains), at the
+    point ``during`` names:
+
+    - ``iteration`` (the default): at the start of iteration ``at_iteration``, before its forward
+      pass;
+    - ``communication``: just after the rank posts its first communication operation at or after
+      the start of iteration ``at_iteration``, while the operation is in flight (its peers wait
+      inside it). The algorithm decides what that operation is: a blocking allreduce, a
+      wait-avoiding round, a push-sum push, an AD-PSGD pair request, the DiLoCo family's outer
+      step (at a synchronizing iteration);
+    - ``evaluation``: at the start of the first evaluation after iteration ``at_iteration``;
+    - ``finish``: at the start of the algorithm's ``finish()``, after its last iteration
+      (``at_iteration`` is then left out).
+    """
+
+    at_iteration: NonNegativeInt | None = None
     algorithm: str | None = None
+    during: FaultPoint = "iteration"
+
+    @model_validator(mode="after")
+    def _iteration_where_it_is_needed(self) -> IterationFault:
+        if self.during == "finish" and self.at_iteration is not None:
+            raise ParamError("at_iteration", "must be left out with during: finish (it strikes after the last "
+                             "iteration)", self.at_iteration).to_pydantic()
+        if self.during != "finish" and self.at_iteration is None:
+            raise ParamError("at_iteration", f"is required with during: {self.during}", None).to_pydantic()
+        return self
 
 
 class KillFault(IterationFault):
@@ -752,7 +778,7 @@ class Scenario(StrictModel):
             if fault.algorithm is not None and fault.algorithm not in names:
                 reason = f"not one of the algorithms run ({', '.join(names)})"
                 raise ParamError(("faults", i, "algorithm"), reason, fault.algorithm).to_pydantic()
-            if fault.at_iteration >= self.workload.iterations:
+            if fault.at_iteration is not None and fault.at_iteration >= self.workload.iterations:
                 reason = f"must be < workload.iterations ({self.workload.iterations})"
                 raise ParamError(("faults", i, "at_iteration"), reason, fault.at_iteration).to_pydantic()
         return self

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, NamedTuple
 
@@ -294,3 +295,16 @@ def save_calibration(calibration: Calibration, path: Path) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic.write_text(path, calibration.model_dump_json(indent=2) + "\n")
+
+
+def save_fixed_calibration(path: Path, ranks: int, compute: Sequence[tuple[str, str, int, float]] = ()) -> Path:
+    """A calibration file with one entry for ``ranks`` ranks, measured on no machine: 0.3 ms and
+    1 GB/s links, and a compute median per ``(model, dataset, batch_size, seconds)`` (p95 a
+    quarter above it). What ``simulate`` and ``compare`` need where what is compared is the
+    communication model, not this machine's calibration (the tests, ``bench agreement``)."""
+    points = [ComputePoint(model=m, dataset=d, batch_size=b, median_s=s, p95_s=s * 1.25, samples=10)
+              for m, d, b, s in compute]
+    save_calibration(Calibration(created_at="2026-01-01T00:00:00+00:00", harness_version="test", cpus=2, entries=[
+        CalibrationEntry(ranks=ranks, network=NetworkModel(latency_s=3e-4, bandwidth_bytes_per_s=1e9),
+                         compute=points)]), path)
+    return path

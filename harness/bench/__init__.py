@@ -7,4 +7,6 @@ the launching parent (``harness.commands.bench``) never loads mpi4py.
 - ``collectives``: native allreduce / broadcast against the mpi4py baseline, nccl-tests style.
 - ``stress``: wait-avoiding allreduce (WAGMA, eager-SGD) and push-sum under random delays,
   every round checked exactly against the rule.
+- ``agreement``: the simulator against real runs, case by case (real and simulated times, the
+  error, medians over repeats); the worker of its ``nic_messages`` case runs under ``mpiexec``.
 """

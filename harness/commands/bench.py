@@ -48,6 +48,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     stress.add_arguments(st)
     st.set_defaults(func=run_stress)
+    from harness.bench import agreement  # noqa: PLC0415  real vs simulated; imports no MPI
+
+    agree = benchmarks.add_parser(
+        "agreement", help="the simulator against real runs: real and simulated times per case, with the error",
+        description=agreement.__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(f"  {name:16s}{case.about}{'' if case.default else ' (not by default)'}"
+                         for name, case in agreement.CASES.items()),
+    )
+    agreement.add_arguments(agree)
+    agree.set_defaults(func=agreement.run)
 
 
 def run_collectives(args: argparse.Namespace) -> int:

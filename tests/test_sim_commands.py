@@ -7,11 +7,11 @@ import os
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from harness.bench.agreement import SMALL_COMPUTE, SMALL_SCENARIO, run_and_compare
 from harness.results.columns import STEP_COLUMNS, SUMMARY_COLUMNS
 from harness.scenario.loader import scenario_from_dict
 from harness.sim.calibration import (
@@ -26,20 +26,12 @@ from harness.sim.calibration import (
 )
 from harness.sim.compare import COMPARE_COLUMNS
 from harness.sim.runs import calibration_entry, predict
-from conftest import harness_cli, measure_until_they_agree, run_scenario, write_scenario_file
+from conftest import harness_cli, run_scenario, write_scenario_file
 
 # Emulated compute: the local work is a sleep, so the comparison tests the communication model
-# and not how well a noisy CI machine reproduces forward/backward times.
-SMALL = {
-    "name": "simcheck",
-    "ranks": 4,
-    "seed": 3,
-    "workload": {"model": "mlp", "dataset": "digits", "batch_size": 8, "iterations": 24, "eval_every": 12,
-                 "compute": {"emulate_ms": 20}, "params": 2000},
-    "algorithms": ["allreduce_sgd", {"name": "local_sgd", "period": 3}, "sgp",
-                   {"name": "wagma", "group_size": 2, "period": 4}],
-    "imbalance": [{"kind": "random_ranks", "count": 1, "delay_ms": 40}],
-}
+# and not how well a noisy CI machine reproduces forward/backward times. The scenario of
+# `python -m harness bench agreement`'s small_run case, which reports how close they are.
+SMALL = SMALL_SCENARIO
 
 
 def calibration_file(path, ranks=(4,), latency_s=3e-4, cpus=2):
@@ -190,10 +182,6 @@ def test_simulate_rejects_bad_input(tmp_path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-# Wide enough for a loaded 2-core CI machine; the README reports the measured errors.
-AGREES_WITHIN = {"trace": 0.25, "predictive": 0.35}
-
-
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory):
     """A short real run of one algorithm, for the tests of what ``compare`` accepts."""
@@ -201,32 +189,33 @@ def real_run(tmp_path_factory):
         **SMALL, "algorithms": ["allreduce_sgd"], "workload": {**SMALL["workload"], "iterations": 6, "eval_every": 6}})
 
 
-@pytest.mark.timing
-def test_a_small_real_run_agrees_with_its_simulation(tmp_path) -> None:
-    cal = calibration_file(tmp_path / "cal.json")
+def test_a_small_real_run_and_its_simulation_agree_within_a_factor_of_two(tmp_path) -> None:
+    """SMALL for real, then ``compare``: the tables and files it writes, and coarse agreement
+    that catches a broken model (off by 2x, the wrong way round), not a loaded machine. How
+    close they are is ``python -m harness bench agreement --only small_run``'s report (1-5% here)."""
+    from harness.sim.calibration import save_fixed_calibration
 
-    def measure(out: Path) -> tuple[Path, pd.DataFrame, subprocess.CompletedProcess]:
-        out.mkdir()
-        run = run_scenario(out, SMALL)
-        proc = harness_cli("compare", str(run), "--calibration", str(cal))
-        assert proc.returncode == 0, proc.stderr
-        return run, pd.read_csv(run / "compare.csv"), proc
-
-    def disagreement(measured: tuple[Path, pd.DataFrame, subprocess.CompletedProcess]) -> str | None:
-        errors = measured[1].assign(off=lambda t: t["throughput_error"].abs() >= t["mode"].map(AGREES_WITHIN))
-        return None if not errors["off"].any() else "simulated throughput off:\n" + errors.to_string()
-
-    real_run, table, proc = measure_until_they_agree(measure, disagreement, tmp_path)
+    cal = save_fixed_calibration(tmp_path / "cal.json", SMALL["ranks"], SMALL_COMPUTE)
+    compared = run_and_compare(SMALL, tmp_path, cal)
+    real_run, table = compared.run, compared.table
     assert tuple(table.columns) == COMPARE_COLUMNS
     assert sorted(set(table["mode"])) == ["predictive", "trace"]
     assert len(table) == 2 * 4
-    assert disagreement((real_run, table, proc)) is None, table.to_string()
+    ratio = table["measured_iter_s"] / table["predicted_iter_s"]
+    assert ratio.between(0.5, 2.0).all(), table.to_string()
+    # Allreduce-SGD waits for the late rank every iteration, Local SGD every third: the simulator
+    # orders them as the real run does, in both modes (about 61 against 44 ms here).
+    by = table.set_index(["mode", "algorithm"])
+    for mode in ("trace", "predictive"):
+        assert by.loc[(mode, "allreduce_sgd"), "measured_iter_s"] > by.loc[(mode, "local_sgd"), "measured_iter_s"]
+        assert by.loc[(mode, "allreduce_sgd"), "predicted_iter_s"] > by.loc[(mode, "local_sgd"), "predicted_iter_s"], \
+            table.to_string()
     assert (real_run / "compare.png").stat().st_size > 0
     for mode in ("trace", "predictive"):
         meta = json.loads((real_run / f"sim-{mode}" / "run.json").read_text())
         assert meta["simulated"] and meta["mode"] == mode and meta["calibration_ranks"] == 4
     assert (table["calibration_ranks"] == 4).all()
-    assert "median |error|" in proc.stdout and "note: no calibration" not in proc.stderr
+    assert "median |error|" in compared.output and "note: no calibration" not in compared.output
     assert json.loads((real_run / "run.json").read_text())["wagma_group_sizes"] == {"wagma": [2, 2]}
 
 

@@ -8,26 +8,18 @@ from __future__ import annotations
 
 import hashlib
 import sys
-import time
 
 import numpy as np
 from mpi4py import MPI
 
-from checklib import Checks, Skip, run_checks
+from checklib import Checks, Skip, agree_that, run_checks
+from harness.bench.agreement import exchange_through_nics, nic_topology, simulated_exchange_ends
 from harness.comm import Communicator
-from harness.scenario.network import NodeTopology
-from harness.sim.calibration import NetworkModel
-from harness.sim.network import SimNetwork
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.rank, WORLD.size
 CHECKS = check = Checks()
-FLOAT_BYTES = 4
 
-
-def topology(node_of: list[int], nic_gbps: float | None = None, hierarchical: bool = False) -> NodeTopology:
-    nic = None if nic_gbps is None else nic_gbps * 1e9 / 8
-    return NodeTopology(tuple(node_of), 0.0, None, 0.0, nic, None, hierarchical)
 
 
 def digest_everywhere(a: np.ndarray) -> int:
@@ -49,7 +41,7 @@ def hierarchical_allreduce_matches_mpi() -> None:
         for threshold in (64 * 1024, 0):  # leaders by recursive doubling, and by ring
             comm = Communicator(WORLD, ring_threshold_bytes=threshold)
             try:
-                comm.set_topology(topology(node_of, hierarchical=True))
+                comm.set_topology(nic_topology(node_of, hierarchical=True))
                 for n in (1, 7, 1000, 100_003):
                     x = np.random.default_rng([RANK, n]).standard_normal(n).astype(np.float32)
                     ref = np.empty_like(x)
@@ -66,49 +58,29 @@ def hierarchical_allreduce_matches_mpi() -> None:
 
 
 @check
-def nic_contention_agrees_with_the_simulator() -> str:
+def nic_contention_is_what_the_simulator_says_within_a_factor_of_two() -> str:
     """Ranks of node 0 exchange 1 MB with their partners on node 1 through 1 Gb/s NICs, posted
-    3 ms apart: the emulated exchanges end when the simulator's network says they do."""
+    3 ms apart (harness.bench.agreement.exchange_through_nics): each emulated exchange takes at
+    least half and at most twice the time the simulator's network says, plus the longest of the
+    same exchanges measured without NICs just before (the control: what MPI and this machine's
+    load add by themselves). A coarse check that catches a broken rule (a NIC not shared: all
+    four in 8 ms; counted twice); how close they are is `python -m harness bench agreement
+    --only nic_messages` (10-25% here)."""
     if SIZE < 4 or SIZE % 2:
         raise Skip("needs two nodes of at least 2 ranks")
-    half = SIZE // 2
-    node_of = [r // half for r in range(SIZE)]
-    nic_gbps, count, gap = 1.0, 256 * 1024, 3e-3
-    comm = Communicator(WORLD)
-    try:
-        comm.set_topology(topology(node_of, nic_gbps))
-        send = np.full(count, RANK, dtype=np.float32)
-        recv = np.zeros(count, dtype=np.float32)
-        peer = (RANK + half) % SIZE
-        WORLD.Barrier()
-        t0 = WORLD.bcast(time.monotonic() + 0.05, root=0)  # the ranks share CLOCK_MONOTONIC
-        time.sleep(max(0.0, t0 + (RANK % half) * gap - time.monotonic()))
-        comm.drain_records()
-        comm.exchange(send, recv, peer)
-        assert recv[0] == peer
-        (record,) = [r for r in comm.drain_records() if r.op == "exchange"]
-    finally:
-        comm.close()
-    records = WORLD.gather((record.start_s, record.end_s), root=0)
-    if RANK:
-        return ""
-    # The same messages through the simulator, in the order they were posted (their start).
-    net = SimNetwork(SIZE, NetworkModel(latency_s=0.0, bandwidth_bytes_per_s=1e15), topology=topology(node_of, nic_gbps))
-    order = sorted(range(SIZE), key=lambda r: records[r][0])
-    release, arrival = {}, {}
-    for r in order:
-        release[r], arrival[(r + half) % SIZE] = net.message(r, (r + half) % SIZE, count * FLOAT_BYTES, records[r][0])
-    lines, worst = [], 0.0
-    for r in range(SIZE):
-        start, end = records[r]
-        predicted = max(release[r], arrival[r])
-        error = abs(end - predicted)
-        # 10% of the predicted time plus 4 ms: the progress thread's wake-up and MPI's own copy.
-        allowed = 0.1 * (predicted - start) + 4e-3
-        worst = max(worst, error / allowed)
-        lines.append(f"rank {r}: emulated {1e3 * (end - start):.1f} ms, simulated {1e3 * (predicted - start):.1f} ms")
-        assert error <= allowed, "\n".join(lines)
-    return f"worst error {worst:.2f} of the tolerance; " + "; ".join(lines)
+    exchange = exchange_through_nics(WORLD)
+    agree_that(exchange.received_right[RANK], f"rank {RANK} received the wrong data")
+    predicted = simulated_exchange_ends(exchange.spans)
+    control = max(end - start for start, end in exchange.control)
+    lines, bad = [], []
+    for r, (start, end) in enumerate(exchange.spans):
+        emulated, simulated = end - start, predicted[r] - start
+        lines.append(f"rank {r}: emulated {1e3 * emulated:.1f} ms, simulated {1e3 * simulated:.1f} ms")
+        if not 0.5 * simulated <= emulated <= 2 * simulated + control:
+            bad.append(r)
+    agree_that(not bad, f"ranks {bad} off by more than a factor of 2 (control {1e3 * control:.1f} ms): "
+               + "; ".join(lines))
+    return f"control {1e3 * control:.1f} ms; " + "; ".join(lines)
 
 
 def main(out_path: str) -> int:

@@ -24,8 +24,11 @@ def test_adpsgd_trains_and_fast_ranks_do_not_wait_for_a_slow_passive_rank(tmp_pa
     steps = pd.read_csv(only_run_dir(tmp_path / "out", "adslow") / "steps.csv")
     steps["duration"] = steps.end_s - steps.start_s
     fast = steps[steps["rank"] != 1].groupby("algorithm").duration.median()
-    assert fast["allreduce_sgd"] >= 0.8 * delay, fast
-    assert fast["adpsgd"] < 0.5 * delay, fast
+    slow = steps[steps["rank"] == 1].groupby("algorithm").duration.median()
+    assert fast["allreduce_sgd"] >= 0.8 * delay, fast  # a lower bound: load only lengthens it
+    # Against the slow rank's own iterations in the same run (a slower machine slows both):
+    # lockstep would make the fast ranks' as long; AD-PSGD leaves them shorter by about the delay.
+    assert fast["adpsgd"] < slow["adpsgd"] - 0.5 * delay, (fast, slow)
     ad = steps[steps.algorithm == "adpsgd"]
     assert (ad[ad["rank"] % 2 == 0].staleness == 1).all()
 

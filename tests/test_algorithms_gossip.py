@@ -329,13 +329,16 @@ def test_osgp_fast_ranks_do_not_wait_for_the_straggler(straggler_run):
     # and its round in flight is incomplete. Rounds complete by message count, so the fast
     # in-peers' messages keep the fast ranks' rounds going (the straggler's mass is absorbed
     # whenever it arrives): with synch_freq 4 a fast rank blocks in at most one iteration out
-    # of 5, its median iteration stays far below the delay, and it finishes its 20 iterations
-    # long before the straggler finishes its own.
+    # of 5, its median iteration stays far below the straggler's (which sleeps the delay in each),
+    # and it finishes its 20 iterations long before the straggler finishes its own. Both are
+    # measured against the straggler in the same run, so a slower machine slows both sides.
     _, steps, _ = straggler_run
     osgp = _iteration_s(steps, "osgp")
     fast = osgp[osgp["rank"] != SLOW]
+    slow_median = osgp[osgp["rank"] == SLOW].duration.median()
     for rank, d in fast.groupby("rank"):
-        assert d.duration.median() < 0.4 * DELAY_S, f"osgp rank {rank}: median {d.duration.median():.3f} s"
+        assert d.duration.median() < slow_median - 0.5 * DELAY_S, \
+            f"osgp rank {rank}: median {d.duration.median():.3f} s, the straggler's {slow_median:.3f} s"
     slow_end = osgp[osgp["rank"] == SLOW].end_s.max()
     assert fast.end_s.max() < 0.6 * slow_end, (fast.end_s.max(), slow_end)
     # Staleness: iterations since the last completed round + 1; fast ranks run ahead of their

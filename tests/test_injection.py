@@ -173,10 +173,16 @@ def test_negative_iteration_is_refused() -> None:
         InjectionPlan(0, [], ranks=2).at(-1)
 
 
-def test_a_thousand_ranks_is_cheap() -> None:
-    plan = InjectionPlan(0, EVERYTHING, ranks=1024)
-    began = time.perf_counter()
-    for t in range(200):
-        plan.at(t)
-    per_call = (time.perf_counter() - began) / 200
-    assert per_call < 0.005, f"{per_call * 1e3:.2f} ms per at() with 1,024 ranks"
+def test_a_thousand_ranks_cost_little_more_than_eight() -> None:
+    """``at()`` works on arrays, not rank by rank: with 1,024 ranks a call costs a few times what
+    it costs with 8 (the fixed cost dominates), not 128 times. Both are timed in turns in this
+    process, best of 5 batches each, so a slower or busier machine slows both alike."""
+    plans = {ranks: InjectionPlan(0, EVERYTHING, ranks=ranks) for ranks in (8, 1024)}
+    best = {ranks: float("inf") for ranks in plans}
+    for _ in range(5):
+        for ranks, plan in plans.items():
+            began = time.perf_counter()
+            for t in range(40):
+                plan.at(t)
+            best[ranks] = min(best[ranks], (time.perf_counter() - began) / 40)
+    assert best[1024] < 16 * best[8], f"per at(): {best[8] * 1e3:.3f} ms with 8 ranks, {best[1024] * 1e3:.3f} ms with 1,024"

@@ -106,8 +106,11 @@ def test_slow_link_slows_iterations(tmp_path):
         assert proc.returncode == 0, proc.stderr[-3000:]
         steps = pd.read_csv(only_run_dir(tmp_path / "out", name) / "steps.csv")
         medians[name] = (steps.end_s - steps.start_s).median()
-    # Recursive doubling on 2 ranks: one message each way per allreduce, 40 ms each.
-    assert medians["slownet"] >= medians["fastnet"] + 0.03, medians
+    # Recursive doubling on 2 ranks: one message each way per allreduce, held 40 ms on rank 0's
+    # link. A lower bound load cannot break (the emulator holds every message that long), and the
+    # order against the run without it; not a difference of two runs' medians, which load shifts.
+    assert medians["slownet"] >= 0.04, medians
+    assert medians["slownet"] > medians["fastnet"], medians
 
 
 @pytest.mark.mpi

@@ -10,22 +10,22 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 import yaml
 
 from harness.launch import run_ranks
+from harness.sim.calibration import save_fixed_calibration
 
 MPI_DIR = Path(__file__).parent / "mpi"
-T = TypeVar("T")
 
 
 # -- timing tests run alone ----------------------------------------------------------------------
 # Under pytest-xdist two test files run at once (pyproject: -n 2), which halves the suite's time
-# on two cores; but a test marked `timing` compares measured times with each other or with a
-# bound, and a second test's ranks on the same cores would skew them. So every test holds a
-# readers-writer lock for its whole protocol (fixtures included): `timing` tests exclusively,
+# on two cores; but a test marked `timing` compares times it measured side by side (a ratio
+# against a control of the same run, with a margin; never a fixed bound a slower machine could
+# break), and a second test's ranks on the same cores would skew one side more than the other.
+# So every test holds a readers-writer lock for its whole protocol (fixtures included): `timing` tests exclusively,
 # the others shared. The turnstile gives a waiting `timing` test priority: once it queues, no new
 # shared holder gets in, so it waits at most for the test running beside it.
 
@@ -53,45 +53,6 @@ def pytest_runtest_protocol(item, nextitem):
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def cpu_steal() -> tuple[int, int]:
-    """(stolen, total) CPU time of the machine since boot, in clock ticks (``/proc/stat``): the
-    time a virtual machine's runnable threads waited while its hypervisor ran something else."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return fields[7] if len(fields) > 7 else 0, sum(fields[:8])
-
-
-STOLEN_TOO_MUCH = 0.05  # of the CPU time during a measurement; here 0-2% is quiet, 10-50% busy
-
-
-def measure_until_they_agree(measure: Callable[[Path], T], disagreement: Callable[[T], str | None],
-                             out: Path, attempts: int = 4) -> T:
-    """``measure(out / "attemptN")`` again, up to ``attempts`` times, while ``disagreement`` of
-    its result names one (None: they agree); a result for the test to assert on.
-    Running alone does not make the machine quiet: a virtual machine's hypervisor takes CPU time
-    away in spells of seconds (steal time, 10-50% here at times), which slows a run and not the
-    simulator's prediction (seen: 40% off where 5% is usual). When every attempt disagreed, the
-    last one measured while at most STOLEN_TOO_MUCH was stolen is returned, and the test fails
-    on it: a real disagreement shows on a quiet machine too. When every attempt was disturbed,
-    the machine cannot measure it now and the test is skipped, saying so."""
-    last_quiet: T | None = None
-    stolen: list[float] = []
-    for attempt in range(1, attempts + 1):
-        before = cpu_steal()
-        result = measure(out / f"attempt{attempt}")
-        after = cpu_steal()
-        stolen.append((after[0] - before[0]) / max(after[1] - before[1], 1))
-        why = disagreement(result)
-        if why is None:
-            return result
-        print(f"\nattempt {attempt} of {attempts}: {why} ({stolen[-1]:.0%} of the CPU time stolen)", file=sys.stderr)
-        if stolen[-1] <= STOLEN_TOO_MUCH:
-            last_quiet = result
-    if last_quiet is not None:
-        return last_quiet
-    pytest.skip(f"every attempt disagreed while the hypervisor took {min(stolen):.0%}-{max(stolen):.0%} of the "
-                "CPU time (steal): this machine cannot measure it now")
 
 
 def launch_checks(script: str, ranks: int, tmp_path: Path, timeout: float = 240) -> dict:
@@ -190,18 +151,9 @@ def report_cache(script: str, tmp_path_factory, timeout: float = 240) -> Callabl
 REPO = Path(__file__).resolve().parent.parent
 
 
-def save_test_calibration(path: Path, ranks: int, compute: Sequence[tuple[str, str, int, float]] = ()) -> Path:
-    """A calibration file with one entry for ``ranks`` ranks: 0.3 ms and 1 GB/s links, and a
-    compute median per ``(model, dataset, batch_size, seconds)``. What ``simulate`` and
-    ``compare`` need, without measuring this machine."""
-    from harness.sim.calibration import Calibration, CalibrationEntry, ComputePoint, NetworkModel, save_calibration
-
-    points = [ComputePoint(model=m, dataset=d, batch_size=b, median_s=s, p95_s=s * 1.25, samples=10)
-              for m, d, b, s in compute]
-    save_calibration(Calibration(created_at="2026-01-01T00:00:00+00:00", harness_version="test", cpus=2, entries=[
-        CalibrationEntry(ranks=ranks, network=NetworkModel(latency_s=3e-4, bandwidth_bytes_per_s=1e9),
-                         compute=points)]), path)
-    return path
+#: A calibration file with one entry: 0.3 ms and 1 GB/s links, compute medians as given; what
+#: ``simulate`` and ``compare`` need, without measuring this machine (``bench agreement`` uses it too).
+save_test_calibration = save_fixed_calibration
 
 
 def quick_figure_scenario(name: str) -> dict:

@@ -188,7 +188,19 @@ class _StrikingWaitAvoiding(_StrikingPart):
 
 
 class _StrikingAverager(_StrikingPart):
+    # A passive AD-PSGD rank posts no request: its progress thread answers the active ranks'. Its
+    # own calls, publishing its model and draining the corrections, are where it strikes, while
+    # the active ranks' requests to it are in flight.
     def irequest(self, buf: Any, out: Any, peer: int) -> Any:
         handle = self._inner.irequest(buf, out, peer)
         self._plan.posted()
         return handle
+
+    def publish(self, buf: Any) -> None:
+        self._inner.publish(buf)
+        self._plan.posted()
+
+    def drain(self, out: Any) -> int:
+        got = self._inner.drain(out)
+        self._plan.posted()
+        return got

@@ -53,6 +53,11 @@ def _scenario(**changes) -> dict:
         ([{"kind": "slow_start", "rank": 1, "delay_s": -1}], "faults[0].delay_s"),
         ([{"kind": "explode", "rank": 1}], "faults[0]"),
         ([{"kind": "kill", "rank": 1}], "faults[0].at_iteration"),
+        ([{"kind": "kill", "rank": 1, "during": "evaluation"}],
+         "faults[0].at_iteration: is required with during: evaluation (got None)"),
+        ([{"kind": "hang", "rank": 1, "during": "finish", "at_iteration": 3}],
+         "faults[0].at_iteration: must be left out with during: finish"),
+        ([{"kind": "hang", "rank": 1, "during": "forward", "at_iteration": 3}], "faults[0].during: must be"),
     ],
 )
 def test_bad_faults_are_refused_with_their_place(faults, message):
@@ -85,6 +90,83 @@ def test_fault_plan_strikes_where_the_scenario_says():
     assert not FaultPlan(scenario, 0)  # other ranks: nothing
     assert not FaultPlan(scenario, 1, enabled=False)  # a resumed run injects nothing
     FaultPlan(scenario, 1).at_iteration("allreduce_sgd", 3)  # not due: returns
+
+
+def _recording(plan: FaultPlan) -> list:
+    """``plan`` with its strike recorded instead of carried out; the record."""
+    struck = []
+    plan._strike = lambda fault: struck.append((fault.kind, fault.during))
+    return struck
+
+
+def test_each_point_strikes_where_it_says_and_only_for_its_algorithm():
+    scenario = scenario_from_dict(_scenario(workload={**_scenario()["workload"], "eval_every": 4}, faults=[
+        {"kind": "kill", "rank": 1, "at_iteration": 6, "during": "communication"},
+        {"kind": "hang", "rank": 1, "at_iteration": 5, "during": "evaluation", "algorithm": "dpsgd"},
+        {"kind": "kill", "rank": 1, "during": "finish", "algorithm": "dpsgd"},
+    ]))
+    plan = FaultPlan(scenario, 1)
+    struck = _recording(plan)
+    plan.at_iteration("allreduce_sgd", 5)
+    plan.posted()
+    assert struck == []  # communication: not before iteration 6
+    plan.at_evaluation("allreduce_sgd", 8)
+    plan.at_finish("allreduce_sgd")
+    assert struck == []  # the evaluation and finish faults are dpsgd's
+    plan.at_iteration("allreduce_sgd", 6)
+    assert struck == []  # an iteration begins: nothing posted yet
+    plan.posted()
+    assert struck == [("kill", "communication")]
+    struck.clear()
+    plan.at_iteration("dpsgd", 6)
+    plan.posted()
+    plan.at_evaluation("dpsgd", 4)  # after iteration 3: before the fault's iteration 5
+    assert struck == []
+    plan.at_evaluation("dpsgd", 8)
+    plan.at_finish("dpsgd")
+    assert struck == [("hang", "evaluation"), ("kill", "finish")]
+
+
+class _Posting:
+    """A communicator that notes what it was asked to post, and its handles' waits."""
+
+    def __init__(self, log: list) -> None:
+        self.log = log
+
+    def iallreduce(self, buf, op="sum"):
+        self.log.append("posted iallreduce")
+        return self
+
+    def wait_avoiding(self, initial, **kwargs):
+        return self
+
+    def iround(self, buf, out, may_activate=True):
+        self.log.append("posted iround")
+        return self
+
+    def wait(self, timeout=None):
+        self.log.append("waited")
+
+    def info(self):
+        return {"round": 0}
+
+
+def test_a_communication_fault_strikes_after_posting_while_the_operation_is_in_flight():
+    scenario = scenario_from_dict(_scenario(faults=[
+        {"kind": "kill", "rank": 1, "at_iteration": 0, "during": "communication"}]))
+    plan = FaultPlan(scenario, 1)
+    log: list = []
+    plan._strike = lambda fault: log.append("struck")
+    comm = _Posting(log)
+    assert FaultPlan(scenario, 0).striking(comm, "allreduce_sgd") is comm  # nothing due: the communicator itself
+    assert plan.striking(comm, "dpsgd") is comm
+    striking = plan.striking(comm, "allreduce_sgd")
+    plan.at_iteration("allreduce_sgd", 0)
+    striking.allreduce([0.0])  # blocking: posted as its non-blocking form, struck, then waited for
+    assert log == ["posted iallreduce", "struck", "waited"]
+    log.clear()
+    assert striking.wait_avoiding([0.0], phases=[[0, 1]], sync_every=2).round([0.0], [0.0]) == {"round": 0}
+    assert log == ["posted iround", "struck", "waited"]
 
 
 # --- the watchdog's decisions, on hand-made heartbeat tables ---------------------------------
@@ -359,6 +441,54 @@ def test_hung_rank_is_found_by_the_watchdog(tmp_path):
     assert meta["fault"]["kind"] == "stuck" and meta["fault"]["rank"] == 2
 
 
+def _rank_pid(marker: str, rank: int) -> int | None:
+    """The pid of the worker process of ``rank`` in the job whose command lines mention ``marker``."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if "harness.runner.worker" in cmdline and marker in cmdline and f"PMI_RANK={rank}".encode() in environ:
+            return int(entry.name)
+    return None
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV], ids=["out_of_memory_kill", "segfault"])
+def test_a_real_crash_is_named_by_when_its_connection_ended(tmp_path, sig):
+    # Nothing injected: rank 2 is killed from outside in mid-run, as the kernel's out-of-memory
+    # killer or a segfault would. It cannot say anything first; its connection's end, which
+    # arrives before MPI's clean-up ends the others, names it.
+    data = _scenario(ranks=4, algorithms=["allreduce_sgd"],
+                     workload={**_scenario()["workload"], "iterations": 4000, "compute": {"emulate_ms": 5}})
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", str(write_scenario_file(tmp_path, data)),
+                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while (pid := _rank_pid(str(out), 2)) is None or not list(out.glob("*/*/run.json")):
+            assert time.monotonic() < deadline and proc.poll() is None, "rank 2 never started"
+            time.sleep(0.2)
+        time.sleep(3.0)  # usually into the training iterations (4000 x 5 ms: far from done)
+        os.kill(pid, sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.communicate(timeout=30)
+    assert proc.returncode == 1, err[-3000:]
+    # Where it died depends on how far a loaded machine got in 3 s; who died does not.
+    assert re.search(rf"error: rank 2 \(pid {pid} on host {re.escape(socket.gethostname())}\) died [^:]*: its process "
+                     r"ended without finishing", err), err[-3000:]
+    assert "injects" not in err
+    run = _only_run(out, "faulty")
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["status"] == "failed" and meta["fault"]["rank"] == 2 and meta["fault"]["evidence"] == "first_end"
+    assert not processes_mentioning(str(run)), "ranks left running"
+
+
 def test_rank_that_starts_too_late_is_named(tmp_path):
     # harness_cli fails the test if the run outlives its timeout: far less than the delay.
     data = _scenario(faults=[{"kind": "slow_start", "rank": 1, "delay_s": 600}], watchdog={"startup_timeout_s": 8})
@@ -506,3 +636,48 @@ def test_resume_refuses_what_it_cannot_resume(tmp_path):
     assert proc.returncode == 2 and "--resume takes only the run directory" in proc.stderr
     proc = harness_cli("run")
     assert proc.returncode == 2 and "give a scenario FILE, or --resume RUN_DIR" in proc.stderr
+
+
+# --- bench faults: the verdict at scale --------------------------------------------------------------
+
+
+def test_bench_faults_matrix_rotates_the_faulted_rank_over_every_rank():
+    from harness.bench.faults import cases
+
+    matrix = cases(["wagma", "sgp"], ["kill", "hang"], ["iteration", "finish"], [3, 4], repeats=2)
+    assert len(matrix) == 2 * 2 * 2 * 2 * 2
+    for n in (3, 4):
+        assert {c.rank for c in matrix if c.ranks == n} == set(range(n))
+    finish = next(c for c in matrix if c.during == "finish").scenario()["faults"][0]
+    assert "at_iteration" not in finish and finish["during"] == "finish"
+    for c in matrix:  # every case's scenario is valid
+        scenario_from_dict(c.scenario())
+    from harness.bench.faults import Case, invalid
+
+    assert "adpsgd needs an even number of ranks" in invalid(Case("adpsgd", "kill", "iteration", 3, 0, 0))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--only", "nosuch"], "--only: unknown algorithm 'nosuch'"),
+    (["--during", "forward"], "--during: unknown point 'forward'"),
+    (["--kinds", "explode"], "--kinds: unknown fault kind 'explode'"),
+])
+def test_bench_faults_refuses_bad_arguments(args, message):
+    proc = harness_cli("bench", "faults", *args, timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("only, ranks", [("wagma,sgp,diloco", 3), ("adpsgd", 4)])
+def test_bench_faults_names_the_faulted_rank_in_a_slice_of_its_matrix(tmp_path, only, ranks):
+    # The CI-sized slice: a fault inside a wait-avoiding round, a push-sum push and a DiLoCo outer
+    # step on an odd rank count, and inside an AD-PSGD pair request (even ranks only); killed and hung.
+    report = tmp_path / "faults.json"
+    proc = harness_cli("bench", "faults", "--only", only, "--during", "communication", "--ranks", str(ranks),
+                       "--jobs", "2", "--json", str(report), timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    outcomes = json.loads(report.read_text())
+    n = 2 * len(only.split(","))
+    assert len(outcomes) == n
+    for o in outcomes:
+        assert o["named"] and o["evidence"] == "announced" and o["left"] == 0 and o["problem"] == "", o
+    assert f"{n}/{n} cases ok; faulted rank named first in {n}/{n}" in proc.stdout

@@ -1,6 +1,6 @@
 """``python -m harness bench BENCHMARK``: benchmarks of the native collective layer and the simulator.
 
-``collectives``, ``simulator`` and ``stress`` are described in their modules.
+``collectives``, ``simulator``, ``stress`` and ``faults`` are described in their modules.
 
 Run from a plain shell, a benchmark launches its own job under the venv's mpiexec
 (``--ranks``, default 4) and exits with the job's status; run inside an MPI job
@@ -12,6 +12,7 @@ Example::
     python -m harness bench collectives --ranks 4 --sizes 4K,64K,1M,16M --json bench.json
     python -m harness bench simulator --ranks 1024 --iterations 1000
     python -m harness bench stress --ranks 8 --rounds 10000
+    python -m harness bench faults --only wagma,adpsgd --repeats 3 --load
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from harness.bench import collectives, simulator, stress
+from harness.bench import collectives, faults, simulator, stress
 from harness.launch import inside_mpi_job, run_ranks
 
 DEFAULT_RANKS = 4
@@ -48,6 +49,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     stress.add_arguments(st)
     st.set_defaults(func=run_stress)
+    fl = benchmarks.add_parser(
+        "faults", help="injected kills and hangs in every algorithm: does the verdict name the faulted rank?",
+        description=faults.__doc__.splitlines()[0],
+    )
+    faults.add_arguments(fl)
+    fl.set_defaults(func=faults.run)
     from harness.bench import agreement  # noqa: PLC0415  real vs simulated; imports no MPI
 
     agree = benchmarks.add_parser(

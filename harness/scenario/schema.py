@@ -558,8 +558,9 @@ class IterationFault(FaultSpec):
     - ``communication``: just after the rank posts its first communication operation at or after
       the start of iteration ``at_iteration``, while the operation is in flight (its peers wait
       inside it). The algorithm decides what that operation is: a blocking allreduce, a
-      wait-avoiding round, a push-sum push, an AD-PSGD pair request, the DiLoCo family's outer
-      step (at a synchronizing iteration);
+      wait-avoiding round, a push-sum push, an AD-PSGD pair request (on a passive AD-PSGD rank,
+      which posts none, its publish or drain while the active ranks' requests to it are in
+      flight), the DiLoCo family's outer step (at a synchronizing iteration);
     - ``evaluation``: at the start of the first evaluation after iteration ``at_iteration``;
     - ``finish``: at the start of the algorithm's ``finish()``, after its last iteration
       (``at_iteration`` is then left out).

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.bench.faults import processes_mentioning  # noqa: F401  (the tests import it from here)
 from harness.launch import run_ranks
 from harness.sim.calibration import save_fixed_calibration
 
@@ -93,21 +94,6 @@ def harness_cli(*args: str, timeout: float = 300, prefix: Sequence[str] = (),
         out, err = proc.communicate(timeout=30)
         pytest.fail(f"harness {' '.join(args)} did not finish in {timeout} s\n{err[-3000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-def processes_mentioning(marker: str) -> list[str]:
-    """Command lines of live processes that mention ``marker`` (a run directory, a scenario)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmdline:
-            found.append(cmdline)
-    return found
 
 
 def write_scenario_file(tmp_path: Path, data: dict) -> Path:

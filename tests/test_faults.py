@@ -667,16 +667,15 @@ def test_bench_faults_refuses_bad_arguments(args, message):
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize("only, ranks", [("wagma,sgp,diloco", 3), ("adpsgd", 4)])
-def test_bench_faults_names_the_faulted_rank_in_a_slice_of_its_matrix(tmp_path, only, ranks):
-    # The CI-sized slice: a fault inside a wait-avoiding round, a push-sum push and a DiLoCo outer
-    # step on an odd rank count, and inside an AD-PSGD pair request (even ranks only); killed and hung.
+def test_bench_faults_names_the_faulted_rank_in_a_slice_of_its_matrix(tmp_path):
+    # The CI-sized slice: a fault inside a wait-avoiding round, a push-sum push, an AD-PSGD pair
+    # request and a DiLoCo outer step, killed and hung (odd rank counts: the other tests here).
     report = tmp_path / "faults.json"
-    proc = harness_cli("bench", "faults", "--only", only, "--during", "communication", "--ranks", str(ranks),
-                       "--jobs", "2", "--json", str(report), timeout=900)
+    proc = harness_cli("bench", "faults", "--only", "wagma,sgp,adpsgd,diloco", "--during", "communication",
+                       "--ranks", "4", "--jobs", "2", "--json", str(report), timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     outcomes = json.loads(report.read_text())
-    n = 2 * len(only.split(","))
+    n = 8
     assert len(outcomes) == n
     for o in outcomes:
         assert o["named"] and o["evidence"] == "announced" and o["left"] == 0 and o["problem"] == "", o

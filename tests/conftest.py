@@ -96,6 +96,21 @@ def harness_cli(*args: str, timeout: float = 300, prefix: Sequence[str] = (),
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+def rank_pid(marker: str, rank: int) -> int | None:
+    """The pid of the worker process of ``rank`` in the job whose command lines mention ``marker``."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if "harness.runner.worker" in cmdline and marker in cmdline and f"PMI_RANK={rank}".encode() in environ:
+            return int(entry.name)
+    return None
+
+
 def write_scenario_file(tmp_path: Path, data: dict) -> Path:
     path = tmp_path / f"{data['name']}.yaml"
     path.write_text(yaml.safe_dump(data))

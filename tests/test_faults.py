@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import harness_cli, processes_mentioning, write_scenario_file
+from conftest import harness_cli, processes_mentioning, rank_pid, write_scenario_file
 from harness.faults import FaultPlan
 from harness.results import atomic
 from harness.runner.heartbeat import Heartbeat
@@ -441,21 +441,6 @@ def test_hung_rank_is_found_by_the_watchdog(tmp_path):
     assert meta["fault"]["kind"] == "stuck" and meta["fault"]["rank"] == 2
 
 
-def _rank_pid(marker: str, rank: int) -> int | None:
-    """The pid of the worker process of ``rank`` in the job whose command lines mention ``marker``."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if "harness.runner.worker" in cmdline and marker in cmdline and f"PMI_RANK={rank}".encode() in environ:
-            return int(entry.name)
-    return None
-
-
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV], ids=["out_of_memory_kill", "segfault"])
 def test_a_real_crash_is_named_by_when_its_connection_ended(tmp_path, sig):
     # Nothing injected: rank 2 is killed from outside in mid-run, as the kernel's out-of-memory
@@ -468,7 +453,7 @@ def test_a_real_crash_is_named_by_when_its_connection_ended(tmp_path, sig):
                              "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while (pid := _rank_pid(str(out), 2)) is None or not list(out.glob("*/*/run.json")):
+        while (pid := rank_pid(str(out), 2)) is None or not list(out.glob("*/*/run.json")):
             assert time.monotonic() < deadline and proc.poll() is None, "rank 2 never started"
             time.sleep(0.2)
         time.sleep(3.0)  # usually into the training iterations (4000 x 5 ms: far from done)

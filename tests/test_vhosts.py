@@ -44,6 +44,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import rank_pid
 from harness.bench.agreement import SHAPED_LEAST_S, SHAPED_MBIT, kernel_shaping_times, vhost_scenario
 
 REPO = Path(__file__).resolve().parents[1]
@@ -289,8 +290,8 @@ SECOND_HOST = {"vh1": 1, "vh2": 2}  # ranks 1 and 2 on vh2
 WATCHDOG = {"stall_timeout_s": 3, "startup_timeout_s": 8}
 
 
-def _fault_scenario(tmp_path: Path, fault: dict | None, ranks: int = 3) -> Path:
-    return scenario(tmp_path, ranks, name="vhfault", iterations=40, faults=[fault] if fault else [],
+def _fault_scenario(tmp_path: Path, fault: dict | None, ranks: int = 3, iterations: int = 40) -> Path:
+    return scenario(tmp_path, ranks, name="vhfault", iterations=iterations, faults=[fault] if fault else [],
                     watchdog=WATCHDOG)
 
 
@@ -300,6 +301,35 @@ def test_killed_rank_on_the_second_host_is_named_with_its_host(bed, clean_hosts,
                    "--out", str(tmp_path / "out"))
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert re.search(r"rank 2 \(pid \d+ on host vh2\) died in iteration 5", proc.stderr), proc.stderr[-3000:]
+
+
+def test_a_real_crash_on_the_second_host_is_named_by_when_its_connection_ended(bed, clean_hosts, tmp_path):
+    # Nothing injected: rank 2, on vh2, is killed from outside in mid-run (an out-of-memory kill,
+    # a node going down). Its connection's end crosses the network once; the clean-up's ends of
+    # the others need messages through mpiexec and back first. The verdict names rank 2.
+    file = _fault_scenario(tmp_path, None, ranks=3, iterations=4000)  # far from done when rank 2 is killed
+    out = tmp_path / "out"
+    proc = subprocess.Popen(["bash", str(BED / "vhost_exec.sh"), "vh1", sys.executable, "-m", "harness", "run",
+                             str(file), "--hosts", str(host_file(tmp_path, SECOND_HOST)), "--out", str(out)],
+                            cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while (pid := rank_pid(str(out), 2)) is None or not list(out.glob("*/*/run.json")):
+            assert time.monotonic() < deadline and proc.poll() is None, "rank 2 never started"
+            time.sleep(0.2)
+        time.sleep(1.0)
+        os.kill(pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.communicate(timeout=30)
+    assert proc.returncode == 1, err[-3000:]
+    assert re.search(rf"rank 2 \(pid {pid} on host vh2\) died [^:]*: its process ended without finishing", err), \
+        err[-3000:]
+    meta = json.loads((only_run(out, "vhfault") / "run.json").read_text())
+    assert meta["fault"]["rank"] == 2 and meta["fault"]["evidence"] == "first_end"
 
 
 @pytest.mark.timing  # the silence named is compared with the stall timeout

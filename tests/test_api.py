@@ -70,8 +70,10 @@ def test_plain_mpiexec_without_scenario_writes_its_own_results(tmp_path):
 
 
 def test_launch_names_a_killed_rank(tmp_path):
+    # The fault strikes in the script's communication too: just after D-PSGD's exchange is posted.
     (tmp_path / "train.py").write_text(TINY_SCRIPT)
-    path = scenario(tmp_path, faults=[{"kind": "kill", "rank": 1, "at_iteration": 3, "algorithm": "dpsgd"}])
+    path = scenario(tmp_path, faults=[{"kind": "kill", "rank": 1, "at_iteration": 3, "algorithm": "dpsgd",
+                                       "during": "communication"}])
     proc = harness_cli("launch", "--scenario", str(path), "--out", str(tmp_path / "out"), str(tmp_path / "train.py"),
                        "8")
     assert proc.returncode == 1
@@ -79,6 +81,7 @@ def test_launch_names_a_killed_rank(tmp_path):
     (run,) = (tmp_path / "out" / "tiny").iterdir()
     meta = json.loads((run / "run.json").read_text())
     assert meta["finished_algorithms"] == ["allreduce_sgd"] and meta["status"] == "failed"
+    assert meta["fault"]["rank"] == 1 and meta["fault"]["evidence"] == "announced"
 
 
 @pytest.mark.parametrize("args, words", [

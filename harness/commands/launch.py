@@ -27,6 +27,10 @@ import signal
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from harness.runner.watchdog import Verdict
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -66,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if scenario is None:
         watched = SimpleNamespace(name=script.stem, watchdog=_default_watchdog(), faults=[],
                                   algorithms=[SimpleNamespace(name=script.stem)])
-        return _start(watched, ranks, argv, launch, env={}, what=f"{script}")
+        return _start(watched, ranks, argv, launch, env={}, what=f"{script}")[0]
     run_dir = _create_run_dir(scenario, args.out, script.name)
     print(f"{scenario.name}: {ranks} ranks, {script} once per algorithm ({len(scenario.algorithms)}) -> {run_dir}",
           file=sys.stderr)
@@ -74,9 +78,9 @@ def run(args: argparse.Namespace) -> int:
 
     for params in scenario.algorithms:
         env = {ENV_RUN_DIR: str(run_dir), ENV_ALGORITHM: params.name}
-        status = _start(scenario, ranks, argv, launch, env=env, what=f"{script} with {params.name}")
+        status, verdict = _start(scenario, ranks, argv, launch, env=env, what=f"{script} with {params.name}")
         if status != 0:
-            _mark_stopped(run_dir, status)
+            _mark_stopped(run_dir, status, verdict)
             return status
     return 0
 
@@ -111,8 +115,9 @@ def _create_run_dir(scenario, out: str, script: str) -> Path:
     return run_dir.path
 
 
-def _start(scenario, ranks: int, argv: list[str], launch, env: dict, what: str) -> int:
-    """Run ``argv`` on ``ranks`` ranks, watched wherever they run; the exit status."""
+def _start(scenario, ranks: int, argv: list[str], launch, env: dict, what: str) -> tuple[int, Verdict | None]:
+    """Run ``argv`` on ``ranks`` ranks, watched wherever they run; the exit status and the
+    watchdog's verdict (None when it had none)."""
     from harness.launch import LaunchError
     from harness.runner.watchdog import run_watched
 
@@ -121,20 +126,22 @@ def _start(scenario, ranks: int, argv: list[str], launch, env: dict, what: str) 
                                                                                              file=sys.stderr))
     except LaunchError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return 1, None
     except KeyboardInterrupt:
-        return 130
+        return 130, None
     if rc == 0:
-        return 0
+        return 0, None
     why = verdict.message if verdict is not None else f"the ranks exited with status {rc}"
     print(f"\nerror: {what}: {why}\nstopped all ranks", file=sys.stderr)
-    return 1
+    return 1, verdict
 
 
-def _mark_stopped(run_dir: Path, status: int) -> None:
+def _mark_stopped(run_dir: Path, status: int, verdict: Verdict | None = None) -> None:
+    """``run.json`` says the run stopped, and why: the watchdog's verdict, as ``run`` records it."""
     from harness.results.records import RunDirectory
 
     run = RunDirectory.open(run_dir)
+    why = {"error": verdict.message, "fault": verdict.as_json()} if verdict is not None else {}
     run.update_run_json("failed" if status != 130 else "incomplete",
-                        {"stopped": "interrupted" if status == 130 else "a rank failed"})
+                        {"stopped": "interrupted" if status == 130 else "a rank failed", **why})
     print(f"finished algorithms are kept in {run_dir} (run.json says which)", file=sys.stderr)

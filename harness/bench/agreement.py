@@ -159,6 +159,10 @@ class Compared:
     output: str
 
 
+def _run_dirs(root: Path) -> set[Path]:
+    return {p for p in root.iterdir() if p.is_dir()} if root.is_dir() else set()
+
+
 def run_and_compare(scenario: dict | Path, out: Path, calibration: Path, mode: str = "both",
                     harness: Callable[..., subprocess.CompletedProcess] = harness_here) -> Compared:
     """Run ``scenario`` (a scenario dict, written to ``out``, or a scenario file) for real with
@@ -174,10 +178,11 @@ def run_and_compare(scenario: dict | Path, out: Path, calibration: Path, mode: s
     else:
         path = scenario
         name = yaml.safe_load(path.read_text())["name"]
+    before = _run_dirs(out / "runs" / name)
     _succeeded(harness("run", str(path), "--out", str(out / "runs")))
-    runs = [p for p in (out / "runs" / name).iterdir() if p.is_dir()]
+    runs = sorted(_run_dirs(out / "runs" / name) - before)
     if len(runs) != 1:
-        raise CaseFailed(f"expected one run directory in {out / 'runs' / name}, found {runs}")
+        raise CaseFailed(f"expected one new run directory in {out / 'runs' / name}, found {runs}")
     proc = harness("compare", str(runs[0]), "--calibration", str(calibration), "--mode", mode)
     if proc.returncode == 2:  # the calibration lacks what the run needs: the message says what to do
         raise CaseSkipped(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "compare exited 2")
@@ -433,6 +438,8 @@ def kernel_shaping_times(out: Path, harness: Callable[..., subprocess.CompletedP
     shaped by the kernel (``tbf``, :data:`SHAPED_MBIT`) and again emulated by the native layer,
     and compare the emulated run (trace-driven); every command through ``harness`` on vh1."""
     out.mkdir(parents=True, exist_ok=True)
+    if any((out / d).exists() for d in ("shaped", "emulated")):
+        raise CaseFailed(f"{out} holds the runs of an earlier measurement: give an empty directory")
     hosts = out / "hosts"
     hosts.write_text("vh1:1\nvh2:1\n")
 
@@ -442,7 +449,7 @@ def kernel_shaping_times(out: Path, harness: Callable[..., subprocess.CompletedP
         return path
 
     def only_run(root: Path, name: str) -> Path:
-        runs = [p for p in (root / name).iterdir() if p.is_dir()]
+        runs = sorted(_run_dirs(root / name))
         if len(runs) != 1:
             raise CaseFailed(f"expected one run directory in {root / name}, found {runs}")
         return runs[0]

@@ -2,8 +2,9 @@
 
 ``python -m harness bench agreement`` measures each case ``--repeats`` times (default 3) and
 prints, per case and item, the real and the simulated time, the error (``real / simulated - 1``
-of the times, which is the simulated throughput's relative error, ``throughput_error`` of
-``compare.csv``: positive where the simulator is too fast), medians over the repeats and the
+of one repeat's times, which is the simulated throughput's relative error, ``throughput_error``
+of ``compare.csv``: positive where the simulator is too fast), each the median over the repeats
+(each column its own, so the error's median need not be that of the two time medians), and the
 range of the error; then per case the median and the worst |error| over its items (the numbers
 of the README's accuracy tables). Each repeat's line says how much CPU time the hypervisor
 stole meanwhile (``/proc/stat``): a busy spell slows the real side only.
@@ -594,8 +595,8 @@ def print_report(results: list[CaseResult], repeats: int) -> None:
             table.append([row["case"], row["item"], f"{1e3 * row['real_s']:.1f}", f"{1e3 * row['simulated_s']:.1f}",
                           _fmt_pct(row["error"]), f"{_fmt_pct(row['error_min'])} .. {_fmt_pct(row['error_max'])}"])
     print()
-    print(f"real against simulated, median of {repeats} repeat{'s' if repeats > 1 else ''} "
-          "(error: real / simulated - 1 of the times = the simulated throughput's error)")
+    print(f"real against simulated, each column the median of its own over {repeats} repeat{'s' if repeats > 1 else ''} "
+          "(error: real / simulated - 1 of a repeat's times = the simulated throughput's error)")
     if table:
         print(tabulate(table, headers=["case", "what", "real ms", "simulated ms", "error %", "error % range"],
                        colalign=("left", "left", "right", "right", "right", "right"), disable_numparse=True))

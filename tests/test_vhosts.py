@@ -287,12 +287,17 @@ def test_sbatch_on_two_virtual_nodes(bed, clean_hosts, tmp_path):
 # the watchdog across hosts
 
 SECOND_HOST = {"vh1": 1, "vh2": 2}  # ranks 1 and 2 on vh2
-WATCHDOG = {"stall_timeout_s": 3, "startup_timeout_s": 8}
+# The start-up timeout covers each algorithm's set-up too, which a loaded machine has taken more
+# than 8 s for across hosts (a spurious "no progress in setting up"); only the test of a host that
+# never starts waits for it on purpose, and takes the short one.
+WATCHDOG = {"stall_timeout_s": 3, "startup_timeout_s": 60}
+NEVER_STARTS_TIMEOUT_S = 8
 
 
-def _fault_scenario(tmp_path: Path, fault: dict | None, ranks: int = 3, iterations: int = 40) -> Path:
+def _fault_scenario(tmp_path: Path, fault: dict | None, ranks: int = 3, iterations: int = 40,
+                    startup_timeout_s: float = WATCHDOG["startup_timeout_s"]) -> Path:
     return scenario(tmp_path, ranks, name="vhfault", iterations=iterations, faults=[fault] if fault else [],
-                    watchdog=WATCHDOG)
+                    watchdog={**WATCHDOG, "startup_timeout_s": startup_timeout_s})
 
 
 def test_killed_rank_on_the_second_host_is_named_with_its_host(bed, clean_hosts, tmp_path):
@@ -342,7 +347,9 @@ def test_hung_rank_on_the_second_host_is_named_after_the_stall_timeout(bed, clea
     assert proc.returncode == 1, proc.stderr[-3000:]
     match = re.search(r"rank 2 \(pid \d+ on host vh2\) made no progress for ([\d.]+) s in iteration 5", proc.stderr)
     assert match, proc.stderr[-3000:]
-    assert WATCHDOG["stall_timeout_s"] <= float(match.group(1)) < WATCHDOG["stall_timeout_s"] + 2
+    # Not before the timeout; not twice as late (the watchdog looks every 0.5 s; a loaded machine
+    # may schedule it a second or two late).
+    assert WATCHDOG["stall_timeout_s"] <= float(match.group(1)) < 2 * WATCHDOG["stall_timeout_s"]
     print(f"\nhang on vh2 named after {match.group(1)} s of silence; the whole run took {took:.1f} s", file=sys.stderr)
 
 
@@ -350,7 +357,7 @@ def test_a_host_that_never_starts_its_ranks_is_named(bed, clean_hosts, tmp_path)
     """vh3's sshd is frozen (SIGSTOP), as on a hung node: Hydra's ssh to it waits, its rank never
     starts, and the watchdog names it and its host after the start-up timeout."""
     sshd = int((Path("/var/lib/harness-vhosts/run/sshd-vh3.pid")).read_text())
-    file = _fault_scenario(tmp_path, None)
+    file = _fault_scenario(tmp_path, None, startup_timeout_s=NEVER_STARTS_TIMEOUT_S)
     os.kill(sshd, signal.SIGSTOP)
     try:
         t0 = time.monotonic()
@@ -360,9 +367,10 @@ def test_a_host_that_never_starts_its_ranks_is_named(bed, clean_hosts, tmp_path)
     finally:
         os.kill(sshd, signal.SIGCONT)
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert ("error: rank 2 (on host vh3) did not start within startup_timeout_s (8 s" in proc.stderr
-            and "; ranks 0, 1 started and wait for it in MPI's start-up" in proc.stderr), proc.stderr[-3000:]
-    assert took < WATCHDOG["startup_timeout_s"] + 30, took
+    assert (f"error: rank 2 (on host vh3) did not start within startup_timeout_s ({NEVER_STARTS_TIMEOUT_S} s"
+            in proc.stderr and "; ranks 0, 1 started and wait for it in MPI's start-up" in proc.stderr), \
+        proc.stderr[-3000:]
+    assert took < NEVER_STARTS_TIMEOUT_S + 30, took
     print(f"\nvh3 never started its rank: named and stopped {took:.1f} s after the launch", file=sys.stderr)
 
 

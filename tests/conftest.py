@@ -8,12 +8,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 import yaml
 
+from harness.bench.agreement import CaseFailed, run_command
 from harness.bench.faults import processes_mentioning  # noqa: F401  (the tests import it from here)
 from harness.launch import run_ranks
 from harness.sim.calibration import save_fixed_calibration
@@ -84,16 +86,10 @@ def harness_cli(*args: str, timeout: float = 300, prefix: Sequence[str] = (),
 
     On timeout it is interrupted like Ctrl+C, so a run stops its ranks instead of orphaning them.
     """
-    cmd = [*prefix, sys.executable, "-m", "harness", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)  # the launcher kills its ranks' process group
-        out, err = proc.communicate(timeout=30)
-        pytest.fail(f"harness {' '.join(args)} did not finish in {timeout} s\n{err[-3000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+        return run_command([*prefix, sys.executable, "-m", "harness", *args], timeout=timeout, cwd=cwd)
+    except CaseFailed as exc:
+        pytest.fail(str(exc))
 
 
 def rank_pid(marker: str, rank: int) -> int | None:
@@ -109,6 +105,28 @@ def rank_pid(marker: str, rank: int) -> int | None:
         if "harness.runner.worker" in cmdline and marker in cmdline and f"PMI_RANK={rank}".encode() in environ:
             return int(entry.name)
     return None
+
+
+def kill_rank_mid_run(cmd: Sequence[str], out: Path, rank: int, sig: int, settle_s: float,
+                      cwd: Path | None = None) -> tuple[int, subprocess.CompletedProcess]:
+    """Start ``cmd`` (a ``harness run`` writing under ``out``), send ``sig`` to ``rank``'s process
+    ``settle_s`` after the run began (nothing injected: as the kernel's out-of-memory killer or a
+    crash would), and wait for the run; (that rank's pid, what the run printed). Should the rank
+    never start, the run's own watchdog ends it (start-up timeout), and the test fails."""
+    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        while (pid := rank_pid(str(out), rank)) is None or not list(out.glob("*/*/run.json")):
+            assert proc.poll() is None, f"rank {rank} never started: {proc.stderr.read()[-3000:]}"
+            time.sleep(0.2)
+        time.sleep(settle_s)
+        os.kill(pid, sig)
+        out_text, err = proc.communicate()
+    finally:
+        if proc.poll() is None:  # a failed assertion above: stop the run like Ctrl+C
+            proc.send_signal(signal.SIGINT)
+            proc.communicate(timeout=30)
+    return pid, subprocess.CompletedProcess(proc.args, proc.returncode, out_text, err)
 
 
 def write_scenario_file(tmp_path: Path, data: dict) -> Path:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import harness_cli, processes_mentioning, rank_pid, write_scenario_file
+from conftest import harness_cli, kill_rank_mid_run, processes_mentioning, write_scenario_file
 from harness.faults import FaultPlan
 from harness.results import atomic
 from harness.runner.heartbeat import Heartbeat
@@ -449,20 +449,9 @@ def test_a_real_crash_is_named_by_when_its_connection_ended(tmp_path, sig):
     data = _scenario(ranks=4, algorithms=["allreduce_sgd"],
                      workload={**_scenario()["workload"], "iterations": 4000, "compute": {"emulate_ms": 5}})
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", str(write_scenario_file(tmp_path, data)),
-                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while (pid := rank_pid(str(out), 2)) is None or not list(out.glob("*/*/run.json")):
-            assert time.monotonic() < deadline and proc.poll() is None, "rank 2 never started"
-            time.sleep(0.2)
-        time.sleep(3.0)  # usually into the training iterations (4000 x 5 ms: far from done)
-        os.kill(pid, sig)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            proc.communicate(timeout=30)
+    cmd = [sys.executable, "-m", "harness", "run", str(write_scenario_file(tmp_path, data)), "--out", str(out)]
+    pid, proc = kill_rank_mid_run(cmd, out, 2, sig, settle_s=3.0)  # usually into the 4000 x 5 ms iterations
+    err = proc.stderr
     assert proc.returncode == 1, err[-3000:]
     # Where it died depends on how far a loaded machine got in 3 s; who died does not.
     assert re.search(rf"error: rank 2 \(pid {pid} on host {re.escape(socket.gethostname())}\) died [^:]*: its process "

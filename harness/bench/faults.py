@@ -32,7 +32,6 @@ import dataclasses
 import itertools
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -44,6 +43,7 @@ from pathlib import Path
 import yaml
 
 from harness.arguments import argtype, int_at_least, name_list
+from harness.bench.agreement import CaseFailed, run_command
 from harness.calibrate.measure import parse_ranks
 
 KINDS = ("kill", "hang")
@@ -151,15 +151,11 @@ def run_case(case: Case, workdir: Path) -> Outcome:
     scenario.write_text(yaml.safe_dump(case.scenario(), sort_keys=False))
     cmd = [sys.executable, "-m", "harness", "run", str(scenario), "--out", str(here / "out")]
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
-        _, err = proc.communicate(timeout=CASE_TIMEOUT_S)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)  # the launcher stops its ranks
-        _, err = proc.communicate(timeout=60)
-        timed_out = True
+        proc = run_command(cmd, timeout=CASE_TIMEOUT_S)  # interrupted like Ctrl+C when late
+        timed_out, rc, err = False, proc.returncode, proc.stderr
+    except CaseFailed:
+        timed_out, rc, err = True, None, ""
     wall = time.monotonic() - start
     left = len(processes_mentioning(str(here)))
     fault = _recorded_fault(here / "out")
@@ -169,11 +165,11 @@ def run_case(case: Case, workdir: Path) -> Outcome:
                       after, left, wall)
     if timed_out:
         outcome.problem = f"no verdict within {CASE_TIMEOUT_S:g} s"
-    elif proc.returncode == 0:
+    elif rc == 0:
         outcome.problem = "the run finished: the fault never struck"
     elif fault is None:
         last = err.strip().splitlines()[-1] if err.strip() else "nothing on stderr"
-        outcome.problem = f"no verdict in run.json (exit {proc.returncode}; {last[:200]})"
+        outcome.problem = f"no verdict in run.json (exit {rc}; {last[:200]})"
     elif not outcome.named:
         outcome.problem = f"named rank {verdict_rank}: {fault.get('message', '')[:300]}"
     elif after is None or after > case.bound_s:

@@ -121,15 +121,17 @@ using PyPushChannel = Held<PushChannel>;
 using PyWaitAvoiding = Held<WaitAvoiding>;
 using PyPairwiseAverager = Held<PairwiseAverager>;
 
-// The allreduce's steps as member `me` of `p` runs them for `count` floats: per step, its sends
-// and receives as (member, floats). The simulator's decomposition is tested against it.
+// The allreduce's steps as member `me` of `p` runs them for `count` floats with `algorithm`
+// (member_nodes: the node of every member, for "hierarchical"): per step, its sends and
+// receives as (member, floats). The simulator's decomposition is tested against it.
 py::list allreduce_steps(int p, int me, int64_t count, int64_t ring_threshold_bytes,
-                         const std::vector<int>& member_nodes) {
+                         const std::vector<int>& member_nodes, const std::string& algorithm) {
   if (p < 1 || me < 0 || me >= p || count < 0)
     throw CommError("allreduce_steps: need 0 <= me < p and count >= 0 (p=" + std::to_string(p) +
                     ", me=" + std::to_string(me) + ", count=" + std::to_string(count) + ")");
   std::vector<float> buf(static_cast<size_t>(count > 0 ? count : 1));
-  Schedule s = allreduce_schedule(p, me, buf.data(), count, ring_threshold_bytes, member_nodes);
+  AllreducePlan plan{allreduce_algorithm_named(algorithm), member_nodes};
+  Schedule s = allreduce_schedule(p, me, buf.data(), count, ring_threshold_bytes, plan);
   py::list steps;
   for (const Step& step : s.steps) {
     py::list sends, recvs;
@@ -149,8 +151,7 @@ std::vector<double> emulated_releases(int ranks, const std::vector<std::tuple<in
                                       const std::vector<std::tuple<int, int, double, double>>& messages) {
   std::vector<LinkEmulator> emulators(static_cast<size_t>(ranks));
   std::shared_ptr<SharedNics> nics;
-  Topology topo{node_of, {std::get<0>(intra), std::get<1>(intra)}, {std::get<0>(nic), std::get<1>(nic)}, fabric_Bps,
-                false};
+  Topology topo{node_of, {std::get<0>(intra), std::get<1>(intra)}, {std::get<0>(nic), std::get<1>(nic)}, fabric_Bps};
   if (!node_of.empty()) {
     if (static_cast<int>(node_of.size()) != ranks) throw CommError("emulated_releases: one node per rank needed");
     if (topo.shares_resources()) nics = SharedNics::local(*std::max_element(node_of.begin(), node_of.end()) + 1);
@@ -188,7 +189,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("now", &now, "Seconds on CLOCK_MONOTONIC (the clock of time.monotonic()).");
   m.def("is_sync_round", &wa_is_sync_round, py::arg("round"), py::arg("sync_every"));
   m.def("allreduce_steps", &allreduce_steps, py::arg("p"), py::arg("me"), py::arg("count"),
-        py::arg("ring_threshold_bytes"), py::arg("member_nodes") = std::vector<int>{});
+        py::arg("ring_threshold_bytes"), py::arg("member_nodes") = std::vector<int>{},
+        py::arg("algorithm") = std::string("auto"));
   m.def("emulated_releases", &emulated_releases, py::arg("ranks"), py::arg("pair_links"), py::arg("node_of"),
         py::arg("intra"), py::arg("nic"), py::arg("fabric_Bps"), py::arg("messages"));
 
@@ -338,13 +340,16 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "set_topology",
           [](PyComm& c, const std::vector<int>& node_of, std::tuple<double, double> intra, std::tuple<double, double> nic,
-             double fabric_Bps, bool hierarchical) {
+             double fabric_Bps) {
             without_gil([&] {
-              c.native->set_topology(node_of, intra, nic, fabric_Bps, hierarchical);
+              c.native->set_topology(node_of, intra, nic, fabric_Bps);
               return 0;
             });
           },
-          py::arg("node_of"), py::arg("intra"), py::arg("nic"), py::arg("fabric_Bps"), py::arg("hierarchical"))
+          py::arg("node_of"), py::arg("intra"), py::arg("nic"), py::arg("fabric_Bps"))
+      .def(
+          "set_allreduce", [](PyComm& c, const std::string& algorithm) { c.native->set_allreduce(algorithm); },
+          py::arg("algorithm"))
       .def(
           "set_links",
           [](PyComm& c, const std::vector<std::tuple<int, double, double>>& links) { c.native->set_links(links); },

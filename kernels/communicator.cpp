@@ -16,7 +16,7 @@ std::shared_ptr<OpState> Communicator::iallreduce(FloatSpan buf, const std::stri
   std::vector<int> everyone(static_cast<size_t>(size()));
   for (int i = 0; i < size(); ++i) everyone[i] = i;
   Schedule s = allreduce_schedule(size(), rank(), buf.data, buf.count, ring_threshold_,
-                                  engine_->links().allreduce_nodes(everyone));
+                                  engine_->links().allreduce_plan(everyone));
   s.result = buf.data;
   s.count = buf.count;
   s.divide_by = op == "mean" ? size() : 1;
@@ -86,8 +86,13 @@ void Communicator::set_links(const std::vector<std::tuple<int, double, double>>&
   engine_->links().set_links(table);
 }
 
+void Communicator::set_allreduce(const std::string& algorithm) {
+  check_open();
+  engine_->links().set_allreduce(allreduce_algorithm_named(algorithm));
+}
+
 void Communicator::set_topology(const std::vector<int>& node_of, std::tuple<double, double> intra,
-                                std::tuple<double, double> nic, double fabric_Bps, bool hierarchical) {
+                                std::tuple<double, double> nic, double fabric_Bps) {
   check_open();
   if (static_cast<int>(node_of.size()) != size())
     throw CommError("topology: " + std::to_string(node_of.size()) + " node ids for " + std::to_string(size()) + " ranks");
@@ -102,7 +107,7 @@ void Communicator::set_topology(const std::vector<int>& node_of, std::tuple<doub
       throw CommError(std::string("topology: ") + what + " needs latency >= 0 s and bandwidth > 0 B/s");
     return LinkParams{lat, bw};
   };
-  Topology topo{node_of, params(intra, "intra-node link"), params(nic, "NIC"), fabric_Bps, hierarchical};
+  Topology topo{node_of, params(intra, "intra-node link"), params(nic, "NIC"), fabric_Bps};
   if (!(fabric_Bps > 0)) throw CommError("topology: fabric bandwidth must be > 0 B/s");
   // Collective: every rank maps the same table (or none does: the decision is the same everywhere).
   std::shared_ptr<SharedNics> nics;

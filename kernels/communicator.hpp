@@ -45,10 +45,13 @@ class Communicator {
   // Outgoing links of this rank: (dst rank, latency s, bandwidth B/s or inf).
   void set_links(const std::vector<std::tuple<int, double, double>>& links);
   // Nodes of the emulated cluster (collective): node_of[world rank], intra-node link and NIC as
-  // (latency s, bandwidth B/s or inf), the fabric's bandwidth (inf: no limit), and whether
-  // allreduces are hierarchical. See link_emulator.hpp for the contention rule.
+  // (latency s, bandwidth B/s or inf) and the fabric's bandwidth (inf: no limit). See
+  // link_emulator.hpp for the contention rule.
   void set_topology(const std::vector<int>& node_of, std::tuple<double, double> intra,
-                    std::tuple<double, double> nic, double fabric_Bps, bool hierarchical);
+                    std::tuple<double, double> nic, double fabric_Bps);
+  // The allreduce algorithm (allreduce_plan.hpp) by name: auto, ring, recursive_doubling,
+  // reduce_broadcast or hierarchical (the last needs set_topology). Every rank sets the same.
+  void set_allreduce(const std::string& algorithm);
   std::vector<OpRecord> drain_records() { return engine_->drain_records(); }
 
   // Stops the progress thread; operations still running fail. Idempotent.

@@ -24,6 +24,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "allreduce_plan.hpp"
+#include "common.hpp"
 #include "shared_nics.hpp"
 
 namespace harness {
@@ -35,12 +37,11 @@ struct LinkParams {
 };
 
 // Nodes of the emulated cluster: node_of[world rank], the intra-node link, each node's NIC,
-// the fabric's bisection bandwidth (inf: none) and whether allreduces go hierarchical.
+// the fabric's bisection bandwidth (inf: none).
 struct Topology {
   std::vector<int> node_of;
   LinkParams intra, nic;
   double fabric_Bps = std::numeric_limits<double>::infinity();
-  bool hierarchical = false;
   bool shares_resources() const {
     return nic.bandwidth_Bps < std::numeric_limits<double>::infinity() ||
            fabric_Bps < std::numeric_limits<double>::infinity();
@@ -91,13 +92,22 @@ class LinkEmulator {
     return links_;
   }
 
-  // Nodes of `world_members` when allreduces go hierarchical, else empty (flat).
-  std::vector<int> allreduce_nodes(const std::vector<int>& world_members) const {
+  // The allreduce algorithm of the emulated network (network.allreduce); kHierarchical needs a
+  // topology, which set_topology gives.
+  void set_allreduce(AllreduceAlgorithm algorithm) {
     std::lock_guard<std::mutex> lock(mu_);
-    std::vector<int> nodes;
-    if (!topo_.hierarchical) return nodes;
-    for (int r : world_members) nodes.push_back(topo_.node_of.at(static_cast<size_t>(r)));
-    return nodes;
+    allreduce_ = algorithm;
+  }
+
+  // What an allreduce over `world_members` runs: the algorithm and, when it is hierarchical, the
+  // node of every member.
+  AllreducePlan allreduce_plan(const std::vector<int>& world_members) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    AllreducePlan plan{allreduce_, {}};
+    if (allreduce_ != AllreduceAlgorithm::kHierarchical) return plan;
+    if (topo_.node_of.empty()) throw CommError("a hierarchical allreduce needs the emulated topology of nodes");
+    for (int r : world_members) plan.member_nodes.push_back(topo_.node_of.at(static_cast<size_t>(r)));
+    return plan;
   }
 
   // Time at which a message of `bytes` posted now to world rank `dst` may be handed to MPI;
@@ -138,6 +148,7 @@ class LinkEmulator {
   mutable std::mutex mu_;
   std::unordered_map<int, LinkParams> links_;
   std::unordered_map<int, double> pair_free_, intra_free_;
+  AllreduceAlgorithm allreduce_ = AllreduceAlgorithm::kAuto;
   Topology topo_;
   std::shared_ptr<SharedNics> nics_;
 };

@@ -161,11 +161,33 @@ Schedule hierarchical_allreduce(int p, int me, const std::vector<int>& member_no
   return s;
 }
 
+AllreduceAlgorithm allreduce_algorithm_named(const std::string& name) {
+  if (name == "auto") return AllreduceAlgorithm::kAuto;
+  if (name == "ring") return AllreduceAlgorithm::kRing;
+  if (name == "recursive_doubling") return AllreduceAlgorithm::kRecursiveDoubling;
+  if (name == "reduce_broadcast") return AllreduceAlgorithm::kReduceBroadcast;
+  if (name == "hierarchical") return AllreduceAlgorithm::kHierarchical;
+  throw CommError("unknown allreduce algorithm '" + name +
+                  "' (auto, ring, recursive_doubling, reduce_broadcast or hierarchical)");
+}
+
 Schedule allreduce_schedule(int p, int me, float* buf, int64_t n, int64_t ring_threshold_bytes,
-                            const std::vector<int>& member_nodes) {
-  if (!member_nodes.empty()) return hierarchical_allreduce(p, me, member_nodes, buf, n, ring_threshold_bytes);
-  if (p > 2 && n >= p && n * static_cast<int64_t>(sizeof(float)) >= ring_threshold_bytes)
-    return ring_allreduce(p, me, buf, n);
+                            const AllreducePlan& plan) {
+  const bool ring_fits = p > 2 && n >= p;
+  switch (plan.algorithm) {
+    case AllreduceAlgorithm::kHierarchical:
+      return hierarchical_allreduce(p, me, plan.member_nodes, buf, n, ring_threshold_bytes);
+    case AllreduceAlgorithm::kReduceBroadcast:
+      // A hierarchical allreduce on one node is exactly that: reduce to member 0, broadcast.
+      return hierarchical_allreduce(p, me, std::vector<int>(static_cast<size_t>(p), 0), buf, n, ring_threshold_bytes);
+    case AllreduceAlgorithm::kRing:
+      return ring_fits ? ring_allreduce(p, me, buf, n) : rd_allreduce(p, me, buf, n);
+    case AllreduceAlgorithm::kRecursiveDoubling:
+      return rd_allreduce(p, me, buf, n);
+    case AllreduceAlgorithm::kAuto:
+      break;
+  }
+  if (ring_fits && n * static_cast<int64_t>(sizeof(float)) >= ring_threshold_bytes) return ring_allreduce(p, me, buf, n);
   return rd_allreduce(p, me, buf, n);
 }
 

@@ -7,8 +7,10 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "allreduce_plan.hpp"
 #include "engine.hpp"
 
 namespace harness {
@@ -56,10 +58,9 @@ Schedule dissemination_barrier(int p, int me);
 // broadcast inside each node. Results are bitwise equal on all members.
 Schedule hierarchical_allreduce(int p, int me, const std::vector<int>& member_nodes, float* buf, int64_t n,
                                 int64_t ring_threshold_bytes);
-// Picks ring or recursive doubling from the message size; hierarchical when member_nodes is
-// given (not empty).
+// The schedule `plan` names for member `me` of `p`.
 Schedule allreduce_schedule(int p, int me, float* buf, int64_t n, int64_t ring_threshold_bytes,
-                            const std::vector<int>& member_nodes = {});
+                            const AllreducePlan& plan = {});
 
 // Runs a schedule on `comm`. members[i] is the comm rank of member i and world[i] its world
 // rank (link emulation is per world-rank link). Embeddable in ops.

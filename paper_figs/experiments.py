@@ -100,8 +100,18 @@ def _scenario(name: str, ranks: int, algorithm: Any, iterations: int, batch_size
         },
         "algorithms": [algorithm],
         "imbalance": imbalance,
-        "network": {"topology": topology} if topology else {},
+        "network": _network(topology),
     }
+
+
+def _network(topology: dict[str, Any] | None) -> dict[str, Any]:
+    """``network`` of a figure's scenario: the topology, with its ``allreduce`` key (a series'
+    change) moved to ``network.allreduce``."""
+    if not topology:
+        return {}
+    topology = dict(topology)
+    allreduce = topology.pop("allreduce", None)
+    return {"topology": topology} | ({"allreduce": allreduce} if allreduce else {})
 
 
 def _simulate(name: str, ranks: int, algorithm: Any, iterations: int, batch_size: int, compute_ms: float,

@@ -128,7 +128,7 @@ def test_collectives_two_ranks(tmp_path):
 
 
 @pytest.mark.mpi
-def test_collectives_on_emulated_nodes_run_flat_and_hierarchical(tmp_path):
+def test_collectives_on_emulated_nodes_run_auto_and_hierarchical(tmp_path):
     """4 ranks as 2 nodes of 2 behind 0.2 Gb/s NICs: both allreduces, correct, side by side; the
     hierarchical one crosses each NIC with the buffer once, the ring with 2(p-1)/p of it twice."""
     out = tmp_path / "bench.json"
@@ -136,15 +136,15 @@ def test_collectives_on_emulated_nodes_run_flat_and_hierarchical(tmp_path):
                     "--ops", "allreduce", "--sizes", "1M", "--iters", "3", "--warmup", "1", "--json", str(out),
                     timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "flat: 2 nodes of 2 ranks, NIC 0.2 Gb/s 50 us" in proc.stdout
-    assert "hierarchical: 2 nodes of 2 ranks" in proc.stdout
+    assert "auto allreduce: 2 nodes of 2 ranks, NIC 0.2 Gb/s 50 us" in proc.stdout
+    assert "hierarchical allreduce: 2 nodes of 2 ranks" in proc.stdout
     assert "# #wrong total: 0  OK" in proc.stdout
     report = json.loads(out.read_text())
     assert report["emulated_nodes"]["ranks_per_node"] == 2
     times = {r["allreduce_kind"]: r["time_us"] for r in report["rows"]}
     # 1 MiB through 25 MB/s: at least 42 ms for the leaders' exchange, 63 ms for the ring.
-    assert times["hierarchical"] > 40e3 and times["flat"] > 60e3
-    assert times["hierarchical"] < times["flat"], times
+    assert times["hierarchical"] > 40e3 and times["auto"] > 60e3
+    assert times["hierarchical"] < times["auto"], times
     assert all(r["mpi_time_us"] is None and r["ratio"] is None for r in report["rows"])  # no baseline
 
     bad = _harness("bench", "collectives", "--ranks", "4", "--ranks-per-node", "3", "--ops", "allreduce",

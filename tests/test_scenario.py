@@ -80,7 +80,7 @@ def test_full_example_has_every_feature() -> None:
     assert s.imbalance[1].ranks == [3]
     assert len(s.network.links) == 3
     topology = s.network.topology
-    assert (topology.preset, topology.ranks_per_node, topology.allreduce) == ("ethernet_10g", 4, "hierarchical")
+    assert (topology.preset, topology.ranks_per_node, s.network.allreduce) == ("ethernet_10g", 4, "hierarchical")
     assert (topology.nic.latency_us, topology.nic.bandwidth_gbps) == (20.0, 25.0)  # the preset's latency, own bandwidth
     assert topology.node_of(s.ranks) == [0, 0, 0, 0, 1, 1, 1, 1]
 
@@ -200,7 +200,9 @@ MORE_BAD = [
     (_topology(placement=[0, 0, 2, 2]), "network.topology.placement: node 1 has no ranks"),
     (_topology(ranks_per_node=2, preset="ethernet_100g"), "network.topology.preset: must be 'ethernet_1g', 'ethernet_10g' or 'infiniband_100g'"),
     (_topology(ranks_per_node=2, nic={"bandwidth_gbps": 0}), "network.topology.nic.bandwidth_gbps: must be > 0"),
-    (_topology(ranks_per_node=2, allreduce="tree"), "network.topology.allreduce: must be 'flat' or 'hierarchical' (got 'tree')"),
+    (_topology(ranks_per_node=2, allreduce="hierarchical"), "network.topology.allreduce: moved: write `network.allreduce: hierarchical`"),
+    ({"network": {"allreduce": "tree"}}, "network.allreduce: must be 'auto', 'ring', 'recursive_doubling', 'reduce_broadcast' or 'hierarchical' (got 'tree')"),
+    ({"network": {"allreduce": "hierarchical"}}, "network.allreduce: hierarchical needs network.topology"),
     (_injector(count=1), "imbalance[0].kind: required field missing"),
     (_injector(kind="slowdown", ranks=[1, 1], factor=2.0), "imbalance[0].ranks[1]: rank listed twice (got 1)"),
     (_injector(kind="jitter", sigma=math.nan), "imbalance[0].sigma: must be a finite number (got nan)"),
@@ -260,7 +262,8 @@ def test_resolved_dict_fills_in_defaults() -> None:
     assert resolved["workload"]["eval_every"] == 2
     assert resolved["algorithms"] == [{"name": "allreduce_sgd"}]
     assert resolved["optimizer"]["momentum"] == 0.9
-    assert resolved["network"] == {"default": {"latency_us": 0.0, "bandwidth_gbps": None}, "links": [], "topology": None}
+    assert resolved["network"] == {"default": {"latency_us": 0.0, "bandwidth_gbps": None}, "links": [], "topology": None,
+                                   "allreduce": "auto"}
 
 
 def test_resolved_links_keep_only_the_fields_they_set() -> None:

@@ -122,17 +122,39 @@ def _member_steps(schedule, me: int) -> list[tuple[list, list]]:
 _COUNTS = (0, 1, 3, 100, 16_383, 16_384, 16_385, 50_001)
 
 
+@pytest.mark.parametrize("algorithm", ["auto", "ring", "recursive_doubling", "reduce_broadcast"])
 @pytest.mark.parametrize("p", [*range(1, 18), 31, 64])
-def test_allreduce_schedule_is_the_native_layers(p: int) -> None:
+def test_allreduce_schedule_is_the_native_layers(p: int, algorithm: str) -> None:
     """The simulator's decomposition against the native layer's own step builder (exported from
-    _core), member by member: same peers, same sizes, same order, odd p and the fold included."""
+    _core), member by member, for every network.allreduce but hierarchical (tests/test_topology.py):
+    same peers, same sizes, same order, odd p and the fold included."""
     core = pytest.importorskip("harness._core")
     for count in _COUNTS:
-        schedule = allreduce_schedule(p, count, RING_THRESHOLD_BYTES)
+        schedule = allreduce_schedule(p, count, RING_THRESHOLD_BYTES, algorithm)
         for me in range(p):
             native = [([tuple(x) for x in sends], [tuple(x) for x in recvs])
-                      for sends, recvs in core.allreduce_steps(p, me, count, RING_THRESHOLD_BYTES)]
+                      for sends, recvs in core.allreduce_steps(p, me, count, RING_THRESHOLD_BYTES, [], algorithm)]
             assert _member_steps(schedule, me) == native, (p, count, me)
+
+
+def test_whole_buffer_algorithms_take_log_steps_of_the_whole_buffer() -> None:
+    """What network.allreduce chooses, in steps and bytes for 1 MB over 8 and over 6 members:
+    the ring 2(p-1) steps of 1/p, recursive doubling log2(p) exchanges of all of it (plus the
+    fold and unfold beyond a power of two), reduce + broadcast 2 ceil(log2 p) steps, the root
+    sending its whole buffer ceil(log2 p) times."""
+    count = 250_000
+    ring = allreduce_schedule(8, count, RING_THRESHOLD_BYTES, "ring")
+    rd = allreduce_schedule(8, count, RING_THRESHOLD_BYTES, "recursive_doubling")
+    rb = allreduce_schedule(8, count, RING_THRESHOLD_BYTES, "reduce_broadcast")
+    assert (ring.steps, rd.steps, rb.steps) == (14, 3, 6)
+    assert max(ring.bytes_sent) == 2 * 7 * count // 8 * FLOAT_BYTES
+    assert list(rd.bytes_sent) == [3 * count * FLOAT_BYTES] * 8
+    assert rb.bytes_sent[0] == 3 * count * FLOAT_BYTES  # the root broadcasts to 3 members
+    assert allreduce_schedule(6, count, RING_THRESHOLD_BYTES, "recursive_doubling").steps == 4  # fold, 2, unfold
+    assert allreduce_schedule(6, count, RING_THRESHOLD_BYTES, "reduce_broadcast").steps == 6
+    assert allreduce_schedule(2, count, RING_THRESHOLD_BYTES, "ring").steps == 1  # no ring of 2: an exchange
+    with pytest.raises(ValueError, match="unknown allreduce algorithm"):
+        allreduce_schedule(4, count, RING_THRESHOLD_BYTES, "tree")
 
 
 @pytest.mark.parametrize("p,count", [(5, 10), (6, 70_000), (40, 100), (40, 70_000)])

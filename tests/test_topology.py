@@ -24,8 +24,8 @@ INF = float("inf")
 FREE_BASE = NetworkModel(latency_s=0.0, bandwidth_bytes_per_s=1e300)  # only the emulated path counts
 
 
-def _topology(node_of, nic=(20e-6, 1.25e8), intra=(1e-6, 5e9), fabric=None, hierarchical=False) -> NodeTopology:
-    return NodeTopology(tuple(node_of), intra[0], intra[1], nic[0], nic[1], fabric, hierarchical)
+def _topology(node_of, nic=(20e-6, 1.25e8), intra=(1e-6, 5e9), fabric=None) -> NodeTopology:
+    return NodeTopology(tuple(node_of), intra[0], intra[1], nic[0], nic[1], fabric)
 
 
 def _native_releases(ranks, links, topo: NodeTopology, messages) -> list[float]:
@@ -87,7 +87,7 @@ def test_hierarchical_schedule_is_the_native_layers(node_of: tuple[int, ...]) ->
             schedule = hierarchical_schedule(node_of, count, threshold)
             for me in range(p):
                 native = [([tuple(x) for x in sends], [tuple(x) for x in recvs])
-                          for sends, recvs in core.allreduce_steps(p, me, count, threshold, list(node_of))]
+                          for sends, recvs in core.allreduce_steps(p, me, count, threshold, list(node_of), "hierarchical")]
                 assert _member_steps(schedule, me) == native, (node_of, threshold, count, me)
 
 
@@ -98,8 +98,8 @@ def test_hierarchical_allreduce_wins_on_a_slow_nic() -> None:
     count = 1_000_000
 
     def allreduce_time(node_of, hierarchical: bool) -> float:
-        topo = _topology(node_of, nic=(20e-6, 1.25e8), intra=(3e-6, 1.5e11), hierarchical=hierarchical)
-        net = SimNetwork(len(node_of), FREE_BASE, topology=topo)
+        topo = _topology(node_of, nic=(20e-6, 1.25e8), intra=(3e-6, 1.5e11))
+        net = SimNetwork(len(node_of), FREE_BASE, topology=topo, allreduce="hierarchical" if hierarchical else "auto")
         members = range(len(node_of))
         return max(run_schedule(net.allreduce_schedule(members, count), members, [0.0] * len(node_of), net))
 
@@ -115,9 +115,10 @@ def test_scenario_topology_reaches_both_sides() -> None:
                                                  "iterations": 2},
            "algorithms": ["allreduce_sgd"],
            "network": {"topology": {"preset": "ethernet_1g", "placement": [0, 0, 0, 1, 1, 2],
-                                    "allreduce": "hierarchical", "bisection_gbps": 2}}}
-    topo = node_topology(scenario_from_dict(doc))
-    assert topo.node_of == (0, 0, 0, 1, 1, 2) and topo.nodes == 3 and topo.hierarchical
+                                    "bisection_gbps": 2}, "allreduce": "hierarchical"}}
+    scenario = scenario_from_dict(doc)
+    topo = node_topology(scenario)
+    assert topo.node_of == (0, 0, 0, 1, 1, 2) and topo.nodes == 3 and scenario.network.allreduce == "hierarchical"
     assert (topo.nic_latency_s, topo.nic_bandwidth_bytes_per_s) == (50e-6, 1.25e8)
     assert topo.fabric_bandwidth_bytes_per_s == 2.5e8
     assert topo.intra_bandwidth_bytes_per_s == 1.5e11
@@ -132,7 +133,7 @@ def test_hosts_nics_queue_like_emulated_ones_but_need_no_wake_up() -> None:
     topology, a real NIC needs no progress thread to release the message: no ``progress_s``."""
     base = NetworkModel(latency_s=100e-6, bandwidth_bytes_per_s=1e9, progress_s=1e-3)
     hosts = hosts_topology(["a", "b", "a", "b", "b"], LinkSettings(latency_us=50, bandwidth_gbps=0.8))
-    assert hosts.node_of == (0, 1, 0, 1, 1) and not hosts.hierarchical
+    assert hosts.node_of == (0, 1, 0, 1, 1)
     assert (hosts.intra_latency_s, hosts.intra_bandwidth_bytes_per_s) == (0.0, None)  # the base is the intra link
     mb = 1_000_000
     net = SimNetwork(5, base, hosts=hosts)

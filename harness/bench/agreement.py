@@ -28,6 +28,11 @@ Cases (``--only``, comma-separated):
     8 ranks as 2 nodes of 4 (``tests/mpi/topology_checks.py``): every rank exchanges 1 MB
     with its partner on the other node through 1 Gb/s NICs, posted 3 ms apart; each
     exchange's time against the simulator's network (the contention rule).
+``allreduce_runs`` (default)
+    ``network.allreduce``'s whole-buffer algorithms in real runs (:func:`allreduce_run_scenario`):
+    recursive doubling on 5 ranks and reduce + broadcast on 3, 1 MB buffers through 0.2 Gb/s
+    links, each rank a node agent of 4 GPUs with emulated staging; time per iteration against
+    the trace-driven simulation.
 ``kernel_shaping`` (default; needs root and the virtual-host test bed, else skipped)
     2 ranks on 2 virtual hosts (``tests/test_vhosts.py``), one link at 100 Mb/s both ways:
     time per iteration with the kernel's ``tbf`` shaping it, against the native emulator
@@ -103,6 +108,30 @@ NIC_RUN_SCENARIO: dict = {
 NIC_RUN_COMPUTE = [("mlp", "digits", 8, 0.01)]
 #: The least time per iteration of :data:`NIC_RUN_SCENARIO`: 1.5 MB through a 25 MB/s NIC.
 NIC_RUN_LEAST_S = 1.5e6 / 25e6
+
+
+#: (algorithm, ranks) of the ``allreduce_runs`` case and tests/test_allreduce_algorithms.py: odd
+#: rank counts, so recursive doubling folds a rank in and out and the binomial trees are uneven.
+ALLREDUCE_RUNS = (("recursive_doubling", 5), ("reduce_broadcast", 3))
+ALLREDUCE_RUN_COMPUTE = [("mlp", "digits", 8, 0.01)]
+#: 1 MB through a 0.2 Gb/s link: one whole-buffer step of the allreduce.
+ALLREDUCE_RUN_HOP_S = 1e6 / 25e6
+
+
+def allreduce_run_scenario(algorithm: str, ranks: int) -> dict:
+    """Allreduce-SGD with ``network.allreduce: algorithm`` on ``ranks`` ranks: a 1 MB buffer
+    through private 0.2 Gb/s links (40 ms per whole-buffer step), 10 ms of emulated compute, and
+    local costs of ``harness.local_costs``: a node agent of 4 GPUs on a 0.8 Gb/s link (20 ms a
+    iteration) and staging at 1.6 Gb/s (10 ms)."""
+    return {
+        "name": f"allreduce_{algorithm}", "ranks": ranks, "seed": 5,
+        "workload": {"model": "mlp", "dataset": "digits", "batch_size": 8, "iterations": 8, "eval_every": 8,
+                     "compute": {"emulate_ms": 10}, "params": 250_000,
+                     "node": {"gpus": 4, "link": {"bandwidth_gbps": 0.8}},
+                     "staging": {"bandwidth_gbps": 1.6}},
+        "algorithms": ["allreduce_sgd"],
+        "network": {"default": {"bandwidth_gbps": 0.2}, "allreduce": algorithm},
+    }
 
 
 def cpu_steal() -> tuple[int, int]:
@@ -222,6 +251,19 @@ def _small_run(out: Path, args: argparse.Namespace) -> list[Item]:
     return compared_items(run_and_compare(SMALL_SCENARIO, out, cal).table)
 
 
+def _allreduce_runs(out: Path, args: argparse.Namespace) -> list[Item]:
+    from harness.sim.calibration import save_fixed_calibration
+
+    items = []
+    for algorithm, ranks in ALLREDUCE_RUNS:
+        where = out / algorithm
+        cal = save_fixed_calibration(where / "calibration.json", ranks, ALLREDUCE_RUN_COMPUTE)
+        table = run_and_compare(allreduce_run_scenario(algorithm, ranks), where, cal, mode="trace").table
+        items += [Item(f"{algorithm} on {ranks} ranks", item.real_s, item.simulated_s, item.group)
+                  for item in compared_items(table)]
+    return items
+
+
 def _nic_run(out: Path, args: argparse.Namespace) -> list[Item]:
     from harness.sim.calibration import save_fixed_calibration
 
@@ -237,12 +279,12 @@ NIC_FLOATS = 256 * 1024  # 1 MiB
 NIC_GAP_S = 3e-3  # between the posts of one node's ranks
 
 
-def nic_topology(node_of: Sequence[int], nic_gbps: float | None = None, hierarchical: bool = False):
+def nic_topology(node_of: Sequence[int], nic_gbps: float | None = None):
     """Nodes ``node_of`` whose NICs (if ``nic_gbps``) are the only emulated resource."""
     from harness.scenario.network import NodeTopology
 
     nic = None if nic_gbps is None else nic_gbps * 1e9 / 8
-    return NodeTopology(tuple(node_of), 0.0, None, 0.0, nic, None, hierarchical)
+    return NodeTopology(tuple(node_of), 0.0, None, 0.0, nic, None)
 
 
 @dataclass
@@ -516,6 +558,7 @@ CASES: dict[str, Case] = {
     "small_run": Case(_small_run, True, "4 ranks, 4 algorithms, a random straggler: compare, both modes"),
     "nic_run": Case(_nic_run, True, "4 ranks as 2 nodes behind 0.2 Gb/s NICs: compare, trace-driven"),
     "nic_messages": Case(_nic_messages, True, "8 ranks as 2 nodes of 4: 1 MB exchanges through 1 Gb/s NICs"),
+    "allreduce_runs": Case(_allreduce_runs, True, "recursive doubling and reduce + broadcast runs: compare, trace-driven"),
     "kernel_shaping": Case(_kernel_shaping, True, "2 virtual hosts, a 100 Mb/s link: kernel tbf, emulator, simulator"),
     **{name: Case(_scenario_case(name), False, f"scenarios/{name}.yaml with this machine's calibration")
        for name in ("straggler", "slow_link", "balanced", "two_nodes")},

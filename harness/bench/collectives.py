@@ -339,10 +339,11 @@ def min_large_ratio(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 # -- emulated nodes ----------------------------------------------------------------------------
-def topologies(args: argparse.Namespace, ranks: int) -> list[Any]:
-    """[None] (no emulation), or the flat and the hierarchical variant of ``--ranks-per-node``."""
+def topologies(args: argparse.Namespace, ranks: int) -> list[tuple[Any, str]]:
+    """[(None, "auto")] (no emulation), or the nodes of ``--ranks-per-node`` with the ``auto``
+    (flat: ring or recursive doubling) and the ``hierarchical`` allreduce."""
     if args.ranks_per_node is None:
-        return [None]
+        return [(None, "auto")]
     if ranks % args.ranks_per_node:
         raise HarnessError(f"--ranks-per-node {args.ranks_per_node} must divide the ranks ({ranks})")
     from harness.scenario.network import NodeTopology  # noqa: PLC0415
@@ -350,14 +351,13 @@ def topologies(args: argparse.Namespace, ranks: int) -> list[Any]:
     nodes = Topology(ranks_per_node=args.ranks_per_node,
                      nic={"latency_us": args.nic_latency_us, "bandwidth_gbps": args.nic_gbps},
                      intra={**_PRESET["intra"], "bandwidth_gbps": args.intra_gbps})
-    return [NodeTopology.of(nodes.model_copy(update={"allreduce": kind}), ranks) for kind in ("flat", "hierarchical")]
+    return [(NodeTopology.of(nodes, ranks), kind) for kind in ("auto", "hierarchical")]
 
 
-def describe(topology: Any) -> str:
+def describe(topology: Any, kind: str) -> str:
     if topology is None:
         return ""
-    kind = "hierarchical" if topology.hierarchical else "flat"
-    return (f", {kind}: {topology.nodes} nodes of {len(topology.node_of) // topology.nodes} ranks, NIC "
+    return (f", {kind} allreduce: {topology.nodes} nodes of {len(topology.node_of) // topology.nodes} ranks, NIC "
             f"{topology.nic_bandwidth_bytes_per_s * 8 / 1e9:g} Gb/s {topology.nic_latency_s * 1e6:g} us, "
             f"intra-node {topology.intra_bandwidth_bytes_per_s * 8 / 1e9:g} Gb/s")
 
@@ -389,19 +389,20 @@ def run_worker(args: argparse.Namespace) -> int:
         say(f"# native: harness.comm.Communicator ({options}); baseline: mpi4py {library}")
 
     rows: list[dict[str, Any]] = []
-    for topology in topologies(args, n):
+    for topology, kind in topologies(args, n):
         comm = Communicator(world, **comm_options(args))
         try:
             comm.set_topology(topology)
+            comm.set_allreduce(kind)
             for name in args.ops:
                 if rank == 0:
                     say("#")
-                    say(f"# {name} (float32{', sum' if name == 'allreduce' else ', root 0'}){describe(topology)}")
+                    say(f"# {name} (float32{', sum' if name == 'allreduce' else ', root 0'}){describe(topology, kind)}")
                     say(table_header())
                 for size in args.sizes:
                     row = measure(comm, world, name, size, args.iters, args.warmup, baseline=topology is None)
                     if topology is not None:
-                        row["allreduce_kind"] = "hierarchical" if topology.hierarchical else "flat"
+                        row["allreduce_kind"] = kind
                     rows.append(row)
                     if rank == 0:
                         say(table_row(row))
@@ -409,11 +410,11 @@ def run_worker(args: argparse.Namespace) -> int:
             comm.close()
     if rank == 0 and args.ranks_per_node is not None:
         say("#")
-        say("# hierarchical / flat allreduce time, per size: " + ", ".join(
+        say("# hierarchical / auto (flat) allreduce time, per size: " + ", ".join(
             f"{format_size(size)} {h['time_us'] / f['time_us']:.2f}"
             for size in args.sizes
             for f, h in [[next(r for r in rows if r["op"] == "allreduce" and r["size_bytes"] == size
-                               and r.get("allreduce_kind") == kind) for kind in ("flat", "hierarchical")]]
+                               and r.get("allreduce_kind") == kind) for kind in ("auto", "hierarchical")]]
             if "allreduce" in args.ops))
 
     total_wrong = sum(r["wrong"] for r in rows)

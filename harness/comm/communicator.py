@@ -212,8 +212,8 @@ class Communicator:
         """Emulate nodes that share NICs (collective: every rank calls it with the same topology).
 
         Messages between nodes queue on the source node's NIC, the fabric and the destination
-        node's NIC, shared by all ranks; pairs inside a node use the intra-node link; allreduces
-        are hierarchical if the topology says so. None leaves the flat network. The queues live in
+        node's NIC, shared by all ranks; pairs inside a node use the intra-node link. None leaves
+        the flat network. The queues live in
         shared memory, so all ranks must be on one host (CommError otherwise).
         """
         if topology is None:
@@ -229,15 +229,22 @@ class Communicator:
             link(topology.intra_latency_s, topology.intra_bandwidth_bytes_per_s),
             link(topology.nic_latency_s, topology.nic_bandwidth_bytes_per_s),
             inf if fabric is None else float(fabric),
-            bool(topology.hierarchical),
         )
 
+    def set_allreduce(self, algorithm: str) -> None:
+        """The allreduce algorithm of every later allreduce, wait-avoiding group rounds included
+        (``harness.scenario.schema.AllreduceAlgorithm``; ``hierarchical`` needs
+        :meth:`set_topology` first). Every rank sets the same."""
+        self._native.set_allreduce(str(algorithm))
+
     def emulate_network(self, scenario: "Scenario") -> None:
-        """Emulate the scenario's ``network``: its link rules and its topology (collective)."""
+        """Emulate the scenario's ``network``: its link rules, its topology and its allreduce
+        algorithm (collective)."""
         from harness.scenario.network import link_table, node_topology
 
         self.set_links(link_table(scenario))
         self.set_topology(node_topology(scenario))
+        self.set_allreduce(scenario.network.allreduce)
 
     def drain_records(self) -> list[OpRecord]:
         """Finished operations since the last call (post, start, end times; bytes sent)."""

@@ -69,7 +69,7 @@ def summary(scenario: Scenario) -> str:
         *(f"  {_algorithm_line(p, w.of_script)}" for p in scenario.algorithms),
         "imbalance:" if scenario.imbalance else "imbalance: none",
         *(f"  {_entry(fields, kind)}" for fields, kind in injectors),
-        f"network: {len(link_table(scenario))} emulated links",
+        f"network: {len(link_table(scenario))} emulated links, {scenario.network.allreduce} allreduce",
         *_topology_lines(scenario),
         "faults:" if scenario.faults else "faults: none",
         *(f"  {_entry(f.model_dump(exclude={'kind'}, exclude_defaults=True), f.kind)}" for f in scenario.faults),
@@ -93,7 +93,7 @@ def _topology_lines(scenario: Scenario) -> list[str]:
     fabric = "" if topology.bisection_gbps is None else f"; fabric {topology.bisection_gbps:g} Gb/s"
     preset = f" ({topology.preset})" if topology.preset else ""
     return [f"  topology{preset}: {max(node_of) + 1} nodes of {per_node} ranks; NIC {link(topology.nic)}; "
-            f"intra-node {link(topology.intra)}{fabric}; {topology.allreduce} allreduce"]
+            f"intra-node {link(topology.intra)}{fabric}"]
 
 
 def _algorithm_line(params: Any, of_script: bool) -> str:

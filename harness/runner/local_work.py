@@ -6,6 +6,10 @@ emulated compute, real evaluations.
   sleeping (f - 1) times their duration after the step.
 - Emulated compute: a sleep of the scenario's emulated time (with the factor and jitter
   already in it); no optimizer.
+
+Either way the gradient phase ends with a sleep of ``harness.local_costs.iteration_overhead_s``:
+a node agent's combine across its GPUs and the emulated staging of the buffer (0 unless the
+scenario has ``workload.node`` or ``workload.staging``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 
 from harness.compute_time import emulated_compute_s
 from harness.injection import InjectionPlan
+from harness.local_costs import iteration_overhead_s
 from harness.results.columns import EvalRecord
 from harness.runner.evaluate import evaluate, test_metrics
 from harness.runner.workload_state import TrainState
@@ -35,6 +40,7 @@ class LocalWork:
         self.eval_comm = eval_comm
         self.algorithm = algorithm
         self._factors = None
+        self._overhead_s = iteration_overhead_s(scenario.workload, int(state.params.numel()), state.staging.staged)
 
     now = staticmethod(time.monotonic)
     sleep = staticmethod(time.sleep)
@@ -49,7 +55,7 @@ class LocalWork:
         s, w, state = self.scenario, self.scenario.workload, self.state
         if state.model is None:
             sleeps = emulated_compute_s(w.compute.emulate_ms, w.compute.jitter, s.seed, t, s.ranks, self._factors)
-            time.sleep(float(sleeps[self.rank]))
+            time.sleep(float(sleeps[self.rank]) + self._overhead_s)
             return time.monotonic() - c0, math.nan
         state.staging.params_to_device()  # the algorithm may have changed them (no-op on the CPU)
         x, y = state.batch(t, w.batch_size, s.seed, self.rank)
@@ -58,6 +64,8 @@ class LocalWork:
         out.backward()
         loss = float(out.detach())
         state.staging.grads_to_host()
+        if self._overhead_s > 0:
+            time.sleep(self._overhead_s)
         return time.monotonic() - c0, loss
 
     def step(self, t: int, factor: float, gradient_s: float) -> float:

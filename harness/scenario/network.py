@@ -62,7 +62,6 @@ class NodeTopology:
     nic_latency_s: float
     nic_bandwidth_bytes_per_s: float | None
     fabric_bandwidth_bytes_per_s: float | None
-    hierarchical: bool
 
     @property
     def nodes(self) -> int:
@@ -79,7 +78,6 @@ class NodeTopology:
             nic_latency_s=topology.nic.latency_s,
             nic_bandwidth_bytes_per_s=topology.nic.bandwidth_bytes_per_s,
             fabric_bandwidth_bytes_per_s=bisection,
-            hierarchical=topology.allreduce == "hierarchical",
         )
 
 

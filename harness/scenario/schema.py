@@ -125,6 +125,8 @@ class Workload(StrictModel):
     params: PositiveInt | None = None  # emulated compute only: communicated size; None: the model's own
     eval_every: PositiveInt  # default max(1, iterations // 6), filled in by _default_eval_every
     device: Device = "cpu"
+    node: NodeAgent | None = None  # a rank stands for a node of several GPUs (harness.local_costs)
+    staging: HostStaging | None = None  # the communicated buffer crosses PCIe every iteration (harness.local_costs)
 
     @model_validator(mode="before")
     @classmethod
@@ -356,6 +358,33 @@ class LinkSettings(StrictModel):
         return None if self.bandwidth_gbps is None else self.bandwidth_gbps * 1e9 / 8
 
 
+# An NVLink-class link between a node's GPUs (V100 DGX-1, as in the SGP paper: about 150 GB/s
+# per GPU and direction, a few us per message): the intra-node link of the cluster presets and a
+# node agent's default.
+_NVLINK = {"latency_us": 3.0, "bandwidth_gbps": 1200.0}
+
+
+class NodeAgent(StrictModel):
+    """``workload.node``: every rank stands for a node of ``gpus`` GPUs driven by one process, as
+    in the SGP paper's runs. ``batch_size`` and the compute are the node's; each iteration the
+    node also reduces its GPUs' gradients to one GPU and broadcasts the parameters back over
+    ``link`` (default: the topology presets' NVLink-class link), which
+    ``harness.local_costs.node_combine_s`` times."""
+
+    gpus: PositiveInt
+    link: LinkSettings = Field(default_factory=lambda: LinkSettings(**_NVLINK))
+
+
+class HostStaging(StrictModel):
+    """``workload.staging``: the ranks communicate from host memory, so every iteration the
+    communicated buffer crosses PCIe from the GPU to the host before communication and back after
+    it (``harness.local_costs.staging_s``). ``bandwidth_gbps`` is the copy bandwidth of one
+    direction (required), ``latency_us`` a copy's fixed cost."""
+
+    bandwidth_gbps: PositiveFloat
+    latency_us: NonNegativeFloat = 0.0
+
+
 class LinkRule(LinkSettings):
     """A ``network.links`` entry: overrides only the fields it sets, on the links it names."""
 
@@ -446,9 +475,7 @@ AnyLinkRule = Annotated[
 # The papers' networks, by name (``network.topology.preset``); README "Network topology" shows
 # them. NIC latencies are typical one-way small-message MPI latencies between nodes: about 20 us
 # through the kernel's TCP stack on Ethernet, about 2 us with RDMA on InfiniBand; bandwidths are
-# line rates. The intra-node link is NVLink-class (V100 DGX-1 as in the SGP paper: about
-# 150 GB/s per GPU and direction, a few us per message) for the cluster presets.
-_NVLINK = {"latency_us": 3.0, "bandwidth_gbps": 1200.0}
+# line rates. The intra-node link is NVLink-class (_NVLINK) for the cluster presets.
 TOPOLOGY_PRESETS: dict[str, dict[str, dict[str, float]]] = {
     "ethernet_1g": {"nic": {"latency_us": 50.0, "bandwidth_gbps": 1.0}, "intra": _NVLINK},
     "ethernet_10g": {"nic": {"latency_us": 20.0, "bandwidth_gbps": 10.0}, "intra": _NVLINK},
@@ -468,12 +495,14 @@ class Topology(StrictModel):
     intra: LinkSettings = LinkSettings()
     nic: LinkSettings = LinkSettings()
     bisection_gbps: PositiveFloat | None = None
-    allreduce: Literal["flat", "hierarchical"] = "flat"
 
     @model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, data: Any) -> Any:
         """A preset fills the ``intra`` and ``nic`` fields the scenario leaves out."""
+        if isinstance(data, dict) and "allreduce" in data:  # where it was before network.allreduce
+            raise ParamError("allreduce", "moved: write `network.allreduce: hierarchical` (or another "
+                             "algorithm) instead of network.topology.allreduce", data["allreduce"]).to_pydantic()
         if not (isinstance(data, dict) and isinstance(data.get("preset"), str)):
             return data
         preset = TOPOLOGY_PRESETS.get(data["preset"])
@@ -514,15 +543,36 @@ class Topology(StrictModel):
         return [r // self.ranks_per_node for r in range(ranks)]
 
 
+AllreduceAlgorithm = Literal["auto", "ring", "recursive_doubling", "reduce_broadcast", "hierarchical"]
+"""How allreduces run (``network.allreduce``), in the native layer and the simulator alike:
+
+- ``auto``: ring above ``harness.schedules.RING_THRESHOLD_BYTES`` per rank (and more than 2
+  ranks), recursive doubling below (as MPI libraries choose);
+- ``ring``: reduce-scatter + allgather around a ring, 2(p-1) steps of 1/p of the buffer (recursive
+  doubling for 2 ranks or fewer floats than ranks);
+- ``recursive_doubling``: log2(p) steps that each exchange the whole buffer (the ranks beyond a
+  power of two fold in first and out last); what PyTorch's THD TCP backend ran in 2018;
+- ``reduce_broadcast``: a binomial reduce to rank 0 then a binomial broadcast from it,
+  2 ceil(log2 p) steps of the whole buffer (THD's TCP backend before it had recursive doubling);
+- ``hierarchical``: inside each node of ``network.topology`` to its first rank, among those
+  leaders (``auto``), back inside each node.
+"""
+
+
 class Network(StrictModel):
-    """Emulated links: ``default`` for every ordered pair, then ``links`` in file order; and
-    optionally a ``topology`` of nodes whose shared NICs the messages between nodes cross."""
+    """Emulated links: ``default`` for every ordered pair, then ``links`` in file order;
+    optionally a ``topology`` of nodes whose shared NICs the messages between nodes cross; and the
+    ``allreduce`` algorithm (:data:`AllreduceAlgorithm`)."""
 
     default: LinkSettings = LinkSettings()
     links: list[AnyLinkRule] = []
     topology: Topology | None = None
+    allreduce: AllreduceAlgorithm = "auto"
 
     def check(self, ranks: int) -> None:
+        if self.allreduce == "hierarchical" and self.topology is None:
+            raise ParamError("allreduce", "hierarchical needs network.topology (the nodes it goes through)",
+                             self.allreduce)
         _check_each(self.links, ranks, "links")
         if self.topology is not None:
             try:

@@ -108,8 +108,12 @@ class SimNetwork:
 
     def __init__(self, ranks: int, base: NetworkModel, links: list[Link] = (),
                  ring_threshold_bytes: int = RING_THRESHOLD_BYTES, topology: NodeTopology | None = None,
-                 clock: Callable[[], float] | None = None, hosts: NodeTopology | None = None) -> None:
-        """``clock``: the simulated time now, before which no message is posted any more (lets the
+                 clock: Callable[[], float] | None = None, hosts: NodeTopology | None = None,
+                 allreduce: str = "auto") -> None:
+        """``allreduce``: the algorithm of every allreduce (``network.allreduce``; ``hierarchical``
+        goes through the nodes of ``topology``).
+
+        ``clock``: the simulated time now, before which no message is posted any more (lets the
         network forget old reservations); without one it keeps the last 10 s before each post.
 
         ``hosts``: instead of an emulated ``topology``, the real hosts the ranks ran on, as nodes
@@ -128,6 +132,11 @@ class SimNetwork:
         self.shared_cores = base.shared_cores
         self.computing = 0  # ranks whose main thread is computing now (kept by the simulator)
         self.ring_threshold_bytes = ring_threshold_bytes
+        if allreduce not in ALLREDUCE_ALGORITHMS:
+            raise ValueError(f"unknown allreduce algorithm {allreduce!r} (one of {', '.join(ALLREDUCE_ALGORITHMS)})")
+        if allreduce == "hierarchical" and topology is None:
+            raise ValueError("a hierarchical allreduce needs the topology of nodes")
+        self.allreduce = allreduce
         self._links: dict[tuple[int, int], tuple[float, float]] = {}
         for link in links:
             if not (0 <= link.src < ranks and 0 <= link.dst < ranks):
@@ -250,12 +259,10 @@ class SimNetwork:
         return release, release + (self.alpha + nbytes * self.inv_bandwidth) * self.load_factor()
 
     def allreduce_schedule(self, members: Sequence[int], count: int) -> "Schedule | RingSchedule":
-        """The native layer's allreduce schedule over ``members`` (ranks) for ``count`` floats:
-        hierarchical by the members' nodes when the topology says so."""
-        if self.topology is not None and self.topology.hierarchical:
-            nodes = tuple(int(self._node[m]) for m in members)
-            return hierarchical_schedule(nodes, count, self.ring_threshold_bytes)
-        return allreduce_schedule(len(members), count, self.ring_threshold_bytes)
+        """The native layer's allreduce schedule over ``members`` (ranks) for ``count`` floats with
+        this network's algorithm (hierarchical: by the members' nodes)."""
+        nodes = tuple(int(self._node[m]) for m in members) if self.allreduce == "hierarchical" else ()
+        return allreduce_schedule(len(members), count, self.ring_threshold_bytes, self.allreduce, nodes)
 
 
 @dataclass(frozen=True)
@@ -350,17 +357,33 @@ def _ring_steps(p: int, count: int) -> list[tuple[list[int], list[int], list[int
     return steps
 
 
+ALLREDUCE_ALGORITHMS = ("auto", "ring", "recursive_doubling", "reduce_broadcast", "hierarchical")
+"""The names of ``harness.scenario.schema.AllreduceAlgorithm``, as the native layer knows them."""
+
+
 @lru_cache(maxsize=256)
-def allreduce_schedule(p: int, count: int, ring_threshold_bytes: int = RING_THRESHOLD_BYTES) -> Schedule:
-    """Same choice as the native ``allreduce_schedule``: ring for p > 2, count >= p and at least
-    ``ring_threshold_bytes``; recursive doubling otherwise; nothing for p == 1.
-    ``tests/test_sim_model.py`` compares it, member by member, with the native builder
+def allreduce_schedule(p: int, count: int, ring_threshold_bytes: int = RING_THRESHOLD_BYTES,
+                       algorithm: str = "auto", member_nodes: tuple[int, ...] = ()) -> Schedule:
+    """The native ``allreduce_schedule`` (kernels/schedule.cpp) for ``algorithm``: ``auto`` is a
+    ring for p > 2, count >= p and at least ``ring_threshold_bytes``, recursive doubling
+    otherwise; ``ring`` is a ring whenever p > 2 and count >= p; ``reduce_broadcast`` is the
+    hierarchical allreduce on one node; ``hierarchical`` goes by ``member_nodes``. Nothing for
+    p == 1. ``tests/test_sim_model.py`` compares it, member by member, with the native builder
     (``harness._core.allreduce_steps``)."""
     if p < 1 or count < 0:
         raise ValueError(f"allreduce of {count} floats over {p} members")
+    if algorithm not in ALLREDUCE_ALGORITHMS:
+        raise ValueError(f"unknown allreduce algorithm {algorithm!r}")
     if p == 1:
         return _schedule([], 1)
-    if p > 2 and count >= p and count * FLOAT_BYTES >= ring_threshold_bytes:
+    if algorithm == "hierarchical":
+        return hierarchical_schedule(tuple(member_nodes), count, ring_threshold_bytes)
+    if algorithm == "reduce_broadcast":
+        return hierarchical_schedule((0,) * p, count, ring_threshold_bytes)
+    ring_fits = p > 2 and count >= p
+    if algorithm == "ring" and ring_fits:
+        return RingSchedule(p, count)
+    if algorithm == "auto" and ring_fits and count * FLOAT_BYTES >= ring_threshold_bytes:
         return RingSchedule(p, count)
     return _schedule(_rd_steps(p, count), p)
 

@@ -149,7 +149,7 @@ def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
     count = communicated_floats(scenario)
     engine = SimEngine()
     network = SimNetwork(ranks, base, link_table(scenario), topology=node_topology(scenario),
-                         clock=lambda: engine.env.now, hosts=hosts)
+                         clock=lambda: engine.env.now, hosts=hosts, allreduce=scenario.network.allreduce)
     fabric = SimFabric(engine, network, ranks)
     evaluations = _Evaluations(engine, ranks, count, base, timing)
     cls = algorithm_class(params.name)

@@ -3,7 +3,8 @@
 A timing source answers, per (iteration t, rank r):
 
 - ``compute(t, r)``: the local work of the iteration (forward, backward, optimizer step, loop
-  bookkeeping inside the iteration), without the injected sleep and without communication;
+  bookkeeping inside the iteration, and ``harness.local_costs``' node combine and staging),
+  without the injected sleep and without communication;
 - ``between(t, r)``: time from the end of iteration t to the start of t + 1 on a rank that does
   not evaluate there (the loop's per-iteration bookkeeping after ``end_s``);
 - ``start_offset(r)``: when rank r starts iteration 0, relative to the earliest rank;
@@ -23,6 +24,7 @@ import pandas as pd
 
 from harness.compute_time import emulated_compute_s
 from harness.config import HarnessError
+from harness.local_costs import iteration_overhead_s
 from harness.scenario.schema import Scenario
 from harness.sim.calibration import CalibrationEntry, CalibrationError
 from harness.workload.names import workload_labels
@@ -41,8 +43,17 @@ class PredictiveTiming:
 
     trace_driven = False
 
-    def __init__(self, scenario: Scenario, entry: CalibrationEntry, factors: np.ndarray) -> None:
+    def __init__(self, scenario: Scenario, entry: CalibrationEntry, factors: np.ndarray,
+                 floats: int | None = None) -> None:
+        """``floats``: the communicated buffer's length (``communicated_floats``), for the local
+        costs of ``harness.local_costs``; None: computed here."""
         w = scenario.workload
+        if floats is None and (w.node is not None or w.staging is not None):
+            from harness.workload.models import communicated_floats
+
+            floats = communicated_floats(scenario)
+        # A real GPU run's staging is real (in the calibrated compute); emulated everywhere else.
+        overhead = iteration_overhead_s(w, floats or 0, staged_for_real=w.compute == "real" and w.device != "cpu")
         if w.compute == "real":
             model, dataset = workload_labels(w)  # as harness.calibrate measured them
             median = entry.compute_s(model, dataset, w.batch_size)
@@ -60,7 +71,7 @@ class PredictiveTiming:
                 for t in range(factors.shape[0])
             ]) + entry.loop_overhead_s
             self.eval_s = 0.0
-        self._local = local.tolist()  # plain lists: fast indexing in the simulator's inner loop
+        self._local = (local + overhead).tolist()  # plain lists: fast indexing in the simulator's inner loop
 
     def start_offset(self, r: int) -> float:
         return 0.0

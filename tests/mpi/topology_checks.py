@@ -1,4 +1,5 @@
-"""Multi-rank checks of the emulated topology (nodes sharing NICs) and the hierarchical allreduce.
+"""Multi-rank checks of the emulated topology (nodes sharing NICs) and the allreduce algorithms
+of ``network.allreduce`` (hierarchical through the nodes, and the flat ones).
 
 Run once per rank count under mpiexec (tests/test_topology.py); rank 0 writes the JSON report
 of checklib. torch is not imported: it costs seconds per launch.
@@ -41,7 +42,8 @@ def hierarchical_allreduce_matches_mpi() -> None:
         for threshold in (64 * 1024, 0):  # leaders by recursive doubling, and by ring
             comm = Communicator(WORLD, ring_threshold_bytes=threshold)
             try:
-                comm.set_topology(nic_topology(node_of, hierarchical=True))
+                comm.set_topology(nic_topology(node_of))
+                comm.set_allreduce("hierarchical")
                 for n in (1, 7, 1000, 100_003):
                     x = np.random.default_rng([RANK, n]).standard_normal(n).astype(np.float32)
                     ref = np.empty_like(x)
@@ -55,6 +57,29 @@ def hierarchical_allreduce_matches_mpi() -> None:
                     np.testing.assert_allclose(mean, ref / SIZE, rtol=1e-5, atol=1e-5, err_msg=f"{name}, mean")
             finally:
                 comm.close()
+
+
+@check
+def every_allreduce_algorithm_matches_mpi() -> None:
+    """ring, recursive doubling and reduce + broadcast (network.allreduce) sum and average like
+    MPI, bitwise equal on every rank, for sizes below and above the ring threshold."""
+    for algorithm in ("ring", "recursive_doubling", "reduce_broadcast"):
+        comm = Communicator(WORLD)
+        try:
+            comm.set_allreduce(algorithm)
+            for n in (1, 7, 1000, 100_003):
+                x = np.random.default_rng([RANK, n, 7]).standard_normal(n).astype(np.float32)
+                ref = np.empty_like(x)
+                WORLD.Allreduce(x, ref, op=MPI.SUM)
+                got = x.copy()
+                comm.allreduce(got, op="sum")
+                np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * SIZE, err_msg=f"{algorithm}, n={n}")
+                assert digest_everywhere(got) == 1, f"{algorithm}, n={n}: sums differ across ranks"
+                mean = x.copy()
+                comm.allreduce(mean, op="mean")
+                np.testing.assert_allclose(mean, ref / SIZE, rtol=1e-5, atol=1e-5, err_msg=f"{algorithm}, mean")
+        finally:
+            comm.close()
 
 
 @check

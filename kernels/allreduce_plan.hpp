@@ -1,0 +1,32 @@
+// Which allreduce algorithm a communicator runs, shared by the schedule builders and the link
+// emulator (which knows the emulated nodes a hierarchical allreduce needs).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace harness {
+
+// The allreduce algorithm a communicator uses (the scenario's `network.allreduce`):
+// kAuto picks ring or recursive doubling by the message size; kRing and kRecursiveDoubling
+// force one (a ring needs p > 2 and at least one float per member, else recursive doubling);
+// kReduceBroadcast is a binomial reduce to member 0 and a binomial broadcast from it, both
+// moving the whole buffer at every step (the TCP backend of early PyTorch did this);
+// kHierarchical goes through the nodes of the emulated topology.
+enum class AllreduceAlgorithm : int {
+  kAuto = 0,
+  kRing = 1,
+  kRecursiveDoubling = 2,
+  kReduceBroadcast = 3,
+  kHierarchical = 4,
+};
+AllreduceAlgorithm allreduce_algorithm_named(const std::string& name);  // throws CommError (schedule.cpp)
+
+// What an allreduce over some members runs: the algorithm and, for kHierarchical, the node of
+// every member.
+struct AllreducePlan {
+  AllreduceAlgorithm algorithm = AllreduceAlgorithm::kAuto;
+  std::vector<int> member_nodes;
+};
+
+}  // namespace harness

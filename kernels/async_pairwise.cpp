@@ -29,6 +29,17 @@ void PairListenerOp::post() {
 bool PairListenerOp::progress(Engine& e) {
   bool any = false;
   for (;;) {
+    // One request at a time, as the reference implementations serve them: the next request is
+    // received only once the reply to the previous one has left (its send completed).
+    while (!replies_.empty() && e.test_send(*replies_.front().first)) {
+      replies_.pop_front();
+      any = true;
+    }
+    if (!replies_.empty()) break;
+    if (req_ == MPI_REQUEST_NULL) {
+      post();
+      any = true;
+    }
     int flag = 0;
     MPI_Status status;
     if (int rc = MPI_Test(&req_, &flag, &status); rc != MPI_SUCCESS)
@@ -59,11 +70,7 @@ bool PairListenerOp::progress(Engine& e) {
     auto send = e.isend(comm_, status.MPI_SOURCE, status.MPI_SOURCE, reply.get(), static_cast<int>(count_), MPI_FLOAT,
                         kPairReplyTag, false, &bytes_sent);
     replies_.emplace_back(std::move(send), std::move(reply));
-    post();
-    any = true;
-  }
-  while (!replies_.empty() && e.test_send(*replies_.front().first)) {
-    replies_.pop_front();
+    req_ = MPI_REQUEST_NULL;  // completed; posted again once this reply has left
     any = true;
   }
   if (!closing_) {
@@ -78,12 +85,14 @@ bool PairListenerOp::progress(Engine& e) {
     int flag = 0;
     check_mpi(MPI_Test(&barrier_, &flag, MPI_STATUS_IGNORE), "MPI_Test(pair barrier)");
     if (flag) {
-      MPI_Cancel(&req_);
-      MPI_Status status;
-      MPI_Wait(&req_, &status);
-      int cancelled = 0;
-      MPI_Test_cancelled(&status, &cancelled);
-      if (!cancelled) throw CommError("pairwise averaging: a request arrived after close()");
+      if (req_ != MPI_REQUEST_NULL) {
+        MPI_Cancel(&req_);
+        MPI_Status status;
+        MPI_Wait(&req_, &status);
+        int cancelled = 0;
+        MPI_Test_cancelled(&status, &cancelled);
+        if (!cancelled) throw CommError("pairwise averaging: a request arrived after close()");
+      }
       finished_ = true;
       any = true;
     }

@@ -1,9 +1,12 @@
 // Asynchronous pairwise averaging of AD-PSGD: active ranks ask, passive ranks' progress threads
 // answer, so a passive rank never stops computing to gossip.
 //
-// request(x, peer) (active side): x goes to the passive peer, whose progress thread replies at
-// once with its view of the passive model (last published plus corrections since), moves that
-// view to the pairwise average and records the move as a pending correction. The active side gets the peer's model and moves its own half-way there; the
+// request(x, peer) (active side): x goes to the passive peer, whose progress thread replies with
+// its view of the passive model (last published plus corrections since), moves that view to the
+// pairwise average and records the move as a pending correction. It serves one request at a
+// time, as the reference implementations do (the WAGMA-SGD repository's AD-PSGD probes, swaps
+// and averages before it probes again): a request that arrives while a reply is still leaving
+// waits for it. The active side gets the peer's model and moves its own half-way there; the
 // passive caller adds the pending corrections whenever it drains them. Both end up at the
 // pairwise average, each applied to its current (possibly newer) model, as in Lian et al. 2018.
 //
@@ -38,7 +41,7 @@ class PairListenerOp : public Op {
   ~PairListenerOp() override;
   bool progress(Engine& e) override;
   bool finished() const override { return finished_; }
-  bool passive() const override { return replies_.empty() && !closing_; }
+  bool passive() const override { return replies_.empty() && !closing_ && req_ != MPI_REQUEST_NULL; }
   void abort(Engine& e, const std::string& reason) override;
   bool traced() const override { return false; }
 

@@ -251,6 +251,34 @@ def test_adpsgd_passive_ranks_never_wait() -> None:
     assert active["comm_blocked_s"] == pytest.approx(0.0)  # request and reply (2 x 2 ms) fit in 10 ms
 
 
+def test_adpsgd_passive_agent_serves_one_request_at_a_time() -> None:
+    """Active ranks 0 and 2 ask passive rank 1 at the same moment; its replies cross private
+    25 MB/s links (1 MB: 40 ms). As the native listener (tests/mpi/comm_checks.py), the agent
+    takes the second request only when the first reply has left: the two end 40 ms apart."""
+    from harness.sim.comm import SimFabric
+    from harness.sim.engine import SimEngine
+    from harness.sim.standin import StandIn
+
+    engine = SimEngine()
+    links = [Link(1, dst, 0.0, 25e6) for dst in (0, 2, 3)]
+    fabric = SimFabric(engine, SimNetwork(4, NetworkModel(latency_s=0.0, bandwidth_bytes_per_s=1e15), links), 4)
+    ended = {}
+
+    def body(comm):
+        def run():
+            avg = comm.pairwise_averager(StandIn(250_000))
+            if comm.rank in (0, 2):
+                avg.irequest(StandIn(250_000), StandIn(250_000), 1).wait()
+                ended[comm.rank] = engine.env.now
+            avg.close()
+        return run
+
+    for comm in fabric.communicators():
+        engine.spawn(comm.rank, body(comm))
+    engine.run()
+    assert sorted(ended.values()) == pytest.approx([0.04, 0.08])
+
+
 # --- one source of truth -------------------------------------------------------------------
 
 def test_the_simulator_holds_no_algorithm() -> None:

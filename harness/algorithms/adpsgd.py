@@ -3,9 +3,12 @@
 Bipartite graph (``harness.schedules.bipartite_peer``): even ranks are active, odd ranks
 passive. At iteration t an active rank snapshots its model x_sent and asks its peer of
 iteration t for an average while it computes its gradient; the passive peer's progress thread
-(the communication agent) answers at once with the model its caller last published and records
-the correction, so passive ranks never wait (several requests between two publishes compose
-like sequential averagings). Both sides apply the
+(the communication agent) answers with the model its caller last published and records the
+correction, so passive ranks never wait (several requests between two publishes compose like
+sequential averagings). The agent serves one request at a time, as the reference
+implementations do: when several active ranks pick one passive rank at once (every passive rank
+is the peer of two active ranks in some rounds of ``bipartite_peer``), the later ones wait for
+the earlier replies to leave. Both sides apply the
 averaging to their current model: the gradient computed on the older model is applied to the
 averaged one, as in the paper.
 

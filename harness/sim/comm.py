@@ -601,12 +601,18 @@ class SimWaitAvoidingAllreduce:
 
 # -- pairwise averaging (AD-PSGD) -------------------------------------------------------------------
 class PairwiseState:
-    """Requests answered by passive ranks' progress threads on arrival, all ranks' sides."""
+    """Requests answered by passive ranks' progress threads, one at a time (as the native
+    listener: a request is taken once the reply to the previous one has left), all ranks' sides.
+
+    Approximation (documented): requests to one passive rank are served in the order the
+    active ranks posted them in simulated time; the native listener takes them in the order
+    they arrive, which differs only when a later-posted request crosses a faster link."""
 
     def __init__(self, fabric: SimFabric, count: int) -> None:
         self.fabric = fabric
         self.count = count
         self.answers: list[list[float]] = [[] for _ in range(fabric.ranks)]  # per passive rank: answer times
+        self.free_at: list[float] = [0.0] * fabric.ranks  # per passive rank: when its last reply left
 
 
 class SimPairwiseAverager:
@@ -626,8 +632,10 @@ class SimPairwiseAverager:
         nbytes = _floats(buf) * FLOAT_BYTES
         network, now = comm.fabric.network, comm.engine.env.now
         _, request = network.message(comm.rank, peer, nbytes, now)
-        _, reply = network.message(peer, comm.rank, nbytes, request)  # answered on arrival
-        self._state.answers[peer].append(request)
+        answered = max(request, self._state.free_at[peer])  # after the reply to the previous request left
+        left, reply = network.message(peer, comm.rank, nbytes, answered)
+        self._state.free_at[peer] = left
+        self._state.answers[peer].append(answered)
         self._last_reply = max(self._last_reply, reply)
         return comm._posted(_TimedHandle(comm.engine, "pair_request", nbytes, reply))
 

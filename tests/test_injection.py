@@ -85,6 +85,20 @@ def test_random_ranks_picks_count_distinct_ranks_with_the_delay() -> None:
     assert len(chosen) > 1  # a new draw each iteration
 
 
+def test_random_ranks_with_replacement_delays_one_rank_when_the_draws_coincide() -> None:
+    """replace: true is the papers' code: two independent draws of 4 ranks coincide in about a
+    quarter of the iterations, and the rank drawn twice sleeps once."""
+    plan = InjectionPlan(3, [{"kind": "random_ranks", "count": 2, "delay_ms": 100, "replace": True}], ranks=4)
+    counts = []
+    for t in range(400):
+        delay, _ = plan.at(t)
+        delayed = np.flatnonzero(delay)
+        np.testing.assert_allclose(delay[delayed], 0.1)
+        counts.append(len(delayed))
+    assert set(counts) == {1, 2}
+    assert 0.15 < counts.count(1) / len(counts) < 0.35  # 1/4 expected; 400 draws: +-0.065 at 3 sigma
+
+
 def test_random_ranks_with_count_equal_to_ranks_delays_everyone() -> None:
     delay, _ = InjectionPlan(0, [{"kind": "random_ranks", "count": 4, "delay_ms": 5}], ranks=4).at(9)
     np.testing.assert_allclose(delay, 0.005)

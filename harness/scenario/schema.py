@@ -246,13 +246,22 @@ def _generator(kind: str, rng: np.random.Generator | None) -> np.random.Generato
 
 
 class RandomRanksSpec(InjectorSpec):
-    """Every iteration ``count`` ranks drawn at random (same draw everywhere) sleep ``delay_ms``."""
+    """Every iteration ``count`` ranks drawn at random (same draw everywhere) sleep ``delay_ms``.
+
+    ``replace: false`` (the default) draws ``count`` different ranks. ``replace: true`` makes
+    ``count`` independent draws, as the WAGMA-SGD and eager-SGD code does (``randint(P)`` twice
+    per step): when draws coincide fewer ranks sleep (with 2 draws, one rank in 1/P of the
+    iterations). That code seeds NumPy with the step counter on every rank but skips the second
+    draw on the rank the first one picked (Python's ``or``), after which the ranks' draws no
+    longer agree; the harness keeps one draw for all ranks, which is what the code intends.
+    """
 
     random: ClassVar[bool] = True
 
     kind: Literal["random_ranks"]
     count: PositiveInt
     delay_ms: NonNegativeFloat
+    replace: bool = False
 
     def check(self, ranks: int) -> None:
         if self.count > ranks:
@@ -260,7 +269,7 @@ class RandomRanksSpec(InjectorSpec):
 
     def effect(self, ranks: int, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray]:
         delay_s = np.zeros(ranks)
-        delay_s[_generator(self.kind, rng).choice(ranks, size=self.count, replace=False)] = self.delay_ms / 1e3
+        delay_s[_generator(self.kind, rng).choice(ranks, size=self.count, replace=self.replace)] = self.delay_ms / 1e3
         return delay_s, np.ones(ranks)
 
 

@@ -41,6 +41,46 @@ SGP_COMPUTE_MS = 200.0
 SGP_BATCH_SIZE = 32
 SGP_WORKERS_PER_NODE = 8
 
+# -- the SGP paper's cluster as it ran (setup "paper" of the SGP figure) ---------------------------
+# facebookresearch/stochastic_gradient_push at tag sgp_pytorch0.5: job_scripts/submit_*.sh
+# (`--nodes=N --gres=gpu:8`, one task per node, `--batch_size 256`, "per-agent batch size" in
+# gossip_sgd.py): one process per node drives its 8 GPUs, batch 256 per node (32 per GPU).
+SGP_PAPER_GPUS_PER_NODE = 8
+SGP_PAPER_NODE_BATCH = 256
+# A V100's ResNet-50 training throughput: 363.1 images/s, FP32, PyTorch, one V100 16 GB of a
+# DGX-1 (NVIDIA DeepLearningExamples, PyTorch/Classification/RN50v1.5/README.md, October 2018,
+# container pytorch-18.09; measured at a larger batch per GPU than the paper's 32, so it is
+# an upper bound on the paper's throughput). A node's 256 images on 8 GPUs: 32 / 363.1 s.
+V100_RESNET50_IMAGES_PER_S = 363.1
+SGP_PAPER_COMPUTE_MS = 1000.0 * SGP_PAPER_NODE_BATCH / SGP_PAPER_GPUS_PER_NODE / V100_RESNET50_IMAGES_PER_S
+# Host <-> GPU copies over PCIe 3.0 x16 with pinned memory: 12.15 GB/s host to device (CUDA
+# bandwidthTest on a PCIe 3.0 host, mpicbg-scicomp/gearshifft pull request 82; device to host
+# was 12.89 GB/s, the slower direction is used both ways). The SGP code copies the model into
+# pinned host buffers when it communicates from the CPU (`cpu_comm`, set for the TCP backend).
+PCIE3_X16_GBPS = 12.15 * 8
+# What each series ran. README at the tag: "TCP for all methods (gossip-based and AllReduce) over
+# Ethernet", MPI for the gossip methods and Gloo for AllReduce on InfiniBand; gossip_sgd.py sets
+# `cpu_comm` (copy the model to pinned host buffers and communicate from there) for the TCP
+# backend only.
+# - 10 GbE, every method staged through the host. AllReduce: PyTorch 0.5.0a0+ec42a11's THD TCP
+#   backend implements allReduce as recursive doubling (DataChannelTCP.cpp: log2(p) exchanges of
+#   the whole tensor, MPICH's algorithm).
+# - InfiniBand, nothing staged. AllReduce: THD's Gloo channel runs CUDA tensors through
+#   gloo::CudaAllreduceHalvingDoublingPipelined (GlooCache.hpp), bandwidth-optimal like a ring
+#   (2 (p-1)/p of the buffer each way) with log2(p) steps instead of p-1: `ring` stands in for
+#   it (the latency terms differ by microseconds here). The plot tags (AR-DPSGD-CPUCOMM-*IB in
+#   visualization/plotting.py) say CPU; on CPU tensors THD's Gloo would have run
+#   gloo::AllreduceRing, which passes the whole buffer around the ring p - 1 times and would
+#   grow linearly with the nodes, against the paper's own InfiniBand result and its note that
+#   Gloo and NCCL performed alike; the code's reading is used.
+SGP_PAPER_SERIES: dict[str, list[tuple[str, Any, str, bool]]] = {  # network -> (series, algorithm, allreduce, staged)
+    "10 GbE": [("allreduce_sgd", "allreduce_sgd", "recursive_doubling", True),
+               ("dpsgd", "dpsgd", "auto", True),
+               ("sgp", "sgp", "auto", True)],
+    "100 Gb InfiniBand": [("allreduce_sgd", "allreduce_sgd", "ring", False),
+                          ("sgp", "sgp", "auto", False)],
+}
+
 # Series key -> algorithm entry of a scenario. Keys are the names paper_figs.style knows.
 WAGMA_SERIES: dict[str, Any] = {
     "allreduce_sgd": "allreduce_sgd",
@@ -84,7 +124,9 @@ LOW_COMMUNICATION_NETWORK = "10 GbE"  # a key of SGP_NETWORKS
 
 
 def _scenario(name: str, ranks: int, algorithm: Any, iterations: int, batch_size: int, compute_ms: float,
-              imbalance: list[dict], topology: dict[str, Any] | None = None) -> dict:
+              imbalance: list[dict], topology: dict[str, Any] | None = None,
+              workload: dict[str, Any] | None = None, network_fields: dict[str, Any] | None = None) -> dict:
+    """A single-algorithm scenario; ``workload`` and ``network_fields`` add fields to those sections."""
     return {
         "name": name,
         "ranks": ranks,
@@ -97,10 +139,11 @@ def _scenario(name: str, ranks: int, algorithm: Any, iterations: int, batch_size
             "eval_every": iterations,
             "compute": {"emulate_ms": compute_ms, "jitter": 0.1},
             "params": RESNET50_PARAMS,
+            **(workload or {}),
         },
         "algorithms": [algorithm],
         "imbalance": imbalance,
-        "network": _network(topology),
+        "network": _network(topology) | (network_fields or {}),
     }
 
 
@@ -115,10 +158,11 @@ def _network(topology: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def _simulate(name: str, ranks: int, algorithm: Any, iterations: int, batch_size: int, compute_ms: float,
-              imbalance: list[dict], network: NetworkModel, topology: dict[str, Any] | None = None) -> dict:
+              imbalance: list[dict], network: NetworkModel, topology: dict[str, Any] | None = None,
+              **sections: dict[str, Any]) -> dict:
     """One single-algorithm scenario, simulated: its summary row (samples_per_s, wall_s, ...)."""
     scenario = scenario_from_dict(_scenario(name, ranks, algorithm, iterations, batch_size, compute_ms, imbalance,
-                                            topology))
+                                            topology, **sections))
     frames, _ = predict(scenario, CalibrationEntry(ranks=ranks, network=network))
     (frame,) = frames.values()
     row = summarize(frame, None, batch_size, iterations, ranks=ranks).iloc[0].to_dict()
@@ -157,21 +201,23 @@ def wagma_scaling(quick: bool, ranks: Sequence[int] | None = None, iterations: i
 def sgp_scaling(quick: bool, nodes: Sequence[int] | None = None, iterations: int | None = None,
                 workers_per_node: int = SGP_WORKERS_PER_NODE, compute_ms: float = SGP_COMPUTE_MS,
                 batch_size: int = SGP_BATCH_SIZE) -> pd.DataFrame:
-    """SGP paper: time per iteration vs nodes of 8 workers on 10 GbE and 100 Gb InfiniBand.
+    """SGP paper: time per iteration vs nodes on 10 GbE and 100 Gb InfiniBand, in two setups.
 
-    No injection; ResNet-50 buffer; compute 200 ms +- 10% at batch 32 per worker. Every rank is
-    a worker; the 8 workers of a node share its NIC and talk to each other over NVLink-class
-    links (``network.topology`` with the presets of :data:`SGP_NETWORKS`). Series: Allreduce-SGD
-    (flat ring, and hierarchical), D-PSGD, SGP and 1-OSGP per worker, and WAGMA-SGD (groups of
-    8, a synchronous round every 11) with its phase-0 groups inside nodes or across nodes
-    (:data:`SGP_TOPOLOGY_SERIES`). Iterations: 60 (quick: 12).
+    ``setup == "paper"`` (:func:`sgp_paper_rows`): the cluster as the paper ran it, one rank per
+    node. ``setup == "per_worker"``: a modern cluster, one rank per GPU: every rank is a worker,
+    the 8 workers of a node share its NIC and talk to each other over NVLink-class links
+    (``network.topology`` with the presets of :data:`SGP_NETWORKS`), compute 200 ms +- 10% at
+    batch 32 per worker. Its series: Allreduce-SGD (auto: a flat ring, and hierarchical), D-PSGD,
+    SGP and 1-OSGP per worker, and WAGMA-SGD (groups of 8, a synchronous round every 11) with its
+    phase-0 groups inside nodes or across nodes (:data:`SGP_TOPOLOGY_SERIES`). No injection;
+    ResNet-50 buffer. Iterations: 60 (quick: 12).
 
-    Columns: algorithm, network, nodes, ranks, iterations, iter_time_s, samples_per_s.
+    Columns: setup, algorithm, network, nodes, ranks, iterations, iter_time_s, samples_per_s.
     """
     nodes = tuple(nodes or ((4, 32) if quick else (4, 8, 16, 32)))
     iterations = iterations or (12 if quick else 60)
     series = {key: (algorithm, {}) for key, algorithm in SGP_SERIES.items()} | SGP_TOPOLOGY_SERIES
-    rows = []
+    rows = sgp_paper_rows(nodes, iterations)
     for network_name, preset in SGP_NETWORKS.items():
         for n in nodes:
             p = workers_per_node * n
@@ -182,10 +228,33 @@ def sgp_scaling(quick: bool, nodes: Sequence[int] | None = None, iterations: int
                     del topology["ranks_per_node"]
                 row = _simulate("sgp_scaling", p, algorithm, iterations, batch_size, compute_ms, [], FREE_NETWORK,
                                 topology)
-                rows.append({"algorithm": key, "network": network_name, "nodes": n, "ranks": p,
+                rows.append({"setup": "per_worker", "algorithm": key, "network": network_name, "nodes": n, "ranks": p,
                              "iterations": iterations, "iter_time_s": row["wall_s"] / iterations,
                              "samples_per_s": row["samples_per_s"]})
     return pd.DataFrame(rows)
+
+
+def sgp_paper_rows(nodes: Sequence[int], iterations: int) -> list[dict]:
+    """The SGP paper's runs as they ran (``setup: paper``): every rank a node agent of 8 V100s
+    (``workload.node``) computing 256 images in :data:`SGP_PAPER_COMPUTE_MS` (+- 10%), one NIC
+    per node (``ranks_per_node: 1`` of the preset), and per series (:data:`SGP_PAPER_SERIES`)
+    the allreduce algorithm of its stack and the staging of the model through PCIe at
+    :data:`PCIE3_X16_GBPS` when it communicated from the CPU (``workload.staging``). Every
+    constant's source is at its definition."""
+    rows = []
+    for network_name, runs in SGP_PAPER_SERIES.items():
+        topology = {"preset": SGP_NETWORKS[network_name], "ranks_per_node": 1}
+        for n in nodes:
+            for key, algorithm, allreduce, staged in runs:
+                workload = {"node": {"gpus": SGP_PAPER_GPUS_PER_NODE}}
+                if staged:
+                    workload["staging"] = {"bandwidth_gbps": PCIE3_X16_GBPS}
+                row = _simulate("sgp_paper", n, algorithm, iterations, SGP_PAPER_NODE_BATCH, SGP_PAPER_COMPUTE_MS, [],
+                                FREE_NETWORK, topology, workload=workload, network_fields={"allreduce": allreduce})
+                rows.append({"setup": "paper", "algorithm": key, "network": network_name, "nodes": n, "ranks": n,
+                             "iterations": iterations, "iter_time_s": row["wall_s"] / iterations,
+                             "samples_per_s": row["samples_per_s"]})
+    return rows
 
 
 def imbalance_sweep(quick: bool, delays_ms: Sequence[float] | None = None, ranks: int = 64,

@@ -81,13 +81,39 @@ SGP_PAPER_SERIES: dict[str, list[tuple[str, Any, str, bool]]] = {  # network -> 
                           ("sgp", "sgp", "auto", False)],
 }
 
+# -- the WAGMA-SGD repository's ResNet-50 runs (the WAGMA figure) --------------------------------
+# Shigangli/WAGMA-SGD, test-models/tf-models-r1.11/official/resnet: test_imagenet_scripts/
+# daint_imagenet_wagma_sgd.sh (`--nodes=64 --ntasks-per-node=1`, `-bs 128`; the batch is per
+# worker, resnet_run_loop_wagma_sgd.py) on Piz Daint: one P100 per worker, 128 images each.
+WAGMA_REPO_RANKS = 64
+WAGMA_REPO_BATCH = 128
+# A P100's ResNet-50 training throughput: 219 images/s (tensorflow.org Benchmarks, "Training
+# with NVIDIA Tesla P100", batch 64 per GPU, synthetic data, tf_cnn_benchmarks' default fp32,
+# May 2017). 128 images: 128 / 219 s. No compute jitter: the repository adds none, and the
+# injected stragglers are the imbalance it studies.
+P100_RESNET50_IMAGES_PER_S = 219.0
+WAGMA_REPO_COMPUTE_MS = 1000.0 * WAGMA_REPO_BATCH / P100_RESNET50_IMAGES_PER_S
+# Piz Daint's Aries network between two GPU nodes, measured with the OSU benchmarks over Cray MPI
+# (eth-cscs/sarus, doc/cookbook/osu_mb/osu_mb.rst): 1.11 us for an empty message, 431.85 us for
+# 4 MiB (9.7 GB/s).
+ARIES = NetworkModel(latency_s=1.11e-6, bandwidth_bytes_per_s=4 * 1024 * 1024 / 431.85e-6)
+# The injection (resnet_run_loop_wagma_sgd.py): every step two `randint(P)` draws, the ranks
+# drawn sleep 320 ms before the forward pass (one rank when the draws coincide).
+WAGMA_REPO_STRAGGLERS = [{"kind": "random_ranks", "count": 2, "delay_ms": 320.0, "replace": True}]
+
 # Series key -> algorithm entry of a scenario. Keys are the names paper_figs.style knows.
+# The WAGMA figure's, as the repository runs them (test-models/.../official/utils): WAGMA-SGD
+# with groups of 8 and a global average every 11th step (opt_wagma_sgd_imagenet.py: groupsize 8,
+# LIMITER 10); Local SGD averaging every step (optimizer_localsgd_imagenet.py has no period);
+# D-PSGD with ring neighbours; SGP pushing to 2 peers a step (optimizer_sgp_imagenet.py); AD-PSGD
+# (optimizer_adpsgd_imagenet.py; its passive side serves one request at a time); and the
+# authors' eager-SGD (majority), which this repository does not include.
 WAGMA_SERIES: dict[str, Any] = {
     "allreduce_sgd": "allreduce_sgd",
-    "local_sgd": {"name": "local_sgd", "period": 4},
-    "dpsgd": "dpsgd",
+    "local_sgd": {"name": "local_sgd", "period": 1},
+    "dpsgd": {"name": "dpsgd", "graph": "ring"},
     "adpsgd": "adpsgd",
-    "sgp": "sgp",
+    "sgp": {"name": "sgp", "peers": 2},
     "eager_sgd": {"name": "eager_sgd", "mode": "majority"},
     "wagma": {"name": "wagma", "group_size": 8, "period": 11},
 }
@@ -125,8 +151,10 @@ LOW_COMMUNICATION_NETWORK = "10 GbE"  # a key of SGP_NETWORKS
 
 def _scenario(name: str, ranks: int, algorithm: Any, iterations: int, batch_size: int, compute_ms: float,
               imbalance: list[dict], topology: dict[str, Any] | None = None,
-              workload: dict[str, Any] | None = None, network_fields: dict[str, Any] | None = None) -> dict:
-    """A single-algorithm scenario; ``workload`` and ``network_fields`` add fields to those sections."""
+              workload: dict[str, Any] | None = None, network_fields: dict[str, Any] | None = None,
+              jitter: float = 0.1) -> dict:
+    """A single-algorithm scenario; ``workload`` and ``network_fields`` add fields to those
+    sections; ``jitter``: the emulated compute's lognormal sigma."""
     return {
         "name": name,
         "ranks": ranks,
@@ -137,7 +165,7 @@ def _scenario(name: str, ranks: int, algorithm: Any, iterations: int, batch_size
             "batch_size": batch_size,
             "iterations": iterations,
             "eval_every": iterations,
-            "compute": {"emulate_ms": compute_ms, "jitter": 0.1},
+            "compute": {"emulate_ms": compute_ms, "jitter": jitter},
             "params": RESNET50_PARAMS,
             **(workload or {}),
         },
@@ -159,7 +187,7 @@ def _network(topology: dict[str, Any] | None) -> dict[str, Any]:
 
 def _simulate(name: str, ranks: int, algorithm: Any, iterations: int, batch_size: int, compute_ms: float,
               imbalance: list[dict], network: NetworkModel, topology: dict[str, Any] | None = None,
-              **sections: dict[str, Any]) -> dict:
+              **sections: Any) -> dict:
     """One single-algorithm scenario, simulated: its summary row (samples_per_s, wall_s, ...)."""
     scenario = scenario_from_dict(_scenario(name, ranks, algorithm, iterations, batch_size, compute_ms, imbalance,
                                             topology, **sections))
@@ -172,24 +200,23 @@ def _simulate(name: str, ranks: int, algorithm: Any, iterations: int, batch_size
 
 
 def wagma_scaling(quick: bool, ranks: Sequence[int] | None = None, iterations: int | None = None,
-                  delay_ms: float = 320.0, compute_ms: float = 250.0, batch_size: int = 64) -> pd.DataFrame:
-    """WAGMA-SGD paper: throughput vs number of workers under injected stragglers.
-
-    Every iteration 2 random ranks sleep ``delay_ms`` (320 ms, the paper's ImageNet injection).
-    Compute: 250 ms +- 10% (lognormal jitter 0.1) per iteration at batch 64, about a ResNet-50
-    forward+backward pass of 64 images on a V100 with fp32. Network: the default cluster network
-    (2 us, 12.5 GB/s, InfiniBand class). Iterations: 100 (quick: 22, two WAGMA sync cycles).
+                  compute_ms: float = WAGMA_REPO_COMPUTE_MS, batch_size: int = WAGMA_REPO_BATCH) -> pd.DataFrame:
+    """WAGMA-SGD paper: throughput vs number of workers under injected stragglers, from the
+    repository's ResNet-50 configuration (:data:`WAGMA_REPO_RANKS` workers of one P100, batch
+    128, :data:`WAGMA_REPO_COMPUTE_MS` of compute, :data:`WAGMA_REPO_STRAGGLERS`, Piz Daint's
+    :data:`ARIES` network) swept from 16 to 1,024 workers; the series of :data:`WAGMA_SERIES`.
+    Iterations: 100 (quick: 22, two WAGMA sync cycles).
 
     Columns: algorithm, ranks, iterations, samples_per_s, iter_time_s, relative_to_allreduce
     (samples_per_s over Allreduce-SGD's at the same rank count).
     """
-    ranks = tuple(ranks or ((16, 64, 256) if quick else (16, 32, 64, 128, 256, 512, 1024)))
+    ranks = tuple(ranks or ((16, WAGMA_REPO_RANKS, 256) if quick else (16, 32, 64, 128, 256, 512, 1024)))
     iterations = iterations or (22 if quick else 100)
-    imbalance = [{"kind": "random_ranks", "count": 2, "delay_ms": delay_ms}]
     rows = []
     for p in ranks:
         for key, algorithm in WAGMA_SERIES.items():
-            row = _simulate("wagma_scaling", p, algorithm, iterations, batch_size, compute_ms, imbalance, DEFAULT_NETWORK)
+            row = _simulate("wagma_scaling", p, algorithm, iterations, batch_size, compute_ms, WAGMA_REPO_STRAGGLERS,
+                            ARIES, jitter=0.0)
             rows.append({"algorithm": key, "ranks": p, "iterations": iterations,
                          "samples_per_s": row["samples_per_s"], "iter_time_s": row["wall_s"] / iterations})
     table = pd.DataFrame(rows)

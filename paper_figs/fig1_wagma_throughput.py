@@ -5,7 +5,7 @@ Inputs: ``wagma_scaling`` (the simulated sweep's CSV, ``experiments.wagma_scalin
 ``straggler`` (a real run directory of ``scenarios/straggler.yaml``).
 
 - Panel 0: simulated throughput / Allreduce-SGD's throughput vs ranks (log2 axis), one line per
-  algorithm; the real straggler run's ratios (summary.csv) at its rank count overlaid as one
+  algorithm, from the repository's ResNet-50 configuration (``experiments.wagma_scaling``); the real straggler run's ratios (summary.csv) at its rank count overlaid as one
   scatter series, each point in its algorithm's colour.
 - Panel 1: test accuracy of the average model vs seconds since the algorithm's first iteration
   began, from the real run's evals.csv.
@@ -65,7 +65,8 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
     ax0.set_xscale("log", base=2)
     ax0.set_xlabel("workers (ranks)")
     ax0.set_ylabel("throughput relative to Allreduce-SGD (x)")
-    title = "Throughput vs workers, 2 random stragglers of 320 ms/iteration (simulated)"
+    title = ("Throughput vs workers, the WAGMA-SGD repository's ResNet-50 runs\n(a P100 and 128 images per worker, "
+             "2 random stragglers of 320 ms per step, Aries network; simulated)")
     largest = sweep["ranks"].max()
     at = sweep[sweep["ranks"] == largest].set_index("algorithm")["samples_per_s"]
     others = at.drop(labels=[a for a in ("wagma", "allreduce_sgd") if a in at.index])

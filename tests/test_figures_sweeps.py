@@ -80,13 +80,18 @@ def test_wagma_scaling_table(tiny_sweeps):
     assert len(table) == 2 * len(experiments.WAGMA_SERIES)
     base = table[table["algorithm"] == "allreduce_sgd"]
     assert np.allclose(base["relative_to_allreduce"], 1.0)
-    # compute is 250 ms, a straggler sleeps 320 ms: Allreduce-SGD waits for it every iteration
-    assert (base["iter_time_s"] > 0.25 + 0.32).all()
-    assert (table["iter_time_s"] > 0.2).all() and (table["iter_time_s"] < 2.0).all()
-    # samples_per_s = ranks * batch 64 / iter_time_s
-    assert np.allclose(table["samples_per_s"], table["ranks"] * 64 / table["iter_time_s"])
-    # wait-avoiding and decentralized methods lose less to the stragglers
-    assert (table.loc[table["algorithm"] != "allreduce_sgd", "relative_to_allreduce"] > 1.0).all()
+    # compute is 128 / 219 s (584 ms), a straggler sleeps 320 ms: with 2 draws among 8 or 16
+    # ranks, Allreduce-SGD waits for one nearly every iteration
+    compute = experiments.WAGMA_REPO_COMPUTE_MS / 1e3
+    assert compute == pytest.approx(0.584, abs=1e-3)
+    assert (base["iter_time_s"] > compute + 0.8 * 0.32).all()
+    assert (table["iter_time_s"] > compute).all() and (table["iter_time_s"] < 2.0).all()
+    # samples_per_s = ranks * batch 128 / iter_time_s
+    assert np.allclose(table["samples_per_s"], table["ranks"] * 128 / table["iter_time_s"])
+    # wait-avoiding and decentralized methods lose less to the stragglers; Local SGD averaging
+    # every step (the repository's) is Allreduce-SGD's twin
+    others = table[~table["algorithm"].isin(["allreduce_sgd", "local_sgd"])]
+    assert (others["relative_to_allreduce"] > 1.0).all()
 
 
 def test_sgp_scaling_paper_setup_meets_the_papers_shape():

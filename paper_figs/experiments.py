@@ -7,17 +7,20 @@ simulator in-process (no MPI, no torch) over a grid of scenarios and returns a t
 
 Common choices:
 
-- Compute is emulated (a lognormal-jittered sleep, ``harness.compute_time``), never real: the
-  sweeps model GPU clusters this machine does not have. The communicated buffer is ResNet-50
-  sized (``params: 25_557_032`` floats, 102 MB); ``workload.model`` is only a valid placeholder.
+- Compute is emulated (a sleep, ``harness.compute_time``), never real: the sweeps model GPU
+  clusters this machine does not have. The communicated buffer is ResNet-50 sized (``params:
+  25_557_032`` floats, 102 MB); ``workload.model`` is only a valid placeholder.
 - Every series is simulated in its own single-algorithm scenario with the same seed, so all
   series see the same injected delays and compute jitter (and one algorithm can appear twice
   with different parameters: a scenario lists each algorithm name once).
 - Throughput and time per iteration come from ``harness.results.summary.summarize``:
   ``iter_time_s`` is ``wall_s / iterations`` (makespan over all ranks, per iteration).
-- The network is the alpha-beta model of ``harness.sim.calibration.NetworkModel`` without
-  ``shared_cores``: one host per rank, a cluster; except for the SGP and low-communication
-  figures, whose 8 workers per node share a NIC (``network.topology``).
+- The WAGMA and SGP figures reproduce the papers' systems as they ran, every constant sourced
+  at its definition (``WAGMA_REPO_*``, ``ARIES``, ``SGP_PAPER_*``, ``PCIE3_X16_GBPS``); the SGP
+  figure's second setup (``per_worker``), the imbalance sweep and the low-communication sweep
+  keep this harness's own cluster choices: 250 or 200 ms of compute with 10% lognormal jitter,
+  the default cluster network (``harness.sim.runs.DEFAULT_NETWORK``) or nodes of 8 sharing a NIC
+  (``network.topology``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """A rank's local time per iteration beside its compute: the node agent's combine across its GPUs
 and the copies of the communicated buffer between GPU and host. One definition: the real loop
-sleeps it (``harness.runner.local_work``), the simulator waits it (``harness.sim.timing``).
+sleeps it (``harness.runner.local_work``, and ``harness.api.DistributedOptimizer`` in a
+user's script), the simulator waits it (``harness.sim.timing``).
 
 - ``workload.node`` (a rank stands for a node of G GPUs driven by one process, as the SGP paper
   ran): after backward the node's GPUs reduce their gradients to the first GPU, and before the

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from harness.api.session import Run, ScriptError
+from harness.local_costs import iteration_overhead_s
 
 _WRAPPED = "_harness_distributed_optimizer"  # set on a wrapped model: wrapping twice is refused
 
@@ -83,6 +84,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._broadcast_model(params)
         self.model_floats = int(params.numel())
         s = run.scenario
+        # workload.node / workload.staging: slept after the gradient, as the harness's own loop does
+        self._overhead_s = iteration_overhead_s(s.workload, self.model_floats, self.staging.staged)
         striking = run.faults.striking(run.comm, run.algorithm)  # strikes after posting (during: communication)
         self.call_log = CallLog(striking) if s.results.comm_calls else None
         comm = striking if self.call_log is None else self.call_log
@@ -91,6 +94,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.evals: list = []
         self.t = 0  # the iteration under way (or next)
         self._began = self._backward = self._synchronized = self._finished = False
+        self._local_costs_paid = False
         self._delay = 0.0
         self._factor = 1.0
         self._compute_start = 0.0
@@ -155,6 +159,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.loop.beat.expect(self._delay)
             time.sleep(self._delay)
         self._began, self._backward, self._synchronized = True, False, False
+        self._local_costs_paid = False
         self._compute_start = time.monotonic()
 
     def _on_gradient(self, param) -> None:
@@ -176,9 +181,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._gradient_to_algorithm()
         self._synchronized = True
 
+    def _pay_local_costs(self) -> None:
+        """Sleep ``harness.local_costs``' node combine and staging, once per iteration."""
+        if self._overhead_s > 0 and not self._local_costs_paid:
+            time.sleep(self._overhead_s)
+        self._local_costs_paid = True
+
     def _gradient_to_algorithm(self) -> None:
         from harness.workload import flat_grads
 
+        self._pay_local_costs()
         flat_grads(self.model)  # .grad replaced (zero_grad(set_to_none=True) elsewhere): copied back in
         self.staging.grads_to_host()
         self.loop.after_backward(self.t)
@@ -190,6 +202,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ScriptError("step(closure): optimizers that re-evaluate the loss (LBFGS) are not supported")
         self._check_ready("step()")
         t, staging = self.t, self.staging
+        self._pay_local_costs()  # part of the gradient's local time, as in the harness's own loop
         gradient_s = time.monotonic() - self._compute_start
         if not self._synchronized:
             self._gradient_to_algorithm()

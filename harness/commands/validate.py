@@ -62,7 +62,7 @@ def summary(scenario: Scenario) -> str:
     trained = "the training script's own model and data" if w.model is None else " on ".join(workload_labels(w))
     lines = [
         f"{scenario.name}: {scenario.ranks} ranks, seed {scenario.seed}",
-        f"workload: {trained}, batch {w.batch_size}, {w.iterations} iterations, {compute}",
+        f"workload: {trained}, batch {w.batch_size}, {w.iterations} iterations, {compute}{_local_costs(w)}",
         "optimizer: the training script's own" if w.of_script else
         f"optimizer: {_entry(scenario.optimizer.model_dump(exclude={'name'}), scenario.optimizer.name)}",
         "algorithms:",
@@ -75,6 +75,17 @@ def summary(scenario: Scenario) -> str:
         *(f"  {_entry(f.model_dump(exclude={'kind'}, exclude_defaults=True), f.kind)}" for f in scenario.faults),
     ]
     return "\n".join(lines)
+
+
+def _local_costs(w) -> str:
+    """``workload.node`` and ``workload.staging`` in the units of the scenario file, if set."""
+    parts = []
+    if w.node is not None:
+        bandwidth = "unlimited" if w.node.link.bandwidth_gbps is None else f"{w.node.link.bandwidth_gbps:g} Gb/s"
+        parts.append(f"a rank is a node of {w.node.gpus} GPUs ({w.node.link.latency_us:g} us, {bandwidth} between them)")
+    if w.staging is not None:
+        parts.append(f"staged through the host at {w.staging.bandwidth_gbps:g} Gb/s")
+    return "".join(f"; {p}" for p in parts)
 
 
 def _topology_lines(scenario: Scenario) -> list[str]:

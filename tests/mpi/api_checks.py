@@ -135,6 +135,25 @@ def staged_like_a_gpu_run_gives_the_same_model():
 
 
 @check
+def a_scripts_iterations_pay_the_local_costs():
+    """workload.node and workload.staging reach a user's loop: every iteration sleeps
+    harness.local_costs' time (here two copies of 50 ms latency each: 0.1 s) on top of its own
+    work, recorded in steps.csv (a lower bound load cannot break)."""
+    doc = {"name": "costs", "ranks": SIZE, "workload": {"batch_size": 16, "iterations": 3,
+                                                         "staging": {"bandwidth_gbps": 1e6, "latency_us": 50_000}},
+           "algorithms": ["allreduce_sgd"]}
+    with Run(doc, out=OUT) as run:
+        model = net()
+        opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+        assert opt._overhead_s >= 0.1
+        train(opt, model, run.iterations)
+        path = run.path
+    if RANK == 0:
+        steps = pd.read_csv(path / "steps.csv")
+        assert ((steps["end_s"] - steps["start_s"]) >= 0.1).all(), steps
+
+
+@check
 def gossip_finish_leaves_the_deployable_model():
     with open_run("sgp", algorithm="sgp") as run:
         model = net()

@@ -36,6 +36,22 @@ PLACEMENTS = {
 }
 
 
+def assert_allreduces_match_mpi(comm: Communicator, label: str) -> None:
+    """``comm``'s allreduce sums and averages like MPI's, bitwise equal on every rank, for sizes
+    below and above the ring threshold."""
+    for n in (1, 7, 1000, 100_003):
+        x = np.random.default_rng([RANK, n]).standard_normal(n).astype(np.float32)
+        ref = np.empty_like(x)
+        WORLD.Allreduce(x, ref, op=MPI.SUM)
+        got = x.copy()
+        comm.allreduce(got, op="sum")
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * SIZE, err_msg=f"{label}, n={n}")
+        assert digest_everywhere(got) == 1, f"{label}, n={n}: sums differ across ranks"
+        mean = x.copy()
+        comm.allreduce(mean, op="mean")
+        np.testing.assert_allclose(mean, ref / SIZE, rtol=1e-5, atol=1e-5, err_msg=f"{label}, mean")
+
+
 @check
 def hierarchical_allreduce_matches_mpi() -> None:
     for name, node_of in PLACEMENTS.items():
@@ -44,40 +60,19 @@ def hierarchical_allreduce_matches_mpi() -> None:
             try:
                 comm.set_topology(nic_topology(node_of))
                 comm.set_allreduce("hierarchical")
-                for n in (1, 7, 1000, 100_003):
-                    x = np.random.default_rng([RANK, n]).standard_normal(n).astype(np.float32)
-                    ref = np.empty_like(x)
-                    WORLD.Allreduce(x, ref, op=MPI.SUM)
-                    got = x.copy()
-                    comm.allreduce(got, op="sum")
-                    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * SIZE, err_msg=f"{name}, n={n}")
-                    assert digest_everywhere(got) == 1, f"{name}, n={n}: sums differ across ranks"
-                    mean = x.copy()
-                    comm.allreduce(mean, op="mean")
-                    np.testing.assert_allclose(mean, ref / SIZE, rtol=1e-5, atol=1e-5, err_msg=f"{name}, mean")
+                assert_allreduces_match_mpi(comm, name)
             finally:
                 comm.close()
 
 
 @check
 def every_allreduce_algorithm_matches_mpi() -> None:
-    """ring, recursive doubling and reduce + broadcast (network.allreduce) sum and average like
-    MPI, bitwise equal on every rank, for sizes below and above the ring threshold."""
+    """ring, recursive doubling and reduce + broadcast (network.allreduce), without a topology."""
     for algorithm in ("ring", "recursive_doubling", "reduce_broadcast"):
         comm = Communicator(WORLD)
         try:
             comm.set_allreduce(algorithm)
-            for n in (1, 7, 1000, 100_003):
-                x = np.random.default_rng([RANK, n, 7]).standard_normal(n).astype(np.float32)
-                ref = np.empty_like(x)
-                WORLD.Allreduce(x, ref, op=MPI.SUM)
-                got = x.copy()
-                comm.allreduce(got, op="sum")
-                np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * SIZE, err_msg=f"{algorithm}, n={n}")
-                assert digest_everywhere(got) == 1, f"{algorithm}, n={n}: sums differ across ranks"
-                mean = x.copy()
-                comm.allreduce(mean, op="mean")
-                np.testing.assert_allclose(mean, ref / SIZE, rtol=1e-5, atol=1e-5, err_msg=f"{algorithm}, mean")
+            assert_allreduces_match_mpi(comm, algorithm)
         finally:
             comm.close()
 

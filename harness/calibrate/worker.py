@@ -41,6 +41,9 @@ What is measured, in this order (times on ``time.perf_counter`` / ``time.monoton
    iteration) of the window's mean iteration time: with more ranks than cores single
    iterations are either uncontended or hold a whole wait for the core (their median is the
    uncontended time, 4x too fast at 8 ranks on 2 cores), windows show the shared core.
+   ``alone_s``: then rank 0 alone runs the same local work while the others wait in a native
+   barrier (which sleeps): the median time of an iteration of a rank with cores of its own,
+   what the cluster reading of ``simulate`` uses.
 4. ``evaluation``: rank 0 times one evaluation point's local work, ``test_metrics`` of the
    averaged model and of its own (two calls, as ``evaluate`` makes), while the other ranks
    wait; median over repetitions. The two allreduces ``evaluate`` adds are not included.
@@ -218,9 +221,31 @@ def measure_compute(comm: Any, world: Any, effort: measure.Effort, workload: Wor
         return None, state
     windows = measure.window_means(gathered)
     model, data = workload.labels
+    alone = measure_compute_alone(comm, timed, state, iters)
     return ComputePoint(model=model, dataset=data, batch_size=workload.batch_size,
                         median_s=measure.median(windows), p95_s=measure.p95(windows),
-                        samples=sum(len(g) for g in gathered)), state
+                        samples=sum(len(g) for g in gathered), alone_s=alone), state
+
+
+def measure_compute_alone(comm: Any, scenario: Any, state: Any, iterations: int) -> float | None:
+    """Rank 0's local work per iteration (batch, forward, backward, optimizer step) while the
+    other ranks wait in a native barrier, which sleeps: what a rank with cores of its own takes
+    (the cluster reading's compute). The median over ``iterations`` after two warm-up ones;
+    rank 0 returns it, the others None."""
+    from harness.injection import InjectionPlan  # noqa: PLC0415
+    from harness.runner.local_work import LocalWork  # noqa: PLC0415
+
+    took = []
+    if comm.rank == 0:
+        work = LocalWork(scenario, state, 0, InjectionPlan.from_scenario(scenario), comm, "calibrate")
+        for t in range(iterations + 2):
+            t0 = time.perf_counter()
+            work.injected(t)
+            gradient_s, _ = work.gradient(t, 1.0)
+            work.step(t, 1.0, gradient_s)
+            took.append(time.perf_counter() - t0)
+    comm.ibarrier().wait()  # the others wait here without taking a core
+    return measure.median(took[2:]) if took else None
 
 
 def measure_evaluation(comm: Any, world: Any, effort: measure.Effort, workload: Workload, state: Any) -> Any:

@@ -34,6 +34,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__.splitlines()[0])
     add_scenario_arguments(p)
     p.add_argument("--calibration", type=Path, help="calibration file (default: results/calibration.json)")
+    p.add_argument("--reading", choices=("cluster", "machine"), default=None,
+                   help="what to predict: cluster (every rank with cores of its own, the default cluster network) "
+                        "or machine (this machine, its cores shared as a run here shares them); default: machine "
+                        "when the calibration measured the scenario's rank count, else cluster")
     p.add_argument("--trace-ranks", type=int, default=None, metavar="N",
                    help="write only ranks below N into trace.json (default: 64)")
     p.set_defaults(func=run)
@@ -77,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
     from harness.scenario import load_scenario_with_notes
     from harness.scenario.checks import check_user_code
     from harness.sim.hosts import run_rank_hosts, simulated_topology
-    from harness.sim.runs import DEFAULT_TRACE_RANKS, calibration_entry, new_simulated_run_path, predict
-    from harness.sim.runs import write_simulated_run
+    from harness.sim.runs import DEFAULT_TRACE_RANKS, calibration_entry, default_reading, describe_reading
+    from harness.sim.runs import new_simulated_run_path, predict, write_simulated_run
 
     if args.trace_ranks is not None and args.trace_ranks < 0:
         print(f"error: --trace-ranks must be >= 0 (got {args.trace_ranks})", file=sys.stderr)
@@ -91,9 +95,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     check_user_code(scenario, args.scenario)  # the user's model, dataset...: imported and called
     calibration, calibration_file = load_optional_calibration(args.calibration, scenario.workload.compute == "real")
-    entry, note = calibration_entry(scenario, calibration, args.scenario, calibration_file)
-    rank_hosts, host_notes = run_rank_hosts(_run_beside(Path(args.scenario)), scenario.ranks)
+    reading = args.reading or default_reading(scenario, calibration)
+    entry, note = calibration_entry(scenario, calibration, args.scenario, calibration_file, reading=reading)
+    # A real run's hosts are this machine's reading; a cluster brings its own network.
+    rank_hosts, host_notes = run_rank_hosts(_run_beside(Path(args.scenario)), scenario.ranks) \
+        if reading == "machine" else (None, [])
     topology = simulated_topology(scenario, entry if calibration is not None else None, rank_hosts)
+    print(f"reading: {describe_reading(reading)}", file=sys.stderr)
     for line in renamed + ([note] if note else []) + host_notes + list(topology.notes) + scenario_notes(scenario):
         print(f"note: {line}", file=sys.stderr)
     if topology.worth_recording:
@@ -118,9 +126,9 @@ def run(args: argparse.Namespace) -> int:
     calibrated = calibration is not None  # else the default network: run.json says null for both
     run_dir = write_simulated_run(path, scenario, frames, stats, "predictive",
                                   str(calibration_file) if calibrated else None, trace_ranks,
-                                  calibration_ranks=entry.ranks if calibrated else None, topology=topology)
-    print("simulated (predictive):")
-    print((run_dir.path / SUMMARY_TABLE_FILE).read_text(), end="")  # written with the run
+                                  calibration_ranks=entry.ranks if calibrated else None, topology=topology,
+                                  reading=reading)
+    print((run_dir.path / SUMMARY_TABLE_FILE).read_text(), end="")  # written with the run, its header first
     total_events, total_s = sum(s.events for s in stats), sum(s.host_s for s in stats)
     print(tabulate([[f"{total_events:,}", f"{total_s:.2f}", f"{total_events / max(total_s, 1e-9):,.0f}"]],
                    headers=["events", "simulator s", "events/s"], tablefmt="simple", disable_numparse=True))

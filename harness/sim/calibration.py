@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, NamedTuple
 
@@ -98,9 +98,12 @@ class ComputePoint(_Strict):
     model: str
     dataset: str
     batch_size: PositiveInt
-    median_s: NonNegativeFloat
+    median_s: NonNegativeFloat  # every rank computing at once (this machine's cores shared)
     p95_s: NonNegativeFloat
     samples: PositiveInt
+    # One rank computing while the others wait: a rank with cores of its own, what the cluster
+    # reading of a simulation uses. None in files written before it was measured.
+    alone_s: NonNegativeFloat | None = None
 
 
 class EvalPoint(_Strict):
@@ -145,11 +148,12 @@ class CalibrationEntry(_Strict):
                              f"(hosts {hosts}, ranks per host {counts})")
         return self
 
-    def compute_s(self, model: str, dataset: str, batch_size: int) -> float | None:
-        """Median local work per iteration of this workload, or None if it was not calibrated."""
+    def compute_s(self, model: str, dataset: str, batch_size: int, alone: bool = False) -> float | None:
+        """Median local work per iteration of this workload with all ranks computing at once, or
+        (``alone``) with one rank computing alone; None if that was not calibrated."""
         for point in self.compute:
             if (point.model, point.dataset, point.batch_size) == (model, dataset, batch_size):
-                return point.median_s
+                return point.alone_s if alone else point.median_s
         return None
 
     def with_compute_scaled(self, factor: float) -> CalibrationEntry:
@@ -179,28 +183,35 @@ class Calibration(_Strict):
     cpus: PositiveInt  # logical CPUs of the machine that was measured
     entries: list[CalibrationEntry]
 
-    def choose(self, ranks: int) -> EntryChoice:
-        """The entry to simulate ``ranks`` ranks with: the one measured at ``ranks``; otherwise the
-        one measured with the most ranks that did not oversubscribe the cores (the cluster-like
-        per-rank cost), else the smallest; with a note saying so in those two cases."""
+    def choose(self, ranks: int, has: Callable[[CalibrationEntry], bool] | None = None,
+               scale_shared_cores: bool = True) -> EntryChoice:
+        """The entry to simulate ``ranks`` ranks with, among those that ``has`` what the simulation
+        needs (all when None or when none has it; the caller then says what is missing): the one
+        measured at ``ranks``; otherwise the one measured with the most ranks that did not
+        oversubscribe the cores (the cluster-like per-rank cost), else the smallest; with a note
+        saying so in those two cases. ``scale_shared_cores`` (this machine's reading): an entry
+        measured with shared cores has its CPU work scaled to ``ranks`` ranks on the same cores."""
         if not self.entries:
             raise CalibrationError("the calibration file has no entries: run `python -m harness calibrate`")
-        for entry in self.entries:
+        candidates = [e for e in self.entries if has is None or has(e)] or list(self.entries)
+        for entry in candidates:
             if entry.ranks == ranks:
                 return EntryChoice(entry, None)
         measured = ", ".join(str(e.ranks) for e in self.entries)
-        uncontended = [e for e in self.entries if e.ranks <= self.cpus]
+        uncontended = [e for e in candidates if e.ranks <= self.cpus]
         if uncontended:
             entry = max(uncontended, key=lambda e: e.ranks)
             why = f"the most ranks that did not share the {self.cpus} CPUs"
         else:
-            entry = min(self.entries, key=lambda e: e.ranks)
+            entry = min(candidates, key=lambda e: e.ranks)
             why = f"the fewest ranks; every entry shared the {self.cpus} CPUs"
+        if len(candidates) < len(self.entries):
+            why += ", of those that measured this workload"
         note = f"no calibration for {ranks} ranks (measured: {measured}): using the one measured at {entry.ranks} " \
                f"ranks ({why})"
         # An entry measured with shared cores models this machine, where more ranks share the same
         # cores; an uncontended one stands for a cluster, where every rank brings its own.
-        factor = self.core_share_factor(entry.ranks, ranks) if entry.ranks > self.cpus else 1.0
+        factor = self.core_share_factor(entry.ranks, ranks) if entry.ranks > self.cpus and scale_shared_cores else 1.0
         if factor != 1.0:
             entry = entry.with_compute_scaled(factor)
             note += f", its CPU work (local work, copying message bytes) x{factor:g} for {ranks} ranks sharing " \
@@ -300,9 +311,10 @@ def save_calibration(calibration: Calibration, path: Path) -> None:
 def save_fixed_calibration(path: Path, ranks: int, compute: Sequence[tuple[str, str, int, float]] = ()) -> Path:
     """A calibration file with one entry for ``ranks`` ranks, measured on no machine: 0.3 ms and
     1 GB/s links, and a compute median per ``(model, dataset, batch_size, seconds)`` (p95 a
-    quarter above it). What ``simulate`` and ``compare`` need where what is compared is the
-    communication model, not this machine's calibration (the tests, ``bench agreement``)."""
-    points = [ComputePoint(model=m, dataset=d, batch_size=b, median_s=s, p95_s=s * 1.25, samples=10)
+    quarter above it; alone the same: no machine, no shared cores). What ``simulate`` and
+    ``compare`` need where what is compared is the communication model, not this machine's
+    calibration (the tests, ``bench agreement``)."""
+    points = [ComputePoint(model=m, dataset=d, batch_size=b, median_s=s, p95_s=s * 1.25, samples=10, alone_s=s)
               for m, d, b, s in compute]
     save_calibration(Calibration(created_at="2026-01-01T00:00:00+00:00", harness_version="test", cpus=2, entries=[
         CalibrationEntry(ranks=ranks, network=NetworkModel(latency_s=3e-4, bandwidth_bytes_per_s=1e9),

@@ -42,35 +42,99 @@ DEFAULT_NETWORK = NetworkModel(latency_s=2e-6, bandwidth_bytes_per_s=12.5e9)
 DEFAULT_TRACE_RANKS = 64  # trace.json of a 1,024-rank simulation would be hundreds of MB
 
 
+READINGS = ("cluster", "machine")
+"""Which system a simulation predicts (``simulate --reading``; run.json ``reading``):
+
+- ``machine``: this machine, as a real run here runs: the calibration entry's network (its cores
+  shared when the ranks outnumber them) and compute measured with every rank computing at once,
+  scaled to the simulated rank count on the same cores. What ``compare`` uses for a run made
+  here.
+- ``cluster``: every rank has cores (or a GPU) of its own, on a network: compute as one rank
+  measured it alone (``ComputePoint.alone_s``; emulated compute as the scenario says), the
+  default cluster network (:data:`DEFAULT_NETWORK`) under the scenario's links and topology, no
+  shared cores.
+
+Default (:func:`default_reading`): ``machine`` when the calibration has an entry measured at
+the simulated rank count (a run here is what it predicts), else ``cluster``.
+"""
+
+
+def default_reading(scenario: Scenario, calibration: Calibration | None) -> str:
+    """``machine`` if ``calibration`` measured ``scenario``'s rank count, else ``cluster``."""
+    if calibration is not None and any(e.ranks == scenario.ranks for e in calibration.entries):
+        return "machine"
+    return "cluster"
+
+
+def describe_reading(reading: str) -> str:
+    """One line for the commands' notes and the summary's header."""
+    if reading == "cluster":
+        net = DEFAULT_NETWORK
+        return (f"cluster reading: every rank with cores of its own, compute as one rank measured it alone, the "
+                f"default cluster network ({net.latency_s * 1e6:g} us, {net.bandwidth_bytes_per_s / 1e9:g} GB/s) "
+                "under the scenario's links and topology (--reading machine: this machine, oversubscribed)")
+    return ("machine reading: the ranks share this machine's cores as a run here does (calibrated network and "
+            "compute with every rank computing at once)")
+
+
 def calibration_entry(scenario: Scenario, calibration: Calibration | None, scenario_file: str | Path,
-                      calibration_file: Path = DEFAULT_PATH, needs_compute: bool = True) -> EntryChoice:
-    """The entry to simulate ``scenario`` with, and the note to print about it: the calibration's
-    choice (:meth:`Calibration.choose`), or without a calibration the default network
-    (emulated compute only).
+                      calibration_file: Path = DEFAULT_PATH, needs_compute: bool = True,
+                      reading: str = "machine") -> EntryChoice:
+    """The entry to simulate ``scenario`` with in ``reading`` (:data:`READINGS`), and the note to
+    print about it: the calibration's choice (:meth:`Calibration.choose`, among the entries that
+    measured what the simulation needs), or without a calibration the default network (emulated
+    compute only).
 
     A real-compute workload needs its calibrated compute time (``needs_compute``: false for a
     trace-driven replay, which takes it from the run): CalibrationError otherwise, ending with
     the exact ``calibrate`` command for ``scenario_file`` that measures it into ``calibration_file``.
+    In the cluster reading that is the time of one rank computing alone.
     """
+    if reading not in READINGS:
+        raise ValueError(f"unknown reading {reading!r} (one of {', '.join(READINGS)})")
     w = scenario.workload
     real = needs_compute and w.compute == "real"
+    alone = reading == "cluster"
     model, dataset = workload_labels(w)  # as harness.calibrate measured them
     workload = f"model {model}, dataset {dataset}, batch {w.batch_size}"
     if calibration is None:
-        if real:
+        if reading == "machine" or real:
             command = calibrate_command(scenario_file, scenario.ranks, calibration_file)
+            if not real:
+                raise CalibrationError(f"{calibration_file}: no calibration file; the machine reading simulates this "
+                                       f"machine and needs its measurements: measure them with (or pass "
+                                       f"--calibration FILE, or --reading cluster):\n  {command}")
             raise CalibrationError(f"{calibration_file}: no calibration file, and real compute ({workload}) needs "
                                    f"its measured time; measure it with (or pass --calibration FILE):\n  {command}")
         net = DEFAULT_NETWORK
         return EntryChoice(CalibrationEntry(ranks=scenario.ranks, network=net),
                            f"no calibration file: simulating on the default network ({net.latency_s * 1e6:g} us, "
                            f"{net.bandwidth_bytes_per_s / 1e9:g} GB/s)")
-    choice = calibration.choose(scenario.ranks)
-    if real and choice.entry.compute_s(model, dataset, w.batch_size) is None:
+
+    def has(entry: CalibrationEntry) -> bool:
+        return not real or entry.compute_s(model, dataset, w.batch_size, alone=alone) is not None
+
+    choice = calibration.choose(scenario.ranks, has, scale_shared_cores=not alone)
+    if not has(choice.entry):
         command = calibrate_command(scenario_file, choice.entry.ranks, calibration_file)
-        raise CalibrationError(f"{calibration_file}: the calibration for {choice.entry.ranks} ranks has no compute "
-                               f"time for {workload} (real compute); measure it with:\n  {command}")
-    return choice
+        what = "compute time of one rank alone" if alone and choice.entry.compute_s(model, dataset, w.batch_size) \
+            is not None else "compute time"
+        raise CalibrationError(f"{calibration_file}: no calibration entry has the {what} for {workload} (real "
+                               f"compute, {reading} reading); measure it with:\n  {command}")
+    if not alone:
+        return choice
+    return EntryChoice(cluster_entry(choice.entry), choice.note)
+
+
+def cluster_entry(entry: CalibrationEntry) -> CalibrationEntry:
+    """``entry`` as the cluster reading uses it: the default cluster network (no shared cores)
+    and each workload's compute as one rank measured it alone (its ``ranks`` stay the measured
+    ones, which run.json records as ``calibration_ranks``)."""
+    alone = [p.model_copy(update={"median_s": p.alone_s, "p95_s": max(p.alone_s, p.p95_s * p.alone_s / p.median_s)
+                                  if p.median_s > 0 else p.alone_s})
+             for p in entry.compute if p.alone_s is not None]
+    return CalibrationEntry(ranks=entry.ranks, network=DEFAULT_NETWORK, network_source="default cluster network",
+                            compute=alone, evaluation=entry.evaluation, loop_overhead_s=entry.loop_overhead_s)
 
 
 class SimulatedFrames(dict):
@@ -126,13 +190,14 @@ def replay(scenario: Scenario, real_steps: pd.DataFrame, network: NetworkModel,
 def write_simulated_run(path: Path, scenario: Scenario, frames: dict[str, pd.DataFrame], stats: list[SimStats],
                         mode: str, calibration: str | None, trace_ranks: int = DEFAULT_TRACE_RANKS,
                         run_id: str | None = None, *, calibration_ranks: int | None,
-                        topology: SimTopology | None = None) -> RunDirectory:
+                        topology: SimTopology | None = None, reading: str | None = None) -> RunDirectory:
     """Write a simulated run directory at ``path`` (created; must not exist); ``run_id``
     defaults to the directory's name. ``calibration_ranks``: the rank count of the calibration
     entry used (None: the default network). comm_calls.csv is written when ``frames`` (from
     :func:`predict` or :func:`replay`) holds call logs. ``topology``: the choice of
     ``harness.sim.hosts.simulated_topology``, recorded as ``network_topology`` when there was
-    one to make (a scenario topology or a run's hosts)."""
+    one to make (a scenario topology or a run's hosts). ``reading``: which system a predictive
+    simulation predicts (:data:`READINGS`), recorded and said in summary.txt's first line."""
     path.mkdir(parents=True)
     run = RunDirectory(path, scenario.name, run_id or path.name, datetime.now(timezone.utc).isoformat(timespec="seconds"))
     run.write_resolved_scenario(scenario.resolved_dict())
@@ -142,13 +207,15 @@ def write_simulated_run(path: Path, scenario: Scenario, frames: dict[str, pd.Dat
         run.append_comm_calls(name, calls)
     w = scenario.workload
     run.write_summary(w.batch_size, w.iterations, ranks=scenario.ranks,
-                      target_accuracy=scenario.results.target_accuracy)  # no evals: no time to it
+                      target_accuracy=scenario.results.target_accuracy,  # no evals: no time to it
+                      header=f"simulated ({mode}), {describe_reading(reading)}" if reading else None)
     run.write_trace(include_comm_ops=False, max_ranks=trace_ranks)
     run.write_run_json("complete", list(frames), ranks=scenario.ranks, extra={
         "simulated": True,
         "mode": mode,
         "calibration": calibration,
         "calibration_ranks": calibration_ranks,
+        **({"reading": reading} if reading else {}),
         "trace_ranks": min(trace_ranks, scenario.ranks),
         "events": sum(s.events for s in stats),
         "host_s": sum(s.host_s for s in stats),

@@ -162,6 +162,33 @@ def test_simulator_benchmark_prints_its_speed() -> None:
     assert bad.returncode == 2 and "group_size" in bad.stderr
 
 
+def test_simulator_shapes_cover_the_targets_and_report_against_them(monkeypatch, capsys) -> None:
+    """The --shapes matrix holds the issue's shapes (groups of 2 to 32, rounds every 2 to 50, a
+    slow link, NICs with a flat ring, real compute, every built-in at two scales, four at 65,536)
+    and each builds a valid scenario; run at a tiny size, a row per algorithm, a missed target
+    makes the exit status 1."""
+    from harness.algorithms import registry
+    from harness.bench import simulator
+
+    matrix = simulator.shapes()
+    groups = {a["group_size"] for s in matrix for a in s.algorithms if isinstance(a, dict) and a["name"] == "wagma"}
+    assert {2, 3, 32} <= groups
+    assert {s.ranks for s in matrix} == {1024, 16384, 65536}
+    by_label = {s.label: s for s in matrix}
+    assert {a["name"] for a in by_label["all_1024"].algorithms} == set(registry.names())
+    assert by_label["big_65536"].memory_gb == 8.0 and by_label["all_16384"].target_s == 60.0
+    for shape in matrix:
+        simulator.shape_scenario(shape, shape.algorithms[0])  # valid
+    tiny = [simulator.Shape("tiny_nics", ("allreduce_sgd", "sgp"), 16, 3, 60.0, by_label["flat_ring_nics"].changes),
+            simulator.Shape("tiny_real", ("allreduce_sgd",), 8, 3, 1e-9, {"workload": {"compute": "real"}},
+                            real_compute_s=0.05, setting="resnet20")]
+    monkeypatch.setattr(simulator, "shapes", lambda: tiny)
+    assert simulator.run_shapes(None) == 1  # the second target (1 ns) is missed
+    out = capsys.readouterr().out
+    assert out.count("tiny_nics") >= 2 and "MISSED" in out and "2 of 3 within their targets" in out
+    assert simulator.run_shapes(["tiny_nics"]) == 0
+
+
 def test_simulator_benchmark_runs_every_registered_algorithm() -> None:
     from harness.algorithms import registry
 

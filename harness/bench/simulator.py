@@ -13,10 +13,17 @@ synchronous round every 11) or ``--all`` (every registered algorithm with its de
 alpha scaled to the rank count as its stability bound needs, WAGMA's groups at most all ranks). Each one runs in this process, on one
 core, ``--repeat`` times; each repetition prints a line and the table gives medians.
 
+``--shapes`` runs the matrix of :func:`shapes` instead (``--only`` picks some by label): the
+speed targets in the shapes the schema allows (WAGMA-SGD groups of 2 to 32, powers or not, with
+synchronous rounds every 2 to 50; a slow per-link rule; nodes of 8 sharing 10 GbE NICs with a
+flat ring allreduce; calibrated real compute; every built-in at 1,024 x 1,000 and 16,384 x 100;
+four at 65,536 x 100), each against its wall-time target, with the peak memory of the process.
+
 Example::
 
     python -m harness bench simulator --all --ranks 1024 --iterations 1000
     python -m harness bench simulator --ranks 16384 --iterations 100 --algorithm '{name: sgp}'
+    python -m harness bench simulator --shapes --only wagma_g3_p6,flat_ring_nics
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
 from tabulate import tabulate
 
@@ -47,6 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help=f"an algorithm entry as YAML, repeatable (default: {DEFAULT_ALGORITHM})")
     which.add_argument("--all", action="store_true", help="every registered algorithm with its defaults")
     parser.add_argument("--repeat", type=int, default=1, help="repetitions (default 1); medians are reported")
+    parser.add_argument("--shapes", action="store_true",
+                        help="the matrix of shapes with their speed targets (see the module's description)")
+    parser.add_argument("--only", default=None, metavar="LABELS",
+                        help="with --shapes: comma-separated shape labels (default: all)")
 
 
 def default_entries(ranks: int) -> list[dict]:
@@ -95,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.repeat < 1:
         raise HarnessError(f"--repeat must be >= 1 (got {args.repeat})")
+    if args.shapes:
+        return run_shapes([label for label in args.only.split(",") if label] if args.only else None)
+    if args.only:
+        raise HarnessError("--only picks shapes: it needs --shapes")
     if args.all:
         entries = default_entries(args.ranks)
     else:
@@ -127,3 +144,114 @@ def run(args: argparse.Namespace) -> int:
     print(tabulate(table, headers=["algorithm", "ranks", "iterations", "events", "wall s", "CPU s", "events/s",
                                    "simulated s"], tablefmt="simple", disable_numparse=True))
     return 0
+
+
+# -- the matrix of shapes (--shapes) ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Shape:
+    """One row group of ``--shapes``: ``algorithms`` simulated one at a time at ``ranks`` x
+    ``iterations``, each against ``target_s`` of wall time; ``changes`` are merged into the
+    benchmark scenario (a ``network`` section, a ``workload`` section); ``real_compute_s``: the
+    workload computes for real, calibrated at that many seconds per iteration."""
+
+    label: str
+    algorithms: tuple[Any, ...]
+    ranks: int
+    iterations: int
+    target_s: float
+    changes: dict = field(default_factory=dict)
+    real_compute_s: float | None = None
+    setting: str = "resnet50"
+    memory_gb: float | None = None
+
+
+def shapes() -> list[Shape]:
+    """The speed targets of the simulator in the shapes the schema allows."""
+    nics = {"network": {"topology": {"preset": "ethernet_10g", "ranks_per_node": 8}}}
+    slow_link = {"network": {"links": [{"rank": 3, "latency_ms": 2, "bandwidth_gbps": 5}]}}
+    big = ("allreduce_sgd", "local_sgd", "diloco", "sgp")
+    return [
+        *(Shape(f"wagma_g{g}_p{p}", ({"name": "wagma", "group_size": g, "period": p},), 1024, 1000, 30.0)
+          for g, p in ((2, 2), (3, 6), (8, 11), (6, 50), (32, 20))),
+        Shape("slow_link", ({"name": "wagma", "group_size": 4, "period": 11}, "allreduce_sgd", "sgp"), 1024, 1000, 30.0,
+              slow_link),
+        Shape("flat_ring_nics", ("allreduce_sgd", {"name": "local_sgd", "period": 4}, "dpsgd"), 1024, 1000, 30.0, nics),
+        Shape("real_compute", ("allreduce_sgd", {"name": "wagma", "group_size": 8, "period": 11}), 1024, 1000, 30.0,
+              {"workload": {"compute": "real"}}, real_compute_s=0.05, setting="resnet20"),
+        Shape("all_1024", tuple(default_entries(1024)), 1024, 1000, 30.0),
+        Shape("all_16384", tuple(default_entries(16384)), 16384, 100, 60.0),
+        Shape("big_65536", tuple(e for e in default_entries(65536) if e["name"] in big), 65536, 100, 300.0,
+              memory_gb=8.0),
+    ]
+
+
+def shape_scenario(shape: Shape, algorithm: Any):
+    """The benchmark scenario of one algorithm of ``shape``."""
+    from harness.scenario.loader import scenario_from_dict
+
+    doc = benchmark_scenario(shape.ranks, shape.iterations, [algorithm], shape.setting).resolved_dict()
+    for section, fields in shape.changes.items():
+        doc[section] = {**doc.get(section, {}), **fields}
+    if shape.real_compute_s is not None:
+        doc["workload"].pop("params", None)
+    return scenario_from_dict(doc, source=f"shape {shape.label}")
+
+
+def _simulate_shape(shape: Shape, algorithm: Any) -> tuple[str, int, float, float]:
+    """In a child process: (algorithm name, events, wall s, peak RSS GB) of one simulation."""
+    import resource
+
+    from harness.sim.calibration import CalibrationEntry, ComputePoint
+    from harness.sim.runs import DEFAULT_NETWORK
+    from harness.sim.simulate import injection_arrays, simulate_algorithm
+    from harness.sim.timing import PredictiveTiming
+    from harness.workload.models import communicated_floats
+    from harness.workload.names import workload_labels
+
+    scenario = shape_scenario(shape, algorithm)
+    compute = []
+    if shape.real_compute_s is not None:
+        model, dataset = workload_labels(scenario.workload)
+        compute = [ComputePoint(model=model, dataset=dataset, batch_size=scenario.workload.batch_size,
+                                median_s=shape.real_compute_s, p95_s=shape.real_compute_s, samples=1)]
+    entry = CalibrationEntry(ranks=scenario.ranks, network=DEFAULT_NETWORK, compute=compute)
+    delays, factors = injection_arrays(scenario)
+    timing = PredictiveTiming(scenario, entry, factors)
+    communicated_floats(scenario)
+    wall0 = time.perf_counter()
+    _, stats = simulate_algorithm(scenario, scenario.algorithms[0], timing, entry.network, delays, factors)
+    wall = time.perf_counter() - wall0
+    return scenario.algorithms[0].name, stats.events, wall, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def run_shapes(only: list[str] | None) -> int:
+    """Each shape's algorithms, one simulation at a time in a child process (its own peak memory);
+    a table against the targets. 0 when every target held, 1 otherwise."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from harness.config import HarnessError
+
+    matrix = shapes()
+    if only:
+        unknown = [label for label in only if label not in {s.label for s in matrix}]
+        if unknown:
+            raise HarnessError(f"--only {unknown[0]!r}: no such shape (shapes: {', '.join(s.label for s in matrix)})")
+        matrix = [s for s in matrix if s.label in only]
+    rows, missed = [], 0
+    context = multiprocessing.get_context("fork")  # the parent's imports come along: no start-up in the timing
+    for shape in matrix:
+        for algorithm in shape.algorithms:
+            with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+                name, events, wall, rss_gb = pool.submit(_simulate_shape, shape, algorithm).result()
+            ok = wall <= shape.target_s and (shape.memory_gb is None or rss_gb <= shape.memory_gb)
+            missed += not ok
+            target = f"<= {shape.target_s:g} s" + (f", {shape.memory_gb:g} GB" if shape.memory_gb else "")
+            rows.append([shape.label, name, f"{shape.ranks:,} x {shape.iterations:,}", f"{wall:.1f}", f"{events:,}",
+                         f"{events / wall:,.0f}", f"{rss_gb:.2f}", target, "ok" if ok else "MISSED"])
+            print(" ".join(rows[-1]), flush=True)
+    print(tabulate(rows, headers=["shape", "algorithm", "ranks x iterations", "wall s", "events", "events/s",
+                                  "peak GB", "target", ""], tablefmt="simple", disable_numparse=True))
+    print(f"{len(rows) - missed} of {len(rows)} within their targets")
+    return 1 if missed else 0

@@ -22,6 +22,7 @@ from heapq import heappop, heappush
 
 import simpy
 from greenlet import greenlet
+from simpy.core import NORMAL
 
 
 class CountingEnvironment(simpy.Environment):
@@ -36,6 +37,18 @@ class CountingEnvironment(simpy.Environment):
         # for every event of thousands of simulated ranks.
         self.events_scheduled += 1
         heappush(self._queue, (self._now + delay, priority, next(self._eid), event))
+
+
+class _Wake:
+    """A bare SimPy-queue entry that wakes one parked rank: what ``sleep`` schedules instead of a
+    ``simpy.Timeout`` (no value, no checks; the queue's order, NORMAL priority and event ids,
+    are the Timeout's, so the simulation is the same event for event)."""
+
+    __slots__ = ("callbacks", "_ok")
+
+    def __init__(self, callback: Callable) -> None:
+        self.callbacks = [callback]
+        self._ok = True
 
 
 class SimDeadlock(RuntimeError):
@@ -58,12 +71,20 @@ class SimEngine:
 
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
-            self._park(self.env.timeout(seconds))
+            self._wake_after(seconds)
 
     def sleep_until(self, when: float) -> None:
-        now = self.env.now
+        now = self.env._now
         if when > now:
-            self._park(self.env.timeout(when - now))
+            self._wake_after(when - now)
+
+    def _wake_after(self, delay: float) -> None:
+        """Park the calling rank until ``delay`` from now: the hot path of every simulated
+        compute, sleep and wait whose end is known."""
+        env = self.env
+        env.events_scheduled += 1
+        heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), _Wake(greenlet.getcurrent().switch)))
+        self._hub.switch()
 
     def wait(self, event: simpy.Event, what: "str | Callable[[], str]") -> None:
         """Block the calling rank until ``event`` has been processed (at once if it has);

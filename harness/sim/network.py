@@ -47,6 +47,7 @@ import numpy as np
 from harness.scenario.network import Link, NodeTopology
 from harness.schedules import RING_THRESHOLD_BYTES
 from harness.sim.calibration import NetworkModel
+from harness.sim.ring_paths import ring_over_held_paths
 
 FLOAT_BYTES = 4
 _MATRIX_MAX_RANKS = 4096  # emulated-link lookup by a dense boolean matrix up to this size
@@ -55,7 +56,7 @@ _MATRIX_MAX_RANKS = 4096  # emulated-link lookup by a dense boolean matrix up to
 class _Resource:
     """One emulated resource's reservations (a link, a NIC direction, the fabric)."""
 
-    __slots__ = ("busy", "posts", "ends", "last_post", "max_end", "prune_at")
+    __slots__ = ("busy", "posts", "ends", "last_post", "max_end", "prune_at", "in_order")
 
     def __init__(self) -> None:
         self.busy: list[tuple[float, float]] = []  # reserved intervals, in time order
@@ -64,6 +65,9 @@ class _Resource:
         self.last_post = -math.inf
         self.max_end = -math.inf
         self.prune_at = 256
+        # Whether ``ends`` grows with ``posts``, as FIFO makes it unless a message posted before
+        # others took a later gap (reserve's second branch): then pruning cuts a prefix.
+        self.in_order = True
 
     def reserve(self, post: float, earliest: float, transfer: float, now: float) -> float:
         """Start of a ``transfer`` long slot for a message posted at ``post`` that may not start
@@ -87,18 +91,39 @@ class _Resource:
             busy.insert(j, (start, start + transfer))
             self.posts.insert(i, post)
             self.ends.insert(i, start + transfer)
+            self.in_order = False
         self.max_end = max(self.max_end, start + transfer)
         if len(self.busy) > self.prune_at:
             self._forget_before(now)
         return start
 
+    def append_free(self, posts: list[float], ends: list[float], now: float) -> None:
+        """The reservations ``reserve`` makes for messages posted (in order, after all others) to
+        a resource free for each of them: ``[post, end)`` each (``harness.sim.ring_paths``)."""
+        self.busy.extend(zip(posts, ends))
+        self.posts.extend(posts)
+        self.ends.extend(ends)
+        self.last_post = posts[-1]
+        self.max_end = max(self.max_end, max(ends))
+        if len(self.busy) > self.prune_at:
+            self._forget_before(now)
+
     def _forget_before(self, horizon: float) -> None:
         """Drop reservations that ended before ``horizon``: no message posted from then on can
-        queue behind them. The next pruning waits until the lists doubled: O(1) per message."""
-        self.busy[:] = [iv for iv in self.busy if iv[1] >= horizon]
-        kept = [(p, e) for p, e in zip(self.posts, self.ends) if e >= horizon]
-        self.posts[:] = [p for p, _ in kept]
-        self.ends[:] = [e for _, e in kept]
+        queue behind them. The next pruning waits until the lists doubled: O(1) per message.
+
+        Intervals never overlap, so in time order their ends grow too: those that ended are a
+        prefix of ``busy``, and of ``posts``/``ends`` while those are in order."""
+        del self.busy[:bisect.bisect_left(self.busy, horizon, key=lambda interval: interval[1])]
+        if self.in_order:
+            cut = bisect.bisect_left(self.ends, horizon)
+            del self.posts[:cut]
+            del self.ends[:cut]
+        else:
+            kept = [(p, e) for p, e in zip(self.posts, self.ends) if e >= horizon]
+            self.posts[:] = [p for p, _ in kept]
+            self.ends[:] = [e for _, e in kept]
+            self.in_order = all(a <= b for a, b in zip(self.ends, self.ends[1:]))
         self.prune_at = max(256, 2 * len(self.busy))
 
 
@@ -145,6 +170,10 @@ class SimNetwork:
             bandwidth = link.bandwidth_bytes_per_s
             self._links[(link.src, link.dst)] = (link.latency_s, 0.0 if bandwidth is None else 1.0 / bandwidth)
         self._sources = {src for src, _ in self._links}
+        self._link_dsts: dict[int, set[int]] = {}  # src -> the dsts it has a link rule to
+        for src, dst in self._links:
+            self._link_dsts.setdefault(src, set()).add(dst)
+        self._held_among: dict[tuple[int, ...], bool] = {}
         self._resources: dict[tuple, _Resource] = {}
         self._paths: dict[tuple[int, int], tuple[list[tuple[_Resource, float]], float]] = {}  # by (src, dst)
         self.topology = topology
@@ -172,6 +201,29 @@ class SimNetwork:
     @property
     def emulated(self) -> bool:
         return bool(self._links) or self._intra_emulated or self._inter_emulated
+
+    def held_among(self, members: Sequence[int]) -> bool:
+        """Whether a message between two of ``members`` (ranks) may cross an emulated path: a
+        link rule between two of them, or the topology's intra-node links (two on one node) or
+        NICs (two nodes). The collectives of the others take the base network's fast paths."""
+        if not self.emulated:
+            return False
+        key = tuple(members)
+        held = self._held_among.get(key)
+        if held is None:
+            held = False
+            if self._node is not None:
+                nodes = {int(self._node[m]) for m in key}
+                held = (self._intra_emulated and len(nodes) < len(key)) or (self._inter_emulated and len(nodes) > 1)
+            if not held and self._links:
+                inside, dsts = set(key), self._link_dsts
+                if len(dsts) <= len(inside):  # walk the shorter of the two
+                    held = any(src in inside and not to.isdisjoint(inside) for src, to in dsts.items())
+                else:
+                    held = any(m in dsts and not dsts[m].isdisjoint(inside) for m in inside)
+            if len(self._held_among) < 65536:  # groups repeat; a bound keeps odd member lists from piling up
+                self._held_among[key] = held
+        return held
 
     def links_from(self, src: int) -> bool:
         """Whether any message ``src`` sends may cross an emulated link."""
@@ -460,6 +512,7 @@ class RingSchedule:
         self.p = p
         self.count = count
         sizes = np.array(_ring_chunk_bytes(p, count), dtype=float)
+        self.sizes = sizes  # bytes of each chunk
         members = np.arange(p)
         self.bytes_sent = 2 * sizes.sum() - sizes[(members + 1) % p] - sizes[(members + 2) % p]
         self.chunk_bytes = float(sizes.max())  # chunks differ by at most one float
@@ -546,20 +599,24 @@ def run_schedule(schedule: "Schedule | RingSchedule", world: Sequence[int], join
     module docstring. Small collectives on the base network run in plain Python (the common
     case of WAGMA groups), everything else vectorised; both compute the same times.
     """
+    emulated = network.held_among(world)  # none of its messages held: the base network's fast paths
     if isinstance(schedule, RingSchedule):
-        if not network.emulated:
+        if not emulated:
             load = network.load_factor()
             cost = (network.alpha + schedule.chunk_bytes * network.inv_bandwidth) * load
             return _ring_completion(np.asarray(join, dtype=float), cost).tolist()
+        done = ring_over_held_paths(schedule.sizes, world, join, network)  # every edge on paths of its own
+        if done is not None:
+            return done
         schedule = schedule.steps_schedule
-    if not network.emulated and len(join) <= _PYTHON_MAX_MEMBERS:
+    if not emulated and len(join) <= _PYTHON_MAX_MEMBERS:
         return _run_small(schedule, list(join), network)
     t = np.array(join, dtype=float)
     world = np.asarray(world)
     load = network.load_factor()  # the load when the collective is computed holds for all its steps
     alpha, inv_bw = network.alpha * load, network.inv_bandwidth * load
     for senders, dst, nbytes, receivers, sources, source_bytes in schedule.compiled:
-        if not network.emulated:  # releases are the posts: only arrivals move the receivers
+        if not emulated:  # releases are the posts: only arrivals move the receivers
             arrival = t[sources] + (alpha + source_bytes * inv_bw)
             t[receivers] = np.maximum(t[receivers], arrival)
             continue

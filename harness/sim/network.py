@@ -56,7 +56,7 @@ _MATRIX_MAX_RANKS = 4096  # emulated-link lookup by a dense boolean matrix up to
 class _Resource:
     """One emulated resource's reservations (a link, a NIC direction, the fabric)."""
 
-    __slots__ = ("busy", "posts", "ends", "last_post", "max_end", "prune_at", "in_order")
+    __slots__ = ("busy", "posts", "ends", "last_post", "max_end", "prune_at", "in_order", "runs", "run_count")
 
     def __init__(self) -> None:
         self.busy: list[tuple[float, float]] = []  # reserved intervals, in time order
@@ -68,11 +68,19 @@ class _Resource:
         # Whether ``ends`` grows with ``posts``, as FIFO makes it unless a message posted before
         # others took a later gap (reserve's second branch): then pruning cuts a prefix.
         self.in_order = True
+        # Reservations appended in bulk (append_free), after everything in the lists, kept as
+        # arrays (posts, ends) until a message needs them in the lists: a ring through NICs adds
+        # thousands per resource and collective, and the next message usually needs only
+        # last_post and max_end.
+        self.runs: list[tuple[np.ndarray, np.ndarray]] = []
+        self.run_count = 0
 
     def reserve(self, post: float, earliest: float, transfer: float, now: float) -> float:
         """Start of a ``transfer`` long slot for a message posted at ``post`` that may not start
         before ``earliest``: after every message posted before it (FIFO by posting, as the native
         layer), in the first gap from there. ``now``: no message is posted before it any more."""
+        if self.runs:
+            self._unpack_runs()
         if post >= self.last_post:  # posted after all the others (the common case): after them all
             start = max(earliest, self.max_end)
             self.busy.append((start, start + transfer))
@@ -97,23 +105,38 @@ class _Resource:
             self._forget_before(now)
         return start
 
-    def append_free(self, posts: list[float], ends: list[float], now: float) -> None:
+    def append_free(self, posts: np.ndarray, ends: np.ndarray, now: float) -> None:
         """The reservations ``reserve`` makes for messages posted (in order, after all others) to
         a resource free for each of them: ``[post, end)`` each (``harness.sim.ring_paths``)."""
-        self.busy.extend(zip(posts, ends))
-        self.posts.extend(posts)
-        self.ends.extend(ends)
-        self.last_post = posts[-1]
-        self.max_end = max(self.max_end, max(ends))
-        if len(self.busy) > self.prune_at:
+        self.runs.append((posts, ends))
+        self.run_count += len(posts)
+        self.last_post = float(posts[-1])
+        self.max_end = max(self.max_end, float(ends[-1]))  # free for each: the last ends last
+        if len(self.busy) + self.run_count > self.prune_at:
             self._forget_before(now)
+
+    def _unpack_runs(self) -> None:
+        """Move the bulk reservations into the lists, in order after what is there."""
+        for posts, ends in self.runs:
+            p, e = posts.tolist(), ends.tolist()
+            self.busy.extend(zip(p, e))
+            self.posts.extend(p)
+            self.ends.extend(e)
+        self.runs.clear()
+        self.run_count = 0
 
     def _forget_before(self, horizon: float) -> None:
         """Drop reservations that ended before ``horizon``: no message posted from then on can
         queue behind them. The next pruning waits until the lists doubled: O(1) per message.
 
         Intervals never overlap, so in time order their ends grow too: those that ended are a
-        prefix of ``busy``, and of ``posts``/``ends`` while those are in order."""
+        prefix of ``busy``, and of ``posts``/``ends`` while those are in order. Bulk runs go
+        whole once their last reservation ended (keeping a few ended ones changes nothing: no
+        message posted from ``horizon`` on starts before it)."""
+        if self.runs:
+            kept = [run for run in self.runs if run[1][-1] >= horizon]
+            self.run_count -= sum(len(run[0]) for run in self.runs) - sum(len(run[0]) for run in kept)
+            self.runs[:] = kept
         del self.busy[:bisect.bisect_left(self.busy, horizon, key=lambda interval: interval[1])]
         if self.in_order:
             cut = bisect.bisect_left(self.ends, horizon)
@@ -124,7 +147,7 @@ class _Resource:
             self.posts[:] = [p for p, _ in kept]
             self.ends[:] = [e for _, e in kept]
             self.in_order = all(a <= b for a, b in zip(self.ends, self.ends[1:]))
-        self.prune_at = max(256, 2 * len(self.busy))
+        self.prune_at = max(256, 2 * (len(self.busy) + self.run_count))
 
 
 class SimNetwork:

@@ -15,8 +15,9 @@ they are the same:
 Then every message starts on every resource of its path when it is posted: a member posts step
 s + 1 only after its step-s message was released, which is after that message left every
 resource. So the message is released at ``post + bytes x (the path's slowest seconds per byte)
-+ the path's latencies (+ the progress thread's wake-up)``, as ``_hold`` computes it, term for
-term. The reservations ``_hold`` would have made are appended to the resources afterwards, so
++ the path's latencies (+ the progress thread's wake-up)``, as ``_hold`` computes it (term for
+term with unequal chunks; with equal chunks the delay after the post is summed once per edge,
+which can differ from ``_hold``'s sum in the last bit). The reservations ``_hold`` would have made are appended to the resources afterwards, so
 messages computed later queue behind them as before. Otherwise :func:`ring_over_held_paths`
 returns None and the caller walks the steps.
 """
@@ -58,28 +59,41 @@ def ring_over_held_paths(sizes: np.ndarray, world: Sequence[int], join: Sequence
 
     # shift[s]: member m sends chunk m - shift[s] at step s
     shift = np.concatenate([np.arange(p - 1), np.arange(-1, p - 2)])
-    ring3 = np.concatenate([sizes, sizes, sizes])  # a slice of it is the chunks shifted by k
     alpha, inv_bw = network.alpha, network.inv_bandwidth
     t = np.array(join, dtype=float)
-    posts = np.empty((steps, len(senders)))
+    posts = np.empty((len(senders), steps))  # per held edge, its post of every step
     received = np.empty(p)
-    for s in range(steps):
-        k = int(shift[s])
-        nbytes = ring3[p - k:2 * p - k]
-        # _hold's terms in _hold's order: (post + transfer) + latency + wake-up; unheld: the post
-        release = ((t + nbytes * slowest) + lat) + wake
-        arrival = release + (alpha + nbytes * inv_bw) * load
-        posts[s] = t[senders]
-        t = np.maximum(t, release)
-        received[1:] = arrival[:-1]
-        received[0] = arrival[-1]
-        t = np.maximum(t, received)
+    all_held = len(senders) == p
+    if float(sizes.min()) == float(sizes.max()):  # equal chunks (count a multiple of p): one cost per edge
+        nbytes = float(sizes[0])
+        hold = ((nbytes * slowest) + lat) + wake  # the release's delay after the post (0 unheld)
+        travel = (alpha + nbytes * inv_bw) * load
+        for s in range(steps):
+            posts[:, s] = t if all_held else t[senders]
+            release = t + hold  # >= t: the member's own send released
+            arrival = release + travel
+            received[1:] = arrival[:-1]
+            received[0] = arrival[-1]
+            t = np.maximum(release, received)
+        sent = None
+    else:
+        ring3 = np.concatenate([sizes, sizes, sizes])  # a slice of it is the chunks shifted by k
+        for s in range(steps):
+            k = int(shift[s])
+            nbytes = ring3[p - k:2 * p - k]
+            release = ((t + nbytes * slowest) + lat) + wake  # _hold's terms in _hold's order
+            arrival = release + (alpha + nbytes * inv_bw) * load
+            posts[:, s] = t if all_held else t[senders]
+            t = np.maximum(t, release)
+            received[1:] = arrival[:-1]
+            received[0] = arrival[-1]
+            t = np.maximum(t, received)
+        sent = sizes[(senders[:, None] - shift[None, :]) % p]  # bytes of every held edge's every message
 
     now = network.clock() if network.clock is not None else None
     for j, (m, resources) in enumerate(paths):
-        post = posts[:, j]
-        nbytes = sizes[(m - shift) % p]
+        post = posts[j]
+        later = now if now is not None else float(post[-1]) - 10.0
         for resource, inv in resources:
-            ends = post + nbytes * inv
-            resource.append_free(post.tolist(), ends.tolist(), now if now is not None else float(post[-1]) - 10.0)
+            resource.append_free(post, post + (nbytes * inv if sent is None else sent[j] * inv), later)
     return t.tolist()

@@ -217,11 +217,11 @@ def measure_compute(comm: Any, world: Any, effort: measure.Effort, workload: Wor
     timed = _workload_scenario(n, workload, iters)
     samples = measure.iteration_times(_run_loop(comm, timed, state))
     gathered = world.gather(samples, root=0)
+    alone = measure_compute_alone(comm, timed, state, iters)  # collective
     if comm.rank != 0:
         return None, state
     windows = measure.window_means(gathered)
     model, data = workload.labels
-    alone = measure_compute_alone(comm, timed, state, iters)
     return ComputePoint(model=model, dataset=data, batch_size=workload.batch_size,
                         median_s=measure.median(windows), p95_s=measure.p95(windows),
                         samples=sum(len(g) for g in gathered), alone_s=alone), state

@@ -206,6 +206,7 @@ class SimNetwork:
             if len(topology.node_of) != ranks:
                 raise ValueError(f"topology places {len(topology.node_of)} ranks, the network has {ranks}")
             self._node = np.asarray(topology.node_of, dtype=np.int64)
+            self._node_list = [int(n) for n in topology.node_of]  # plain ints: message() looks them up per message
 
             def inv(bandwidth: float | None) -> float:
                 return 0.0 if bandwidth is None else 1.0 / bandwidth
@@ -236,7 +237,7 @@ class SimNetwork:
         if held is None:
             held = False
             if self._node is not None:
-                nodes = {int(self._node[m]) for m in key}
+                nodes = {self._node_list[m] for m in key}
                 held = (self._intra_emulated and len(nodes) < len(key)) or (self._inter_emulated and len(nodes) > 1)
             if not held and self._links:
                 inside, dsts = set(key), self._link_dsts
@@ -279,7 +280,7 @@ class SimNetwork:
             latency += link[0]
             path.append((("link", src, dst), link[1]))
         if self._node is not None:
-            a, b = int(self._node[src]), int(self._node[dst])
+            a, b = self._node_list[src], self._node_list[dst]
             if a == b:
                 latency += self._intra[0]
                 path.append((("intra", src, dst), self._intra[1]))
@@ -307,7 +308,8 @@ class SimNetwork:
         """Release time of a message on an emulated path (reserves it), by the native layer's rule:
         on each resource it starts no earlier than on the previous one, after the messages posted
         before it; it is released when its last byte has crossed them all, plus the latencies."""
-        path, latency, wakes = self._path(src, dst)
+        cached = self._paths.get((src, dst))
+        path, latency, wakes = cached if cached is not None else self._path(src, dst)
         now = self.clock() if self.clock is not None else post - 10.0
         start = finish = post
         for resource, inv_bw in path:
@@ -319,7 +321,7 @@ class SimNetwork:
     def message(self, src: int, dst: int, nbytes: float, post: float) -> tuple[float, float]:
         """(release, arrival) of one message posted at ``post``."""
         held = src != dst and ((src, dst) in self._links or (self._node is not None and (
-            self._intra_emulated if self._node[src] == self._node[dst] else self._inter_emulated)))
+            self._intra_emulated if self._node_list[src] == self._node_list[dst] else self._inter_emulated)))
         release = self._hold(src, dst, nbytes, post) if held else post
         cost = self.alpha + nbytes * self.inv_bandwidth
         return release, release + (cost * self.load_factor() if self.shared_cores else cost)
@@ -337,7 +339,7 @@ class SimNetwork:
     def allreduce_schedule(self, members: Sequence[int], count: int) -> "Schedule | RingSchedule":
         """The native layer's allreduce schedule over ``members`` (ranks) for ``count`` floats with
         this network's algorithm (hierarchical: by the members' nodes)."""
-        nodes = tuple(int(self._node[m]) for m in members) if self.allreduce == "hierarchical" else ()
+        nodes = tuple(self._node_list[m] for m in members) if self.allreduce == "hierarchical" else ()
         return allreduce_schedule(len(members), count, self.ring_threshold_bytes, self.allreduce, nodes)
 
 

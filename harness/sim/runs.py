@@ -119,8 +119,9 @@ def calibration_entry(scenario: Scenario, calibration: Calibration | None, scena
         command = calibrate_command(scenario_file, choice.entry.ranks, calibration_file)
         what = "compute time of one rank alone" if alone and choice.entry.compute_s(model, dataset, w.batch_size) \
             is not None else "compute time"
-        raise CalibrationError(f"{calibration_file}: no calibration entry has the {what} for {workload} (real "
-                               f"compute, {reading} reading); measure it with:\n  {command}")
+        raise CalibrationError(f"{calibration_file}: the calibration for {choice.entry.ranks} ranks has no {what} for "
+                               f"{workload} (real compute, {reading} reading; nor has another entry); measure it "
+                               f"with:\n  {command}")
     if not alone:
         return choice
     return EntryChoice(cluster_entry(choice.entry), choice.note)

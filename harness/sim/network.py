@@ -197,6 +197,7 @@ class SimNetwork:
         for src, dst in self._links:
             self._link_dsts.setdefault(src, set()).add(dst)
         self._held_among: dict[tuple[int, ...], bool] = {}
+        self.ring_edges: dict = {}  # harness.sim.ring_paths' per-ring analysis, by member tuple
         self._resources: dict[tuple, _Resource] = {}
         self._paths: dict[tuple[int, int], tuple[list[tuple[_Resource, float]], float]] = {}  # by (src, dst)
         self.topology = topology

@@ -38,24 +38,20 @@ def ring_over_held_paths(sizes: np.ndarray, world: Sequence[int], join: Sequence
     being rank ``world[m]`` and joining at ``join[m]``, on ``network`` (a ``SimNetwork``); None
     when the conditions of the module docstring do not hold."""
     p = len(sizes)
-    ranks = np.asarray(world)
-    senders = np.flatnonzero(network._held(ranks, np.roll(ranks, -1)))  # member m sends to m + 1
+    edges = _ring_edges(tuple(world), network)
+    if edges is None:
+        return None
+    senders, lat, slowest, wakes, paths = edges
     steps = 2 * (p - 1)
     if len(senders) * steps > MAX_POSTS:
         return None
-    load = network.load_factor()
-    lat, slowest, wake = np.zeros(p), np.zeros(p), np.zeros(p)
-    paths, seen = [], set()
-    for m in senders.tolist():
-        resources, latency, wakes = network._path(int(ranks[m]), int(ranks[(m + 1) % p]))
+    for m, resources in paths:
+        first = join[m]
         for resource, _ in resources:
-            if id(resource) in seen or resource.max_end > join[m] or resource.last_post > join[m]:
-                return None
-            seen.add(id(resource))
-        lat[m] = latency
-        slowest[m] = max((inv for _, inv in resources), default=0.0)
-        wake[m] = network.progress * load if wakes else 0.0
-        paths.append((m, resources))
+            if resource.max_end > first or resource.last_post > first:
+                return None  # busy with other traffic: the steps must queue behind it
+    load = network.load_factor()
+    wake = wakes * (network.progress * load)
 
     # shift[s]: member m sends chunk m - shift[s] at step s
     shift = np.concatenate([np.arange(p - 1), np.arange(-1, p - 2)])
@@ -68,13 +64,13 @@ def ring_over_held_paths(sizes: np.ndarray, world: Sequence[int], join: Sequence
         nbytes = float(sizes[0])
         hold = ((nbytes * slowest) + lat) + wake  # the release's delay after the post (0 unheld)
         travel = (alpha + nbytes * inv_bw) * load
-        for s in range(steps):
+        release, arrival = np.empty(p), np.empty(p)
+        for s in range(steps):  # in place: this loop runs 2(p-1) times per collective
             posts[:, s] = t if all_held else t[senders]
-            release = t + hold  # >= t: the member's own send released
-            arrival = release + travel
-            received[1:] = arrival[:-1]
-            received[0] = arrival[-1]
-            t = np.maximum(release, received)
+            np.add(t, hold, out=release)  # >= t: the member's own send released
+            np.add(release, travel, out=arrival)
+            np.maximum(release[1:], arrival[:-1], out=t[1:])  # member m receives from m - 1
+            t[0] = max(release[0], arrival[-1])
         sent = None
     else:
         ring3 = np.concatenate([sizes, sizes, sizes])  # a slice of it is the chunks shifted by k
@@ -97,3 +93,32 @@ def ring_over_held_paths(sizes: np.ndarray, world: Sequence[int], join: Sequence
         for resource, inv in resources:
             resource.append_free(post, post + (nbytes * inv if sent is None else sent[j] * inv), later)
     return t.tolist()
+
+
+def _ring_edges(world: tuple[int, ...], network):
+    """The ring over ``world``'s held edges, per member m sending to m + 1: (senders, latency,
+    slowest seconds per byte, wakes (1.0 where the progress thread must wake up), [(m, resources)]);
+    None when two edges share a resource. Cached on the network: a ring's members repeat."""
+    cache = network.ring_edges
+    if world in cache:
+        return cache[world]
+    p = len(world)
+    ranks = np.asarray(world)
+    senders = np.flatnonzero(network._held(ranks, np.roll(ranks, -1)))
+    lat, slowest, wakes = np.zeros(p), np.zeros(p), np.zeros(p)
+    paths, seen = [], set()
+    edges = None
+    for m in senders.tolist():
+        resources, latency, wake = network._path(world[m], world[(m + 1) % p])
+        if any(id(resource) in seen for resource, _ in resources):
+            break  # shared: walk the steps
+        seen.update(id(resource) for resource, _ in resources)
+        lat[m] = latency
+        slowest[m] = max((inv for _, inv in resources), default=0.0)
+        wakes[m] = 1.0 if wake else 0.0
+        paths.append((m, resources))
+    else:
+        edges = (senders, lat, slowest, wakes, paths)
+    if len(cache) < 256:
+        cache[world] = edges
+    return edges

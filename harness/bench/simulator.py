@@ -36,6 +36,8 @@ from typing import Any
 
 from tabulate import tabulate
 
+from harness.arguments import argtype, split_list
+
 DEFAULT_RANKS = 1024
 DEFAULT_ITERATIONS = 1000
 DEFAULT_ALGORITHM = "{name: wagma, group_size: 8, period: 11}"
@@ -58,8 +60,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat", type=int, default=1, help="repetitions (default 1); medians are reported")
     parser.add_argument("--shapes", action="store_true",
                         help="the matrix of shapes with their speed targets (see the module's description)")
-    parser.add_argument("--only", default=None, metavar="LABELS",
+    parser.add_argument("--only", type=argtype(_shape_list), default=None, metavar="LABELS",
                         help="with --shapes: comma-separated shape labels (default: all)")
+
+
+def _shape_list(text: str) -> list[str]:
+    labels = list(dict.fromkeys(split_list(text, "shape", "wagma_g3_p6,slow_link")))
+    known = [shape.label for shape in shapes()]
+    unknown = [label for label in labels if label not in known]
+    if unknown:
+        raise ValueError(f"unknown shape {unknown[0]!r} (shapes: {', '.join(known)})")
+    return labels
 
 
 def default_entries(ranks: int) -> list[dict]:
@@ -109,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     if args.repeat < 1:
         raise HarnessError(f"--repeat must be >= 1 (got {args.repeat})")
     if args.shapes:
-        return run_shapes([label for label in args.only.split(",") if label] if args.only else None)
+        return run_shapes(args.only)
     if args.only:
         raise HarnessError("--only picks shapes: it needs --shapes")
     if args.all:
@@ -231,13 +242,8 @@ def run_shapes(only: list[str] | None) -> int:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from harness.config import HarnessError
-
     matrix = shapes()
-    if only:
-        unknown = [label for label in only if label not in {s.label for s in matrix}]
-        if unknown:
-            raise HarnessError(f"--only {unknown[0]!r}: no such shape (shapes: {', '.join(s.label for s in matrix)})")
+    if only:  # labels checked by --only's type
         matrix = [s for s in matrix if s.label in only]
     rows, missed = [], 0
     context = multiprocessing.get_context("fork")  # the parent's imports come along: no start-up in the timing

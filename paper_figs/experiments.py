@@ -126,13 +126,14 @@ SGP_SERIES: dict[str, Any] = {
     "sgp": "sgp",
     "osgp": {"name": "osgp", "synch_freq": 0},  # 1-OSGP
 }
-# Series of the SGP figure that differ in the topology, not the algorithm: (algorithm entry,
-# changes to network.topology). WAGMA-SGD's phase-0 groups are 8 consecutive ranks: one node
-# with ranks placed node by node, 8 different nodes with ranks dealt round-robin.
-SGP_TOPOLOGY_SERIES: dict[str, tuple[Any, dict[str, Any]]] = {
-    "allreduce_sgd_hierarchical": ("allreduce_sgd", {"allreduce": "hierarchical"}),
-    "wagma_groups_in_nodes": ({"name": "wagma", "group_size": 8, "period": 11}, {}),
-    "wagma_groups_across_nodes": ({"name": "wagma", "group_size": 8, "period": 11}, {"placement": "round_robin"}),
+# Series of the SGP figure that differ in the network, not the algorithm: (algorithm entry,
+# changes to network.topology, other network fields). WAGMA-SGD's phase-0 groups are 8
+# consecutive ranks: one node with ranks placed node by node, 8 different nodes with ranks dealt
+# round-robin.
+SGP_TOPOLOGY_SERIES: dict[str, tuple[Any, dict[str, Any], dict[str, Any]]] = {
+    "allreduce_sgd_hierarchical": ("allreduce_sgd", {}, {"allreduce": "hierarchical"}),
+    "wagma_groups_in_nodes": ({"name": "wagma", "group_size": 8, "period": 11}, {}, {}),
+    "wagma_groups_across_nodes": ({"name": "wagma", "group_size": 8, "period": 11}, {"placement": "round_robin"}, {}),
 }
 IMBALANCE_SERIES: dict[str, Any] = {
     "allreduce_sgd": "allreduce_sgd",
@@ -174,18 +175,8 @@ def _scenario(name: str, ranks: int, algorithm: Any, iterations: int, batch_size
         },
         "algorithms": [algorithm],
         "imbalance": imbalance,
-        "network": _network(topology) | (network_fields or {}),
+        "network": ({"topology": topology} if topology else {}) | (network_fields or {}),
     }
-
-
-def _network(topology: dict[str, Any] | None) -> dict[str, Any]:
-    """``network`` of a figure's scenario: the topology, with its ``allreduce`` key (a series'
-    change) moved to ``network.allreduce``."""
-    if not topology:
-        return {}
-    topology = dict(topology)
-    allreduce = topology.pop("allreduce", None)
-    return {"topology": topology} | ({"allreduce": allreduce} if allreduce else {})
 
 
 def _simulate(name: str, ranks: int, algorithm: Any, iterations: int, batch_size: int, compute_ms: float,
@@ -246,18 +237,18 @@ def sgp_scaling(quick: bool, nodes: Sequence[int] | None = None, iterations: int
     """
     nodes = tuple(nodes or ((4, 32) if quick else (4, 8, 16, 32)))
     iterations = iterations or (12 if quick else 60)
-    series = {key: (algorithm, {}) for key, algorithm in SGP_SERIES.items()} | SGP_TOPOLOGY_SERIES
+    series = {key: (algorithm, {}, {}) for key, algorithm in SGP_SERIES.items()} | SGP_TOPOLOGY_SERIES
     rows = sgp_paper_rows(nodes, iterations)
     for network_name, preset in SGP_NETWORKS.items():
         for n in nodes:
             p = workers_per_node * n
-            for key, (algorithm, changes) in series.items():
+            for key, (algorithm, changes, network_fields) in series.items():
                 topology = {"preset": preset, "ranks_per_node": workers_per_node, **changes}
                 if topology.get("placement") == "round_robin":
                     topology = {**topology, "placement": [r % n for r in range(p)]}
                     del topology["ranks_per_node"]
                 row = _simulate("sgp_scaling", p, algorithm, iterations, batch_size, compute_ms, [], FREE_NETWORK,
-                                topology)
+                                topology, network_fields=network_fields)
                 rows.append({"setup": "per_worker", "algorithm": key, "network": network_name, "nodes": n, "ranks": p,
                              "iterations": iterations, "iter_time_s": row["wall_s"] / iterations,
                              "samples_per_s": row["samples_per_s"]})
@@ -343,13 +334,12 @@ def low_communication_scaling(quick: bool, ranks: Sequence[int] | None = None, i
     ranks = tuple(ranks or ((16, 64) if quick else (16, 64, 256, 1024)))
     iterations = iterations or (20 if quick else 40)
     series, imbalance = low_communication_series()
-    topology = {"preset": SGP_NETWORKS[LOW_COMMUNICATION_NETWORK], "ranks_per_node": workers_per_node,
-                "allreduce": "hierarchical"}
+    topology = {"preset": SGP_NETWORKS[LOW_COMMUNICATION_NETWORK], "ranks_per_node": workers_per_node}
     rows = []
     for p in ranks:
         for key, algorithm in series.items():
             row = _simulate("low_communication_scaling", p, algorithm, iterations, batch_size, compute_ms, imbalance,
-                            FREE_NETWORK, topology)
+                            FREE_NETWORK, topology, network_fields={"allreduce": "hierarchical"})
             rows.append({"algorithm": key, "network": LOW_COMMUNICATION_NETWORK, "ranks": p,
                          "nodes": p // workers_per_node, "iterations": iterations,
                          "iter_time_s": row["wall_s"] / iterations, "samples_per_s": row["samples_per_s"]})

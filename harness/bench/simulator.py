@@ -107,15 +107,28 @@ def benchmark_scenario(ranks: int, iterations: int, algorithms: list, setting: s
     }, source="--algorithm")
 
 
+def _prepared(scenario, compute: list | None = None):
+    """(calibration entry, timing, delays, factors) of a benchmark scenario on the default cluster
+    network; ``compute``: calibrated compute points for real compute. The model is sized here
+    once (meta device): that is not the simulator's speed."""
+    from harness.sim.calibration import CalibrationEntry
+    from harness.sim.runs import DEFAULT_NETWORK
+    from harness.sim.simulate import injection_arrays
+    from harness.sim.timing import PredictiveTiming
+    from harness.workload.models import communicated_floats
+
+    entry = CalibrationEntry(ranks=scenario.ranks, network=DEFAULT_NETWORK, compute=compute or [])
+    delays, factors = injection_arrays(scenario)
+    timing = PredictiveTiming(scenario, entry, factors)
+    communicated_floats(scenario)
+    return entry, timing, delays, factors
+
+
 def run(args: argparse.Namespace) -> int:
     import yaml
 
     from harness.config import HarnessError
-    from harness.sim.calibration import CalibrationEntry
-    from harness.sim.runs import DEFAULT_NETWORK
-    from harness.sim.simulate import injection_arrays, simulate_algorithm
-    from harness.sim.timing import PredictiveTiming
-    from harness.workload.models import communicated_floats
+    from harness.sim.simulate import simulate_algorithm
 
     if args.repeat < 1:
         raise HarnessError(f"--repeat must be >= 1 (got {args.repeat})")
@@ -133,10 +146,7 @@ def run(args: argparse.Namespace) -> int:
             except yaml.YAMLError as exc:
                 raise HarnessError(f"--algorithm {text!r}: not YAML ({exc})") from None
     scenario = benchmark_scenario(args.ranks, args.iterations, entries, args.setting)
-    entry = CalibrationEntry(ranks=scenario.ranks, network=DEFAULT_NETWORK)
-    delays, factors = injection_arrays(scenario)
-    timing = PredictiveTiming(scenario, entry, factors)
-    communicated_floats(scenario)  # sizing the model once (meta device) is not the simulator's speed
+    entry, timing, delays, factors = _prepared(scenario)
     table = []
     for params in scenario.algorithms:
         rows = []
@@ -213,11 +223,8 @@ def _simulate_shape(shape: Shape, algorithm: Any) -> tuple[str, int, float, floa
     """In a child process: (algorithm name, events, wall s, peak RSS GB) of one simulation."""
     import resource
 
-    from harness.sim.calibration import CalibrationEntry, ComputePoint
-    from harness.sim.runs import DEFAULT_NETWORK
-    from harness.sim.simulate import injection_arrays, simulate_algorithm
-    from harness.sim.timing import PredictiveTiming
-    from harness.workload.models import communicated_floats
+    from harness.sim.calibration import ComputePoint
+    from harness.sim.simulate import simulate_algorithm
     from harness.workload.names import workload_labels
 
     scenario = shape_scenario(shape, algorithm)
@@ -226,10 +233,7 @@ def _simulate_shape(shape: Shape, algorithm: Any) -> tuple[str, int, float, floa
         model, dataset = workload_labels(scenario.workload)
         compute = [ComputePoint(model=model, dataset=dataset, batch_size=scenario.workload.batch_size,
                                 median_s=shape.real_compute_s, p95_s=shape.real_compute_s, samples=1)]
-    entry = CalibrationEntry(ranks=scenario.ranks, network=DEFAULT_NETWORK, compute=compute)
-    delays, factors = injection_arrays(scenario)
-    timing = PredictiveTiming(scenario, entry, factors)
-    communicated_floats(scenario)
+    entry, timing, delays, factors = _prepared(scenario, compute)
     wall0 = time.perf_counter()
     _, stats = simulate_algorithm(scenario, scenario.algorithms[0], timing, entry.network, delays, factors)
     wall = time.perf_counter() - wall0

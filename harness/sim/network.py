@@ -69,10 +69,10 @@ class _Resource:
         # others took a later gap (reserve's second branch): then pruning cuts a prefix.
         self.in_order = True
         # Reservations appended in bulk (append_free), after everything in the lists, kept as
-        # arrays (posts, ends) until a message needs them in the lists: a ring through NICs adds
-        # thousands per resource and collective, and the next message usually needs only
-        # last_post and max_end.
-        self.runs: list[tuple[np.ndarray, np.ndarray]] = []
+        # arrays (posts, transfers: their ends are posts + transfers; the run's last end) until a
+        # message needs them in the lists: a ring through NICs adds thousands per resource and
+        # collective, and the next message usually needs only last_post and max_end.
+        self.runs: list[tuple[np.ndarray, np.ndarray | float, float]] = []
         self.run_count = 0
 
     def reserve(self, post: float, earliest: float, transfer: float, now: float) -> float:
@@ -105,20 +105,22 @@ class _Resource:
             self._forget_before(now)
         return start
 
-    def append_free(self, posts: np.ndarray, ends: np.ndarray, now: float) -> None:
+    def append_free(self, posts: np.ndarray, transfers: np.ndarray | float, now: float) -> None:
         """The reservations ``reserve`` makes for messages posted (in order, after all others) to
-        a resource free for each of them: ``[post, end)`` each (``harness.sim.ring_paths``)."""
-        self.runs.append((posts, ends))
+        a resource free for each of them: ``[post, post + transfer)`` each, ``transfers`` one per
+        post or one for all (``harness.sim.ring_paths``). ``posts`` is kept, not copied."""
+        last_end = float(posts[-1]) + float(transfers if np.isscalar(transfers) else transfers[-1])
+        self.runs.append((posts, transfers, last_end))
         self.run_count += len(posts)
         self.last_post = float(posts[-1])
-        self.max_end = max(self.max_end, float(ends[-1]))  # free for each: the last ends last
+        self.max_end = max(self.max_end, last_end)  # free for each: the last ends last
         if len(self.busy) + self.run_count > self.prune_at:
             self._forget_before(now)
 
     def _unpack_runs(self) -> None:
         """Move the bulk reservations into the lists, in order after what is there."""
-        for posts, ends in self.runs:
-            p, e = posts.tolist(), ends.tolist()
+        for posts, transfers, _ in self.runs:
+            p, e = posts.tolist(), (posts + transfers).tolist()
             self.busy.extend(zip(p, e))
             self.posts.extend(p)
             self.ends.extend(e)
@@ -134,7 +136,7 @@ class _Resource:
         whole once their last reservation ended (keeping a few ended ones changes nothing: no
         message posted from ``horizon`` on starts before it)."""
         if self.runs:
-            kept = [run for run in self.runs if run[1][-1] >= horizon]
+            kept = [run for run in self.runs if run[2] >= horizon]
             self.run_count -= sum(len(run[0]) for run in self.runs) - sum(len(run[0]) for run in kept)
             self.runs[:] = kept
         del self.busy[:bisect.bisect_left(self.busy, horizon, key=lambda interval: interval[1])]
@@ -199,7 +201,8 @@ class SimNetwork:
         self._held_among: dict[tuple[int, ...], bool] = {}
         self.ring_edges: dict = {}  # harness.sim.ring_paths' per-ring analysis, by member tuple
         self._resources: dict[tuple, _Resource] = {}
-        self._paths: dict[tuple[int, int], tuple[list[tuple[_Resource, float]], float]] = {}  # by (src, dst)
+        # Held pairs only (message() takes a cached route to mean "held"), by (src, dst).
+        self._paths: dict[tuple[int, int], tuple[list[tuple[_Resource, float]], float, bool]] = {}
         self.topology = topology
         self._node: np.ndarray | None = None
         self._intra_emulated = self._inter_emulated = False
@@ -309,8 +312,12 @@ class SimNetwork:
         """Release time of a message on an emulated path (reserves it), by the native layer's rule:
         on each resource it starts no earlier than on the previous one, after the messages posted
         before it; it is released when its last byte has crossed them all, plus the latencies."""
-        cached = self._paths.get((src, dst))
-        path, latency, wakes = cached if cached is not None else self._path(src, dst)
+        route = self._paths.get((src, dst))
+        return self._hold_on(route if route is not None else self._path(src, dst), nbytes, post)
+
+    def _hold_on(self, route: tuple[list[tuple[_Resource, float]], float, bool], nbytes: float, post: float) -> float:
+        """:meth:`_hold` on the pair's ``route`` (``_path``'s answer)."""
+        path, latency, wakes = route
         now = self.clock() if self.clock is not None else post - 10.0
         start = finish = post
         for resource, inv_bw in path:
@@ -321,9 +328,12 @@ class SimNetwork:
 
     def message(self, src: int, dst: int, nbytes: float, post: float) -> tuple[float, float]:
         """(release, arrival) of one message posted at ``post``."""
-        held = src != dst and ((src, dst) in self._links or (self._node is not None and (
-            self._intra_emulated if self._node_list[src] == self._node_list[dst] else self._inter_emulated)))
-        release = self._hold(src, dst, nbytes, post) if held else post
+        # A pair held before has its route cached: the hot path of point-to-point algorithms.
+        route = self._paths.get((src, dst))
+        if route is None and src != dst and ((src, dst) in self._links or (self._node is not None and (
+                self._intra_emulated if self._node_list[src] == self._node_list[dst] else self._inter_emulated))):
+            route = self._path(src, dst)
+        release = self._hold_on(route, nbytes, post) if route is not None else post
         cost = self.alpha + nbytes * self.inv_bandwidth
         return release, release + (cost * self.load_factor() if self.shared_cores else cost)
 

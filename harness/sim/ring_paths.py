@@ -57,7 +57,9 @@ def ring_over_held_paths(sizes: np.ndarray, world: Sequence[int], join: Sequence
     shift = np.concatenate([np.arange(p - 1), np.arange(-1, p - 2)])
     alpha, inv_bw = network.alpha, network.inv_bandwidth
     t = np.array(join, dtype=float)
-    posts = np.empty((len(senders), steps))  # per held edge, its post of every step
+    # Every step's posts of the held edges, a row per step (written whole each step; a
+    # resource keeps its edge's column as a view).
+    posts = np.empty((steps, len(senders)))
     received = np.empty(p)
     all_held = len(senders) == p
     if float(sizes.min()) == float(sizes.max()):  # equal chunks (count a multiple of p): one cost per edge
@@ -66,7 +68,7 @@ def ring_over_held_paths(sizes: np.ndarray, world: Sequence[int], join: Sequence
         travel = (alpha + nbytes * inv_bw) * load
         release, arrival = np.empty(p), np.empty(p)
         for s in range(steps):  # in place: this loop runs 2(p-1) times per collective
-            posts[:, s] = t if all_held else t[senders]
+            posts[s] = t if all_held else t[senders]
             np.add(t, hold, out=release)  # >= t: the member's own send released
             np.add(release, travel, out=arrival)
             np.maximum(release[1:], arrival[:-1], out=t[1:])  # member m receives from m - 1
@@ -79,7 +81,7 @@ def ring_over_held_paths(sizes: np.ndarray, world: Sequence[int], join: Sequence
             nbytes = ring3[p - k:2 * p - k]
             release = ((t + nbytes * slowest) + lat) + wake  # _hold's terms in _hold's order
             arrival = release + (alpha + nbytes * inv_bw) * load
-            posts[:, s] = t if all_held else t[senders]
+            posts[s] = t if all_held else t[senders]
             t = np.maximum(t, release)
             received[1:] = arrival[:-1]
             received[0] = arrival[-1]
@@ -88,10 +90,10 @@ def ring_over_held_paths(sizes: np.ndarray, world: Sequence[int], join: Sequence
 
     now = network.clock() if network.clock is not None else None
     for j, (m, resources) in enumerate(paths):
-        post = posts[j]
+        post = posts[:, j]
         later = now if now is not None else float(post[-1]) - 10.0
         for resource, inv in resources:
-            resource.append_free(post, post + (nbytes * inv if sent is None else sent[j] * inv), later)
+            resource.append_free(post, nbytes * inv if sent is None else sent[j] * inv, later)
     return t.tolist()
 
 

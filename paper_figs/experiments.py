@@ -10,9 +10,13 @@ Common choices:
 - Compute is emulated (a sleep, ``harness.compute_time``), never real: the sweeps model GPU
   clusters this machine does not have. The communicated buffer is ResNet-50 sized (``params:
   25_557_032`` floats, 102 MB); ``workload.model`` is only a valid placeholder.
-- Every series is simulated in its own single-algorithm scenario with the same seed, so all
-  series see the same injected delays and compute jitter (and one algorithm can appear twice
-  with different parameters: a scenario lists each algorithm name once).
+- All series see the same injected delays and compute jitter. The series of one grid point are
+  one scenario, an entry each (:func:`_simulate_series`: the simulator runs each algorithm on
+  the scenario's one injection plan, so this gives what a scenario per series gave), except in
+  the SGP figure, whose series also differ in network, placement and staging: a
+  single-algorithm scenario each, all with the same seed. An entry's name is its series key; a
+  series that runs the algorithm of another with other parameters is a variant entry
+  (``{name: eager_sgd_solo, algorithm: eager_sgd, mode: solo}``, ``harness.algorithms.variant``).
 - Throughput and time per iteration come from ``harness.results.summary.summarize``:
   ``iter_time_s`` is ``wall_s / iterations`` (makespan over all ranks, per iteration).
 - The WAGMA and SGP figures reproduce the papers' systems as they ran, every constant sourced
@@ -135,10 +139,11 @@ SGP_TOPOLOGY_SERIES: dict[str, tuple[Any, dict[str, Any], dict[str, Any]]] = {
     "wagma_groups_in_nodes": ({"name": "wagma", "group_size": 8, "period": 11}, {}, {}),
     "wagma_groups_across_nodes": ({"name": "wagma", "group_size": 8, "period": 11}, {"placement": "round_robin"}, {}),
 }
+# One scenario per delay; the two eager-SGD modes are variants labelled by their series keys.
 IMBALANCE_SERIES: dict[str, Any] = {
     "allreduce_sgd": "allreduce_sgd",
-    "eager_sgd_solo": {"name": "eager_sgd", "mode": "solo"},
-    "eager_sgd_majority": {"name": "eager_sgd", "mode": "majority"},
+    "eager_sgd_solo": {"name": "eager_sgd_solo", "algorithm": "eager_sgd", "mode": "solo"},
+    "eager_sgd_majority": {"name": "eager_sgd_majority", "algorithm": "eager_sgd", "mode": "majority"},
     "wagma": {"name": "wagma", "group_size": 8, "period": 11},
 }
 
@@ -153,12 +158,12 @@ LOW_COMMUNICATION_SCENARIO = Path(__file__).resolve().parent.parent / "scenarios
 LOW_COMMUNICATION_NETWORK = "10 GbE"  # a key of SGP_NETWORKS
 
 
-def _scenario(name: str, ranks: int, algorithm: Any, iterations: int, batch_size: int, compute_ms: float,
+def _scenario(name: str, ranks: int, algorithms: list[Any], iterations: int, batch_size: int, compute_ms: float,
               imbalance: list[dict], topology: dict[str, Any] | None = None,
               workload: dict[str, Any] | None = None, network_fields: dict[str, Any] | None = None,
               jitter: float = 0.1) -> dict:
-    """A single-algorithm scenario; ``workload`` and ``network_fields`` add fields to those
-    sections; ``jitter``: the emulated compute's lognormal sigma."""
+    """A scenario of these algorithm entries; ``workload`` and ``network_fields`` add fields to
+    those sections; ``jitter``: the emulated compute's lognormal sigma."""
     return {
         "name": name,
         "ranks": ranks,
@@ -173,24 +178,36 @@ def _scenario(name: str, ranks: int, algorithm: Any, iterations: int, batch_size
             "params": RESNET50_PARAMS,
             **(workload or {}),
         },
-        "algorithms": [algorithm],
+        "algorithms": algorithms,
         "imbalance": imbalance,
         "network": ({"topology": topology} if topology else {}) | (network_fields or {}),
     }
+
+
+def _simulate_series(name: str, ranks: int, series: dict[str, Any], iterations: int, batch_size: int,
+                     compute_ms: float, imbalance: list[dict], network: NetworkModel,
+                     topology: dict[str, Any] | None = None, **sections: Any) -> dict[str, dict]:
+    """One scenario listing every entry of ``series`` (series key -> algorithm entry, whose name
+    is the key), simulated: each series' summary row (samples_per_s, wall_s, ...)."""
+    scenario = scenario_from_dict(_scenario(name, ranks, list(series.values()), iterations, batch_size, compute_ms,
+                                            imbalance, topology, **sections))
+    frames, _ = predict(scenario, CalibrationEntry(ranks=ranks, network=network))
+    rows = {}
+    for key, algorithm in series.items():
+        row = summarize(frames[key], None, batch_size, iterations, ranks=ranks).iloc[0].to_dict()
+        if not row["complete"]:
+            raise RuntimeError(f"{name}: simulation of {algorithm!r} on {ranks} ranks is incomplete")
+        rows[key] = row
+    return rows
 
 
 def _simulate(name: str, ranks: int, algorithm: Any, iterations: int, batch_size: int, compute_ms: float,
               imbalance: list[dict], network: NetworkModel, topology: dict[str, Any] | None = None,
               **sections: Any) -> dict:
     """One single-algorithm scenario, simulated: its summary row (samples_per_s, wall_s, ...)."""
-    scenario = scenario_from_dict(_scenario(name, ranks, algorithm, iterations, batch_size, compute_ms, imbalance,
-                                            topology, **sections))
-    frames, _ = predict(scenario, CalibrationEntry(ranks=ranks, network=network))
-    (frame,) = frames.values()
-    row = summarize(frame, None, batch_size, iterations, ranks=ranks).iloc[0].to_dict()
-    if not row["complete"]:
-        raise RuntimeError(f"{name}: simulation of {algorithm!r} on {ranks} ranks is incomplete")
-    return row
+    key = algorithm if isinstance(algorithm, str) else algorithm["name"]
+    return _simulate_series(name, ranks, {key: algorithm}, iterations, batch_size, compute_ms, imbalance, network,
+                            topology, **sections)[key]
 
 
 def wagma_scaling(quick: bool, ranks: Sequence[int] | None = None, iterations: int | None = None,
@@ -208,9 +225,9 @@ def wagma_scaling(quick: bool, ranks: Sequence[int] | None = None, iterations: i
     iterations = iterations or (22 if quick else 100)
     rows = []
     for p in ranks:
-        for key, algorithm in WAGMA_SERIES.items():
-            row = _simulate("wagma_scaling", p, algorithm, iterations, batch_size, compute_ms, WAGMA_REPO_STRAGGLERS,
-                            ARIES, jitter=0.0)
+        simulated = _simulate_series("wagma_scaling", p, WAGMA_SERIES, iterations, batch_size, compute_ms,
+                                     WAGMA_REPO_STRAGGLERS, ARIES, jitter=0.0)
+        for key, row in simulated.items():
             rows.append({"algorithm": key, "ranks": p, "iterations": iterations,
                          "samples_per_s": row["samples_per_s"], "iter_time_s": row["wall_s"] / iterations})
     table = pd.DataFrame(rows)
@@ -283,7 +300,8 @@ def imbalance_sweep(quick: bool, delays_ms: Sequence[float] | None = None, ranks
     """Time per iteration vs injected delay: 2 random ranks of 64 sleep ``delay_ms`` per iteration.
 
     Allreduce-SGD, eager-SGD solo and majority (sync every 33 rounds), WAGMA-SGD (groups of 8,
-    sync every 11 rounds); compute and network as in :func:`wagma_scaling`. Iterations: 100 (quick: 33).
+    sync every 11 rounds), :data:`IMBALANCE_SERIES`, simulated as one scenario per delay; compute
+    and network as in :func:`wagma_scaling`. Iterations: 100 (quick: 33).
 
     Columns: algorithm (series key: ``eager_sgd_solo`` / ``eager_sgd_majority`` for the two
     eager modes), delay_ms, ranks, iterations, iter_time_s, samples_per_s.
@@ -293,9 +311,9 @@ def imbalance_sweep(quick: bool, delays_ms: Sequence[float] | None = None, ranks
     rows = []
     for delay in delays:
         imbalance = [{"kind": "random_ranks", "count": 2, "delay_ms": float(delay)}] if delay > 0 else []
-        for key, algorithm in IMBALANCE_SERIES.items():
-            row = _simulate("imbalance_sweep", ranks, algorithm, iterations, batch_size, compute_ms, imbalance,
-                            DEFAULT_NETWORK)
+        simulated = _simulate_series("imbalance_sweep", ranks, IMBALANCE_SERIES, iterations, batch_size, compute_ms,
+                                     imbalance, DEFAULT_NETWORK)
+        for key, row in simulated.items():
             rows.append({"algorithm": key, "delay_ms": float(delay), "ranks": ranks, "iterations": iterations,
                          "iter_time_s": row["wall_s"] / iterations, "samples_per_s": row["samples_per_s"]})
     return pd.DataFrame(rows)
@@ -303,7 +321,7 @@ def imbalance_sweep(quick: bool, delays_ms: Sequence[float] | None = None, ranks
 
 def low_communication_series() -> tuple[dict[str, Any], list[dict]]:
     """(series key -> algorithm entry, imbalance) of ``scenarios/low_communication.yaml``, as the
-    file writes them: the key is the algorithm's name (the scenario lists each name once)."""
+    file writes them: the key is the entry's name (its label, unique in the scenario)."""
     data = yaml.safe_load(LOW_COMMUNICATION_SCENARIO.read_text())
     series = {entry if isinstance(entry, str) else entry["name"]: entry for entry in data["algorithms"]}
     return series, list(data.get("imbalance", []))
@@ -337,9 +355,9 @@ def low_communication_scaling(quick: bool, ranks: Sequence[int] | None = None, i
     topology = {"preset": SGP_NETWORKS[LOW_COMMUNICATION_NETWORK], "ranks_per_node": workers_per_node}
     rows = []
     for p in ranks:
-        for key, algorithm in series.items():
-            row = _simulate("low_communication_scaling", p, algorithm, iterations, batch_size, compute_ms, imbalance,
-                            FREE_NETWORK, topology, network_fields={"allreduce": "hierarchical"})
+        simulated = _simulate_series("low_communication_scaling", p, series, iterations, batch_size, compute_ms,
+                                     imbalance, FREE_NETWORK, topology, network_fields={"allreduce": "hierarchical"})
+        for key, row in simulated.items():
             rows.append({"algorithm": key, "network": LOW_COMMUNICATION_NETWORK, "ranks": p,
                          "nodes": p // workers_per_node, "iterations": iterations,
                          "iter_time_s": row["wall_s"] / iterations, "samples_per_s": row["samples_per_s"]})

@@ -4,7 +4,9 @@ family (Local SGD, Overlap Local SGD, EASGD, CoCoD-SGD, BMUF).
 
 Input ``slow_link``: a real run of ``scenarios/slow_link.yaml``. Every algorithm of
 :func:`algorithms` (the registered algorithms of the synchronous and periodic families) that the
-run holds evaluations for is drawn (at least one must be there).
+run holds evaluations for is drawn (at least one must be there), and every entry of the run that
+runs one of them under a label of its own (``{name: local_sgd_p8, algorithm: local_sgd}``,
+registered when the scenario was loaded: ``harness.algorithms.variant``), after it.
 
 - y: ``test_accuracy`` (in %) of the ``average`` model rows of ``evals.csv``.
 - Panel 0, x: ``time_s`` of the evaluation minus the algorithm's first step start (the smallest
@@ -46,6 +48,14 @@ def algorithms() -> list[str]:
     return [name for name in registry.names() if registry.registration(name).family in FAMILIES]
 
 
+def _drawn(algorithm: str) -> bool:
+    """Whether this figure draws ``algorithm``: one of :func:`algorithms`, or a variant of one (by
+    the algorithm it runs)."""
+    if algorithm in registry.variants():
+        return registry.algorithm_of(algorithm) in algorithms()
+    return algorithm in algorithms()
+
+
 def _series_label(algorithm: str) -> str:
     return LABELS.get(algorithm, style.label(algorithm))
 
@@ -74,7 +84,7 @@ def _sizes(path: Path, algorithm: str) -> tuple[int, int]:
 def table(path: Path) -> pd.DataFrame:
     """The plotted data of the run at ``path`` (see the module docstring)."""
     accuracy = readers.accuracy_over_time(path)
-    present = [a for a in algorithms() if a in set(accuracy["algorithm"])]
+    present = [a for a in style.ordered(set(accuracy["algorithm"])) if _drawn(a)]
     if not present:
         raise ValueError(f"{NAME}: run {path} has no 'average' evaluations of any of {', '.join(algorithms())}")
     train = _train_samples(path)

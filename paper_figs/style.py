@@ -2,7 +2,11 @@
 one way to save a figure together with the data it plots.
 
 Labels and colours come from each algorithm's registration (``harness.algorithms.registry``),
-so an algorithm registered there, built in or at run time, looks the same in every figure.
+so an algorithm registered there, built in or at run time, looks the same in every figure. A
+scenario entry that runs a built-in under a label of its own (``{name: wagma_g2, algorithm:
+wagma}``, ``harness.algorithms.variant``) is registered under its label when the scenario is
+loaded: it is drawn in a colour of its own, labelled "WAGMA-SGD (wagma_g2)", right after the
+algorithm it runs.
 
 Example::
 
@@ -27,8 +31,10 @@ import pandas as pd  # noqa: E402
 from harness.algorithms import registry  # noqa: E402
 from harness.results import atomic  # noqa: E402
 
-# Series that are one algorithm under one setting (experiments.py's eager-SGD modes): labelled
-# after the algorithm, each in a colour of its own.
+# Series that are one algorithm under one setting (experiments.py's eager-SGD modes, which its
+# sweeps list as variants; the SGP figure's network series): labelled after the algorithm, each
+# in a colour of its own. They win over a variant registered under the same label, so a figure
+# drawn from a sweep's CSV alone looks the same as one drawn where the sweep ran.
 VARIANTS = {
     "eager_sgd_solo": ("eager_sgd", "solo", "#ffbb78"),
     "eager_sgd_majority": ("eager_sgd", "majority", "#ff7f0e"),
@@ -42,10 +48,12 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p", "d", "8")
 
 def algorithms() -> list[str]:
     """Every series name figures know, in their fixed order: the registered algorithms (registry
-    order: the synchronous baseline, then family by family), each followed by its variants."""
+    order: the synchronous baseline, then family by family), each followed by its
+    :data:`VARIANTS`, then by the variants registered in this process (in the order they were)."""
     order = []
     for name in registry.names():
         order += [name, *(variant for variant, (base, _, _) in VARIANTS.items() if base == name)]
+        order += [variant for variant in registry.variants(of=name) if variant not in VARIANTS]
     return order
 
 
@@ -56,11 +64,17 @@ def ordered(names) -> list[str]:
     return known + sorted(present - set(known))
 
 
+def _registration(algorithm: str) -> registry.Registration | None:
+    """The registration of ``algorithm`` (an algorithm's or a variant's), None for a name no one registered."""
+    return registry.registration(algorithm) if algorithm in (*registry.names(), *registry.variants()) else None
+
+
 def color(algorithm: str) -> str:
     """The algorithm's colour from its registration (olive for a name no one registered)."""
     if algorithm in VARIANTS:
         return VARIANTS[algorithm][2]
-    return registry.registration(algorithm).colour if algorithm in registry.names() else UNKNOWN_COLOUR
+    entry = _registration(algorithm)
+    return entry.colour if entry is not None else UNKNOWN_COLOUR
 
 
 def label(algorithm: str) -> str:
@@ -68,13 +82,20 @@ def label(algorithm: str) -> str:
     if algorithm in VARIANTS:
         base, setting, _ = VARIANTS[algorithm]
         return f"{label(base)} ({setting})"
-    return registry.registration(algorithm).label if algorithm in registry.names() else algorithm
+    entry = _registration(algorithm)
+    return entry.label if entry is not None else algorithm
 
 
 def marker(algorithm: str) -> str:
-    """The series' marker: markers cycle along the fixed order ("o" for an unknown name)."""
-    known = algorithms()
-    return MARKERS[known.index(algorithm) % len(MARKERS)] if algorithm in known else "o"
+    """The series' marker: markers cycle along the fixed order of the registered algorithms and
+    :data:`VARIANTS` (a registered variant's follows on from the last: one algorithm's variants
+    differ in marker as in colour); "o" for an unknown name."""
+    known = [a for a in algorithms() if a in VARIANTS or a in registry.names()]
+    if algorithm in known:
+        return MARKERS[known.index(algorithm) % len(MARKERS)]
+    if algorithm in registry.variants():
+        return MARKERS[(len(known) + registry.variants().index(algorithm)) % len(MARKERS)]
+    return "o"
 
 
 def setup() -> None:

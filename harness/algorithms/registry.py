@@ -12,7 +12,11 @@ it: ``python -m harness run`` starts its ranks as new processes, which know the 
 and whatever the modules they import register. A scenario entry naming the user's class
 (``{name: post_local, class: "post_local_sgd:PostLocalSGD"}``,
 ``harness.algorithms.user_class``) registers it in every process that loads the scenario, the
-ranks included.
+ranks included. So does an entry that runs a built-in algorithm under a label of its own
+(``{name: wagma_g2, algorithm: wagma, group_size: 2}``, ``harness.algorithms.variant``): a
+*variant*, registered with ``variant_of`` set. A variant's registration is found by
+:func:`registration` like any other, but :func:`names` leaves it out: it names an entry, not an
+algorithm one may list by name alone.
 
 Example::
 
@@ -81,6 +85,8 @@ class Registration:
     ``cls``: its ``Algorithm`` subclass, or that class's ``"module:Class"`` path.
     ``label``, ``colour``: its display name and colour (any matplotlib colour) in figures.
     ``family``: its section of docs/algorithms.md (one of :data:`FAMILIES`), or None.
+    ``variant_of``: for a variant (``harness.algorithms.variant``), the built-in algorithm it
+    runs (its class and its parameters); None for an algorithm of its own.
     """
 
     name: str
@@ -89,6 +95,7 @@ class Registration:
     label: str
     colour: str
     family: str | None = None
+    variant_of: str | None = None
 
 
 BUILT_IN = (
@@ -131,11 +138,13 @@ def register(
     label: str | None = None,
     colour: str | None = None,
     family: str | None = None,
+    variant_of: str | None = None,
 ) -> Registration:
     """Register algorithm ``name``; return its registration.
 
     ``label`` defaults to ``name``; ``colour`` to the first of :data:`SPARE_COLOURS` no
-    registration uses. Raises ValueError naming the bad argument, e.g. for a name that is
+    registration uses. ``variant_of``: see :class:`Registration` (``harness.algorithms.variant``
+    registers variants). Raises ValueError naming the bad argument, e.g. for a name that is
     already registered.
     """
     entry = Registration(
@@ -143,6 +152,7 @@ def register(
         label=name if label is None else label,
         colour=_spare_colour() if colour is None else colour,
         family=family,
+        variant_of=variant_of,
     )
     _add(entry)
     return entry
@@ -157,8 +167,21 @@ def unregister(name: str) -> None:
 
 
 def names() -> list[str]:
-    """Every registered algorithm's name: the built-in ones in :data:`BUILT_IN` order, then the others."""
-    return list(_REGISTRATIONS)
+    """Every registered algorithm's name: the built-in ones in :data:`BUILT_IN` order, then the others
+    (variants left out: :func:`variants`)."""
+    return [name for name, entry in _REGISTRATIONS.items() if entry.variant_of is None]
+
+
+def variants(of: str | None = None) -> list[str]:
+    """The labels of the registered variants (of algorithm ``of``; None: of any), in the order
+    they were registered."""
+    return [name for name, entry in _REGISTRATIONS.items()
+            if entry.variant_of is not None and (of is None or entry.variant_of == of)]
+
+
+def algorithm_of(name: str) -> str:
+    """The algorithm registration ``name`` runs: a variant's built-in algorithm, else ``name``."""
+    return registration(name).variant_of or name
 
 
 def valid_name(name: object) -> bool:
@@ -249,6 +272,9 @@ def _add(entry: Registration) -> None:
         value = getattr(entry, field)
         if not isinstance(value, str) or not value:
             raise ValueError(f"algorithm {name!r}: {field} must be a non-empty string (got {value!r})")
+    if entry.variant_of is not None and entry.variant_of not in names():
+        raise ValueError(f"algorithm {name!r}: variant_of must name a registered algorithm that is not a variant "
+                         f"(got {entry.variant_of!r})")
     if entry.family is not None and entry.family not in FAMILIES:
         raise ValueError(f"algorithm {name!r}: family must be one of {', '.join(FAMILIES)} or None "
                          f"(got {entry.family!r})")

@@ -62,6 +62,9 @@ def entry_model(name: str, reference: Any, search_path: Sequence[str]) -> type[A
         raise ParamError("name", "must be a letter, then letters, digits and '_'", name)
     if name in {entry.name for entry in registry.BUILT_IN}:
         raise ParamError("name", "is a built-in algorithm's name; give your class a name of its own", name)
+    if name in registry.variants():  # harness.algorithms.variant
+        raise ParamError("name", f"already names a variant of {registry.algorithm_of(name)} (by an earlier entry, or a "
+                         "scenario loaded earlier in this process); give your class a name of its own", name)
     cls = load_class(reference, search_path)
     if name in registry.names():
         existing = registry.registration(name)

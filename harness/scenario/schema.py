@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from harness.algorithms import user_class
+from harness.algorithms import user_class, variant
 from harness.algorithms.params import AlgorithmParams
 from harness.algorithms.registry import names, params_model
 from harness.config import NonNegativeFloat, NonNegativeInt, ParamError, PositiveFloat, PositiveInt, StrictModel
@@ -731,17 +731,28 @@ def _algorithm_entry(value: Any, info: ValidationInfo) -> AlgorithmParams:
     """A bare algorithm name or a mapping with ``name``, validated by that algorithm's registered
     parameter model (``harness.algorithms.registry``), so algorithms registered at run time count.
     A mapping with ``class: "module:Class"`` names the user's class, imported from the scenario's
-    ``python_path`` and registered under ``name`` first (``harness.algorithms.user_class``)."""
+    ``python_path`` and registered under ``name`` first (``harness.algorithms.user_class``); one
+    with ``algorithm: BUILT_IN`` runs that built-in under the label ``name``, registered first
+    (``harness.algorithms.variant``)."""
     if isinstance(value, AlgorithmParams) and isinstance(value, params_model(value.name)):
         return value
     if isinstance(value, str):
         value = {"name": value}
     name = _Named.model_validate(value).name
     if user_class.names_class(value):
+        if variant.names_algorithm(value):
+            raise ParamError(variant.ALGORITHM_KEY, "give `algorithm` (a built-in algorithm to run) or `class` "
+                             "(your own), not both", value[variant.ALGORITHM_KEY]).to_pydantic()
         try:
             user_class.entry_model(name, value[user_class.CLASS_KEY], info.data.get("python_path", []))
         except ParamError as exc:
             raise exc.to_pydantic() from None
+    elif variant.names_algorithm(value):
+        try:
+            model = variant.entry_model(name, value[variant.ALGORITHM_KEY])
+        except ParamError as exc:
+            raise exc.to_pydantic() from None
+        return model.model_validate(variant.plain_entry(value))
     elif name not in names():
         raise ParamError("name", f"unknown algorithm (valid: {', '.join(names())})", name).to_pydantic()
     # A ValidationError raised here reaches the scenario's errors with this entry's path in front.

@@ -19,7 +19,7 @@ import sys
 
 from harness.config import HarnessError
 
-COMMANDS = ("run", "launch", "validate", "sbatch", "bench", "calibrate", "simulate", "compare", "figures")
+COMMANDS = ("run", "launch", "validate", "sbatch", "bench", "calibrate", "simulate", "compare", "report", "figures")
 
 
 def build_parser() -> argparse.ArgumentParser:

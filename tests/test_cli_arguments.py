@@ -110,3 +110,19 @@ def test_sbatch_writes_the_comma_list_into_its_script(tmp_path) -> None:
 def test_figures_takes_a_comma_list_of_figures() -> None:
     proc = harness_cli("figures", "--only", "fig99_nothing,fig98_neither")
     assert proc.returncode == 2 and "unknown figures fig99_nothing, fig98_neither (known: " in proc.stderr
+
+
+def test_report_takes_one_results_directory_and_refuses_another(tmp_path, capsys) -> None:
+    parser = dict(_parsers(build_parser()))[("report",)]
+    assert [a.dest for a in parser._actions if not a.option_strings] == ["run_dir"]
+    assert [a.dest for a in parser._actions if a.option_strings] == ["help"]
+    (tmp_path / "summary.csv").write_text("algorithm\n")  # a file or two do not make a run directory
+    assert main(["report", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (f"error: {tmp_path}: not a results directory (it has no run.json and "
+                                 "scenario.resolved.yaml): give a directory `python -m harness run` or `simulate` "
+                                 "wrote, e.g. results/<scenario>/<run-id>\n")
+    assert main(["report", str(tmp_path / "absent")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'absent'}: no such directory\n"
+    with pytest.raises(SystemExit):  # no directory: argparse's usage error
+        build_parser().parse_args(["report"])

@@ -206,6 +206,7 @@ def _launch(scenario, run_dir, launch, resume: bool, renamed: list[str]) -> int:
     """Start the ranks under the venv's mpiexec and watch them until they end, on this host or
     across hosts (their heartbeats come over TCP)."""
     from harness.launch import LaunchError
+    from harness.report import after_command
     from harness.results.atomic import remove_partial_files
     from harness.runner.watchdog import run_watched
 
@@ -230,7 +231,7 @@ def _launch(scenario, run_dir, launch, resume: bool, renamed: list[str]) -> int:
         return 130
     remove_partial_files(run_dir.path)
     if rc == 0:
-        return 0
+        return after_command(run_dir.path)  # report.html (a warning, not a failure, if it cannot be drawn)
     why = verdict.message if verdict is not None else f"the ranks exited with status {rc}"
     _mark_stopped(run_dir.path, "failed", {"error": why, **({"fault": verdict.as_json()} if verdict else {})})
     print(f"\nerror: {why}\nstopped all ranks; finished algorithms are kept in {run_dir.path} (run.json says which); "
@@ -263,6 +264,7 @@ def _run_in_place(scenario, args, job_size: int, run_dir, renamed: list[str]) ->
     from mpi4py import MPI
 
     from harness.launch import exit_promptly_when_interrupted
+    from harness.report import after_command
     from harness.runner.worker import main as worker_main
 
     exit_promptly_when_interrupted()  # as every rank `run` launches itself
@@ -283,7 +285,8 @@ def _run_in_place(scenario, args, job_size: int, run_dir, renamed: list[str]) ->
     if problem is not None:
         return _error(f"{args.resume or args.scenario}: {problem}", 2) if MPI.COMM_WORLD.rank == 0 else 2
     try:
-        return worker_main(path, resume=args.resume is not None)
+        status = worker_main(path, resume=args.resume is not None)
+        return after_command(path, status) if MPI.COMM_WORLD.rank == 0 else status  # rank 0 writes report.html
     except KeyboardInterrupt:  # the user's launcher forwarded Ctrl+C (or SIGTERM)
         if MPI.COMM_WORLD.rank == 0:
             _say_interrupted(path)

@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
     from harness.algorithms import scenario_notes
+    from harness.report import after_command
     from harness.results.records import SUMMARY_TABLE_FILE
     from harness.scenario import load_scenario_with_notes
     from harness.scenario.checks import check_user_code
@@ -133,4 +134,4 @@ def run(args: argparse.Namespace) -> int:
     print(tabulate([[f"{total_events:,}", f"{total_s:.2f}", f"{total_events / max(total_s, 1e-9):,.0f}"]],
                    headers=["events", "simulator s", "events/s"], tablefmt="simple", disable_numparse=True))
     print(f"results: {run_dir.path}")
-    return 0
+    return after_command(run_dir.path)  # report.html (a warning, not a failure, if it cannot be drawn)

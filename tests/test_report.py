@@ -191,14 +191,14 @@ def page_requests(net_log: Path) -> list[str]:
             if e["type"] == start and "file://" in e.get("params", {}).get("network_isolation_key", "")]
 
 
-@pytest.mark.mpi
-def test_chromium_shows_every_plot_and_fetches_nothing(real_copy, tmp_path) -> None:
+def check_in_chromium(report: Path, tmp_path: Path, images: int, plots_below: int = 1200,
+                      coloured: float = 0.002) -> None:
+    """Headless Chromium shows ``report`` (a screenshot with ink below ``plots_below`` pixels, and
+    at least the share ``coloured`` of coloured pixels there), decodes its ``images`` images, and
+    neither the page nor its images fetch anything."""
     from PIL import Image
 
     browser = chromium()
-    report = real_copy / "report.html"
-    if not report.exists():
-        write_report(real_copy)
     shot = tmp_path / "shot.png"
     proc = subprocess.run([browser, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile1'}", f"--screenshot={shot}",
                            "--window-size=1200,2000", report.as_uri()], capture_output=True, text=True, timeout=120)
@@ -206,22 +206,36 @@ def test_chromium_shows_every_plot_and_fetches_nothing(real_copy, tmp_path) -> N
     pixels = np.asarray(Image.open(shot).convert("RGB")).astype(int)
     assert pixels.shape[:2] == (2000, 1200)
     assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 50  # text, table, plots: not one blank colour
-    lower = pixels[1200:]  # below the header and the summary table: the first plots
+    lower = pixels[plots_below:]  # below the header (and a run's summary table): the first plots
     assert (lower.min(axis=2) < 200).mean() > 0.02  # ink there, not a blank page
     saturated = (lower.max(axis=2) - lower.min(axis=2)) > 80  # coloured lines and bars
-    assert saturated.mean() > 0.002
+    assert saturated.mean() > coloured
 
-    probe = real_copy / "probe.html"
+    probe = report.with_name("probe.html")
     text = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", report.read_text(encoding="utf-8"))
     probe.write_text(text.replace("</body>", PROBE + "</body>"), encoding="utf-8")
     net_log = tmp_path / "net.json"
     proc = subprocess.run([browser, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile2'}",
                            f"--log-net-log={net_log}", "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()],
                           capture_output=True, text=True, timeout=120)
+    probe.unlink()
     assert proc.returncode == 0, proc.stderr[-2000:]
     body = re.search(r"<body([^>]*)>", proc.stdout)
     assert body is not None, proc.stdout[:2000]
     found = {k: v.replace("&quot;", '"') for k, v in re.findall(r'data-(\w+)="([^"]*)"', body.group(1))}
-    assert found.get("images") == str(len(FIGURES)), found
+    assert found.get("images") == str(images), found
     assert json.loads(found["broken"]) == [] and json.loads(found["fetched"]) == []
     assert page_requests(net_log) == []
+
+
+@pytest.mark.mpi
+def test_chromium_shows_every_plot_and_fetches_nothing(real_copy, tmp_path) -> None:
+    report = real_copy / "report.html"
+    if not report.exists():
+        write_report(real_copy)
+    check_in_chromium(report, tmp_path, len(FIGURES))
+
+
+def test_chromium_shows_a_simulations_page(simulated, tmp_path) -> None:
+    _, run = simulated
+    check_in_chromium(run / "report.html", tmp_path, images=3, plots_below=700)

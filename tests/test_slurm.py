@@ -201,3 +201,41 @@ def test_srun_without_pmi_fails_clearly(slurm_env, tmp_path):
     assert not (out / "slurmtest").exists() or not any((out / "slurmtest").iterdir()), \
         "run directories were created by ranks that are not one job"
     assert "--mpi=pmi2" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_sbatch_sweep_runs_one_array_task_per_point(slurm_env, tmp_path):
+    """``python -m harness sbatch FILE --sweep KEY=V1,V2``: a job array whose tasks each run one
+    point into the sweep directory; ``report`` of the directory then tabulates them."""
+    scenario, out = _scenario(tmp_path), tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "harness", "sbatch", str(scenario), "ranks=2", "--only", "dpsgd",
+                           "--sweep", "workload.iterations=3,5", "--out", str(out), "--time", "5"],
+                          capture_output=True, text=True, env=slurm_env, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    (sweep,) = (out / "slurmtest").iterdir()
+    script = sweep / "sweep.sbatch"
+    assert "#SBATCH --array=0-1" in script.read_text().splitlines()
+    submitted = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, env=slurm_env,
+                               cwd=REPO, timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 2 * JOB_TIMEOUT_S
+    while time.monotonic() < deadline:  # every task has left the queue
+        queued = subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True, env=slurm_env,
+                                timeout=30)
+        if queued.returncode == 0 and not queued.stdout.strip():
+            break
+        time.sleep(0.5)
+    else:
+        subprocess.run(["scancel", job_id], env=slurm_env, timeout=30)
+        pytest.fail(f"job array {job_id} not done in {2 * JOB_TIMEOUT_S} s")
+    logs = "".join(p.read_text(errors="replace") for p in sweep.glob("slurm-*.out"))
+    for index in (0, 1):
+        status = json.loads((sweep / "points" / f"p{index:03d}.json").read_text())
+        assert status["status"] == "done", f"point {index}: {status}\n{logs[-3000:]}"
+    report = subprocess.run([sys.executable, "-m", "harness", "report", str(sweep)], capture_output=True, text=True,
+                            env=slurm_env, cwd=REPO, timeout=120)
+    assert report.returncode == 0, report.stderr
+    with open(sweep / "sweep.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted((int(r["workload.iterations"]), r["algorithm"], int(r["steps_recorded"])) for r in rows) == [
+        (3, "dpsgd", 6), (5, "dpsgd", 10)]

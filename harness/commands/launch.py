@@ -45,15 +45,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--only", type=algorithm_list, metavar="A[,B...]", help="a subset of the scenario's algorithms")
     p.add_argument("--out", default="results", help="results root (default: results/)")
     add_launch_arguments(p)
-    p.add_argument("script", help="your training script (Python file)")
+    p.add_argument("script", metavar="[KEY=VALUE ...] SCRIPT",
+                   help="with --scenario, KEY=VALUE overrides of its fields may come first (as for `run`); then "
+                        "your training script (Python file)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     p.set_defaults(func=run)
+
+
+def split_assignments(args: argparse.Namespace) -> None:
+    """Move the ``KEY=VALUE`` overrides before the script out of ``script``/``args`` into
+    ``assignments``: an argument with ``=`` that is not an option and not an existing file."""
+    items = [args.script, *args.args]
+    assignments = []
+    while items and "=" in items[0] and not items[0].startswith("-") and not Path(items[0]).is_file():
+        assignments.append(items.pop(0))
+    args.assignments = assignments
+    args.script, args.args = (items[0], items[1:]) if items else (None, [])
 
 
 def run(args: argparse.Namespace) -> int:
     from harness.launch import Launch, LaunchError
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    split_assignments(args)
+    if args.script is None:
+        raise LaunchError("give your training script after the KEY=VALUE overrides")
+    if args.assignments and args.scenario is None:
+        raise LaunchError(f"{args.assignments[0]}: KEY=VALUE overrides change a scenario: give --scenario FILE")
     script = Path(args.script)
     if not script.is_file():
         raise LaunchError(f"{script}: no such script")
@@ -90,7 +108,7 @@ def _scenario(args: argparse.Namespace):
     from harness.scenario import ScenarioError, load_scenario_with_notes
 
     overrides = {"only": args.only, "ranks": args.ranks, "iterations": args.iterations}
-    scenario, notes = load_scenario_with_notes(args.scenario, overrides=overrides)
+    scenario, notes = load_scenario_with_notes(args.scenario, overrides=overrides, assignments=args.assignments)
     problem = scenario_device_problem(scenario)
     if problem is not None:
         raise ScenarioError(f"{args.scenario}: {problem}")

@@ -30,7 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__.splitlines()[0])
     add_scenario_arguments(p, scenario_optional=True)
     p.add_argument("--resume", metavar="RUN_DIR",
-                   help="finish the algorithms this run did not (no FILE; faults are not injected again)")
+                   help="finish the algorithms this run did not (no FILE; faults are not injected again), or "
+                        "the points of this sweep directory that are not done")
+    add_sweep_arguments(p, parallel=False)
     p.add_argument("--provenance", choices=get_args(ProvenanceSetting),
                    help="what provenance/ keeps, instead of the scenario's results.provenance: final (initial "
                         "model, shards, each algorithm's averaged final model), full (final plus every rank's "
@@ -50,13 +52,63 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_scenario_arguments(p: argparse.ArgumentParser, scenario_optional: bool = False) -> None:
-    """The scenario file, the results root and the overrides (``run`` and ``simulate``)."""
+    """The scenario file, its KEY=VALUE overrides, the results root and the older overrides
+    (``run``, ``simulate``, ``sbatch``)."""
     p.add_argument("scenario", nargs="?" if scenario_optional else None, help="scenario YAML file")
+    add_assignments_argument(p)
     p.add_argument("--out", default="results", help="results root (default: results/)")
     p.add_argument("--only", type=algorithm_list, metavar="A[,B...]",
                    help="comma-separated subset of the scenario's algorithms")
     p.add_argument("--ranks", type=int, help="override the scenario's rank count")
     p.add_argument("--iterations", type=int, help="override iterations per algorithm")
+
+
+def add_assignments_argument(p: argparse.ArgumentParser) -> None:
+    """``KEY=VALUE ...`` after the file (``harness.scenario.overrides``)."""
+    p.add_argument("assignments", nargs="*", metavar="KEY=VALUE",
+                   help="override any scenario field: a dotted path with list indices and algorithm names, Hydra's "
+                        "syntax (workload.iterations=200 imbalance.0.delay_ms=160 algorithms.wagma.period=6 "
+                        "~network.links)")
+
+
+def add_sweep_arguments(p: argparse.ArgumentParser, parallel: bool) -> None:
+    """``--sweep`` and ``--point`` (``run``, ``simulate``); ``--jobs`` where points run in parallel."""
+    p.add_argument("--sweep", action="append", metavar="KEY=V1,V2,...",
+                   help="run every value (KEY=range(0,641,160) too); repeated: every combination. One directory "
+                        "OUT/<scenario>/sweep-<time> with a run per point, sweep.csv, sweep.png and report.html")
+    p.add_argument("--point", type=int, metavar="I",
+                   help="with --resume SWEEP_DIR: run only point I (what each task of a SLURM job array runs)")
+    if parallel:
+        p.add_argument("--jobs", type=int, metavar="N",
+                       help="points simulated at a time (default: the number of cores)")
+
+
+def sweep_mode(command: str, args: argparse.Namespace) -> int | None:
+    """The sweep's exit status when ``args`` ask for a sweep (``--sweep``, or ``--resume`` of a
+    sweep directory), else None: the command runs as usual."""
+    from harness.sweep.execute import resume_sweep, start_sweep
+    from harness.sweep.store import SWEEP_FILE
+
+    resume = getattr(args, "resume", None)
+    is_sweep = resume is not None and (Path(resume) / SWEEP_FILE).is_file()
+    if (is_sweep or args.sweep) and args.point is None:
+        from harness.launch import inside_mpi_job
+
+        if inside_mpi_job() is not None:
+            return _error("a sweep starts its points' runs itself: start it outside an MPI job (or run one point "
+                          "per job with --resume SWEEP_DIR --point I)", 2)
+    if is_sweep:
+        if args.sweep or args.scenario is not None or args.assignments or _overrides(args):
+            return _error("--resume SWEEP_DIR takes nothing else but --point (and --jobs): the sweep keeps its "
+                          "scenario and settings in sweep.json", 2)
+        return resume_sweep(command, args)
+    if args.point is not None:
+        return _error("--point I goes with --resume SWEEP_DIR", 2)
+    if args.sweep:
+        if resume is not None:
+            return _error(f"--resume {resume}: not a sweep directory (no {SWEEP_FILE}); --sweep starts a new one", 2)
+        return start_sweep(command, args)
+    return None
 
 
 def _overrides(args: argparse.Namespace) -> dict:
@@ -87,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    swept = sweep_mode("run", args)
+    if swept is not None:
+        return swept
     from harness.device import scenario_device_problem
     from harness.launch import Launch, inside_mpi_job
     from harness.results import provenance
@@ -104,7 +159,7 @@ def _run(args: argparse.Namespace) -> int:
                       f"of {in_job} ranks", 2)
     renamed: list[str] = []  # notes on old parameter spellings in the scenario file
     if args.resume is not None:
-        if args.scenario is not None or _overrides(args) or args.provenance is not None:
+        if args.scenario is not None or _overrides(args) or args.assignments or args.provenance is not None:
             return _error("--resume takes only the run directory: the scenario and its settings are the run's own "
                           "(RUN_DIR/scenario.resolved.yaml)", 2)
         try:
@@ -117,7 +172,8 @@ def _run(args: argparse.Namespace) -> int:
     else:
         if args.scenario is None:
             return _error("give a scenario FILE, or --resume RUN_DIR", 2)
-        scenario, renamed = load_scenario_with_notes(args.scenario, overrides=_overrides(args))
+        scenario, renamed = load_scenario_with_notes(args.scenario, overrides=_overrides(args),
+                                                     assignments=args.assignments)
         # The resolved scenario says what the run keeps: auto and --provenance resolved here.
         scenario = provenance.resolve(scenario, args.provenance)
         run_dir = None
@@ -137,17 +193,18 @@ def _run(args: argparse.Namespace) -> int:
     if problem is not None:
         return _error(f"{source}: {problem}", 2)
     if run_dir is None:
-        run_dir = _create_run_dir(scenario, args.out)
+        run_dir = _create_run_dir(scenario, args.out, getattr(args, "into", None))
     else:
         _begin_resume(run_dir)
     return _launch(scenario, run_dir, launch, resume=args.resume is not None, renamed=renamed)
 
 
-def _create_run_dir(scenario, out: str):
+def _create_run_dir(scenario, out: str, into: Path | None = None):
+    """A new run directory under ``out``, or exactly ``into`` (a sweep's point)."""
     from harness.algorithms import scenario_facts
     from harness.results.records import RunDirectory
 
-    run_dir = RunDirectory.create(out, scenario.name)
+    run_dir = RunDirectory.create(out, scenario.name) if into is None else RunDirectory.create_at(into, scenario.name)
     run_dir.write_resolved_scenario(scenario.resolved_dict())
     run_dir.write_run_json("incomplete", [], ranks=scenario.ranks,
                            extra={"provenance": scenario.results.provenance, **scenario_facts(scenario)})

@@ -26,13 +26,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.commands.run import _overrides, add_scenario_arguments
+from harness.commands.run import _overrides, add_scenario_arguments, add_sweep_arguments, sweep_mode
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="predict a scenario's run with the discrete-event model (no MPI)",
                        description=__doc__.splitlines()[0])
-    add_scenario_arguments(p)
+    add_scenario_arguments(p, scenario_optional=True)
+    add_sweep_arguments(p, parallel=True)
+    p.add_argument("--resume", metavar="SWEEP_DIR", help="simulate the points of this sweep that are not done")
     p.add_argument("--calibration", type=Path, help="calibration file (default: results/calibration.json)")
     p.add_argument("--reading", choices=("cluster", "machine"), default=None,
                    help="what to predict: cluster (every rank with cores of its own, the default cluster network) "
@@ -88,7 +90,17 @@ def run(args: argparse.Namespace) -> int:
     if args.trace_ranks is not None and args.trace_ranks < 0:
         print(f"error: --trace-ranks must be >= 0 (got {args.trace_ranks})", file=sys.stderr)
         return 2
-    scenario, renamed = load_scenario_with_notes(args.scenario, overrides=_overrides(args))
+    swept = sweep_mode("simulate", args)
+    if swept is not None:
+        return swept
+    if args.resume is not None:
+        print(f"error: --resume {args.resume}: not a sweep directory (no sweep.json); a simulation is simply run "
+              "again", file=sys.stderr)
+        return 2
+    if args.scenario is None:
+        print("error: give a scenario FILE (or --resume SWEEP_DIR)", file=sys.stderr)
+        return 2
+    scenario, renamed = load_scenario_with_notes(args.scenario, overrides=_overrides(args), assignments=args.assignments)
     if scenario.workload.of_script and scenario.workload.compute == "real":
         print(f"error: {args.scenario}: workload: a training script's workload (no model and dataset) says neither "
               "its size nor its compute time: simulate the scenario.resolved.yaml of a `python -m harness launch` "
@@ -122,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("interrupted: nothing written", file=sys.stderr)
         return 130
-    path = new_simulated_run_path(Path(args.out), scenario.name)
+    into = getattr(args, "into", None)  # a sweep's point: exactly there
+    path = Path(into) if into is not None else new_simulated_run_path(Path(args.out), scenario.name)
     trace_ranks = DEFAULT_TRACE_RANKS if args.trace_ranks is None else args.trace_ranks
     calibrated = calibration is not None  # else the default network: run.json says null for both
     run_dir = write_simulated_run(path, scenario, frames, stats, "predictive",

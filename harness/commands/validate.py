@@ -10,6 +10,7 @@ file's notes go to stderr: old spellings of parameters it uses (e.g. ``sync_peri
 Example::
 
     python -m harness validate scenarios/straggler.yaml --ranks 4
+    python -m harness validate scenarios/straggler.yaml imbalance.0.delay_ms=640 algorithms.local_sgd.period=8
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from harness.algorithms import scenario_notes
 from harness.arguments import algorithm_list
+from harness.commands.run import add_assignments_argument
 from harness.device import scenario_device_problem
 from harness.scenario import Scenario, load_scenario_with_notes
 from harness.scenario.checks import check_user_code
@@ -31,6 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``validate`` command."""
     parser = subparsers.add_parser("validate", help="check a scenario file and print what it resolves to")
     parser.add_argument("file", help="scenario YAML file")
+    add_assignments_argument(parser)
     parser.add_argument("--ranks", type=int, help="override the rank count")
     parser.add_argument("--iterations", type=int, help="override the iterations per algorithm")
     parser.add_argument("--only", type=algorithm_list, metavar="A[,B...]",
@@ -42,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     """Load ``args.file``; print its summary (0). A file that does not load raises ScenarioError,
     which ``harness.cli`` prints as one ``error:`` line per problem (2)."""
     overrides = {"ranks": args.ranks, "iterations": args.iterations, "only": args.only}
-    scenario, renamed = load_scenario_with_notes(args.file, overrides=overrides)
+    scenario, renamed = load_scenario_with_notes(args.file, overrides=overrides, assignments=args.assignments)
     problem = scenario_device_problem(scenario)
     if problem is not None:
         print(f"error: {args.file}: {problem}", file=sys.stderr)

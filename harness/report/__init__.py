@@ -23,7 +23,14 @@ REPORT_FILE = "report.html"
 
 
 def write_report(path: str | Path):
-    """Write the report of the run directory ``path``; see :func:`harness.report.build.write_report`."""
+    """Write the report of the run directory ``path`` (:func:`harness.report.build.write_report`),
+    or of the sweep directory ``path`` (``harness.sweep.page``: with its sweep.csv and sweep.png)."""
+    from harness.sweep.store import SWEEP_FILE
+
+    if (Path(path) / SWEEP_FILE).is_file():
+        from harness.sweep.page import write_sweep_report
+
+        return write_sweep_report(path)
     from harness.report.build import write_report as write
 
     return write(path)

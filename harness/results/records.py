@@ -126,6 +126,17 @@ class RunDirectory:
         return cls(scenario_dir / run_id, scenario_name, run_id, started_at)
 
     @classmethod
+    def create_at(cls, path: str | Path, scenario_name: str) -> RunDirectory:
+        """Create the run directory ``path`` itself (a sweep's point: ``harness.sweep``); its run
+        id is its name. ``FileExistsError`` if it exists."""
+        path = Path(path)
+        _check_name("scenario name", scenario_name)
+        _check_name("run id", path.name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir()
+        return cls(path, scenario_name, path.name, _utc_now().isoformat(timespec="seconds"))
+
+    @classmethod
     def open(cls, path: str | Path) -> RunDirectory:
         """Load an existing run directory (its run.json and CSV files) for analysis or resuming."""
         path = Path(path)

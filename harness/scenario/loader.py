@@ -2,7 +2,8 @@
 
 Example::
 
-    scenario = load_scenario("scenarios/straggler.yaml", overrides={"ranks": 4, "only": ["local_sgd"]})
+    scenario = load_scenario("scenarios/straggler.yaml", overrides={"ranks": 4, "only": ["local_sgd"]},
+                             assignments=["workload.iterations=200", "imbalance.0.delay_ms=160"])
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import re
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from pydantic_core import ErrorDetails
 
 from harness.algorithms.params import RenamedParameterWarning
 from harness.config import HarnessError
+from harness.scenario.overrides import Override, OverrideError, apply_override, parse_override
 from harness.scenario.schema import Scenario
 
 MAX_ERROR_LINES = 10
@@ -71,18 +73,21 @@ _Loader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML12_FLOAT, list("-+
 yaml.SafeDumper.add_implicit_resolver("tag:yaml.org,2002:float", _YAML12_FLOAT, list("-+0123456789."))
 
 
-def load_scenario(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Scenario:
-    """Load and validate the scenario file at ``path``, applying ``overrides`` first.
+def load_scenario(path: str | Path, overrides: Mapping[str, Any] | None = None,
+                  assignments: Sequence[str | Override] = ()) -> Scenario:
+    """Load and validate the scenario file at ``path``, applying ``assignments`` and ``overrides`` first.
 
+    ``assignments`` are ``KEY=VALUE`` overrides of any field (``harness.scenario.overrides``).
     ``overrides`` may set ``ranks``, ``iterations`` (of the workload) and ``only`` (a subset of the
     file's algorithm names, kept in file order); they apply before validation, so the rank checks
     see the overridden rank count. Raises ScenarioError.
     """
-    return scenario_from_dict(read_yaml(path), source=str(path), overrides=overrides, base_dir=Path(path).parent)
+    return scenario_from_dict(read_yaml(path), source=str(path), overrides=overrides, base_dir=Path(path).parent,
+                              assignments=assignments)
 
 
 def load_scenario_with_notes(
-    path: str | Path, overrides: Mapping[str, Any] | None = None
+    path: str | Path, overrides: Mapping[str, Any] | None = None, assignments: Sequence[str | Override] = ()
 ) -> tuple[Scenario, list[str]]:
     """:func:`load_scenario`, plus one note per old parameter spelling the file uses.
 
@@ -92,7 +97,7 @@ def load_scenario_with_notes(
     """
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RenamedParameterWarning)
-        scenario = load_scenario(path, overrides)
+        scenario = load_scenario(path, overrides, assignments)
     notes = []
     for warning in caught:
         if issubclass(warning.category, RenamedParameterWarning):
@@ -129,13 +134,26 @@ def _yaml_problem(exc: yaml.MarkedYAMLError) -> str:
 
 
 def scenario_from_dict(data: Any, source: str = "<dict>", overrides: Mapping[str, Any] | None = None,
-                       base_dir: str | Path | None = None) -> Scenario:
+                       base_dir: str | Path | None = None, assignments: Sequence[str | Override] = ()) -> Scenario:
     """Validate already parsed scenario data; ``source`` names it in error messages, ``base_dir``
-    (default: the working directory) is what a relative ``python_path`` is relative to."""
+    (default: the working directory) is what a relative ``python_path`` is relative to.
+    ``assignments``: ``KEY=VALUE`` overrides (``harness.scenario.overrides``), applied first and
+    recorded in the scenario's ``overrides``; then ``overrides`` (ranks, iterations, only)."""
     if data is None:
         raise ScenarioError(f"{source}: empty scenario")
     if not isinstance(data, dict):
         raise ScenarioError(f"{source}: must be a mapping of scenario fields (got {_show(data)})")
+    located: list[Override] = []
+    try:
+        for assignment in assignments:
+            override = parse_override(assignment) if isinstance(assignment, str) else assignment
+            data, override = apply_override(data, override)
+            located.append(override)
+    except OverrideError as exc:
+        raise ScenarioError(f"{source}: {exc}") from None
+    if located:
+        recorded = data.get("overrides") if isinstance(data.get("overrides"), list) else []
+        data = {**data, "overrides": [*recorded, *(o.text for o in located)]}
     data = _apply_overrides(data, overrides or {}, source)
     huge = _unprintable_int(data, (), set())
     if huge is not None:  # pydantic-core would print "Exception ignored" tracebacks failing to repr() it
@@ -144,7 +162,7 @@ def scenario_from_dict(data: Any, source: str = "<dict>", overrides: Mapping[str
     try:
         return Scenario.model_validate(data, context={"base_dir": str(base_dir) if base_dir is not None else None})
     except ValidationError as exc:
-        raise ScenarioError(_format(exc, data, source)) from None
+        raise ScenarioError(_format(exc, data, source, located)) from None
 
 
 def _apply_overrides(data: dict[str, Any], overrides: Mapping[str, Any], source: str) -> dict[str, Any]:
@@ -198,9 +216,12 @@ def _entry_name(entry: Any) -> Any:
 # pydantic's error list -> "file: path: reason (got value)" lines
 
 
-def _format(exc: ValidationError, data: dict[str, Any], source: str) -> str:
+def _format(exc: ValidationError, data: dict[str, Any], source: str, located: Sequence[Override] = ()) -> str:
     errors = exc.errors(include_url=False)
-    lines = [f"{source}: {_describe(err, data)}" for err in errors[:MAX_ERROR_LINES]]
+    lines = []
+    for err in errors[:MAX_ERROR_LINES]:
+        path, text = _describe(err, data)
+        lines.append(f"{source}: {_blame(path, located)}{text}")
     if len(errors) > MAX_ERROR_LINES:
         lines.append(f"{source}: ... and {len(errors) - MAX_ERROR_LINES} more errors")
     return "\n".join(lines)
@@ -229,8 +250,16 @@ _REASONS = {
 }
 
 
-def _describe(err: ErrorDetails, data: dict[str, Any]) -> str:
-    """One error as ``path: reason (got value)``."""
+def _blame(path: tuple[Any, ...], located: Sequence[Override]) -> str:
+    """``override 'TEXT': `` for the last override that wrote ``path`` or around or inside it."""
+    for override in reversed(located):
+        if override.wrote(path):
+            return f"override {override.text!r}: "
+    return ""
+
+
+def _describe(err: ErrorDetails, data: dict[str, Any]) -> tuple[tuple[Any, ...], str]:
+    """One error: (its path, ``path: reason (got value)``)."""
     kind, ctx = err["type"], err.get("ctx", {})
     path = _input_path(err["loc"], data, kind == "missing")
     values: tuple[Any, ...] = (err["input"],)  # empty: say nothing about the value
@@ -246,7 +275,7 @@ def _describe(err: ErrorDetails, data: dict[str, Any]) -> str:
         path += (_plain(ctx)["discriminator"],)
         values = (ctx["tag"],) if kind == "union_tag_invalid" else ()
     got = f" (got {_show(values[0])}{', ' + note if note else ''})" if values else ""
-    return f"{_path_text(path) or '(top level)'}: {reason}{got}"
+    return path, f"{_path_text(path) or '(top level)'}: {reason}{got}"
 
 
 def _input_path(loc: tuple[Any, ...], data: Any, missing: bool) -> tuple[Any, ...]:

@@ -792,6 +792,9 @@ class Scenario(StrictModel):
     faults: list[AnyFaultSpec] = []
     watchdog: Watchdog = Watchdog()
     results: ResultsSettings = ResultsSettings()
+    # The KEY=VALUE overrides this scenario was loaded with, in order (harness.scenario.overrides):
+    # the commands record them here, so scenario.resolved.yaml says how it differs from the file.
+    overrides: list[str] = []
 
     @model_validator(mode="before")
     @classmethod

@@ -99,4 +99,6 @@ def run(args: argparse.Namespace) -> int:
                     for mode, e in errors.iterrows()],
                    headers=["mode", "median |error| %", "worst |error| %"], tablefmt="simple", disable_numparse=True))
     print(f"wrote {run_dir / COMPARE_FILE} and {run_dir / COMPARE_PLOT}")
-    return 0
+    from harness.report import after_command
+
+    return after_command(run_dir)  # report.html again, now with real against simulated

@@ -26,11 +26,48 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m harness",
         description="Decentralized and wait-avoiding distributed SGD under stragglers and slow links.",
+        epilog="examples:\n  python -m harness run scenarios/straggler.yaml\n"
+               "  python -m harness simulate scenarios/straggler.yaml --ranks 1024\n"
+               "each command's --help has its own",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
-        importlib.import_module(f"harness.commands.{name}").register(sub)
+        module = importlib.import_module(f"harness.commands.{name}")
+        module.register(sub)
+        add_examples(sub.choices[name], f"python -m harness {name}", docstring_examples(module.__doc__ or ""))
     return parser
+
+
+def docstring_examples(doc: str) -> list[str]:
+    """The command lines of a module docstring's ``Example::`` block (a line ending in a
+    backslash continues on the next), the one place a command's examples are written."""
+    lines = doc.split("Example::", 1)[1].splitlines()[1:] if "Example::" in doc else []
+    examples: list[str] = []
+    for line in lines:
+        if line.strip() and not line[:1].isspace():
+            break  # the block ends at the next unindented text
+        text = line.strip()
+        if not text:
+            continue
+        if examples and examples[-1].endswith("\\"):
+            examples[-1] += "\n      " + text
+        else:
+            examples.append(text)
+    return examples
+
+
+def add_examples(parser: argparse.ArgumentParser, prog: str, examples: list[str]) -> None:
+    """End ``parser``'s ``--help`` (and its subcommands') with the examples that run it."""
+    own = [e for e in examples if e == prog or e.startswith(prog + " ")]
+    if own:
+        examples_text = "examples:\n" + "\n".join(f"  {e}" for e in own)
+        parser.epilog = f"{parser.epilog}\n\n{examples_text}" if parser.epilog else examples_text
+        parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                add_examples(child, f"{prog} {name}", examples)
 
 
 def main(argv: list[str] | None = None) -> int:

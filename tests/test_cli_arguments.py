@@ -126,3 +126,45 @@ def test_report_takes_one_results_directory_and_refuses_another(tmp_path, capsys
     assert capsys.readouterr().err == f"error: {tmp_path / 'absent'}: no such directory\n"
     with pytest.raises(SystemExit):  # no directory: argparse's usage error
         build_parser().parse_args(["report"])
+
+
+def _command_parsers(parser, prog="python -m harness"):
+    import argparse
+
+    yield prog, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from _command_parsers(child, f"{prog} {name}")
+
+
+def test_every_commands_help_ends_with_examples_that_run_it(capsys) -> None:
+    from harness.cli import build_parser
+
+    for prog, parser in _command_parsers(build_parser()):
+        if prog == "python -m harness bench":
+            continue  # the benchmarks' own pages have theirs
+        help_text = parser.format_help()
+        tail = help_text.rstrip().split("examples:", 1)
+        assert len(tail) == 2, f"{prog} --help has no examples"
+        examples = [line.strip() for line in tail[1].splitlines() if line.strip().startswith("python -m harness")]
+        assert examples and all(e.startswith(prog) for e in examples if prog != "python -m harness"), (prog, examples)
+
+
+def test_the_cli_reference_is_the_parsers(monkeypatch) -> None:
+    """The generated reference page says what --help says: change a help text, the page follows."""
+    import harness.commands.report as report
+    from harness.cli_reference import cli_reference_markdown
+
+    page = cli_reference_markdown()
+    for command in ("run", "simulate", "bench simulator", "report"):
+        assert f"`{command}`" in page
+    assert "| `--sweep KEY=V1,V2,...` |" in page and "python -m harness run scenarios/straggler.yaml\n" in page
+    original = report.register
+
+    def register(sub):
+        original(sub)
+        sub.choices["report"]._actions[-1].help = "a changed help text"
+
+    monkeypatch.setattr(report, "register", register)
+    assert "| a changed help text |" in cli_reference_markdown()

@@ -350,7 +350,7 @@ def test_validate_good_file_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     out, err = capsys.readouterr()
     # 8 is not a power of group_size 4: the second phase's groups have 2 ranks.
     assert err.splitlines() == ["note: wagma: 8 ranks with group_size 4 form groups of 4 in phase 0 ({0,1,2,3} "
-                                "{4,5,6,7}) and 2 in phase 1 ({0,4} {1,5} {2,6} {3,7}); see README "
+                                "{4,5,6,7}) and 2 in phase 1 ({0,4} {1,5} {2,6} {3,7}); see docs/guides/native-layer.md, "
                                 '"Wait-avoiding group allreduce"']
     assert out.startswith("straggler: 8 ranks")
     assert "wagma group_size=4 period=11" in out

@@ -12,7 +12,7 @@ from harness.cli import main
 from harness.schedules import wagma_group
 from conftest import harness_cli, write_scenario_file
 
-README = 'see README "Wait-avoiding group allreduce"'
+README = 'see docs/guides/native-layer.md, "Wait-avoiding group allreduce"'
 
 
 def _scenario(ranks: int, group_size: int, **changes) -> dict:

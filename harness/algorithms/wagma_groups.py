@@ -20,7 +20,7 @@ from harness.schedules import wagma_group, wagma_radices
 SHOW_MEMBERS_UP_TO = 16
 """Ranks up to which a note lists each phase's groups; beyond it, only their sizes."""
 
-README_SECTION = 'see README "Wait-avoiding group allreduce"'
+README_SECTION = 'see docs/guides/native-layer.md, "Wait-avoiding group allreduce"'
 
 
 def phase_groups(ranks: int, group_size: int) -> list[list[list[int]]]:

@@ -22,7 +22,7 @@ under a scenario's injected stragglers, slow links and faults, with the same res
 
 Start it with ``mpiexec -n 8 python train.py``, ``srun --mpi=pmi2 python train.py``, or
 ``python -m harness launch -n 8 [--scenario FILE] train.py ARGS`` (the venv's mpiexec, the
-watchdog, and one run of the script per algorithm the scenario lists). README, "Your own
+watchdog, and one run of the script per algorithm the scenario lists). docs/guides/own-code.md, "Your own
 model, data, loop or algorithm", is the guide; :class:`Run` and :class:`DistributedOptimizer`
 document the contract.
 """

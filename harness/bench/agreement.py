@@ -41,7 +41,7 @@ Cases (``--only``, comma-separated):
 ``straggler``, ``slow_link``, ``balanced``, ``two_nodes`` (not by default: minutes each)
     ``scenarios/NAME.yaml`` run as it is, then ``compare`` with this machine's calibration
     (``--calibration``, default ``results/calibration.json``; skipped with the command that
-    makes it when it is missing): the README's "How close it is" table.
+    makes it when it is missing): the "How close it is" table of docs/guides/simulation.md.
 
 Exit status: 0 when every case ran or was skipped, 1 when one failed (its error is printed,
 the others still run), 2 on bad arguments.

@@ -11,8 +11,10 @@ Example::
 
     python -m harness bench collectives --ranks 4 --sizes 4K,64K,1M,16M --json bench.json
     python -m harness bench simulator --ranks 1024 --iterations 1000
+    python -m harness bench simulator --shapes --only flat_ring_nics
     python -m harness bench stress --ranks 8 --rounds 10000
     python -m harness bench faults --only wagma,adpsgd --repeats 3 --load
+    python -m harness bench agreement --only small_run,nic_messages --repeats 5
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ first makes sure its data exist, in manifest order:
 ``--rerun`` makes everything again. Then each figure is drawn as ``<name>.png`` and
 ``<name>.csv`` into ``<results>/figures/`` (``<results>/figures/quick/`` with ``--quick``), which
 git ignores, so a regeneration never changes the checkout; ``--gallery`` writes into
-``paper_figs/out/`` instead (the committed images the README shows; full runs only), ``--out DIR``
+``paper_figs/out/`` instead (the committed images the README and the docs show; full runs only), ``--out DIR``
 anywhere. Progress goes to stderr; a failed experiment stops the command with its error (exit
 1) and leaves what was finished; a manifest scenario that does not load is bad input (exit 2).
 
@@ -58,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     where.add_argument("--out", type=Path, help=f"output directory (default: RESULTS/{FIGURES_DIR}/, "
                                                 f"RESULTS/{FIGURES_DIR}/{QUICK_DIR}/ with --quick)")
     where.add_argument("--gallery", action="store_true",
-                       help="write into paper_figs/out/, the committed images the README shows (not with --quick)")
+                       help="write into paper_figs/out/, the committed images the README and the docs show (not with --quick)")
     p.add_argument("--rerun", action="store_true", help="make every experiment again instead of reusing results")
     p.set_defaults(func=run)
 

@@ -2,7 +2,7 @@
 
 Starts ``python SCRIPT ARGS`` on N ranks with the venv's mpiexec and watches them as ``run``
 watches its own (a rank that dies, raises or stops making progress ends the job, named). The
-script uses ``harness.api`` (README, "Your own model, data, loop or algorithm").
+script uses ``harness.api`` (docs/guides/own-code.md).
 
 With ``--scenario FILE`` the scenario's imbalance, slow links and faults are injected into the
 script, and the script runs once per algorithm the scenario lists (``--only`` picks some), all

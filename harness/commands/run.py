@@ -10,6 +10,12 @@ Nothing is launched and nothing is written when the scenario is invalid (exit 2)
 
 Exit status: 0 done, 1 the job failed (finished algorithms are kept), 2 bad input, 130
 interrupted (Ctrl+C or SIGTERM; finished algorithms are kept).
+
+Example::
+
+    python -m harness run scenarios/straggler.yaml
+    python -m harness run scenarios/straggler.yaml imbalance.0.delay_ms=160 --only allreduce_sgd,wagma
+    python -m harness run scenarios/straggler.yaml --sweep algorithms.local_sgd.period=2,8
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Needs no MPI (but torch: simulated ranks run the algorithms' own code). The network (and,
 for real compute, the time per iteration) comes from the calibration file of ``python -m
 harness calibrate``; a scenario with emulated compute can also be simulated without one, on a
-default cluster network (README, "Simulation").
+default cluster network (docs/guides/simulation.md).
 Notes on stderr say when the calibration of another rank count is used (run.json records it
 as ``calibration_ranks``) and which WAGMA groups form when they are not of ``group_size``; a
 real-compute workload that was never calibrated is an error (exit 2) that gives the exact
@@ -18,6 +18,7 @@ does (``harness.sim.hosts.simulated_topology``, which also says when it cannot).
 Example::
 
     python -m harness simulate scenarios/straggler.yaml --ranks 1024 --iterations 1000 --only wagma
+    python -m harness simulate scenarios/straggler.yaml --sweep 'imbalance.0.delay_ms=range(0,641,160)' --sweep ranks=16,64
 """
 
 from __future__ import annotations

@@ -115,7 +115,7 @@ class EvalPoint(_Strict):
 class CalibrationEntry(_Strict):
     ranks: PositiveInt
     network: NetworkModel  # what simulate uses
-    network_source: str = "given"  # how ``network`` was obtained (README, "Simulation", paragraph "Calibration")
+    network_source: str = "given"  # how ``network`` was obtained (docs/guides/simulation.md, "Calibration")
     network_fit_error: NonNegativeFloat | None = None  # rms relative error left on what it was fitted to
     p2p_network: NetworkModel | None = None  # alpha-beta fit of the quiet point-to-point times
     p2p: list[P2PPoint] = []
@@ -123,7 +123,7 @@ class CalibrationEntry(_Strict):
     compute: list[ComputePoint] = []
     evaluation: list[EvalPoint] = []
     loop_overhead_s: NonNegativeFloat = 0.0
-    # Where the ranks ran (README "Simulation", paragraph "Calibration"); empty in older files.
+    # Where the ranks ran (docs/guides/simulation.md, "Calibration"); empty in older files.
     rank_hosts: list[str] = []  # host name of every rank, in rank order
     hosts: list[str] = []  # the distinct host names, in order of first appearance
     ranks_per_host: list[PositiveInt] = []  # in the order of ``hosts``

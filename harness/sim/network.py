@@ -302,7 +302,7 @@ class SimNetwork:
 
         With more ranks than cores, a message hop needs the receiving progress thread to get a
         core; while k ranks compute on C shared cores it waits for a time slice about k / C
-        times as long (README, "Simulation"). 1 when the cores are not shared.
+        times as long (docs/guides/simulation.md). 1 when the cores are not shared.
         """
         if not self.shared_cores or self.computing <= self.shared_cores:
             return 1.0

@@ -37,7 +37,7 @@ from harness.sim.timing import PredictiveTiming, TraceTiming
 from harness.workload.names import workload_labels
 
 # Used when no calibration file exists and the workload's compute is emulated: a cluster
-# network of the InfiniBand class (documented in the README), not this machine.
+# network of the InfiniBand class (documented in docs/guides/simulation.md), not this machine.
 DEFAULT_NETWORK = NetworkModel(latency_s=2e-6, bandwidth_bytes_per_s=12.5e9)
 DEFAULT_TRACE_RANKS = 64  # trace.json of a 1,024-rank simulation would be hundreds of MB
 

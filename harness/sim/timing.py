@@ -38,7 +38,7 @@ class PredictiveTiming:
     """Local work from the calibration: a per-workload median, times the injected factor.
 
     The median was measured with every rank computing at once, so on a machine with more ranks
-    than cores it holds the contention of a fully loaded machine (README, "Simulation").
+    than cores it holds the contention of a fully loaded machine (docs/guides/simulation.md).
     """
 
     trace_driven = False

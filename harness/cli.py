@@ -19,7 +19,8 @@ import sys
 
 from harness.config import HarnessError
 
-COMMANDS = ("run", "launch", "validate", "sbatch", "bench", "calibrate", "simulate", "compare", "report", "figures")
+COMMANDS = ("run", "launch", "validate", "sbatch", "bench", "calibrate", "simulate", "compare", "report", "figures",
+            "schema")
 
 
 def build_parser() -> argparse.ArgumentParser:

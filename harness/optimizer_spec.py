@@ -24,13 +24,18 @@ Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
 
 
 class SGDOptimizer(StrictModel):
-    """Local momentum SGD, the default: m <- mu*m + g + wd*x; x <- x - lr*m (optionally Nesterov)."""
+    """Local momentum SGD, the default: ``m <- mu*m + g + wd*x; x <- x - lr*m`` (optionally Nesterov)."""
 
     name: Literal["sgd"] = "sgd"
+    """``sgd`` (the default when ``name`` is left out)."""
     lr: PositiveFloat = 0.05
+    """Learning rate; also the algorithms' own learning rate where they use one."""
     momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
+    """Momentum factor mu; 0 is plain SGD."""
     nesterov: bool = False
+    """Nesterov momentum (needs ``momentum`` > 0)."""
     weight_decay: NonNegativeFloat = 1e-4
+    """L2 penalty wd, added to the gradient."""
 
     @model_validator(mode="after")
     def _nesterov_needs_momentum(self) -> SGDOptimizer:
@@ -43,18 +48,26 @@ class AdamOptimizer(StrictModel):
     """``torch.optim.Adam`` with torch's parameters and defaults (weight decay added to the gradient)."""
 
     name: Literal["adam"]
+    """``adam``."""
     lr: PositiveFloat = 1e-3
+    """Learning rate; also the algorithms' own learning rate where they use one."""
     betas: Annotated[list[Beta], Field(min_length=2, max_length=2)] = [0.9, 0.999]
+    """Decay rates of the running averages of the gradient and of its square, each in [0, 1)."""
     eps: NonNegativeFloat = 1e-8
+    """Added to the denominator for numerical stability."""
     weight_decay: NonNegativeFloat = 0.0
+    """L2 penalty, added to the gradient."""
     amsgrad: bool = False
+    """Use the AMSGrad variant (the maximum of past squared-gradient averages)."""
 
 
 class AdamWOptimizer(AdamOptimizer):
     """``torch.optim.AdamW``: Adam's parameters, with decoupled weight decay (torch's default 0.01)."""
 
     name: Literal["adamw"]
+    """``adamw``."""
     weight_decay: NonNegativeFloat = 1e-2
+    """Decoupled weight decay: the parameters shrink by lr * weight_decay each step."""
 
 
 class ReferenceOptimizer(StrictModel):
@@ -65,8 +78,13 @@ class ReferenceOptimizer(StrictModel):
     """
 
     name: str
+    """The optimizer factory as an import reference ``"module:callable"`` (the module is looked
+    up in the scenario's ``python_path`` first)."""
     lr: PositiveFloat
+    """Learning rate, passed to the callable as ``lr=`` (required); also the algorithms' own
+    learning rate where they use one."""
     args: dict[str, Any] = {}
+    """Further keyword arguments of the callable (not ``params`` or ``lr``)."""
 
     @field_validator("name")
     @classmethod

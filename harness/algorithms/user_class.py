@@ -48,6 +48,9 @@ class ClassEntryParams(AlgorithmParams):
     model_config = ConfigDict(serialize_by_alias=True)
 
     class_reference: str = Field(alias=CLASS_KEY)
+    """Your algorithm class as ``"module:Class"`` (a subclass of ``harness.algorithms.Algorithm``
+    with a ``Params`` model), looked up in the scenario's ``python_path`` first; the entry's other
+    keys are its parameters."""
 
 
 def names_class(entry: Any) -> bool:

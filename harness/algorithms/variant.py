@@ -66,6 +66,7 @@ class VariantEntryParams(AlgorithmParams):
     validated and dumped as ``algorithm``."""
 
     algorithm: str
+    """The built-in algorithm this entry runs, with the entry's parameters, under the label ``name``."""
 
 
 def names_algorithm(entry: Any) -> bool:

@@ -79,10 +79,16 @@ def _check_each(items: list[Any], ranks: int, *prefix: str) -> None:
 
 
 class EmulatedCompute(StrictModel):
-    """Sleep ``emulate_ms`` instead of forward/backward; ``jitter`` is the lognormal sigma."""
+    """Emulated compute (``workload.compute: {emulate_ms: MS, jitter: SIGMA}``): every iteration each
+    rank sleeps instead of computing a forward and backward pass, and still communicates a buffer
+    of ``workload.params`` floats (nothing is trained, so there is no accuracy to speak of)."""
 
     emulate_ms: NonNegativeFloat
+    """One iteration's compute time in milliseconds; injected compute factors (``imbalance``
+    kinds ``jitter``, ``slowdown``) multiply it."""
     jitter: NonNegativeFloat = 0.0
+    """Sigma of a lognormal factor exp(N(0, sigma)) drawn per rank and iteration (from the
+    scenario's ``seed``) on ``emulate_ms``; 0: every iteration takes exactly ``emulate_ms``."""
 
 
 def _compute_form(value: Any) -> str | None:
@@ -103,6 +109,19 @@ Compute = Annotated[
 ]
 
 
+def _workload_schema(schema: dict[str, Any]) -> None:
+    """What the validators below add to the JSON Schema: ``eval_every`` may be left out (its
+    default depends on ``iterations``); ``model`` and ``dataset`` come together; ``params`` only
+    with emulated compute."""
+    schema["required"].remove("eval_every")
+    given = {"model": {"type": "string"}, "dataset": {"type": "string"}}
+    schema["allOf"] = [
+        *({"if": {"properties": {a: given[a]}, "required": [a]}, "then": {"properties": {b: given[b]}, "required": [b]}}
+          for a, b in (("model", "dataset"), ("dataset", "model"))),
+        {"if": {"properties": {"compute": {"const": "real"}}}, "then": {"properties": {"params": {"type": "null"}}}},
+    ]
+
+
 class Workload(StrictModel):
     """What each rank trains: model, data, batch, iterations per algorithm, real or emulated compute.
 
@@ -110,23 +129,45 @@ class Workload(StrictModel):
     ``python -m harness run`` refuses such a scenario, ``python -m harness launch`` runs it.
     """
 
-    # A built-in name or the user's callable as "module:callable" (harness.workload.names states
-    # the contract), called with model_args / dataset_args as keyword arguments.
-    # harness.scenario.checks checks the user's code. None (with dataset None): the training
-    # script's own.
+    model_config = ConfigDict(json_schema_extra=_workload_schema)
+
+    # harness.workload.names states the contract of the user's callables; harness.scenario.checks
+    # checks them.
     model: str | None = None
+    """The model: a built-in name or your own callable as ``"module:callable"``, called as
+    ``callable(input_shape=(C, H, W), num_classes=K, **model_args)``. Give ``model`` and ``dataset``
+    together, or neither (a training script's own workload, run by ``python -m harness launch``)."""
     dataset: str | None = None
+    """The data: a built-in name or your own callable as ``"module:callable"``, called as
+    ``callable(seed=SEED, **dataset_args)``; the training set is sharded across the ranks."""
     model_args: dict[str, Any] = {}
+    """Keyword arguments of the model callable."""
     dataset_args: dict[str, Any] = {}
-    num_classes: PositiveInt | None = None  # the model's outputs; None: 1 + the dataset's largest label
-    batch_size: PositiveInt  # per rank
-    iterations: PositiveInt  # per algorithm
+    """Keyword arguments of the dataset callable."""
+    num_classes: PositiveInt | None = None
+    """The model's number of outputs; null: 1 + the dataset's largest label."""
+    batch_size: PositiveInt
+    """Samples per rank and iteration (so the global batch is ``ranks`` times this)."""
+    iterations: PositiveInt
+    """Training iterations of each algorithm (every algorithm runs this many, in turn)."""
     compute: Compute = "real"
-    params: PositiveInt | None = None  # emulated compute only: communicated size; None: the model's own
-    eval_every: PositiveInt  # default max(1, iterations // 6), filled in by _default_eval_every
+    """``real``: forward and backward passes of the model; or ``{emulate_ms: MS, jitter:
+    SIGMA}``: sleep instead (emulated compute)."""
+    params: PositiveInt | None = None
+    """Emulated compute only: the number of float32 values communicated (e.g. ``25.6e6`` for a
+    ResNet-50); null: the model's own parameter count."""
+    eval_every: PositiveInt  # the default is filled in by _default_eval_every
+    """Evaluate the averaged model on the test set every this many iterations (and after the
+    last). Default: max(1, iterations // 6)."""
     device: Device = "cpu"
-    node: NodeAgent | None = None  # a rank stands for a node of several GPUs (harness.local_costs)
-    staging: HostStaging | None = None  # the communicated buffer crosses PCIe every iteration (harness.local_costs)
+    """Where each rank computes: ``cpu``, or ``cuda`` (each rank takes the GPU of its local rank;
+    no index)."""
+    node: NodeAgent | None = None
+    """Make every rank stand for a node of several GPUs driven by one process (``{gpus: N, link:
+    ...}``); null: a rank is one worker."""
+    staging: HostStaging | None = None
+    """Make the ranks communicate from host memory: the communicated buffer crosses PCIe every
+    iteration (``{bandwidth_gbps: B, latency_us: L}``); null: no staging."""
 
     @model_validator(mode="before")
     @classmethod
@@ -206,8 +247,11 @@ class InjectorSpec(StrictModel):
     random: ClassVar[bool] = False
 
     kind: str
+    """Which imbalance this entry injects."""
     start: NonNegativeInt = 0
+    """First iteration the entry acts on (counted from 0 in every algorithm's run)."""
     stop: PositiveInt | None = None
+    """Iteration at which the entry stops acting (excluded; > ``start``); null: the last iteration."""
 
     @model_serializer(mode="wrap")
     def _window_last(self, handler: Any) -> dict[str, Any]:
@@ -246,7 +290,8 @@ def _generator(kind: str, rng: np.random.Generator | None) -> np.random.Generato
 
 
 class RandomRanksSpec(InjectorSpec):
-    """Every iteration ``count`` ranks drawn at random (same draw everywhere) sleep ``delay_ms``.
+    """Every iteration ``count`` ranks drawn at random (same draw everywhere) sleep ``delay_ms``
+    before their forward pass.
 
     ``replace: false`` (the default) draws ``count`` different ranks. ``replace: true`` makes
     ``count`` independent draws, as the WAGMA-SGD and eager-SGD code does (``randint(P)`` twice
@@ -259,9 +304,14 @@ class RandomRanksSpec(InjectorSpec):
     random: ClassVar[bool] = True
 
     kind: Literal["random_ranks"]
+    """``random_ranks``."""
     count: PositiveInt
+    """How many ranks are drawn every iteration (<= ``ranks``)."""
     delay_ms: NonNegativeFloat
+    """How long each drawn rank sleeps, in milliseconds."""
     replace: bool = False
+    """false: ``count`` different ranks; true: ``count`` independent draws, so coinciding draws
+    make fewer ranks sleep (as the WAGMA-SGD and eager-SGD code draws)."""
 
     def check(self, ranks: int) -> None:
         if self.count > ranks:
@@ -274,11 +324,14 @@ class RandomRanksSpec(InjectorSpec):
 
 
 class FixedSpec(InjectorSpec):
-    """The listed ranks sleep ``delay_ms`` every iteration."""
+    """The listed ranks sleep ``delay_ms`` every iteration, before their forward pass."""
 
     kind: Literal["fixed"]
+    """``fixed``."""
     ranks: Annotated[list[Rank], Field(min_length=1)]
+    """The ranks that sleep (each < ``ranks``, none twice)."""
     delay_ms: NonNegativeFloat
+    """How long each of them sleeps every iteration, in milliseconds."""
 
     def check(self, ranks: int) -> None:
         _check_ranks("ranks", self.ranks, ranks)
@@ -291,7 +344,9 @@ class LinearSpec(InjectorSpec):
     """Rank i sleeps i * ``offset_ms`` every iteration (the papers' usleep(rank * 1 ms) skew)."""
 
     kind: Literal["linear"]
+    """``linear``."""
     offset_ms: NonNegativeFloat
+    """Rank i sleeps i times this many milliseconds every iteration."""
 
     def effect(self, ranks: int, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray]:
         return np.arange(ranks) * (self.offset_ms / 1e3), np.ones(ranks)
@@ -303,7 +358,9 @@ class JitterSpec(InjectorSpec):
     random: ClassVar[bool] = True
 
     kind: Literal["jitter"]
+    """``jitter``."""
     sigma: NonNegativeFloat
+    """Sigma of the lognormal compute-time factor exp(N(0, sigma))."""
 
     def effect(self, ranks: int, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(ranks), np.exp(_generator(self.kind, rng).normal(0.0, self.sigma, ranks))
@@ -313,8 +370,12 @@ class SlowdownSpec(InjectorSpec):
     """Compute of the listed ranks takes ``factor`` times as long."""
 
     kind: Literal["slowdown"]
+    """``slowdown``."""
     ranks: Annotated[list[Rank], Field(min_length=1)]
+    """The slowed ranks (each < ``ranks``, none twice)."""
     factor: PositiveFloat
+    """Their compute time is multiplied by this: real compute sleeps factor - 1 times its duration
+    after the step (a factor below 1 changes nothing), emulated compute sleeps that much longer."""
 
     def check(self, ranks: int) -> None:
         _check_ranks("ranks", self.ranks, ranks)
@@ -332,13 +393,33 @@ AnyInjectorSpec = Annotated[
 # network
 
 
-class LinkSettings(StrictModel):
-    """Latency and bandwidth of a link; ``latency_ms`` is accepted as input and kept in us."""
+def _latency_ms_schema(schema: dict[str, Any]) -> None:
+    """The JSON Schema of ``latency_ms``, the input-only key ``LinkSettings._latency_ms`` reads,
+    right after ``latency_us``; the two exclude each other."""
+    latency_ms = {"type": "number", "minimum": 0,
+                  "description": "The latency in milliseconds instead: kept as latency_us = 1000 * latency_ms "
+                  "(give one of the two)."}
+    properties = schema["properties"]
+    schema["properties"] = {}
+    for key, value in properties.items():
+        schema["properties"][key] = value
+        if key == "latency_us":
+            schema["properties"]["latency_ms"] = latency_ms
+    schema["not"] = {"required": ["latency_us", "latency_ms"]}
 
+
+class LinkSettings(StrictModel):
+    """Latency and bandwidth of an emulated link: a message of B bytes is delivered latency + 8 B /
+    (1e9 bandwidth_gbps) seconds after it is sent, behind the messages sent before it on the link.
+    ``latency_ms`` may be given instead of ``latency_us``."""
+
+    model_config = ConfigDict(json_schema_extra=_latency_ms_schema)
     input_only_keys: ClassVar[tuple[str, ...]] = ("latency_ms",)
 
     latency_us: NonNegativeFloat = 0.0
-    bandwidth_gbps: PositiveFloat | None = None  # gigabits per second; None: no emulated limit
+    """One-way latency of every message on the link, in microseconds."""
+    bandwidth_gbps: PositiveFloat | None = None
+    """Bandwidth in gigabits per second (1e9 bits); null: no emulated limit."""
 
     @model_validator(mode="before")
     @classmethod
@@ -381,21 +462,37 @@ class NodeAgent(StrictModel):
     ``harness.local_costs.node_combine_s`` times."""
 
     gpus: PositiveInt
+    """GPUs per node (1: no combining cost)."""
     link: LinkSettings = Field(default_factory=lambda: LinkSettings(**_NVLINK))
+    """The link between the node's GPUs; each iteration costs 2 ((gpus - 1) latency + bytes /
+    bandwidth) for the reduce and the broadcast, pipelined chains over it. Default: NVLink-class."""
 
 
 class HostStaging(StrictModel):
     """``workload.staging``: the ranks communicate from host memory, so every iteration the
     communicated buffer crosses PCIe from the GPU to the host before communication and back after
-    it (``harness.local_costs.staging_s``). ``bandwidth_gbps`` is the copy bandwidth of one
-    direction (required), ``latency_us`` a copy's fixed cost."""
+    it (``harness.local_costs.staging_s``): 2 (latency + bytes / bandwidth) per iteration. On a real
+    GPU run (``device: cuda``) the copies are real, and this emulated cost is left out."""
 
     bandwidth_gbps: PositiveFloat
+    """Copy bandwidth of one direction, in gigabits per second."""
     latency_us: NonNegativeFloat = 0.0
+    """Fixed cost of one copy, in microseconds."""
+
+
+def _rule_schema(schema: dict[str, Any]) -> None:
+    """A rule's link fields as :class:`LinkSettings` has them, without defaults: a field the rule
+    leaves out keeps what ``network.default`` and earlier rules say."""
+    _latency_ms_schema(schema)
+    for key in ("latency_us", "bandwidth_gbps"):
+        schema["properties"][key].pop("default", None)
+        schema["properties"][key]["description"] += " Left out: as network.default and earlier rules say."
 
 
 class LinkRule(LinkSettings):
     """A ``network.links`` entry: overrides only the fields it sets, on the links it names."""
+
+    model_config = ConfigDict(json_schema_extra=_rule_schema)
 
     @model_serializer(mode="wrap")
     def _only_set_fields(self, handler: Any) -> dict[str, Any]:
@@ -414,6 +511,7 @@ class PairLink(LinkRule):
     """``between: [a, b]``: both directions between a and b."""
 
     between: Annotated[list[Rank], Field(min_length=2, max_length=2)]
+    """The two ranks whose links (both directions) the rule sets."""
 
     def check(self, ranks: int) -> None:
         _check_ranks("between", self.between, ranks)
@@ -427,7 +525,9 @@ class DirectedLink(LinkRule):
     """``from: a, to: b``: the one direction a -> b."""
 
     src: Rank = Field(alias="from")
+    """The sending rank of the one link the rule sets."""
     dst: Rank = Field(alias="to")
+    """The receiving rank (not ``from``)."""
 
     def check(self, ranks: int) -> None:
         _check_rank("from", self.src, ranks)
@@ -443,6 +543,7 @@ class RankLinks(LinkRule):
     """``rank: r``: every link into and out of r."""
 
     rank: Rank
+    """The rank whose links (to and from every other rank) the rule sets."""
 
     def check(self, ranks: int) -> None:
         _check_rank("rank", self.rank, ranks)
@@ -481,7 +582,7 @@ AnyLinkRule = Annotated[
 ]
 
 
-# The papers' networks, by name (``network.topology.preset``); README "Network topology" shows
+# The papers' networks, by name (``network.topology.preset``); docs/guides/topology.md shows
 # them. NIC latencies are typical one-way small-message MPI latencies between nodes: about 20 us
 # through the kernel's TCP stack on Ethernet, about 2 us with RDMA on InfiniBand; bandwidths are
 # line rates. The intra-node link is NVLink-class (_NVLINK) for the cluster presets.
@@ -492,18 +593,45 @@ TOPOLOGY_PRESETS: dict[str, dict[str, dict[str, float]]] = {
 }
 
 
+def _preset_text() -> str:
+    """``preset``'s description, from :data:`TOPOLOGY_PRESETS`."""
+    def link(values: dict[str, float]) -> str:
+        return f"{values['latency_us']:g} us, {values['bandwidth_gbps']:g} Gb/s"
+
+    presets = "; ".join(f"{name}: NIC {link(p['nic'])}, intra-node {link(p['intra'])}"
+                        for name, p in TOPOLOGY_PRESETS.items())
+    return f"A named network that fills the nic and intra fields (or parts of them) left out ({presets}); null: none."
+
+
+def _one_placement_schema(schema: dict[str, Any]) -> None:
+    """``ranks_per_node`` or ``placement``, exactly one of them (``Topology._one_placement``)."""
+    schema["oneOf"] = [{"properties": {key: {"not": {"type": "null"}}}, "required": [key]}
+                       for key in ("ranks_per_node", "placement")]
+
+
 class Topology(StrictModel):
     """Ranks grouped into nodes: pairs inside a node use the ``intra`` link; messages between
     nodes leave through the source node's NIC, cross the fabric (``bisection_gbps``, if limited)
-    and enter through the destination node's NIC. NICs and fabric are shared and full duplex; see
-    README "Network topology" for the contention rule and how ``network.links`` combine with it."""
+    and enter through the destination node's NIC. NICs and fabric are shared and full duplex,
+    and carry messages in the order they reach them; ``network.default`` and ``network.links``
+    still apply, as a first link in front. See docs/guides/topology.md."""
 
-    preset: Literal["ethernet_1g", "ethernet_10g", "infiniband_100g"] | None = None
+    model_config = ConfigDict(json_schema_extra=_one_placement_schema)
+
+    preset: Literal["ethernet_1g", "ethernet_10g", "infiniband_100g"] | None = Field(None, description=_preset_text())
     ranks_per_node: PositiveInt | None = None
-    placement: list[NonNegativeInt] | None = None  # the node of every rank, instead of ranks_per_node
+    """Ranks per node, nodes filled in rank order; must divide ``ranks``. Give this or ``placement``."""
+    placement: list[NonNegativeInt] | None = None
+    """The node of every rank (``ranks`` entries; nodes numbered 0, 1, 2, ... with none empty), for
+    uneven nodes. Give this or ``ranks_per_node``."""
     intra: LinkSettings = LinkSettings()
+    """The link between two ranks of one node (each pair has a private one)."""
     nic: LinkSettings = LinkSettings()
+    """Each node's network interface, shared by its ranks and full duplex: a message between nodes
+    crosses the sending node's NIC and the receiving node's NIC."""
     bisection_gbps: PositiveFloat | None = None
+    """Bandwidth of the fabric between the nodes, in gigabits per second, shared by all traffic
+    between nodes; null: unlimited."""
 
     @model_validator(mode="before")
     @classmethod
@@ -570,13 +698,23 @@ AllreduceAlgorithm = Literal["auto", "ring", "recursive_doubling", "reduce_broad
 
 class Network(StrictModel):
     """Emulated links: ``default`` for every ordered pair, then ``links`` in file order;
-    optionally a ``topology`` of nodes whose shared NICs the messages between nodes cross; and the
-    ``allreduce`` algorithm (:data:`AllreduceAlgorithm`)."""
+    optionally a ``topology`` of nodes whose shared NICs the messages between nodes cross; and how
+    allreduces are built (``allreduce``)."""
 
     default: LinkSettings = LinkSettings()
+    """The link of every ordered pair of ranks (default: none emulated)."""
     links: list[AnyLinkRule] = []
+    """Rules over ``default``, applied in file order: each names links (``between: [a, b]``, ``from:
+    a, to: b`` or ``rank: r``) and sets the fields it gives on them; a later rule overrides an
+    earlier one."""
     topology: Topology | None = None
+    """Ranks grouped into nodes that share a NIC; null: every pair of ranks has a link of its own."""
     allreduce: AllreduceAlgorithm = "auto"
+    """How every allreduce is built, in real and simulated runs alike: ``auto`` (``ring`` from 64 KiB
+    per rank with more than 2 ranks, ``recursive_doubling`` below); ``ring`` (reduce-scatter and
+    allgather, 2(p-1) steps of 1/p of the buffer); ``recursive_doubling`` (log2 p exchanges of the
+    whole buffer); ``reduce_broadcast`` (binomial reduce to rank 0, then broadcast); ``hierarchical``
+    (inside each node to its first rank, ``auto`` among those, back inside; needs ``topology``)."""
 
     def check(self, ranks: int) -> None:
         if self.allreduce == "hierarchical" and self.topology is None:
@@ -595,10 +733,12 @@ class Network(StrictModel):
 
 
 class FaultSpec(StrictModel):
-    """One injected fault of one rank (see README "Faults"); the simulator ignores faults."""
+    """One injected fault of one rank (see docs/guides/faults.md); the simulator ignores faults."""
 
     kind: str
+    """Which fault."""
     rank: Rank
+    """The rank it strikes (< ``ranks``)."""
 
     def check(self, ranks: int) -> None:
         _check_rank("rank", self.rank, ranks)
@@ -606,6 +746,14 @@ class FaultSpec(StrictModel):
 
 FaultPoint = Literal["iteration", "communication", "evaluation", "finish"]
 """Where in an algorithm's run a ``kill`` or ``hang`` strikes (``IterationFault.during``)."""
+
+
+def _at_iteration_schema(schema: dict[str, Any]) -> None:
+    """``at_iteration`` is required, except with ``during: finish``, where it is left out
+    (``IterationFault._iteration_where_it_is_needed``)."""
+    schema["if"] = {"properties": {"during": {"const": "finish"}}, "required": ["during"]}
+    schema["then"] = {"properties": {"at_iteration": {"type": "null"}}}
+    schema["else"] = {"properties": {"at_iteration": {"type": "integer"}}, "required": ["at_iteration"]}
 
 
 class IterationFault(FaultSpec):
@@ -625,9 +773,18 @@ class IterationFault(FaultSpec):
       (``at_iteration`` is then left out).
     """
 
+    model_config = ConfigDict(json_schema_extra=_at_iteration_schema)
+
     at_iteration: NonNegativeInt | None = None
+    """The iteration it strikes at (< ``workload.iterations``); required unless ``during: finish``,
+    where it is left out."""
     algorithm: str | None = None
+    """The name of the algorithm entry in whose run it strikes; null: the first algorithm run."""
     during: FaultPoint = "iteration"
+    """Where it strikes: ``iteration`` (at the start of iteration ``at_iteration``), ``communication``
+    (while the rank's first communication at or after that iteration is in flight),
+    ``evaluation`` (at the start of the first evaluation after it) or ``finish`` (at the start of
+    the algorithm's finish, after its last iteration)."""
 
     @model_validator(mode="after")
     def _iteration_where_it_is_needed(self) -> IterationFault:
@@ -643,19 +800,23 @@ class KillFault(IterationFault):
     """The rank's process dies (SIGKILL, as an out-of-memory kill or a node failure would)."""
 
     kind: Literal["kill"]
+    """``kill``."""
 
 
 class HangFault(IterationFault):
     """The rank's training loop stops making progress (its process stays alive)."""
 
     kind: Literal["hang"]
+    """``hang``."""
 
 
 class SlowStartFault(FaultSpec):
     """The rank starts ``delay_s`` late: it sleeps before it reports in and joins the first barrier."""
 
     kind: Literal["slow_start"]
+    """``slow_start``."""
     delay_s: NonNegativeFloat
+    """How late the rank starts, in seconds (one ``slow_start`` per rank)."""
 
 
 AnyFaultSpec = Annotated[Union[KillFault, HangFault, SlowStartFault], Field(discriminator="kind")]
@@ -673,33 +834,37 @@ class Watchdog(StrictModel):
     """
 
     stall_timeout_s: PositiveFloat | None = None
+    """Seconds without progress in training iterations after which a rank is stuck; null: the
+    timeout follows the iteration times (``factor``, ``min_timeout_s``)."""
     factor: Annotated[float, Field(ge=1.0)] = 20.0
+    """Without ``stall_timeout_s``: the timeout is this many times the slowest iteration any rank
+    has finished so far."""
     min_timeout_s: PositiveFloat = 10.0
+    """Without ``stall_timeout_s``: the timeout is at least this many seconds."""
     startup_timeout_s: PositiveFloat = 120.0
+    """Seconds allowed for start-up, each algorithm's set-up, evaluations, writing results and the
+    iterations before any has finished (or the iteration timeout, if longer)."""
 
 
 ProvenanceSetting = Literal["auto", "full", "final", "none"]
 
 
 class ResultsSettings(StrictModel):
-    """What a run keeps and how its summary judges the algorithms.
-
-    ``provenance``: what goes into ``provenance/`` (``results/README.md``; written by
-    ``harness/results/provenance.py``). ``final`` saves the initial model, the data shards and
-    per algorithm the average of the ranks' final models (the model ``final_accuracy`` was
-    measured on); ``full`` adds every rank's final model of each algorithm; ``none`` saves
-    nothing. ``auto`` (the default) is ``full`` with real compute and ``none`` with emulated
-    compute; ``python -m harness run`` resolves it, and ``--provenance`` overrides the setting.
-    ``target_accuracy``: a test accuracy (fraction in (0, 1]); summary.csv's ``time_to_target_s``
-    is the training time until an evaluation of the averaged model first reached it (evaluation
-    time excluded; defined in results/README.md), shown as ``to 90% s`` in summary.txt.
-    ``comm_calls``: also write ``comm_calls.csv``, every call each rank's algorithm made to its
-    communicator, per iteration (``harness.comm.call_log``); real and simulated runs alike.
-    """
+    """What a run keeps and how its summary judges the algorithms (``results/README.md`` describes
+    the files; ``harness/results/provenance.py`` writes ``provenance/``)."""
 
     provenance: ProvenanceSetting = "auto"
+    """What ``provenance/`` keeps: ``final`` the initial model, the data shards and per algorithm
+    the average of the ranks' final models (the model ``final_accuracy`` was measured on);
+    ``full`` also every rank's final model of each algorithm; ``none`` nothing; ``auto`` is
+    ``full`` with real compute and ``none`` with emulated compute. ``run --provenance``
+    overrides it."""
     target_accuracy: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9
+    """A test accuracy (a fraction): summary.csv's ``time_to_target_s`` is the training time
+    (evaluations excluded) until an evaluation of the averaged model first reached it."""
     comm_calls: bool = False
+    """Also write ``comm_calls.csv``: every call each rank's algorithm made to its communicator,
+    per iteration (real and simulated runs alike)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -778,23 +943,45 @@ class Scenario(StrictModel):
     injected faults and the watchdog's settings."""
 
     name: str
+    """The scenario's name: letters, digits, ``-`` and ``_``; a run's results go to
+    ``results/NAME/`` (under ``--out``)."""
     description: str = ""
+    """A line saying what the scenario is for (kept with the results, in scenario.resolved.yaml)."""
     ranks: Annotated[int, Field(ge=1, le=MAX_RANKS)]
+    """Number of ranks (processes, each one worker or one node) that train."""
     seed: NonNegativeInt = 0
-    # Directories searched first for the modules of import references (harness.user_code); made
-    # absolute against the scenario file's directory, which is the default when a reference is used.
+    """Seed of everything random: initial model, data shards and order, injected imbalance."""
+    # harness.user_code searches them; the validator below makes them absolute.
     python_path: list[str] = []
+    """Directories searched first for the modules of ``"module:callable"`` references, relative to
+    the scenario file's directory; default: that directory, when the scenario names code of yours."""
     workload: Workload
+    """What each rank trains, for how many iterations, and how it computes."""
     optimizer: OptimizerSpec = SGDOptimizer()
+    """The local optimizer of every algorithm (an ``algorithms`` entry may give its own): ``sgd``
+    (momentum SGD, the default), ``adam``, ``adamw`` or your own ``"module:callable"``; a bare name
+    or a mapping with ``name`` and its parameters. Its ``lr`` is the algorithms' learning rate."""
     algorithms: Annotated[list[AlgorithmEntry], Field(min_length=1)]
+    """The algorithms to run, one after the other, each from the same initial model under the same
+    injections: a built-in name, a mapping ``{name: NAME, PARAMETER: VALUE, ...}``, a variant
+    ``{name: LABEL, algorithm: BUILT_IN, ...}`` (a built-in under a label of its own), or your own
+    class ``{name: NAME, class: "module:Class", ...}``. Names are unique."""
     imbalance: list[AnyInjectorSpec] = []
+    """Injected imbalance, one entry per ``kind``: ``random_ranks``, ``fixed``, ``linear``,
+    ``jitter``, ``slowdown``. Entries combine: sleeps add up, compute factors multiply."""
     network: Network = Network()
+    """Emulated links, nodes and the allreduce algorithm (default: no emulated network)."""
     faults: list[AnyFaultSpec] = []
+    """Injected faults: ``kill``, ``hang``, ``slow_start`` (real runs only; the simulator ignores them)."""
     watchdog: Watchdog = Watchdog()
+    """When ``python -m harness run`` declares the job stuck and stops it."""
     results: ResultsSettings = ResultsSettings()
-    # The KEY=VALUE overrides this scenario was loaded with, in order (harness.scenario.overrides):
-    # the commands record them here, so scenario.resolved.yaml says how it differs from the file.
+    """What a run keeps and how its summary judges the algorithms."""
+    # The commands record the KEY=VALUE overrides here (harness.scenario.overrides), so
+    # scenario.resolved.yaml says how it differs from the file.
     overrides: list[str] = []
+    """The ``KEY=VALUE`` overrides the scenario was loaded with, in order; the commands fill it in
+    (a scenario file leaves it out)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -37,10 +37,13 @@ def schema() -> dict:
     return scenario_json_schema()
 
 
-@pytest.fixture(scope="module")
-def validator(schema) -> jsonschema.Draft202012Validator:
-    jsonschema.Draft202012Validator.check_schema(schema)
-    return jsonschema.Draft202012Validator(schema)
+@pytest.fixture(scope="module", params=[jsonschema.Draft202012Validator, jsonschema.Draft7Validator],
+                ids=["2020-12", "draft-07"])
+def validator(request, schema) -> jsonschema.protocols.Validator:
+    """The schema's own dialect, and draft-07, what the YAML language server validates with (it
+    ignores what stands beside a ``$ref``, and finds ``$defs`` by JSON pointer): both must agree."""
+    request.param.check_schema(schema)
+    return request.param(schema)
 
 
 @pytest.fixture(scope="module")

@@ -57,13 +57,12 @@ class StrictModel(BaseModel):
 
     ``input_only_keys`` lists keys a before-validator consumes (e.g. ``latency_ms``).
 
-    A field's documentation is the docstring right after it (``use_attribute_docstrings``): it
-    becomes the field's ``description``, which the scenario file's JSON Schema
-    (``harness.scenario.json_schema``) and reference page (``harness.scenario.reference``) show.
+    A field's documentation is the docstring right after it: ``harness.field_docs`` makes it the
+    field's ``description`` when the scenario file's JSON Schema (``harness.scenario.json_schema``)
+    or reference page (``harness.scenario.reference``) is made, not at every import.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False,
-                              use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
     input_only_keys: ClassVar[tuple[str, ...]] = ()
     listed_last: ClassVar[tuple[str, ...]] = ()  # fields the unknown-key message names after the others
 

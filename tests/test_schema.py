@@ -20,10 +20,21 @@ from harness.algorithms import registry
 from harness.algorithms.user_class import ClassEntryParams
 from harness.algorithms.variant import VariantEntryParams
 from harness.cli import main
+from harness.config import StrictModel
+from harness.field_docs import document_models
 from harness.scenario import load_scenario, read_yaml
-from harness.scenario.json_schema import COMMITTED, REGENERATE, prose, scenario_json_schema, scenario_json_schema_text
+from harness.scenario.json_schema import (
+    COMMITTED,
+    REGENERATE,
+    prose,
+    scenario_json_schema,
+    scenario_json_schema_text,
+)
 from harness.scenario.reference import scenario_reference_markdown
 from harness.scenario.schema import Scenario, Watchdog, Workload
+
+# The fields' docstrings become their descriptions when documentation is made (harness.field_docs).
+document_models(StrictModel)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((ROOT / "scenarios").glob("*.yaml"))

@@ -43,8 +43,12 @@ from harness.algorithms import registry
 from harness.algorithms.params import AlgorithmParams
 from harness.algorithms.user_class import CLASS_KEY, ClassEntryParams
 from harness.algorithms.variant import ALGORITHM_KEY, VariantEntryParams
+from harness.config import StrictModel
+from harness.field_docs import document_models
 from harness.optimizer_spec import BUILT_IN_OPTIMIZERS, ReferenceOptimizer, SGDOptimizer
-from harness.scenario.schema import _NAME as SCENARIO_NAME  # what Scenario._name_chars accepts
+from harness.scenario.schema import (
+    _NAME as SCENARIO_NAME,  # what Scenario._name_chars accepts
+)
 from harness.scenario.schema import Scenario
 from harness.user_code import REFERENCE
 from harness.workload.names import DATASETS, MODELS
@@ -71,6 +75,7 @@ class _Generator(GenerateJsonSchema):
 
 def scenario_json_schema() -> dict[str, Any]:
     """The JSON Schema of a scenario file (a fresh dict; the same every call)."""
+    document_models(StrictModel)  # the fields' docstrings as their descriptions
     built_in = registry.BUILT_IN
     models = [(Scenario, "validation"), *((entry.params, "validation") for entry in built_in)]
     keys, document = models_json_schema(models, ref_template="#/$defs/{model}", schema_generator=_Generator)

@@ -75,6 +75,10 @@ class Handle {
     st_->throw_if_failed();
   }
   bool done() { return st_->is_done(); }
+  // Pushes `id` into `cq` once the op is done (at once if it is).
+  void notify(std::shared_ptr<CompletionQueue> cq, int64_t id) {
+    st_->when_done([cq = std::move(cq), id] { cq->push(id); });
+  }
   py::tuple times() {
     std::lock_guard<std::mutex> lock(st_->mu);
     return py::make_tuple(st_->t_post, st_->t_start, st_->t_end);
@@ -120,6 +124,19 @@ using PyComm = Held<Communicator>;
 using PyPushChannel = Held<PushChannel>;
 using PyWaitAvoiding = Held<WaitAvoiding>;
 using PyPairwiseAverager = Held<PairwiseAverager>;
+using PyGroup = Held<Group>;
+
+// A tensor's memory as harness.dist lends it: its address and element count (the Python side
+// checked that it is contiguous host memory of the dtype it names and keeps it alive).
+TypedSpan span(uintptr_t ptr, int64_t count) { return {reinterpret_cast<void*>(ptr), count}; }
+DType dtype_code(int code) {
+  elem_type(static_cast<DType>(code));  // throws for an unknown code
+  return static_cast<DType>(code);
+}
+ReduceOp reduce_op_code(int code) {
+  if (code < 0 || code > static_cast<int>(ReduceOp::kMax)) throw CommError("unknown reduce op code " + std::to_string(code));
+  return static_cast<ReduceOp>(code);
+}
 
 // The allreduce's steps as member `me` of `p` runs them for `count` floats with `algorithm`
 // (member_nodes: the node of every member, for "hierarchical"): per step, its sends and
@@ -197,8 +214,96 @@ PYBIND11_MODULE(_core, m) {
   py::class_<Handle>(m, "Handle")
       .def("wait", &Handle::wait, py::arg("timeout") = py::none())
       .def("done", &Handle::done)
+      .def("notify", &Handle::notify, py::arg("queue"), py::arg("id"))
       .def("times", &Handle::times);
   py::class_<RoundHandle, Handle>(m, "RoundHandle").def("info", &RoundHandle::info);
+
+  py::class_<CompletionQueue, std::shared_ptr<CompletionQueue>>(m, "CompletionQueue")
+      .def(py::init<>())
+      .def(
+          "pop", [](CompletionQueue& q, std::optional<double> timeout) { return q.pop(timeout ? *timeout : -1.0); },
+          py::arg("timeout") = py::none(), py::call_guard<py::gil_scoped_release>())
+      .def("close", &CompletionQueue::close);
+
+  // Every operation takes `keep` (the tensors whose memory it uses; held until it is done), then
+  // addresses and element counts, and returns a Handle.
+  auto handle = [](PyGroup& g, std::shared_ptr<OpState> st, py::object keep) {
+    return std::make_unique<Handle>(std::move(st), std::move(keep), g.graveyard);
+  };
+  py::class_<PyGroup>(m, "Group")
+      .def_property_readonly("rank", [](PyGroup& g) { return g.native->rank(); })
+      .def_property_readonly("size", [](PyGroup& g) { return g.native->size(); })
+      .def_property_readonly("world_ranks", [](PyGroup& g) { return g.native->world_ranks(); })
+      .def_property_readonly("tag_ub", [](PyGroup& g) { return g.native->tag_ub(); })
+      .def("allreduce",
+           [handle](PyGroup& g, py::object keep, uintptr_t ptr, int64_t count, int dtype, int op, int tag) {
+             auto st = without_gil([&] { return g.native->allreduce(span(ptr, count), dtype_code(dtype), reduce_op_code(op), tag); });
+             return handle(g, st, keep);
+           })
+      .def("broadcast",
+           [handle](PyGroup& g, py::object keep, uintptr_t ptr, int64_t count, int dtype, int root, int tag) {
+             auto st = without_gil([&] { return g.native->broadcast(span(ptr, count), dtype_code(dtype), root, tag); });
+             return handle(g, st, keep);
+           })
+      .def("reduce",
+           [handle](PyGroup& g, py::object keep, uintptr_t ptr, int64_t count, int dtype, int op, int root, int tag) {
+             auto st = without_gil(
+                 [&] { return g.native->reduce(span(ptr, count), dtype_code(dtype), reduce_op_code(op), root, tag); });
+             return handle(g, st, keep);
+           })
+      .def("allgather",
+           [handle](PyGroup& g, py::object keep, uintptr_t in, int64_t in_count, uintptr_t out, int64_t out_count,
+                    int dtype, int tag) {
+             auto st = without_gil(
+                 [&] { return g.native->allgather(span(in, in_count), span(out, out_count), dtype_code(dtype), tag); });
+             return handle(g, st, keep);
+           })
+      .def("reduce_scatter",
+           [handle](PyGroup& g, py::object keep, uintptr_t in, int64_t in_count, uintptr_t out, int64_t out_count,
+                    int dtype, int op, int tag) {
+             auto st = without_gil([&] {
+               return g.native->reduce_scatter(span(in, in_count), span(out, out_count), dtype_code(dtype),
+                                               reduce_op_code(op), tag);
+             });
+             return handle(g, st, keep);
+           })
+      .def("gather",
+           [handle](PyGroup& g, py::object keep, uintptr_t in, int64_t in_count, uintptr_t out, int64_t out_count,
+                    int dtype, int root, int tag) {
+             auto st = without_gil(
+                 [&] { return g.native->gather(span(in, in_count), span(out, out_count), dtype_code(dtype), root, tag); });
+             return handle(g, st, keep);
+           })
+      .def("scatter",
+           [handle](PyGroup& g, py::object keep, uintptr_t in, int64_t in_count, uintptr_t out, int64_t out_count,
+                    int dtype, int root, int tag) {
+             auto st = without_gil(
+                 [&] { return g.native->scatter(span(in, in_count), span(out, out_count), dtype_code(dtype), root, tag); });
+             return handle(g, st, keep);
+           })
+      .def("alltoall",
+           [handle](PyGroup& g, py::object keep, uintptr_t in, int64_t in_count, uintptr_t out, int64_t out_count,
+                    int dtype, const std::vector<int64_t>& send_counts, const std::vector<int64_t>& recv_counts, int tag) {
+             auto st = without_gil([&] {
+               return g.native->alltoall(span(in, in_count), span(out, out_count), dtype_code(dtype), send_counts,
+                                         recv_counts, tag);
+             });
+             return handle(g, st, keep);
+           })
+      .def("barrier",
+           [handle](PyGroup& g, int tag) {
+             auto st = without_gil([&] { return g.native->barrier(tag); });
+             return handle(g, st, py::none());
+           })
+      .def("send",
+           [handle](PyGroup& g, py::object keep, uintptr_t ptr, int64_t count, int dtype, int dst, int tag) {
+             auto st = without_gil([&] { return g.native->send(span(ptr, count), dtype_code(dtype), dst, tag); });
+             return handle(g, st, keep);
+           })
+      .def("recv", [handle](PyGroup& g, py::object keep, uintptr_t ptr, int64_t count, int dtype, int src, int tag) {
+        auto st = without_gil([&] { return g.native->recv(span(ptr, count), dtype_code(dtype), src, tag); });
+        return handle(g, st, keep);
+      });
 
   // No locking needed around `native`: the caller sides guard their own state.
   using release_gil = py::call_guard<py::gil_scoped_release>;
@@ -337,6 +442,13 @@ PYBIND11_MODULE(_core, m) {
             return PyPairwiseAverager{c.graveyard, std::move(native)};
           },
           py::arg("initial"))
+      .def(
+          "group",
+          [](PyComm& c, std::vector<int> world_ranks) {
+            auto native = without_gil([&] { return c.native->group(std::move(world_ranks)); });
+            return PyGroup{c.graveyard, std::move(native)};
+          },
+          py::arg("world_ranks"))
       .def(
           "set_topology",
           [](PyComm& c, const std::vector<int>& node_of, std::tuple<double, double> intra, std::tuple<double, double> nic,

@@ -7,6 +7,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <ctime>
+#include <deque>
+#include <functional>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -71,13 +73,14 @@ inline void check_mpi(int rc, const char* what) {
 // MPI failed with `err`. Only MPI_ERR_TRUNCATE means the sender's buffer was longer than this
 // rank's; any other error is MPI losing the sender, and saying "buffer lengths differ" then
 // would send the user after the wrong rank.
-inline CommError failed_receive(int err, int peer, int world_rank, int64_t count) {
+inline CommError failed_receive(int err, int peer, int world_rank, int64_t count, const char* type = "float32") {
   int cls = MPI_ERR_OTHER;
   MPI_Error_class(err, &cls);
   const std::string who = "member " + std::to_string(peer) + " (rank " + std::to_string(world_rank) + ")";
   if (cls == MPI_ERR_TRUNCATE)
-    return CommError("size mismatch: " + who + " sent more than the " + std::to_string(count) +
-                     " floats this rank expects (buffer lengths differ across ranks)");
+    return CommError("size mismatch: " + who + " sent more than the " + std::to_string(count) + " " +
+                     (std::string(type) == "float32" ? std::string("floats") : std::string(type) + " elements") +
+                     " this rank expects (buffer lengths differ across ranks)");
   return CommError(std::string(kPeerLost) + "the receive from " + who + " failed: " + mpi_error_string(err) +
                    " (its process died or its connection was lost)");
 }
@@ -100,16 +103,33 @@ struct OpState {
   bool done = false;
   std::string error;  // empty on success
   double t_post = 0, t_start = 0, t_end = 0;
+  std::function<void()> on_done;  // see when_done
 
   void finish(const std::string& err = std::string()) {
+    std::function<void()> callback;
     {
       std::lock_guard<std::mutex> lock(mu);
       if (done) return;
       done = true;
       error = err;
       t_end = now();
+      callback = std::move(on_done);
     }
     cv.notify_all();
+    if (callback) callback();
+  }
+
+  // Calls `callback` once the op is done: at once (on this thread) if it is, else on the thread
+  // that finishes it (the progress thread), which must not block in it. One callback per op.
+  void when_done(std::function<void()> callback) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!done) {
+        on_done = std::move(callback);
+        return;
+      }
+    }
+    callback();
   }
 
   bool is_done() {
@@ -132,6 +152,46 @@ struct OpState {
     std::lock_guard<std::mutex> lock(mu);
     if (!error.empty()) throw CommError(error);
   }
+};
+
+// Ids of finished operations, for a caller thread that waits for whichever finishes next
+// (harness.dist completes torch futures with it): pushed by the progress thread, popped by a
+// caller that sleeps on the condition variable meanwhile (never spins).
+class CompletionQueue {
+ public:
+  void push(int64_t id) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ready_.push_back(id);
+    }
+    cv_.notify_one();
+  }
+  // The next id; -1 after close() once the queue is empty, -2 on timeout (negative: none).
+  int64_t pop(double timeout_s) {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto ready = [&] { return !ready_.empty() || closed_; };
+    if (timeout_s < 0)
+      cv_.wait(lock, ready);
+    else if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), ready))
+      return -2;
+    if (ready_.empty()) return -1;
+    int64_t id = ready_.front();
+    ready_.pop_front();
+    return id;
+  }
+  void close() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closed_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<int64_t> ready_;
+  bool closed_ = false;
 };
 
 }  // namespace harness

@@ -75,6 +75,11 @@ std::unique_ptr<PairwiseAverager> Communicator::pairwise_averager(FloatSpan init
   return std::make_unique<PairwiseAverager>(engine_, initial);
 }
 
+std::unique_ptr<Group> Communicator::group(std::vector<int> world_ranks) {
+  check_open();
+  return std::make_unique<Group>(engine_, std::move(world_ranks), ring_threshold_);
+}
+
 void Communicator::set_links(const std::vector<std::tuple<int, double, double>>& links) {
   std::unordered_map<int, LinkParams> table;
   for (auto& [dst, lat, bw] : links) {

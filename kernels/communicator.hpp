@@ -15,6 +15,7 @@
 
 #include "async_pairwise_caller.hpp"
 #include "caller.hpp"
+#include "group.hpp"
 #include "push_channel_caller.hpp"
 #include "wait_avoiding_caller.hpp"
 
@@ -41,6 +42,8 @@ class Communicator {
   std::unique_ptr<WaitAvoiding> wait_avoiding(FloatSpan initial, int sync_every, bool accumulate,
                                               std::vector<std::vector<int>> phases, int quorum = 1);
   std::unique_ptr<PairwiseAverager> pairwise_averager(FloatSpan initial);
+  // Typed collectives over `world_ranks` (collective over those ranks only; group.hpp).
+  std::unique_ptr<Group> group(std::vector<int> world_ranks);
 
   // Outgoing links of this rank: (dst rank, latency s, bandwidth B/s or inf).
   void set_links(const std::vector<std::tuple<int, double, double>>& links);

@@ -19,13 +19,12 @@ int64_t chunk_begin(int64_t n, int p, int k) {
 
 }  // namespace
 
-Schedule rd_allreduce(int p, int me, float* buf, int64_t n) {
+Schedule rd_allreduce(int p, int me, void* buf, int64_t n, int esz) {
   Schedule s;
   s.result = buf;
   s.count = n;
   if (p == 1) return s;
-  s.scratch.reset(new float[n > 0 ? n : 1]);
-  float* tmp = s.scratch.get();
+  void* tmp = alloc_scratch(s, n * esz);
   int pow2 = 1;
   while (pow2 * 2 <= p) pow2 *= 2;
   int rem = p - pow2;
@@ -57,19 +56,18 @@ Schedule rd_allreduce(int p, int me, float* buf, int64_t n) {
   return s;
 }
 
-Schedule ring_allreduce(int p, int me, float* buf, int64_t n) {
+Schedule ring_allreduce(int p, int me, void* buf, int64_t n, int esz) {
   Schedule s;
   s.result = buf;
   s.count = n;
   if (p == 1) return s;
   int64_t max_chunk = n / p + 1;
-  s.scratch.reset(new float[max_chunk]);
-  float* tmp = s.scratch.get();
+  void* tmp = alloc_scratch(s, max_chunk * esz);
   int right = (me + 1) % p, left = (me + p - 1) % p;
   auto chunk = [&](int k) {
     k = ((k % p) + p) % p;
     int64_t b = chunk_begin(n, p, k);
-    return std::make_pair(buf + b, chunk_begin(n, p, k + 1) - b);
+    return std::make_pair(static_cast<void*>(static_cast<char*>(buf) + b * esz), chunk_begin(n, p, k + 1) - b);
   };
   for (int st = 0; st < p - 1; ++st) {  // reduce-scatter
     auto snd = chunk(me - st);
@@ -84,7 +82,7 @@ Schedule ring_allreduce(int p, int me, float* buf, int64_t n) {
   return s;
 }
 
-Schedule binomial_bcast(int p, int me, int root, float* buf, int64_t n) {
+Schedule binomial_bcast(int p, int me, int root, void* buf, int64_t n, int) {
   Schedule s;
   s.count = n;
   if (p == 1) return s;
@@ -112,8 +110,8 @@ Schedule dissemination_barrier(int p, int me) {
   return s;
 }
 
-Schedule hierarchical_allreduce(int p, int me, const std::vector<int>& member_nodes, float* buf, int64_t n,
-                                int64_t ring_threshold_bytes) {
+Schedule hierarchical_allreduce(int p, int me, const std::vector<int>& member_nodes, void* buf, int64_t n,
+                                int64_t ring_threshold_bytes, int esz) {
   if (static_cast<int>(member_nodes.size()) != p)
     throw CommError("hierarchical allreduce: " + std::to_string(member_nodes.size()) + " node ids for " +
                     std::to_string(p) + " members");
@@ -131,24 +129,25 @@ Schedule hierarchical_allreduce(int p, int me, const std::vector<int>& member_no
   }
   const int q = static_cast<int>(local.size());
   const int li = static_cast<int>(std::find(local.begin(), local.end(), me) - local.begin());
-  if (q > 1) s.scratch.reset(new float[n > 0 ? n : 1]);
+  void* tmp = q > 1 ? alloc_scratch(s, n * esz) : nullptr;
   for (int mask = 1; mask < q; mask <<= 1) {  // binomial reduce to local[0]
     if (li & mask) {
       s.steps.push_back({{{local[li - mask], buf, n}}, {}, {}});
       break;
     }
-    if (li + mask < q) s.steps.push_back({{}, {{local[li + mask], s.scratch.get(), n}}, {{buf, s.scratch.get(), n}}});
+    if (li + mask < q) s.steps.push_back({{}, {{local[li + mask], tmp, n}}, {{buf, tmp, n}}});
   }
   const int L = static_cast<int>(leaders.size());
   if (li == 0 && L > 1) {
     const int lid = static_cast<int>(std::find(leaders.begin(), leaders.end(), me) - leaders.begin());
-    Schedule among = allreduce_schedule(L, lid, buf, n, ring_threshold_bytes);
+    Schedule among = allreduce_schedule(L, lid, buf, n, ring_threshold_bytes, {}, esz);
     for (Step& st : among.steps) {
       for (Xfer& x : st.sends) x.peer = leaders[x.peer];
       for (Xfer& x : st.recvs) x.peer = leaders[x.peer];
       s.steps.push_back(std::move(st));
     }
     if (among.scratch) s.more_scratch.push_back(std::move(among.scratch));
+    for (auto& m : among.more_scratch) s.more_scratch.push_back(std::move(m));
   }
   int top = 1;
   while (top * 2 < q) top *= 2;
@@ -171,24 +170,25 @@ AllreduceAlgorithm allreduce_algorithm_named(const std::string& name) {
                   "' (auto, ring, recursive_doubling, reduce_broadcast or hierarchical)");
 }
 
-Schedule allreduce_schedule(int p, int me, float* buf, int64_t n, int64_t ring_threshold_bytes,
-                            const AllreducePlan& plan) {
+Schedule allreduce_schedule(int p, int me, void* buf, int64_t n, int64_t ring_threshold_bytes,
+                            const AllreducePlan& plan, int esz) {
   const bool ring_fits = p > 2 && n >= p;
   switch (plan.algorithm) {
     case AllreduceAlgorithm::kHierarchical:
-      return hierarchical_allreduce(p, me, plan.member_nodes, buf, n, ring_threshold_bytes);
+      return hierarchical_allreduce(p, me, plan.member_nodes, buf, n, ring_threshold_bytes, esz);
     case AllreduceAlgorithm::kReduceBroadcast:
       // A hierarchical allreduce on one node is exactly that: reduce to member 0, broadcast.
-      return hierarchical_allreduce(p, me, std::vector<int>(static_cast<size_t>(p), 0), buf, n, ring_threshold_bytes);
+      return hierarchical_allreduce(p, me, std::vector<int>(static_cast<size_t>(p), 0), buf, n, ring_threshold_bytes,
+                                    esz);
     case AllreduceAlgorithm::kRing:
-      return ring_fits ? ring_allreduce(p, me, buf, n) : rd_allreduce(p, me, buf, n);
+      return ring_fits ? ring_allreduce(p, me, buf, n, esz) : rd_allreduce(p, me, buf, n, esz);
     case AllreduceAlgorithm::kRecursiveDoubling:
-      return rd_allreduce(p, me, buf, n);
+      return rd_allreduce(p, me, buf, n, esz);
     case AllreduceAlgorithm::kAuto:
       break;
   }
-  if (ring_fits && n * static_cast<int64_t>(sizeof(float)) >= ring_threshold_bytes) return ring_allreduce(p, me, buf, n);
-  return rd_allreduce(p, me, buf, n);
+  if (ring_fits && n * static_cast<int64_t>(esz) >= ring_threshold_bytes) return ring_allreduce(p, me, buf, n, esz);
+  return rd_allreduce(p, me, buf, n, esz);
 }
 
 StepExecutor::StepExecutor(MPI_Comm comm, std::vector<int> members, std::vector<int> world, int tag,
@@ -205,14 +205,14 @@ void StepExecutor::post(Engine& engine, int64_t* bytes_sent) {
   recvs_.assign(st.recvs.size(), MPI_REQUEST_NULL);
   for (size_t k = 0; k < st.recvs.size(); ++k) {
     const Xfer& x = st.recvs[k];
-    check_mpi(MPI_Irecv(x.buf, static_cast<int>(x.count), MPI_FLOAT, members_[x.peer], x.tag < 0 ? tag_ : x.tag,
+    check_mpi(MPI_Irecv(x.buf, static_cast<int>(x.count), sched_.elem.mpi, members_[x.peer], x.tag < 0 ? tag_ : x.tag,
                         comm_, &recvs_[k]),
               "MPI_Irecv");
   }
   sends_.clear();
   for (const Xfer& x : st.sends)
     sends_.push_back(engine.isend(comm_, members_[x.peer], world_[x.peer], x.buf, static_cast<int>(x.count),
-                                  MPI_FLOAT, x.tag < 0 ? tag_ : x.tag, sync_sends_, bytes_sent));
+                                  sched_.elem.mpi, x.tag < 0 ? tag_ : x.tag, sync_sends_, bytes_sent));
   posted_ = true;
 }
 
@@ -225,16 +225,18 @@ bool StepExecutor::complete(Engine& engine) {
     if (rc == MPI_ERR_IN_STATUS) {
       for (size_t k = 0; k < statuses.size(); ++k)
         if (statuses[k].MPI_ERROR != MPI_SUCCESS && statuses[k].MPI_ERROR != MPI_ERR_PENDING)
-          throw failed_receive(statuses[k].MPI_ERROR, st.recvs[k].peer, world_[st.recvs[k].peer], st.recvs[k].count);
+          throw failed_receive(statuses[k].MPI_ERROR, st.recvs[k].peer, world_[st.recvs[k].peer], st.recvs[k].count,
+                               sched_.elem.name);
     }
     check_mpi(rc, "MPI_Testall");
     if (!flag) return false;
     for (size_t k = 0; k < statuses.size(); ++k) {
       int got = 0;
-      MPI_Get_count(&statuses[k], MPI_FLOAT, &got);
+      MPI_Get_count(&statuses[k], sched_.elem.mpi, &got);
       if (got != st.recvs[k].count)
-        throw CommError("size mismatch: expected " + std::to_string(st.recvs[k].count) + " floats from member " +
-                        std::to_string(st.recvs[k].peer) + ", got " + std::to_string(got) +
+        throw CommError("size mismatch: expected " + std::to_string(st.recvs[k].count) + " " + elem_unit() +
+                        " from member " + std::to_string(st.recvs[k].peer) + " (rank " +
+                        std::to_string(world_[st.recvs[k].peer]) + "), got " + std::to_string(got) +
                         " (buffer lengths differ across ranks)");
     }
     recvs_.clear();
@@ -253,16 +255,27 @@ bool StepExecutor::progress(Engine& engine, int64_t* bytes_sent) {
       any = true;
     }
     if (!complete(engine)) return any;
-    for (const Reduce& r : sched_.steps[cur_].reduces) add_into(r.dst, r.src, r.count);
+    for (const Reduce& r : sched_.steps[cur_].reduces) {
+      if (sched_.reduce)
+        sched_.reduce(r.dst, r.src, r.count);
+      else
+        add_into(static_cast<float*>(r.dst), static_cast<const float*>(r.src), r.count);
+    }
     ++cur_;
     posted_ = false;
     any = true;
   }
   if (!finalized_) {
     if (sched_.divide_by > 1) {
-      float d = static_cast<float>(sched_.divide_by);
-      for (int64_t i = 0; i < sched_.count; ++i) sched_.result[i] /= d;
+      if (sched_.divide) {
+        sched_.divide(sched_.result, sched_.count, sched_.divide_by);
+      } else {
+        float* r = static_cast<float*>(sched_.result);
+        float d = static_cast<float>(sched_.divide_by);
+        for (int64_t i = 0; i < sched_.count; ++i) r[i] /= d;
+      }
     }
+    if (sched_.on_done) sched_.on_done();
     finalized_ = true;
     any = true;
   }

@@ -6,25 +6,27 @@
 // `members` (ranks of the communicator the schedule runs on).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "allreduce_plan.hpp"
+#include "dtype.hpp"
 #include "engine.hpp"
 
 namespace harness {
 
 struct Xfer {
   int peer;  // index into members
-  float* buf;
-  int64_t count;
-  int tag = -1;  // -1: the executor's tag
+  void* buf;
+  int64_t count;  // elements of the schedule's type
+  int tag = -1;   // -1: the executor's tag
 };
 
 struct Reduce {
-  float* dst;
-  const float* src;
+  void* dst;
+  const void* src;
   int64_t count;
 };
 
@@ -35,32 +37,56 @@ struct Step {
 
 struct Schedule {
   std::vector<Step> steps;
-  std::unique_ptr<float[]> scratch;  // receive space referenced by steps
+  std::unique_ptr<float[]> scratch;  // receive space referenced by steps (any element type)
   std::vector<std::unique_ptr<float[]>> more_scratch;  // of schedules merged into this one
-  float* result = nullptr;           // buffer to scale at the end (mean), if divide_by > 1
+  void* result = nullptr;            // buffer to scale at the end (mean), if divide_by > 1
   int64_t count = 0;
   int divide_by = 1;
+  // The element type MPI moves and how a Reduce combines two buffers; the default is float32
+  // addition (every float-only schedule). `divide` scales `result` by 1 / divide_by.
+  ElemType elem;
+  ReduceFn reduce = nullptr;  // nullptr: float32 sum
+  DivideFn divide = nullptr;  // nullptr: float32
+  // Runs on the progress thread once the last step is done (after the division): the typed
+  // collectives copy a result out of scratch space with it.
+  std::function<void()> on_done;
 };
+
+// Scratch space of `bytes` bytes in `s` (aligned for any element type); returns its start.
+inline char* alloc_scratch(Schedule& s, int64_t bytes) {
+  const int64_t floats = (bytes + 3) / 4;
+  s.scratch.reset(new float[floats > 0 ? floats : 1]);
+  return reinterpret_cast<char*>(s.scratch.get());
+}
+inline char* alloc_more_scratch(Schedule& s, int64_t bytes) {
+  const int64_t floats = (bytes + 3) / 4;
+  s.more_scratch.emplace_back(new float[floats > 0 ? floats : 1]);
+  return reinterpret_cast<char*>(s.more_scratch.back().get());
+}
 
 // Recursive doubling (with the fold of the ranks beyond the largest power of two): log2(p)
 // steps that each exchange the whole buffer. For small messages. Results are bitwise equal
 // on all members (each pairwise sum is commutative).
-Schedule rd_allreduce(int p, int me, float* buf, int64_t n);
+//
+// Every builder takes the buffer as `buf` of `n` elements of `esz` bytes (default float32) and
+// leaves the element type and reduction of the returned schedule at float32 sum: the caller
+// sets `elem`, `reduce` and `divide` for other types.
+Schedule rd_allreduce(int p, int me, void* buf, int64_t n, int esz = 4);
 // Ring reduce-scatter + allgather: 2(p-1) steps of n/p elements. For large messages.
-Schedule ring_allreduce(int p, int me, float* buf, int64_t n);
+Schedule ring_allreduce(int p, int me, void* buf, int64_t n, int esz = 4);
 // Binomial tree broadcast from member `root`.
-Schedule binomial_bcast(int p, int me, int root, float* buf, int64_t n);
+Schedule binomial_bcast(int p, int me, int root, void* buf, int64_t n, int esz = 4);
 // Dissemination barrier: ceil(log2 p) steps of empty messages.
 Schedule dissemination_barrier(int p, int me);
 // Hierarchical allreduce over members on nodes (member_nodes[i]: node of member i): a binomial
 // reduce inside each node to its leader (the node's first member), an allreduce among the
 // leaders (ring or recursive doubling, as allreduce_schedule picks for them), then a binomial
 // broadcast inside each node. Results are bitwise equal on all members.
-Schedule hierarchical_allreduce(int p, int me, const std::vector<int>& member_nodes, float* buf, int64_t n,
-                                int64_t ring_threshold_bytes);
+Schedule hierarchical_allreduce(int p, int me, const std::vector<int>& member_nodes, void* buf, int64_t n,
+                                int64_t ring_threshold_bytes, int esz = 4);
 // The schedule `plan` names for member `me` of `p`.
-Schedule allreduce_schedule(int p, int me, float* buf, int64_t n, int64_t ring_threshold_bytes,
-                            const AllreducePlan& plan = {});
+Schedule allreduce_schedule(int p, int me, void* buf, int64_t n, int64_t ring_threshold_bytes,
+                            const AllreducePlan& plan = {}, int esz = 4);
 
 // Runs a schedule on `comm`. members[i] is the comm rank of member i and world[i] its world
 // rank (link emulation is per world-rank link). Embeddable in ops.
@@ -75,6 +101,7 @@ class StepExecutor {
 
  private:
   void post(Engine& engine, int64_t* bytes_sent);
+  std::string elem_unit() const { return sched_.elem.dtype == DType::kF32 ? "floats" : std::string(sched_.elem.name) + " elements"; }
   bool complete(Engine& engine);
 
   MPI_Comm comm_;

@@ -139,25 +139,27 @@ class _TimedHandle(_Handle):
 
 
 class _ExchangeHandle(_Handle):
-    __slots__ = ("mail", "peer", "me", "seq", "release")
+    __slots__ = ("mail", "peer", "me", "seq", "release", "_end")
 
     def __init__(self, engine, mail: Mailboxes, me: int, peer: int, seq: int, nbytes: int, release: float) -> None:
         # _Handle.__init__ spelled out: thousands of ranks post exchanges every iteration.
         self.engine, self.name, self.post, self.bytes, self.round, self.iteration = (
             engine, "exchange", engine.env.now, nbytes, -1, -1)
         self.mail, self.me, self.peer, self.seq, self.release = mail, me, peer, seq, release
+        self._end = None  # known once the peer's message is: it never changes after
 
     def end(self):
-        arrival = self.mail.arrival(self.peer, self.me, self.seq)
-        if arrival is None:
-            return None
-        return arrival if arrival > self.release else self.release
+        if self._end is None:
+            arrival = self.mail.arrival(self.peer, self.me, self.seq)
+            if arrival is not None:
+                self._end = arrival if arrival > self.release else self.release
+        return self._end
 
     def wait(self, timeout=None):
         end = self.end()
         if end is None:
-            self.mail.receive(self.peer, self.me, self.seq)  # not sent yet: wait for it to be
-            end = self.end()
+            arrival = self.mail.receive(self.peer, self.me, self.seq)  # not sent yet: wait for it to be
+            end = self._end = arrival if arrival > self.release else self.release
         self.engine.sleep_until(end)
 
 

@@ -211,11 +211,12 @@ class Mailboxes:
         arrivals = self._pair_arrivals.get(src * self._ranks + dst)
         return arrivals[seq] if arrivals is not None and seq < len(arrivals) else None
 
-    def receive(self, src: int, dst: int, seq: int) -> None:
-        """Block ``dst`` until the ``seq``-th message (0-based) from ``src`` has arrived."""
+    def receive(self, src: int, dst: int, seq: int) -> float:
+        """Block ``dst`` until the ``seq``-th message (0-based) from ``src`` has arrived; its arrival."""
         when = self.arrival(src, dst, seq)
         if when is None:
             event = self._pair_waiters.setdefault((src * self._ranks + dst, seq), self.env.event())
             self.engine.wait(event, lambda: f"message {seq} from rank {src}")
             when = self.arrival(src, dst, seq)
         self.engine.sleep_until(when)
+        return when

@@ -11,7 +11,7 @@ Importing this module registers the backend; then any torch.distributed program 
 Every byte crosses the native layer (``harness._core``), so the scenario's emulated links and
 topology apply to it. Under ``mpiexec``/``srun`` without torchrun's variables, importing sets
 RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT from MPI (unset
-ones only). See docs/torch_distributed.md.
+ones only). See docs/guides/torch-distributed.md.
 """
 
 from __future__ import annotations

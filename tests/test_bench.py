@@ -109,14 +109,15 @@ def test_collectives_two_ranks(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     header = "size(B) count(elems) time(us) algbw(GB/s) busbw(GB/s) #wrong mpi_time(us) mpi_busbw(GB/s) ratio"
     tables = [line for line in proc.stdout.splitlines() if " ".join(line.split()[1:]) == header]
-    assert len(tables) == 2, proc.stdout
+    assert len(tables) == 4, proc.stdout  # allreduce, broadcast, allgather, reduce_scatter
     assert "2 ranks, warmup 1, iters 3" in proc.stdout
     assert "# #wrong total: 0  OK" in proc.stdout
 
     report = json.loads(out.read_text())
     assert (report["ranks"], report["iters"], report["warmup"]) == (2, 3, 1)
     rows = {(r["op"], r["size_bytes"]): r for r in report["rows"]}
-    assert set(rows) == {(op, s) for op in ("allreduce", "broadcast") for s in (4096, 65536)}
+    assert set(rows) == {(op, s) for op in ("allreduce", "broadcast", "allgather", "reduce_scatter")
+                         for s in (4096, 65536)}
     for (op, size), row in rows.items():
         assert row["count"] == size // 4
         assert row["wrong"] == 0, (op, size)
@@ -124,6 +125,8 @@ def test_collectives_two_ranks(tmp_path):
         assert row["ratio"] == pytest.approx(row["mpi_time_us"] / row["time_us"])
     ar = rows["allreduce", 4096]
     assert ar["busbw_gbs"] == pytest.approx(ar["algbw_gbs"] * 2 * (2 - 1) / 2)
+    ag = rows["allgather", 4096]
+    assert ag["busbw_gbs"] == pytest.approx(ag["algbw_gbs"] * (2 - 1) / 2)
     assert report["min_allreduce_ratio_ge_1MiB"] is None  # no size >= 1M here
 
 
@@ -198,3 +201,23 @@ def test_simulator_benchmark_runs_every_registered_algorithm() -> None:
     table = proc.stdout.split("simulated s", 1)[1]
     for name in registry.names():
         assert f"\n{name} " in table, name
+
+
+def test_bench_dist_runs_both_backends_and_prints_the_table():
+    """``bench dist`` at 2 ranks, the smallest model, few steps: the table's row (no speed check)."""
+    proc = _harness("bench", "dist", "--ranks", "2", "--sizes", "50k", "--steps", "2", "--repeats", "2",
+                    "--warmup", "1", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:1] == ["model"])
+    row = lines[header + 1].split()
+    assert row[:3] == ["50k", "49,472", "32"], lines
+    gloo_ms, harness_ms, ratio, diff = map(float, row[3:7])
+    assert gloo_ms > 0 and harness_ms > 0 and ratio > 0
+    assert diff == 0  # 2 ranks: both backends sum in the same order
+
+
+def test_bench_dist_refuses_an_unknown_size():
+    proc = _harness("bench", "dist", "--sizes", "50k,7M")
+    assert proc.returncode == 2
+    assert "unknown model size '7M'" in proc.stderr

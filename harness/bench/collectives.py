@@ -1,4 +1,4 @@
-"""Native allreduce / broadcast against the mpi4py baseline, printed nccl-tests style.
+"""Native allreduce / broadcast / all-gather / reduce-scatter against mpi4py's, printed nccl-tests style.
 
 Launched by ``python -m harness bench collectives``; this module is the worker every rank
 runs. It can also be started directly under the venv's mpiexec::
@@ -6,7 +6,8 @@ runs. It can also be started directly under the venv's mpiexec::
     mpiexec -n 4 python -m harness.bench.collectives --sizes 4K,1M,16M --iters 20 --json bench.json
 
 Per op and size (bytes; count = bytes / 4 float32 elements) the native op and MPI's
-(``Allreduce`` with ``MPI.SUM`` / ``Bcast`` from rank 0) run on the same buffers: warm-up and
+(``Allreduce`` with ``MPI.SUM`` / ``Bcast`` from rank 0 / ``Allgather`` / ``Reduce_scatter_block``
+with ``MPI.SUM``) run on the same buffers: warm-up and
 timed iterations of the native op, then the same for MPI's (each in its own loop, as
 nccl-tests and the OSU benchmarks do; interleaving them lets one disturb the other's timing on
 an oversubscribed machine). Each timed iteration is: refill the buffer, MPI barrier, t0, op, t1;
@@ -55,6 +56,7 @@ KIB = 1024
 MIB = 1024 * KIB
 GIB = 1024 * MIB
 DEFAULT_SIZES = "4K,64K,256K,1M,4M,16M"
+DEFAULT_OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter")
 DEFAULT_ITERS = 20
 DEFAULT_WARMUP = 5
 MAX_SIZE = GIB  # each rank holds several buffers of the size (input, result, MPI result, tolerance)
@@ -144,7 +146,7 @@ def _positive_float(text: str) -> float:
 
 def parse_ops(text: str) -> list[str]:
     """Comma-separated op names out of ``OPS``, in the order given, duplicates dropped."""
-    names = split_list(text, "op", "allreduce,broadcast")
+    names = split_list(text, "op", "allreduce,broadcast,allgather,reduce_scatter")
     bad = [n for n in names if n not in OPS]
     if bad:
         raise ValueError(f"unknown op {bad[0]!r}: choose from {', '.join(OPS)}")
@@ -161,8 +163,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, ranks_default: int | None 
                         help=f"timed iterations per size (default {DEFAULT_ITERS}; fewer above 1M)")
     parser.add_argument("--warmup", type=int_at_least(0), default=DEFAULT_WARMUP,
                         help=f"untimed iterations before timing (default {DEFAULT_WARMUP}; at most 3 above 1M)")
-    parser.add_argument("--ops", type=argtype(parse_ops), default=["allreduce", "broadcast"],
-                        help="comma-separated ops: allreduce, broadcast (default both)")
+    parser.add_argument("--ops", type=argtype(parse_ops), default=list(DEFAULT_OPS),
+                        help=f"comma-separated ops: {', '.join(OPS)} (default {','.join(DEFAULT_OPS)})")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write all rows as JSON (rank 0)")
     nic, intra = _PRESET["nic"], _PRESET["intra"]
     topo = parser.add_argument_group(
@@ -246,7 +248,61 @@ OPS: dict[str, Op] = {
         bus_factor=lambda n: 1.0,
         scale=lambda world, inp, expected: np.abs(expected),
     ),
+    # The size is the whole buffer (nccl-tests' convention): all-gather's output, reduce-scatter's
+    # input; each rank contributes / keeps one block of count // ranks elements (the buffer's
+    # tail beyond ranks blocks is left alone). The native ops are those of a native group of
+    # every rank (harness._core.Group, the torch.distributed backend's).
+    "allgather": Op(
+        native=lambda comm, buf: _native_allgather(comm, buf),
+        mpi=lambda world, inp, buf: world.Allgather(_block(inp, world), buf[:_blocks(inp, world)]),
+        bus_factor=lambda n: (n - 1) / n,
+        scale=lambda world, inp, expected: np.abs(expected),
+    ),
+    "reduce_scatter": Op(
+        native=lambda comm, buf: _native_reduce_scatter(comm, buf),
+        mpi=lambda world, inp, buf: world.Reduce_scatter_block(inp[:_blocks(inp, world)],
+                                                               buf[:_blocks(inp, world) // world.Get_size()]),
+        bus_factor=lambda n: (n - 1) / n,
+        scale=_abs_sum,
+    ),
 }
+
+_F32 = 0  # harness._core's dtype code of float32 (kernels/dtype.hpp)
+_SUM = 0  # and of SUM
+
+
+def _blocks(buf: np.ndarray, world: Any) -> int:
+    """Elements of ``buf`` in whole blocks, one per rank."""
+    n = world.Get_size()
+    return buf.size // n * n
+
+
+def _block(buf: np.ndarray, world: Any) -> np.ndarray:
+    """This rank's block of ``buf``."""
+    k = buf.size // world.Get_size()
+    return buf[world.Get_rank() * k:(world.Get_rank() + 1) * k]
+
+
+def _group(comm: Any) -> Any:
+    """The native group of every rank of ``comm`` (made, collectively, by ``run_worker``)."""
+    return comm._bench_group
+
+
+def _native_allgather(comm: Any, buf: np.ndarray) -> None:
+    g = _group(comm)
+    k = buf.size // g.size
+    out = buf[:k * g.size]
+    g.allgather(buf, out[g.rank * k:].ctypes.data, k, out.ctypes.data, out.size, _F32, 0).wait()
+
+
+def _native_reduce_scatter(comm: Any, buf: np.ndarray) -> None:
+    g = _group(comm)  # the input is copied when the op is posted, so the output may overlap it
+    k = buf.size // g.size
+    g.reduce_scatter(buf, buf.ctypes.data, k * g.size, buf.ctypes.data, k, _F32, _SUM, 0).wait()
+
+
+_ABOUT = {"allreduce": ", sum", "broadcast": ", root 0", "allgather": ", size = the gathered buffer",
+          "reduce_scatter": ", sum, size = the input"}
 
 
 # -- measuring ----------------------------------------------------------------------------------
@@ -392,12 +448,14 @@ def run_worker(args: argparse.Namespace) -> int:
     for topology, kind in topologies(args, n):
         comm = Communicator(world, **comm_options(args))
         try:
+            if {"allgather", "reduce_scatter"} & set(args.ops):
+                comm._bench_group = comm._native.group(list(range(n)))  # collective
             comm.set_topology(topology)
             comm.set_allreduce(kind)
             for name in args.ops:
                 if rank == 0:
                     say("#")
-                    say(f"# {name} (float32{', sum' if name == 'allreduce' else ', root 0'}){describe(topology, kind)}")
+                    say(f"# {name} (float32{_ABOUT[name]}){describe(topology, kind)}")
                     say(table_header())
                 for size in args.sizes:
                     row = measure(comm, world, name, size, args.iters, args.warmup, baseline=topology is None)

@@ -1,6 +1,6 @@
 """``python -m harness bench BENCHMARK``: benchmarks of the native collective layer and the simulator.
 
-``collectives``, ``simulator``, ``stress`` and ``faults`` are described in their modules.
+``collectives``, ``dist``, ``simulator``, ``stress`` and ``faults`` are described in their modules.
 
 Run from a plain shell, a benchmark launches its own job under the venv's mpiexec
 (``--ranks``, default 4) and exits with the job's status; run inside an MPI job
@@ -10,6 +10,7 @@ The launching parent never imports mpi4py.
 Example::
 
     python -m harness bench collectives --ranks 4 --sizes 4K,64K,1M,16M --json bench.json
+    python -m harness bench dist --ranks 4 --sizes 50k,1M,25M --steps 20 --repeats 3
     python -m harness bench simulator --ranks 1024 --iterations 1000
     python -m harness bench simulator --shapes --only flat_ring_nics
     python -m harness bench stress --ranks 8 --rounds 10000
@@ -22,7 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from harness.bench import collectives, faults, simulator, stress
+from harness.bench import collectives, dist, faults, simulator, stress
 from harness.launch import inside_mpi_job, run_ranks
 
 DEFAULT_RANKS = 4
@@ -34,11 +35,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                    description=__doc__.splitlines()[0])
     benchmarks = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
     coll = benchmarks.add_parser(
-        "collectives", help="native allreduce/broadcast vs mpi4py, nccl-tests style",
+        "collectives", help="native allreduce/broadcast/all-gather/reduce-scatter vs MPI's, nccl-tests style",
         description=collectives.__doc__.splitlines()[0],
     )
     collectives.add_arguments(coll)
     coll.set_defaults(func=run_collectives)
+    dd = benchmarks.add_parser(
+        "dist", help="DDP on the harness torch.distributed backend vs on gloo: time per step, 3 model sizes",
+        description=dist.__doc__.splitlines()[0],
+    )
+    dist.add_arguments(dd)
+    dd.set_defaults(func=run_dist)
     sim = benchmarks.add_parser(
         "simulator", help="speed of the SimPy model (1,024 ranks x 1,000 WAGMA-SGD iterations by default)",
         description=simulator.__doc__.splitlines()[0],
@@ -81,6 +88,21 @@ def run_collectives(args: argparse.Namespace) -> int:
         return _error(f"--json {args.json}: directory {args.json.absolute().parent} does not exist")
     ranks = DEFAULT_RANKS if args.ranks is None else args.ranks
     argv = [sys.executable, "-m", "harness.bench.collectives", *collectives.to_argv(args, ranks)]
+    try:
+        return run_ranks(ranks, argv).returncode
+    except KeyboardInterrupt:  # run_ranks has already killed the job
+        return 130
+
+
+def run_dist(args: argparse.Namespace) -> int:
+    """Run the DDP worker here (inside a job) or in a job of ``--ranks`` ranks (default 4)."""
+    job = inside_mpi_job()
+    if job is not None:
+        if args.ranks is not None and args.ranks != job:
+            return _error(f"--ranks {args.ranks} but this process runs in an MPI job of {job} ranks")
+        return dist.run_worker(args)
+    ranks = DEFAULT_RANKS if args.ranks is None else args.ranks
+    argv = [sys.executable, "-m", "harness.bench.dist", *dist.to_argv(args, ranks)]
     try:
         return run_ranks(ranks, argv).returncode
     except KeyboardInterrupt:  # run_ranks has already killed the job

@@ -296,6 +296,10 @@ def _pick(scenario, algorithm: str | None, where: str, say_note: bool = False):
     """The entry of ``algorithm`` (default: the first; with ``say_note``, a note says so when there
     are others)."""
     names = [a.name for a in scenario.algorithms]
+    if not names:
+        raise ScriptError(f"{where}: the scenario lists no algorithms: harness.api.Run trains one of them (a "
+                          "torch.distributed script needs no Run: `python -m harness launch --scenario FILE` runs it "
+                          "as the algorithm)")
     if algorithm is None:
         if len(names) > 1 and say_note:
             print(f"note: the scenario lists {len(names)} algorithms; this run trains the first, {names[0]} "

@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -44,6 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scenario", help="scenario YAML: injected imbalance, links, faults; one run per algorithm")
     p.add_argument("--only", type=algorithm_list, metavar="A[,B...]", help="a subset of the scenario's algorithms")
     p.add_argument("--out", default="results", help="results root (default: results/)")
+    p.add_argument("--label", help="with a --scenario that lists no algorithms (a torch.distributed script): the "
+                                   "run's name in the results (default: the script's file stem)")
     add_launch_arguments(p)
     p.add_argument("script", metavar="[KEY=VALUE ...] SCRIPT",
                    help="with --scenario, KEY=VALUE overrides of its fields may come first (as for `run`); then "
@@ -83,12 +86,16 @@ def run(args: argparse.Namespace) -> int:
         raise LaunchError("give the rank count (-n N) or a --scenario that has one")
     if ranks < 1:
         raise LaunchError(f"-n must be >= 1 (got {ranks})")
+    if args.label is not None and (scenario is None or scenario.algorithms):
+        raise LaunchError("--label names a torch.distributed script's run: give a --scenario that lists no algorithms")
     launch = Launch.choose(args.launcher, args.hosts)
     argv = [sys.executable, str(script), *args.args]
     if scenario is None:
         watched = SimpleNamespace(name=script.stem, watchdog=_default_watchdog(), faults=[],
                                   algorithms=[SimpleNamespace(name=script.stem)])
         return _start(watched, ranks, argv, launch, env={}, what=f"{script}")[0]
+    if not scenario.algorithms:
+        return _run_torch_script(scenario, args, script, ranks, launch)
     run_dir = _create_run_dir(scenario, args.out, script.name)
     print(f"{scenario.name}: {ranks} ranks, {script} once per algorithm ({len(scenario.algorithms)}) -> {run_dir}",
           file=sys.stderr)
@@ -101,6 +108,33 @@ def run(args: argparse.Namespace) -> int:
             _mark_stopped(run_dir, status, verdict)
             return status
     return 0
+
+
+def _run_torch_script(scenario, args: argparse.Namespace, script: Path, ranks: int, launch) -> int:
+    """A scenario without algorithms: the script is a torch.distributed program, run once as the
+    algorithm (``harness.dist.session``): torchrun's variables set, ``init_process_group("harness")``
+    on the scenario's emulated network, one iteration per optimizer step; then report.html."""
+    import re
+
+    from harness.api.session import ENV_RUN_DIR
+    from harness.dist.session import ENV_LABEL
+    from harness.launch import LaunchError
+    from harness.report import after_command
+
+    label = args.label if args.label is not None else re.sub(r"[^A-Za-z0-9_-]", "_", script.stem)
+    if not label:
+        raise LaunchError("--label must not be empty")
+    run_dir = _create_run_dir(scenario, args.out, script.name)
+    print(f"{scenario.name}: {ranks} ranks, {script} as a torch.distributed program ({label}) -> {run_dir}",
+          file=sys.stderr)
+    argv = [sys.executable, "-m", "harness.dist.launched", str(script), *args.args]
+    env = {ENV_RUN_DIR: str(run_dir), ENV_LABEL: label, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    watched = scenario.model_copy(update={"algorithms": [SimpleNamespace(name=label)]})
+    status, verdict = _start(watched, ranks, argv, launch, env=env, what=f"{script}")
+    if status != 0:
+        _mark_stopped(run_dir, status, verdict)
+        return status
+    return after_command(run_dir)
 
 
 def _scenario(args: argparse.Namespace):

@@ -24,6 +24,16 @@ from harness.dist.work import HarnessWork
 
 BACKEND = "harness"
 
+# Called with (group, work) for every work a group makes (harness.dist.session records each
+# collective's group this way); None: nothing watches.
+_observer: Any = None
+
+
+def observe(fn: Any) -> None:
+    """Have ``fn(group, work)`` called for every work any harness process group makes (None: stop)."""
+    global _observer
+    _observer = fn
+
 
 def _opt(opts: Any, name: str, default: Any) -> Any:
     return default if opts is None else getattr(opts, name, default)
@@ -104,6 +114,8 @@ class HarnessProcessGroup(dist.ProcessGroup):
 
     def _made(self, work: HarnessWork) -> HarnessWork:
         work.lineage = getattr(self._posting, "lineage", ())
+        if _observer is not None:
+            _observer(self, work)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work

@@ -40,7 +40,9 @@ EVAL_COLUMNS = (
     "test_accuracy",
     "consensus_distance",
 )
-COMM_OP_COLUMNS = ("algorithm", "rank", "op", "post_s", "start_s", "end_s", "bytes")
+COMM_OP_COLUMNS = ("algorithm", "rank", "op", "post_s", "start_s", "end_s", "bytes", "group")
+# Columns added after results directories were first written: the value an older file reads as.
+_ADDED_LATER = {"group": ""}
 # Every value comm_ops.csv's ``op`` can take: the names the native layer (kernels/) gives the
 # operations it records. tests/test_results.py holds this tuple, those C++ sources and
 # results/README.md together.
@@ -53,6 +55,14 @@ COMM_OP_NAMES = (
     "pair_request",
     "wa_group_round",
     "wa_sync_round",
+    "reduce",
+    "allgather",
+    "reduce_scatter",
+    "gather",
+    "scatter",
+    "alltoall",
+    "send",
+    "recv",
 )
 # comm_calls.csv (only when the scenario sets results.comm_calls): every call an algorithm made
 # to its communicator, logged by harness.comm.call_log.CallLog, whose CALL_NAMES are the ops.
@@ -96,7 +106,7 @@ _DTYPES: dict[str, str] = {
     "seq": _INT,
     "floats": _INT,
 }
-_TEXT = frozenset({"algorithm", "model", "op", "peers", "detail", "result"})
+_TEXT = frozenset({"algorithm", "model", "op", "peers", "detail", "result", "group"})
 
 
 class StepRecord(NamedTuple):
@@ -154,6 +164,9 @@ class CommOpRecord:
     start_s: float
     end_s: float
     bytes: int
+    # The torch.distributed group of a collective of the ``harness`` backend (harness.dist.session):
+    # its name and world ranks, e.g. ``"0 [0,1,2]"``; empty for the communicator of the harness's own algorithms.
+    group: str = ""
 
     def as_row(self) -> dict[str, Any]:
         """The record as ``{column: value}`` in :data:`COMM_OP_COLUMNS` order."""
@@ -182,6 +195,9 @@ class CommCallRecord:
 def _typed(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
     """Reorder to ``columns`` and coerce dtypes: ints int64, text str, everything else float64."""
     missing = [c for c in columns if c not in frame.columns]
+    if any(c in _ADDED_LATER for c in missing):
+        frame = frame.assign(**{c: _ADDED_LATER[c] for c in missing if c in _ADDED_LATER})
+        missing = [c for c in missing if c not in _ADDED_LATER]
     if missing:
         raise ValueError(f"missing columns: {missing}")
     frame = frame.loc[:, list(columns)].copy()

@@ -961,11 +961,13 @@ class Scenario(StrictModel):
     """The local optimizer of every algorithm (an ``algorithms`` entry may give its own): ``sgd``
     (momentum SGD, the default), ``adam``, ``adamw`` or your own ``"module:callable"``; a bare name
     or a mapping with ``name`` and its parameters. Its ``lr`` is the algorithms' learning rate."""
-    algorithms: Annotated[list[AlgorithmEntry], Field(min_length=1)]
+    algorithms: list[AlgorithmEntry] = []
     """The algorithms to run, one after the other, each from the same initial model under the same
     injections: a built-in name, a mapping ``{name: NAME, PARAMETER: VALUE, ...}``, a variant
     ``{name: LABEL, algorithm: BUILT_IN, ...}`` (a built-in under a label of its own), or your own
-    class ``{name: NAME, class: "module:Class", ...}``. Names are unique."""
+    class ``{name: NAME, class: "module:Class", ...}``. Names are unique. At least one, except for
+    a training script's own workload (no ``workload.model``): a ``torch.distributed`` script that
+    ``python -m harness launch --scenario`` runs is the algorithm itself and lists none."""
     imbalance: list[AnyInjectorSpec] = []
     """Injected imbalance, one entry per ``kind``: ``random_ranks``, ``fixed``, ``linear``,
     ``jitter``, ``slowdown``. Entries combine: sleeps add up, compute factors multiply."""
@@ -1024,6 +1026,15 @@ class Scenario(StrictModel):
     @classmethod
     def _parts_fit(cls, value: Any, info: ValidationInfo) -> Any:
         return _fit_ranks(value, info)
+
+    @model_validator(mode="after")
+    def _some_algorithm(self) -> Scenario:
+        if not self.algorithms and not self.workload.of_script:
+            reason = ("at least one is required (only a training script's own workload, without workload.model, "
+                      "may list none: `python -m harness launch --scenario` runs a torch.distributed script as "
+                      "the algorithm)")
+            raise ParamError(("algorithms",), reason, []).to_pydantic()
+        return self
 
     @model_validator(mode="after")
     def _faults_fit(self) -> Scenario:

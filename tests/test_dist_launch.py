@@ -1,0 +1,100 @@
+"""An unchanged torch.distributed script under ``python -m harness launch --scenario`` (harness.dist.session).
+
+One launch (examples/torch_ddp at 3 ranks, DDP + PowerSGD under a straggler and a slow link)
+checks the whole path: torchrun's variables and the ``harness`` backend for the script, one
+iteration per optimizer step, the straggler in steps.csv, each collective's group in
+comm_ops.csv, the results files and the report. The rest is pure Python.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import REPO, harness_cli
+
+EXAMPLE = REPO / "examples" / "torch_ddp"
+STEPS = 10
+
+
+@pytest.mark.mpi
+def test_torch_ddp_example_under_its_scenario(tmp_path):
+    proc = harness_cli("launch", "--scenario", str(EXAMPLE / "scenario.yaml"), "--out", str(tmp_path / "out"),
+                       str(EXAMPLE / "train.py"), "--steps", str(STEPS))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "bypasses" not in proc.stderr  # the script asked for "harness"
+    (run,) = (tmp_path / "out" / "torch_ddp").iterdir()
+    for name in ("steps.csv", "comm_ops.csv", "trace.json", "run.json", "summary.csv", "report.html",
+                 "scenario.resolved.yaml"):
+        assert (run / name).is_file(), name
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["status"] == "complete" and meta["finished_algorithms"] == ["train"]
+    assert meta["torch_distributed"] and meta["optimizer_steps"] == [STEPS] * 3
+
+    steps = pd.read_csv(run / "steps.csv")
+    assert sorted(steps.groupby("rank").size().items()) == [(r, STEPS) for r in range(3)]
+    assert set(steps["algorithm"]) == {"train"}
+    # Rank 2 sleeps 30 ms before each step's compute (the scenario's `fixed` straggler), inside its step.
+    delay = steps.set_index("rank")["injected_delay_s"]
+    assert (delay.loc[2] == 0.03).all() and (delay.loc[[0, 1]] == 0).all()
+    straggler = steps[steps["rank"] == 2]
+    assert ((straggler["end_s"] - straggler["start_s"]) >= 0.03).all()
+    # ... and the others wait for it in the collectives: side by side, more blocked than rank 2.
+    later = steps[steps["iteration"] > 0]
+    assert later[later["rank"] != 2]["comm_blocked_s"].median() > later[later["rank"] == 2]["comm_blocked_s"].median()
+    # Iterations follow one another on each rank: one optimizer step each.
+    for _, own in steps.groupby("rank"):
+        assert (own["start_s"].to_numpy()[1:] == own["end_s"].to_numpy()[:-1]).all()
+    assert (steps["bytes_sent"] > 0).all()
+
+    ops = pd.read_csv(run / "comm_ops.csv", keep_default_na=False)
+    assert set(ops["group"]) == {"default_pg [0 1 2]"}
+    assert {"allreduce", "broadcast"} <= set(ops["op"])
+    # Every byte counted in steps.csv is an operation in comm_ops.csv (posted inside the steps).
+    assert steps["bytes_sent"].sum() <= ops["bytes"].sum()
+    summary = pd.read_csv(run / "summary.csv")
+    assert list(summary["algorithm"]) == ["train"]
+    scenario = yaml.safe_load((run / "scenario.resolved.yaml").read_text())
+    assert scenario["algorithms"] == []
+
+
+def test_label_needs_a_script_scenario(tmp_path):
+    (tmp_path / "train.py").write_text("print('never runs')\n")
+    proc = harness_cli("launch", "-n", "2", "--label", "x", str(tmp_path / "train.py"), cwd=tmp_path)
+    assert proc.returncode == 2 and "--label" in proc.stderr, proc.stderr
+
+
+def test_scenario_without_algorithms_only_for_a_script_workload():
+    from harness.scenario import ScenarioError, scenario_from_dict
+
+    script = scenario_from_dict({"name": "s", "ranks": 2, "workload": {"batch_size": 4, "iterations": 3}})
+    assert script.algorithms == []
+    with pytest.raises(ScenarioError, match="algorithms: at least one is required"):
+        scenario_from_dict({"name": "s", "ranks": 2, "workload": {"model": "mlp", "dataset": "synthetic",
+                                                                  "batch_size": 4, "iterations": 3}})
+
+
+def test_other_backends_are_warned_about():
+    from harness.dist.session import other_backend_warning
+
+    assert other_backend_warning("harness") is None and other_backend_warning("cpu:harness") is None
+    for backend in ("gloo", "nccl", "cpu:gloo,cuda:nccl", None):
+        warning = other_backend_warning(backend)
+        assert warning is not None and "bypasses the scenario's emulated network" in warning
+
+
+def test_blocked_time_estimate():
+    from harness.dist.session import blocked_s
+
+    # Overlapped with the backward pass (posted in [forward, pre)): from the main thread's last post
+    # to the last end (a callback's collective posted later does not shorten it), capped at pre.
+    ops = [(1.0, 1.5, True), (2.0, 2.4, True), (2.1, 2.6, False)]
+    assert blocked_s(ops, forward_s=0.5, pre_s=3.0, end_s=4.0) == pytest.approx(0.6)
+    assert blocked_s(ops, forward_s=0.5, pre_s=2.5, end_s=4.0) == pytest.approx(0.5)
+    # Waited where posted (between steps, or in the optimizer step): the union of the intervals.
+    waited = [(0.1, 0.3, True), (0.2, 0.4, True), (3.1, 3.2, True)]
+    assert blocked_s(waited, forward_s=0.5, pre_s=3.0, end_s=4.0) == pytest.approx(0.4)
+    assert blocked_s([], forward_s=0.5, pre_s=3.0, end_s=4.0) == 0.0

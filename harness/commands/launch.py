@@ -11,6 +11,11 @@ into one results directory created here (``--out``, default results/): the same 
 once, with the algorithm and settings it gives ``harness.api.Run`` itself, and writes its own
 results directory.
 
+A scenario that lists no algorithms runs an unchanged ``torch.distributed`` script as the
+algorithm, once, named ``--label`` (default: the script's stem): torchrun's variables are set,
+``init_process_group("harness")`` carries its traffic over the scenario's emulated network, and
+every optimizer step is one iteration of the results (docs/guides/torch-distributed.md).
+
 Exit status: 0 done, 1 the job failed (finished algorithms are kept), 2 bad input (nothing is
 written or started), 130 interrupted.
 
@@ -18,6 +23,7 @@ Example::
 
     python -m harness launch -n 4 --scenario examples/own_training_script/scenario.yaml \\
         examples/own_training_script/train.py --epochs 1
+    python -m harness launch --scenario examples/torch_ddp/scenario.yaml examples/torch_ddp/train.py
 """
 
 from __future__ import annotations

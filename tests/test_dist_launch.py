@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import torch
 import pytest
 import yaml
 
@@ -98,3 +99,46 @@ def test_blocked_time_estimate():
     waited = [(0.1, 0.3, True), (0.2, 0.4, True), (3.1, 3.2, True)]
     assert blocked_s(waited, forward_s=0.5, pre_s=3.0, end_s=4.0) == pytest.approx(0.4)
     assert blocked_s([], forward_s=0.5, pre_s=3.0, end_s=4.0) == 0.0
+
+
+WRONG = """
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("harness")
+t = torch.ones(4)
+if dist.get_rank() == 0:
+    dist.all_reduce(t)
+else:
+    dist.broadcast(t, src=0)
+dist.barrier()
+"""
+
+
+@pytest.mark.mpi
+def test_ranks_calling_different_collectives_are_named(tmp_path):
+    """Rank 1's broadcast takes rank 0's allreduce message and completes; rank 0 waits for ever.
+    The mismatch watch names both ranks, the place and what differed, and the job ends."""
+    (tmp_path / "wrong.py").write_text(WRONG)
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"name": "mismatch", "ranks": 2,
+                                                     "workload": {"batch_size": 1, "iterations": 1}}))
+    proc = harness_cli("launch", "--scenario", "s.yaml", "--out", "out", "wrong.py", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert ("ranks 0 and 1 called different collectives at collective #0 of group default_pg [0 1]: rank 0 called "
+            "all_reduce on 4 float32 elements, rank 1 called broadcast on 4 float32 elements (the operation "
+            "differs)") in proc.stderr, proc.stderr[-3000:]
+
+
+def test_fingerprints_differ_in_what_must_agree():
+    from harness.dist.mismatch import difference, fingerprint
+
+    t = torch.ones(4)
+    a = fingerprint("all_reduce", "g", [0, 1], (3,), [t])
+    assert a["place"] == "3" and a["dtype"] == "float32" and a["count"] == 4
+    assert difference(a, fingerprint("all_reduce", "g", [0, 1], (3,), [t.clone()])) is None
+    assert difference(a, fingerprint("broadcast", "g", [0, 1], (3,), [t])) == "the operation"
+    assert difference(a, fingerprint("all_reduce", "g", [0, 1], (3,), [t.double()])) == "the dtype"
+    assert difference(a, fingerprint("all_reduce", "g", [0, 1], (3,), [torch.ones(5)])) == "the element count"
+    # uneven splits are legal: all_to_all_single's counts may differ between ranks
+    b = fingerprint("all_to_all_single", "g", [0, 1], (3,), [torch.ones(2)])
+    assert difference(b, fingerprint("all_to_all_single", "g", [0, 1], (3,), [torch.ones(6)])) is None

@@ -68,7 +68,8 @@ def summary(scenario: Scenario) -> str:
         f"workload: {trained}, batch {w.batch_size}, {w.iterations} iterations, {compute}{_local_costs(w)}",
         "optimizer: the training script's own" if w.of_script else
         f"optimizer: {_entry(scenario.optimizer.model_dump(exclude={'name'}), scenario.optimizer.name)}",
-        "algorithms:",
+        "algorithms:" if scenario.algorithms else
+        "algorithms: none (a torch.distributed script that `python -m harness launch --scenario` runs is the algorithm)",
         *(f"  {_algorithm_line(p, w.of_script)}" for p in scenario.algorithms),
         "imbalance:" if scenario.imbalance else "imbalance: none",
         *(f"  {_entry(fields, kind)}" for fields, kind in injectors),

@@ -75,7 +75,7 @@ def describe(rank: int, fp: dict) -> str:
 class MismatchWatch:
     """One per process: records fingerprints, asks and answers through the store (module doc)."""
 
-    def __init__(self, rank: int, on_mismatch: Callable[[str], None], after_s: float = 2.0,
+    def __init__(self, rank: int, on_mismatch: Callable[[str], None], after_s: float = 1.0,
                  tick_s: float = 0.5) -> None:
         self.rank = rank
         self.on_mismatch = on_mismatch

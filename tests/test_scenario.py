@@ -207,7 +207,8 @@ MORE_BAD = [
     (_injector(kind="slowdown", ranks=[1, 1], factor=2.0), "imbalance[0].ranks[1]: rank listed twice (got 1)"),
     (_injector(kind="jitter", sigma=math.nan), "imbalance[0].sigma: must be a finite number (got nan)"),
     (_injector(kind="jitter", jitter=0.2), "imbalance[0].jitter: unknown key (valid: kind, start, stop, sigma)"),
-    (_algorithms(), "algorithms: must have at least 1 item(s) (got [])"),
+    (_algorithms(), "algorithms: at least one is required (only a training script's own workload, without "
+                    "workload.model, may list none"),
     (_algorithms({"period": 2}), "algorithms[0].name: required field missing"),
     (_algorithms({"name": "local_sgd", "tau": 2}), "algorithms[0].tau: unknown key (valid: name, period, optimizer) (got 'tau')"),
     (_algorithms({"name": "wagma", "wagma": 4}), "algorithms[0].wagma: unknown key (valid: name, group_size"),

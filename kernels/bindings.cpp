@@ -77,7 +77,6 @@ class Handle {
   bool done() { return st_->is_done(); }
   // Pushes `id` into `cq` once the op is done (at once if it is).
   void notify(std::shared_ptr<CompletionQueue> cq, int64_t id) {
-    cq->watch(st_);
     st_->when_done([cq = std::move(cq), id] { cq->push(id); });
   }
   py::tuple times() {

@@ -8,7 +8,6 @@
 #include <condition_variable>
 #include <cstdint>
 #include <ctime>
-#include <memory>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -187,37 +186,8 @@ class CompletionQueue {
     }
     cv_.notify_one();
   }
-  // An op whose id will be pushed here when it ends: while nothing is ready, pop() advances it
-  // on the popping thread (OpState::drive, once per watch), so its end needs no hand-off from
-  // the progress thread to this one.
-  void watch(std::shared_ptr<OpState> st) {
-    std::lock_guard<std::mutex> lock(mu_);
-    watched_.push_back(std::move(st));
-  }
   // The next id; -1 after close() once the queue is empty, -2 on timeout (negative: none).
   int64_t pop(double timeout_s) {
-    const double start = now();
-    for (;;) {  // drive watched ops, oldest first, until one is ready or one waits for its peers
-      std::shared_ptr<OpState> next;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (!ready_.empty() || closed_) break;
-        while (!watched_.empty() && watched_.front()->is_done()) watched_.pop_front();
-        if (watched_.empty()) break;
-        next = std::move(watched_.front());
-        watched_.pop_front();
-      }
-      std::function<bool(double)> driver;
-      {
-        std::lock_guard<std::mutex> lock(next->mu);
-        if (!next->done) driver = next->drive;
-      }
-      if (!driver) continue;
-      const double left = timeout_s < 0 ? -1.0 : timeout_s - (now() - start);
-      if (timeout_s >= 0 && left <= 0) break;
-      if (!driver(left)) break;  // it waits for its peers: sleep below, the progress thread goes on
-    }
-    if (timeout_s >= 0) timeout_s = std::max(0.0, timeout_s - (now() - start));
     std::unique_lock<std::mutex> lock(mu_);
     auto ready = [&] { return !ready_.empty() || closed_; };
     if (timeout_s < 0)
@@ -241,7 +211,6 @@ class CompletionQueue {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<int64_t> ready_;
-  std::deque<std::shared_ptr<OpState>> watched_;
   bool closed_ = false;
 };
 

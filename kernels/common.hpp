@@ -3,7 +3,6 @@
 
 #include <mpi.h>
 
-#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -105,13 +104,9 @@ struct OpState {
   std::string error;  // empty on success
   double t_post = 0, t_start = 0, t_end = 0;
   std::function<void()> on_done;  // see when_done
-  // Set by the engine for an op its caller may advance itself (Engine::drive): called by wait()
-  // with the longest time to spend on it; true once the op is done. Dropped when the op ends.
-  std::function<bool(double)> drive;
 
   void finish(const std::string& err = std::string()) {
     std::function<void()> callback;
-    std::function<bool(double)> driver;  // destroyed outside the lock
     {
       std::lock_guard<std::mutex> lock(mu);
       if (done) return;
@@ -119,8 +114,6 @@ struct OpState {
       error = err;
       t_end = now();
       callback = std::move(on_done);
-      driver = std::move(drive);
-      drive = nullptr;
     }
     cv.notify_all();
     if (callback) callback();
@@ -146,19 +139,6 @@ struct OpState {
 
   // Waits until done or until timeout_s elapses (negative: no limit). Returns false on timeout.
   bool wait(double timeout_s) {
-    std::function<bool(double)> driver;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (done) return true;
-      driver = drive;
-    }
-    // The caller advances the op itself for a while (no hand-off to the progress thread and
-    // back), then sleeps until the progress thread has finished it.
-    if (driver && timeout_s != 0) {
-      const double t0 = now();
-      if (driver(timeout_s)) return true;
-      if (timeout_s > 0) timeout_s = std::max(0.0, timeout_s - (now() - t0));
-    }
     std::unique_lock<std::mutex> lock(mu);
     if (timeout_s < 0) {
       cv.wait(lock, [&] { return done; });

@@ -54,8 +54,7 @@ std::shared_ptr<OpState> Communicator::iexchange(FloatSpan send, FloatSpan recv,
   const int me = rank();
   engine_->submit(std::make_unique<ScheduleOp>(
       "exchange", st,
-      StepExecutor(exchange_comm_, {me, peer}, {me, peer}, static_cast<int>(seq % engine_->tag_ub()), std::move(sch)),
-      true));
+      StepExecutor(exchange_comm_, {me, peer}, {me, peer}, static_cast<int>(seq % engine_->tag_ub()), std::move(sch))));
   return st;
 }
 
@@ -151,7 +150,7 @@ std::shared_ptr<OpState> Communicator::submit(const char* name, Schedule s) {
   // The engine's communicator duplicates the world: members are world ranks as well.
   const int tag = static_cast<int>(seq % engine_->tag_ub());
   engine_->submit(
-      std::make_unique<ScheduleOp>(name, st, StepExecutor(engine_->comm(), members, members, tag, std::move(s)), true));
+      std::make_unique<ScheduleOp>(name, st, StepExecutor(engine_->comm(), members, members, tag, std::move(s))));
   return st;
 }
 

@@ -39,94 +39,16 @@ MPI_Comm Engine::dup_comm() {
   return c;
 }
 
-std::shared_ptr<OpState> Engine::submit(std::unique_ptr<Op> unique_op) {
-  std::shared_ptr<Op> op(std::move(unique_op));
+std::shared_ptr<OpState> Engine::submit(std::unique_ptr<Op> op) {
   auto state = op->state();
   state->t_post = now();
-  if (op->caller_drivable()) {
-    {
-      std::lock_guard<std::mutex> lock(qmu_);
-      if (stop_requested_) throw CommError("communicator is shut down: " + stop_reason_);
-    }
-    std::weak_ptr<Engine> engine = weak_from_this();
-    std::weak_ptr<Op> weak_op = op;
-    state->drive = [engine, weak_op](double max_s) {
-      auto e = engine.lock();
-      auto o = weak_op.lock();
-      return e && o && e->drive(*o, max_s);
-    };
-    state->t_start = state->t_post;
-    std::lock_guard<std::mutex> drive(op->drive_mu);
-    advance(*op);
-    if (op->completed) return state;
-  }
   {
     std::lock_guard<std::mutex> lock(qmu_);
-    if (stop_requested_) {
-      std::lock_guard<std::mutex> drive(op->drive_mu);
-      if (!op->completed) {
-        op->abort(*this, stop_reason_);
-        op->completed = true;
-      }
-      throw CommError("communicator is shut down: " + stop_reason_);
-    }
+    if (stop_requested_) throw CommError("communicator is shut down: " + stop_reason_);
     incoming_.push_back(std::move(op));
   }
   qcv_.notify_one();
   return state;
-}
-
-bool Engine::advance(Op& op) {
-  bool any = false;
-  std::string error;
-  try {
-    any = op.progress(*this);
-  } catch (const CommError& e) {
-    error = e.what();
-  } catch (const std::exception& e) {
-    error = std::string("internal error: ") + e.what();
-  }
-  if (!error.empty()) {
-    op.abort(*this, error);
-    finish_op(op, error);
-    op.completed = true;
-    return true;
-  }
-  if (op.finished()) {
-    finish_op(op, std::string());
-    op.completed = true;
-    return true;
-  }
-  return any;
-}
-
-bool Engine::drive(Op& op, double max_s) {
-  const double start = now();
-  const double window = opt_.spin_s;
-  double last = start;
-  op.callers_driving.fetch_add(1);
-  bool done = false;
-  for (;;) {
-    {
-      std::unique_lock<std::mutex> lock(op.drive_mu, std::try_to_lock);
-      if (lock.owns_lock()) {
-        if (op.completed || stopped_.load()) {
-          done = op.completed;
-          break;
-        }
-        if (advance(op)) last = now();
-        if (op.completed) {
-          done = true;
-          break;
-        }
-      }
-    }
-    const double t = now();
-    if (t - last >= window || (max_s >= 0 && t - start >= max_s)) break;
-    std::this_thread::yield();
-  }
-  if (op.callers_driving.fetch_sub(1) == 1 && !done) wake();  // the progress thread takes over at full pace
-  return done;
 }
 
 void Engine::wake() {
@@ -171,21 +93,11 @@ std::shared_ptr<SendReq> Engine::isend(MPI_Comm comm, int peer, int world_peer, 
   auto send = std::make_shared<SendReq>();
   double t = now();
   double release = links_.release_time(world_peer, bytes, t);
-  bool wake_thread = false;
-  {
-    std::lock_guard<std::mutex> lock(def_mu_);
-    Deferred d{release, deferred_seq_++, comm, peer, buf, count, type, tag, synchronous, send};
-    if (release <= t) {
-      release_due_sends_locked(t);  // those due go first: a link's messages keep their order
-      post_send(d);
-    } else {
-      // From a caller's thread, the progress thread may sleep past the release: wake it.
-      wake_thread = std::this_thread::get_id() != thread_.get_id() &&
-                    (deferred_.empty() || release < deferred_.top().release);
-      deferred_.push(d);
-    }
-  }
-  if (wake_thread) wake();
+  Deferred d{release, deferred_seq_++, comm, peer, buf, count, type, tag, synchronous, send};
+  if (release <= t)
+    post_send(d);
+  else
+    deferred_.push(d);
   return send;
 }
 
@@ -206,11 +118,6 @@ bool Engine::test_send(SendReq& s) {
 }
 
 bool Engine::release_due_sends(double t) {
-  std::lock_guard<std::mutex> lock(def_mu_);
-  return release_due_sends_locked(t);
-}
-
-bool Engine::release_due_sends_locked(double t) {
   bool any = false;
   while (!deferred_.empty() && deferred_.top().release <= t) {
     Deferred d = deferred_.top();
@@ -242,7 +149,7 @@ void Engine::run() {
         break;
       }
       while (!incoming_.empty()) {
-        if (incoming_.front()->state()->t_start == 0) incoming_.front()->state()->t_start = now();
+        incoming_.front()->state()->t_start = now();
         active_.push_back(std::move(incoming_.front()));
         incoming_.pop_front();
         last_progress = now();
@@ -252,11 +159,19 @@ void Engine::run() {
 
     bool progressed = release_due_sends(now());
     for (auto& op : active_) {
-      std::unique_lock<std::mutex> drive(op->drive_mu, std::try_to_lock);
-      if (!drive.owns_lock()) continue;  // its caller advances it right now
-      if (!op->completed && advance(*op)) progressed = true;
-      if (op->completed) {
-        drive.unlock();
+      try {
+        if (op->progress(*this)) progressed = true;
+      } catch (const CommError& e) {
+        op->abort(*this, e.what());
+        finish_op(*op, e.what());
+        op.reset();
+      } catch (const std::exception& e) {
+        op->abort(*this, std::string("internal error: ") + e.what());
+        finish_op(*op, std::string("internal error: ") + e.what());
+        op.reset();
+      }
+      if (op && op->finished()) {
+        finish_op(*op, std::string());
         op.reset();
       }
     }
@@ -268,18 +183,10 @@ void Engine::run() {
       sleep_s = 1e-6;
       continue;
     }
-    // An op its caller drives is polled like a listener: the caller wakes this thread when it
-    // stops driving (Engine::drive).
-    bool only_passive = std::all_of(active_.begin(), active_.end(),
-                                    [](const auto& op) { return op->passive() || op->callers_driving.load() > 0; });
-    double next_release = -1;
-    {
-      std::lock_guard<std::mutex> dlock(def_mu_);
-      if (!deferred_.empty()) next_release = deferred_.top().release;
-    }
+    bool only_passive = std::all_of(active_.begin(), active_.end(), [](const auto& op) { return op->passive(); });
     std::unique_lock<std::mutex> lock(qmu_);
     if (!incoming_.empty() || stop_requested_ || woken_) continue;
-    if (active_.empty() && next_release < 0) {
+    if (active_.empty() && deferred_.empty()) {
       qcv_.wait(lock, [&] { return !incoming_.empty() || stop_requested_ || woken_; });
       last_progress = now();
       continue;
@@ -292,7 +199,7 @@ void Engine::run() {
     double cap = only_passive ? opt_.passive_sleep_s : opt_.max_sleep_s;
     sleep_s = std::min(sleep_s * 2, cap);
     double wait_s = sleep_s;
-    if (next_release >= 0) wait_s = std::min(wait_s, std::max(0.0, next_release - t));
+    if (!deferred_.empty()) wait_s = std::min(wait_s, std::max(0.0, deferred_.top().release - t));
     qcv_.wait_for(lock, std::chrono::duration<double>(wait_s),
                   [&] { return !incoming_.empty() || stop_requested_ || woken_; });
   }
@@ -306,17 +213,13 @@ void Engine::run() {
     }
   }
   for (auto& op : active_) {
-    std::lock_guard<std::mutex> drive(op->drive_mu);
-    if (op->completed) continue;
     try {
       op->abort(*this, reason);
     } catch (...) {
     }
-    op->completed = true;
     op->state()->finish(reason);
   }
   active_.clear();
-  std::lock_guard<std::mutex> dlock(def_mu_);
   while (!deferred_.empty()) deferred_.pop();
 }
 

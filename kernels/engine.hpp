@@ -53,16 +53,6 @@ class Op {
   virtual void abort(Engine& engine, const std::string& reason) { (void)engine; (void)reason; }
   // Whether the engine should record this op in the trace when it finishes.
   virtual bool traced() const { return true; }
-  // Whether its caller may advance it too (Engine::submit, Engine::drive): one-shot ops whose
-  // progress() touches nothing but the op itself and thread-safe engine calls.
-  virtual bool caller_drivable() const { return false; }
-
-  // Whoever advances the op (the progress thread or a caller in Engine::drive) holds this.
-  std::mutex drive_mu;
-  // Set (under drive_mu) once the op's state was finished and its record written.
-  bool completed = false;
-  // A caller is driving it: the progress thread then polls it as it polls passive ops.
-  std::atomic<int> callers_driving{0};
 
   const std::string& name() const { return name_; }
   const std::shared_ptr<OpState>& state() const { return state_; }
@@ -81,7 +71,7 @@ struct EngineOptions {
   double passive_sleep_s = 1e-3;  // longest sleep while only listeners wait
 };
 
-class Engine : public std::enable_shared_from_this<Engine> {
+class Engine {
  public:
   // Duplicates `parent` for its own traffic. Collective over `parent`.
   Engine(MPI_Comm parent, EngineOptions options);
@@ -96,14 +86,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool running() const { return !stopped_.load(); }
 
   // Caller side --------------------------------------------------------------------------
-  // Hands `op` to the progress thread. A caller_drivable op is first advanced once on the
-  // calling thread (its first step's messages leave at once, and an op with nothing to wait
-  // for, e.g. at one rank, is done on return), and its state's wait() may drive it (drive).
   std::shared_ptr<OpState> submit(std::unique_ptr<Op> op);
-  // Advances `op` on the calling thread, yielding the core between polls, until it is done
-  // (true) or max_s (negative: the spin window) has passed without progress, or since the start
-  // (false; the progress thread goes on with it). Never blocks on the progress thread.
-  bool drive(Op& op, double max_s);
   void wake();  // interrupt a sleeping progress thread (new work for a persistent op)
   // Stops the thread; ops still running fail with `reason`. Idempotent.
   void shutdown(const std::string& reason = "communicator was shut down");
@@ -139,12 +122,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
   void run();
   bool release_due_sends(double t);
-  bool release_due_sends_locked(double t);  // def_mu_ held
   void post_send(const Deferred& d);
   void finish_op(Op& op, const std::string& error);
-  // Advances `op` once (its drive_mu held): progress, and on an error or the end, the op's
-  // abort / record / finish. True if anything happened; op.completed tells whether it ended.
-  bool advance(Op& op);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1, tag_ub_ = 32767;
@@ -153,15 +132,13 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
   std::mutex qmu_;
   std::condition_variable qcv_;
-  std::deque<std::shared_ptr<Op>> incoming_;
+  std::deque<std::unique_ptr<Op>> incoming_;
   bool stop_requested_ = false;
   bool woken_ = false;
   std::string stop_reason_;
   std::atomic<bool> stopped_{false};
 
-  std::vector<std::shared_ptr<Op>> active_;  // progress thread only
-  // Sends held back by link emulation; callers driving an op may add to it (def_mu_).
-  std::mutex def_mu_;
+  std::vector<std::unique_ptr<Op>> active_;  // progress thread only
   std::priority_queue<Deferred, std::vector<Deferred>, std::greater<Deferred>> deferred_;
   uint64_t deferred_seq_ = 0;
 

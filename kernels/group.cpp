@@ -68,7 +68,7 @@ std::shared_ptr<OpState> Group::submit(const char* name, Schedule s, bool p2p, i
   auto st = std::make_shared<OpState>();
   const int mpi_tag = static_cast<int>(seq % engine_->tag_ub());
   engine_->submit(std::make_unique<ScheduleOp>(
-      name, st, StepExecutor(p2p ? p2p_comm_ : comm_, members_, world_, mpi_tag, std::move(s)), true));
+      name, st, StepExecutor(p2p ? p2p_comm_ : comm_, members_, world_, mpi_tag, std::move(s))));
   return st;
 }
 

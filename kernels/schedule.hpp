@@ -118,18 +118,14 @@ class StepExecutor {
 // A one-shot collective submitted by a caller.
 class ScheduleOp : public Op {
  public:
-  // `drivable`: its caller may advance it (Op::caller_drivable); for ops whose messages share
-  // no (communicator, tag) with ops of the progress thread's own that are posted in between.
-  ScheduleOp(std::string name, std::shared_ptr<OpState> st, StepExecutor exec, bool drivable = false)
-      : Op(std::move(name), std::move(st)), exec_(std::move(exec)), drivable_(drivable) {}
+  ScheduleOp(std::string name, std::shared_ptr<OpState> st, StepExecutor exec)
+      : Op(std::move(name), std::move(st)), exec_(std::move(exec)) {}
   bool progress(Engine& e) override { return exec_.progress(e, &bytes_sent); }
   bool finished() const override { return exec_.done(); }
   void abort(Engine&, const std::string&) override { exec_.abort(); }
-  bool caller_drivable() const override { return drivable_; }
 
  private:
   StepExecutor exec_;
-  bool drivable_;
 };
 
 }  // namespace harness

@@ -78,47 +78,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_collectives(args: argparse.Namespace) -> int:
     """Run the collectives worker here (inside a job) or in a job of ``--ranks`` ranks; its status."""
+    if inside_mpi_job() is None and args.json is not None and not args.json.absolute().parent.is_dir():
+        return _error(f"--json {args.json}: directory {args.json.absolute().parent} does not exist")
+    return _here_or_in_a_job(args, collectives, DEFAULT_RANKS)
+
+
+def run_dist(args: argparse.Namespace) -> int:
+    """Run the DDP worker here (inside a job) or in a job of ``--ranks`` ranks (default 4)."""
+    return _here_or_in_a_job(args, dist, DEFAULT_RANKS)
+
+
+def run_stress(args: argparse.Namespace) -> int:
+    """Run the stress worker here (inside a job) or in a job of ``--ranks`` ranks (default 8)."""
+    return _here_or_in_a_job(args, stress, stress.DEFAULT_RANKS)
+
+
+def _here_or_in_a_job(args: argparse.Namespace, benchmark, default_ranks: int) -> int:
+    """``benchmark.run_worker(args)`` in this process when it is a rank of an MPI job (of the
+    ``--ranks`` asked for, if any), else the same worker (``python -m <its module>``) on a new
+    job of ``--ranks`` ranks; the exit status."""
     job = inside_mpi_job()
     if job is not None:
         if args.ranks is not None and args.ranks != job:
             return _error(f"--ranks {args.ranks} but this process runs in an MPI job of {job} ranks: "
                           f"drop --ranks, or run it without mpiexec to launch {args.ranks} ranks")
-        return collectives.run_worker(args)
-    if args.json is not None and not args.json.absolute().parent.is_dir():
-        return _error(f"--json {args.json}: directory {args.json.absolute().parent} does not exist")
-    ranks = DEFAULT_RANKS if args.ranks is None else args.ranks
-    argv = [sys.executable, "-m", "harness.bench.collectives", *collectives.to_argv(args, ranks)]
+        return benchmark.run_worker(args)
+    ranks = default_ranks if args.ranks is None else args.ranks
+    argv = [sys.executable, "-m", benchmark.__name__, *benchmark.to_argv(args, ranks)]
     try:
         return run_ranks(ranks, argv).returncode
-    except KeyboardInterrupt:  # run_ranks has already killed the job
-        return 130
-
-
-def run_dist(args: argparse.Namespace) -> int:
-    """Run the DDP worker here (inside a job) or in a job of ``--ranks`` ranks (default 4)."""
-    job = inside_mpi_job()
-    if job is not None:
-        if args.ranks is not None and args.ranks != job:
-            return _error(f"--ranks {args.ranks} but this process runs in an MPI job of {job} ranks")
-        return dist.run_worker(args)
-    ranks = DEFAULT_RANKS if args.ranks is None else args.ranks
-    argv = [sys.executable, "-m", "harness.bench.dist", *dist.to_argv(args, ranks)]
-    try:
-        return run_ranks(ranks, argv).returncode
-    except KeyboardInterrupt:  # run_ranks has already killed the job
-        return 130
-
-
-def run_stress(args: argparse.Namespace) -> int:
-    """Run the stress worker here (inside a job) or in a job of ``--ranks`` ranks (default 8)."""
-    job = inside_mpi_job()
-    if job is not None:
-        if args.ranks is not None and args.ranks != job:
-            return _error(f"--ranks {args.ranks} but this process runs in an MPI job of {job} ranks")
-        return stress.run_worker(args)
-    ranks = stress.DEFAULT_RANKS if args.ranks is None else args.ranks
-    try:
-        return run_ranks(ranks, stress.worker_argv(args, ranks)).returncode
     except KeyboardInterrupt:  # run_ranks has already stopped the job
         return 130
 

@@ -10,9 +10,12 @@ relative at 3 and 4.
 from __future__ import annotations
 
 import pytest
+import torch
 from conftest import assert_check, check_names, report_cache
 
 SCRIPT = "dist_checks.py"
+CUDA_SCRIPT = "dist_cuda_checks.py"
+NO_GPU = not torch.cuda.is_available()
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +28,21 @@ def report(tmp_path_factory):
 @pytest.mark.parametrize("name", check_names(SCRIPT))
 def test_dist_on_ranks(report, name, ranks):
     assert_check(report(ranks), name)
+
+
+@pytest.fixture(scope="module")
+def cuda_report(tmp_path_factory):
+    return report_cache(CUDA_SCRIPT, tmp_path_factory)
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(NO_GPU, reason="needs a CUDA GPU (torch.cuda.is_available() is False here)")
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("name", check_names(CUDA_SCRIPT))
+def test_dist_with_cuda_tensors(cuda_report, name, ranks):
+    """CUDA tensors are staged through the host: results equal the host's bitwise, and DDP and
+    FSDP2 on the GPU train as on the CPU."""
+    assert_check(cuda_report(ranks), name)
 
 
 def test_import_registers_the_backend_without_mpi_launcher():

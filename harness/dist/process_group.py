@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from harness.dist.errors import UnsupportedError
 from harness.dist.lineage import next_lineage, tag_of
-from harness.dist.tensors import Staged, dtype_code, finisher, reduce_code
+from harness.dist.tensors import Staged, dtype_code, finisher, reduce_code, settle
 from harness.dist.work import HarnessWork
 
 BACKEND = "harness"
@@ -49,6 +49,7 @@ def _split_into(tensors: Sequence[torch.Tensor], flat: torch.Tensor):
                 n = t.numel()
                 t.copy_(flat[offset : offset + n].view(t.shape))
                 offset += n
+        settle(tensors)
 
     return finish
 

@@ -114,6 +114,19 @@ class Staged:
             with torch.no_grad():
                 t.copy_(flat[offset : offset + n].view(t.shape))
             offset += n
+        settle(self._tensors)
+
+
+def settle(tensors: Sequence[torch.Tensor]) -> None:
+    """Waits for the copies just made into ``tensors`` on a GPU. A host-to-device copy is queued
+    on the copying thread's current stream (the completion thread's is the default stream), while
+    the caller may read the result on another (FSDP2's side streams, a hook's callback): the
+    operation counts as done only once its result is on the device."""
+    done: set[torch.device] = set()
+    for t in tensors:
+        if t.device.type == "cuda" and t.device not in done:
+            torch.cuda.current_stream(t.device).synchronize()
+            done.add(t.device)
 
 
 def _in_place_ok(t: torch.Tensor) -> bool:

@@ -15,7 +15,7 @@ import torch
 import pytest
 import yaml
 
-from conftest import REPO, harness_cli
+from conftest import REPO, harness_cli, save_test_calibration
 
 EXAMPLE = REPO / "examples" / "torch_ddp"
 STEPS = 8
@@ -60,6 +60,34 @@ def test_torch_ddp_example_under_its_scenario(tmp_path):
     assert list(summary["algorithm"]) == ["train"]
     scenario = yaml.safe_load((run / "scenario.resolved.yaml").read_text())
     assert scenario["algorithms"] == []
+
+    # collectives.csv: every step's operations, what the simulator replays. DDP's bucket
+    # allreduces (and PowerSGD's, chained from them) are posted during the backward pass.
+    seq = pd.read_csv(run / "collectives.csv")
+    assert set(seq["rank"]) == {0, 1, 2} and set(seq["iteration"]) == set(range(STEPS))
+    assert set(seq[seq["op"] == "allreduce"]["phase"]) == {"overlap"}
+    assert set(seq["group_ranks"]) == {"0 1 2"} and (seq["payload_bytes"] >= 0).all()
+    assert ((seq["at"] >= 0) & (seq["at"] < 1)).all()
+    per_rank = seq.groupby("rank")[["op", "payload_bytes"]].apply(lambda f: list(map(tuple, f.to_numpy())))
+    assert per_rank[0] == per_rank[1] == per_rank[2]  # the same collectives on every rank
+
+    # compare replays the sequence trace-driven (its only mode for a script run) ...
+    calibration = save_test_calibration(tmp_path / "calibration.json", 3, [])
+    proc = harness_cli("compare", str(run), "--calibration", str(calibration))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "trace-driven only" in proc.stderr
+    table = pd.read_csv(run / "compare.csv")
+    assert list(table["mode"]) == ["trace"] and list(table["algorithm"]) == ["train"]
+    assert table["predicted_samples_per_s"].iloc[0] > 0
+    # ... and simulate replays it at another (odd) rank count: DDP's buckets do not depend on it.
+    proc = harness_cli("simulate", str(run / "scenario.resolved.yaml"), "--ranks", "7", "--out", str(tmp_path / "sim"),
+                       "--calibration", str(calibration))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (sim,) = (tmp_path / "sim" / "torch_ddp").iterdir()
+    simulated = pd.read_csv(sim / "steps.csv")
+    assert sorted(simulated.groupby("rank").size().items()) == [(r, STEPS) for r in range(7)]
+    # The straggler (rank 2 of the scenario, 30 ms per step) holds every rank back there too.
+    assert (simulated.groupby("rank")["end_s"].max() >= 0.03 * STEPS).all()
 
 
 def test_label_needs_a_script_scenario(tmp_path, capsys):

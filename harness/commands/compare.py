@@ -57,12 +57,28 @@ def run(args: argparse.Namespace) -> int:
         return 2
     calibration_path = args.calibration or DEFAULT_PATH
     modes = MODES if args.mode == "both" else (args.mode,)
+    script = None
+    if isinstance(meta, dict) and meta.get("torch_distributed"):
+        # A script run: its recorded collectives are replayed; nothing models its compute.
+        script = (meta.get("finished_algorithms") or [""])[0]
+        if args.mode == "predictive":
+            print(f"error: {run_dir}: a torch.distributed script's compute is not modelled; compare it trace-driven "
+                  "(--mode trace)", file=sys.stderr)
+            return 2
+        if modes != ("trace",):
+            print("note: a torch.distributed script run is compared trace-driven only (its recorded collectives "
+                  "replayed on the run's local work)", file=sys.stderr)
+        modes = ("trace",)
     # The run's own files and harness.sim.compare say what makes a run unusable (a run.json that
     # is not JSON, a CSV without its columns, no finished algorithm) with a plain ValueError.
     # Scenario, calibration and timing problems are user errors harness.cli reports.
     try:
         run = RunDirectory.open(run_dir)
-        scenario = compared_scenario(run, load_scenario(run_dir / SCENARIO_FILE))
+        scenario = load_scenario(run_dir / SCENARIO_FILE)
+        if script is None:
+            scenario = compared_scenario(run, scenario)
+        elif script not in run.algorithms:
+            raise ValueError(f"{run_dir}: the script run {script!r} did not finish: nothing to compare")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -81,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     if topology.worth_recording:
         print(f"simulated network topology: {topology.description}")
     try:
-        table = compare_run(run, scenario, entry, str(calibration_path), modes, topology)
+        table = compare_run(run, scenario, entry, str(calibration_path), modes, topology, script=script)
     except ValueError as exc:  # records the simulation cannot replay, as above
         print(f"error: {exc}", file=sys.stderr)
         return 2

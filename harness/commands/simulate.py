@@ -60,6 +60,45 @@ def load_optional_calibration(path: Path | None, real_compute: bool):
     return None, file
 
 
+def _simulate_script_run(args: argparse.Namespace, scenario, meta: dict) -> int:
+    """The ``scenario.resolved.yaml`` of a torch.distributed script run (``launch --scenario``):
+    its recorded collectives replayed on its local work (``harness.sim.script_replay``), at its
+    rank count or at ``--ranks`` where the sequence allows."""
+    from harness.report import after_command
+    from harness.results.records import SUMMARY_TABLE_FILE, RunDirectory
+    from harness.scenario import load_scenario
+    from harness.sim.runs import DEFAULT_TRACE_RANKS, calibration_entry, new_simulated_run_path, write_simulated_run
+    from harness.sim.script_replay import ScriptTrace, replay_script
+
+    run_dir = Path(args.scenario).parent
+    recorded = load_scenario(args.scenario)
+    label = (meta.get("finished_algorithms") or [""])[0]
+    run = RunDirectory.open(run_dir)
+    if label not in run.algorithms:
+        print(f"error: {run_dir}: the script run did not finish: nothing to replay", file=sys.stderr)
+        return 2
+    if scenario.workload.iterations != recorded.workload.iterations:
+        print(f"error: workload.iterations: a script run is replayed for the {recorded.workload.iterations} steps "
+              f"it recorded (asked: {scenario.workload.iterations})", file=sys.stderr)
+        return 2
+    calibration, calibration_file = load_optional_calibration(args.calibration, False)
+    entry, note = calibration_entry(scenario, calibration, args.scenario, calibration_file, needs_compute=False)
+    for line in [note] if note else []:
+        print(f"note: {line}", file=sys.stderr)
+    trace = ScriptTrace.read(run_dir, recorded.ranks, recorded.workload.iterations)
+    print(f"{scenario.name}: replaying {label} (torch.distributed) at {scenario.ranks} ranks x "
+          f"{scenario.workload.iterations} steps", file=sys.stderr)
+    frame, stat = replay_script(scenario, label, run.steps, trace, recorded.ranks, entry.network)
+    path = new_simulated_run_path(Path(args.out), scenario.name)
+    trace_ranks = DEFAULT_TRACE_RANKS if args.trace_ranks is None else args.trace_ranks
+    out = write_simulated_run(path, scenario, {label: frame}, [stat], "trace",
+                              str(calibration_file) if calibration is not None else None, trace_ranks,
+                              calibration_ranks=entry.ranks if calibration is not None else None)
+    print((out.path / SUMMARY_TABLE_FILE).read_text(), end="")
+    print(f"results: {out.path}")
+    return after_command(out.path)
+
+
 def _run_beside(scenario_file: Path) -> dict | None:
     """The run.json of the real run whose ``scenario.resolved.yaml`` ``scenario_file`` is, or None
     (another file, no run.json, a simulated run's, or one that does not read as JSON)."""
@@ -102,6 +141,9 @@ def run(args: argparse.Namespace) -> int:
         print("error: give a scenario FILE (or --resume SWEEP_DIR)", file=sys.stderr)
         return 2
     scenario, renamed = load_scenario_with_notes(args.scenario, overrides=_overrides(args), assignments=args.assignments)
+    beside = _run_beside(Path(args.scenario))
+    if beside is not None and beside.get("torch_distributed"):
+        return _simulate_script_run(args, scenario, beside)
     if scenario.workload.of_script and scenario.workload.compute == "real":
         print(f"error: {args.scenario}: workload: a training script's workload (no model and dataset) says neither "
               "its size nor its compute time: simulate the scenario.resolved.yaml of a `python -m harness launch` "

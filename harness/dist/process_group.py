@@ -54,6 +54,10 @@ def _split_into(tensors: Sequence[torch.Tensor], flat: torch.Tensor):
     return finish
 
 
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
 def _one_numel(tensors: Sequence[torch.Tensor], n: int, op: str, what: str) -> None:
     for t in tensors:
         if t.numel() != n:
@@ -113,8 +117,20 @@ class HarnessProcessGroup(dist.ProcessGroup):
         self._posting.lineage = lineage
         return tag_of(lineage, self._tag_ub)
 
+    def _shape(self, handle: Any, kind: str, nbytes: int, peer: int = -1) -> Any:
+        """Notes what the simulator needs to replay ``handle``'s operation (:mod:`harness.dist.sequence`):
+        the native operation, its payload bytes (what ``payload_bytes`` of collectives.csv means for
+        each operation) and the group rank of its root or peer (-1: none); the work made next
+        carries the notes of its handles, in order."""
+        shapes = getattr(self._posting, "shapes", None)
+        if shapes is None:
+            shapes = self._posting.shapes = []
+        shapes.append((kind, int(nbytes), int(peer)))
+        return handle
+
     def _made(self, work: HarnessWork) -> HarnessWork:
         work.lineage = getattr(self._posting, "lineage", ())
+        work.shapes, self._posting.shapes = getattr(self._posting, "shapes", None) or [], []
         if _observer is not None:
             _observer(self, work)
         if self._coalesced is not None:
@@ -132,6 +148,7 @@ class HarnessProcessGroup(dist.ProcessGroup):
         code = reduce_code(_opt(opts, "reduceOp", dist.ReduceOp.SUM), op)
         st = Staged(tensors, op)
         h = self._native.allreduce(st.buf, st.buf.data_ptr(), st.buf.numel(), dtype_code(st.buf, op), code, self._tag())
+        self._shape(h, "allreduce", _nbytes(st.buf))
         return self._made(HarnessWork([h], tensors, finisher(st), op))
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> HarnessWork:
@@ -143,6 +160,7 @@ class HarnessProcessGroup(dist.ProcessGroup):
         root = self._root(_opt(opts, "rootRank", 0), op)
         st = Staged(tensors, op)
         h = self._native.reduce(st.buf, st.buf.data_ptr(), st.buf.numel(), dtype_code(st.buf, op), code, root, self._tag())
+        self._shape(h, "reduce", _nbytes(st.buf), root)
         return self._made(HarnessWork([h], tensors, finisher(st) if self._rank == root else None, op))
 
     def _reduce_scatter_flat(self, out: torch.Tensor, inp: torch.Tensor, code: int, op: str) -> tuple[Any, Staged]:
@@ -151,7 +169,7 @@ class HarnessProcessGroup(dist.ProcessGroup):
             raise UnsupportedError(f"{op}: input {si.buf.dtype} and output {so.buf.dtype} differ in dtype")
         h = self._native.reduce_scatter((si.buf, so.buf), si.buf.data_ptr(), si.buf.numel(), so.buf.data_ptr(),
                                         so.buf.numel(), dtype_code(so.buf, op), code, self._tag())
-        return h, so
+        return self._shape(h, "reduce_scatter", _nbytes(si.buf)), so
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> HarnessWork:
         op = "reduce_scatter_tensor"
@@ -190,6 +208,7 @@ class HarnessProcessGroup(dist.ProcessGroup):
         root = self._root(_opt(opts, "rootRank", 0), op)
         st = Staged(tensors, op, fill=self._rank == root)
         h = self._native.broadcast(st.buf, st.buf.data_ptr(), st.buf.numel(), dtype_code(st.buf, op), root, self._tag())
+        self._shape(h, "broadcast", _nbytes(st.buf), root)
         return self._made(HarnessWork([h], tensors, finisher(st) if self._rank != root else None, op))
 
     def _allgather_flat(self, out: torch.Tensor, inp: torch.Tensor, op: str) -> tuple[Any, Staged]:
@@ -198,7 +217,7 @@ class HarnessProcessGroup(dist.ProcessGroup):
             raise UnsupportedError(f"{op}: input {si.buf.dtype} and output {so.buf.dtype} differ in dtype")
         h = self._native.allgather((si.buf, so.buf), si.buf.data_ptr(), si.buf.numel(), so.buf.data_ptr(),
                                    so.buf.numel(), dtype_code(so.buf, op), self._tag())
-        return h, so
+        return self._shape(h, "allgather", _nbytes(si.buf)), so
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> HarnessWork:
         op = "all_gather_into_tensor"
@@ -254,6 +273,7 @@ class HarnessProcessGroup(dist.ProcessGroup):
             finish = None
         h = self._native.gather((si.buf, flat), si.buf.data_ptr(), n, flat.data_ptr(), flat.numel(),
                                 dtype_code(si.buf, op), root, self._tag())
+        self._shape(h, "gather", _nbytes(si.buf), root)
         return self._made(HarnessWork([h], output_tensors, finish, op))
 
     def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
@@ -273,6 +293,7 @@ class HarnessProcessGroup(dist.ProcessGroup):
             flat = torch.empty(0, dtype=so.buf.dtype)
         h = self._native.scatter((so.buf, flat), flat.data_ptr(), flat.numel(), so.buf.data_ptr(), n,
                                  dtype_code(so.buf, op), root, self._tag())
+        self._shape(h, "scatter", _nbytes(so.buf), root)
         return self._made(HarnessWork([h], output_tensors, finisher(so), op))
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
@@ -297,6 +318,7 @@ class HarnessProcessGroup(dist.ProcessGroup):
         h = self._native.alltoall((si.buf, so.buf), si.buf.data_ptr(), si.buf.numel(), so.buf.data_ptr(),
                                   so.buf.numel(), dtype_code(so.buf, op), counts(input, input_split_sizes),
                                   counts(output, output_split_sizes), self._tag())
+        self._shape(h, "alltoall", _nbytes(si.buf))
         return self._made(HarnessWork([h], [output], finisher(so), op))
 
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
@@ -309,22 +331,26 @@ class HarnessProcessGroup(dist.ProcessGroup):
         h = self._native.alltoall((si.buf, flat), si.buf.data_ptr(), si.buf.numel(), flat.data_ptr(),
                                   flat.numel(), dtype_code(flat, op), [t.numel() for t in input_tensors],
                                   [t.numel() for t in output_tensors], self._tag())
+        self._shape(h, "alltoall", _nbytes(si.buf))
         return self._made(HarnessWork([h], output_tensors, _split_into(output_tensors, flat), op))
 
     def barrier(self, opts: Any = None) -> HarnessWork:
-        return self._made(HarnessWork([self._native.barrier(self._tag())], [], None, "barrier"))
+        h = self._shape(self._native.barrier(self._tag()), "barrier", 0)
+        return self._made(HarnessWork([h], [], None, "barrier"))
 
     # -- point to point ---------------------------------------------------------------------
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> HarnessWork:
         op = "send"
         st = Staged(tensors, op)
         h = self._native.send(st.buf, st.buf.data_ptr(), st.buf.numel(), dtype_code(st.buf, op), int(dst), int(tag))
+        self._shape(h, "send", _nbytes(st.buf), int(dst))
         return self._made(HarnessWork([h], tensors, None, op))
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> HarnessWork:
         op = "recv"
         st = Staged(tensors, op, fill=False)
         h = self._native.recv(st.buf, st.buf.data_ptr(), st.buf.numel(), dtype_code(st.buf, op), int(src), int(tag))
+        self._shape(h, "recv", _nbytes(st.buf), int(src))
         return self._made(HarnessWork([h], tensors, finisher(st), op))
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> HarnessWork:

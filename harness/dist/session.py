@@ -126,6 +126,8 @@ class ScriptSession:
         self.beat.algorithm(0)
         # Collectives of the backend: native post time -> the group's description.
         self.groups: dict[float, str] = {}
+        self.shapes: dict = {}  # native post time -> harness.dist.sequence.Shape (what the simulator replays)
+        self.marks: list = []  # per step: harness.dist.sequence.StepMarks
         self._main_thread = threading.get_ident()
         self._main_posts: set[float] = set()  # post times of this step's collectives posted by the main thread
         self.rows: list[tuple] = []  # per step: start, end, compute, delay, blocked, bytes
@@ -192,6 +194,8 @@ class ScriptSession:
         self._end()
 
     def _end(self) -> None:
+        from harness.dist.sequence import StepMarks
+
         now = time.monotonic()
         records = self.comm.drain_records()
         main = self._main_posts
@@ -206,6 +210,7 @@ class ScriptSession:
                 compute += extra
                 now = time.monotonic()
         self.rows.append([self._start, now, compute, self._delay, blocked, 0])
+        self.marks.append(StepMarks(self._start, self._forward, self._pre, now))
         self._collect(records)
         self.beat.iteration_done(now - self._start)
         self.t += 1
@@ -226,14 +231,20 @@ class ScriptSession:
 
     def _observe(self, group, work) -> None:
         """A collective of the backend was posted: remember its group; a fault may strike."""
+        from harness.dist.sequence import Shape
+
         desc = group.getGroupDesc()
         name = desc if desc and desc != "undefined" else group.getGroupName()
         where = f"{name} [{' '.join(str(r) for r in group.world_ranks)}]"
         self.mismatch.posted(group, where, work)
         on_main = threading.get_ident() == self._main_thread
-        for h in work._handles:
+        ranks = group.world_ranks
+        members = " ".join(str(r) for r in ranks)
+        for h, (op, nbytes, peer) in zip(work._handles, work.shapes or [("", 0, -1)] * len(work._handles)):
             post = h.times()[0]
             self.groups[post] = where
+            if op:
+                self.shapes[post] = Shape(op, nbytes, ranks[peer] if 0 <= peer < len(ranks) else -1, members)
             if on_main:
                 self._main_posts.add(post)
         self.faults.posted()
@@ -260,6 +271,7 @@ class ScriptSession:
         """After the script: strike a fault due at the finish, gather the records, have rank 0
         write the results. Collective."""
         from harness.dist.process_group import observe
+        from harness.dist.sequence import sequence_rows
         from harness.results.columns import CommOpRecord, StepRecord
         from harness.runner.heartbeat_row import Phase
         from harness.runner.report import gather
@@ -281,18 +293,25 @@ class ScriptSession:
         self.clock.remeasure()
         self.clock.close()
         steps, ops = gather(self.world, steps), gather(self.world, ops)
+        sequence = gather(self.world, sequence_rows(rank, self.marks, self.ops, self.shapes))
         counts = self.world.gather(len(self.rows), root=0)
         if self.rank == 0:
-            self._write(steps, ops, counts)
+            self._write(steps, ops, counts, sequence)
         self.beat.stage(Phase.DONE)
         self.comm.close()
 
-    def _write(self, steps: list, ops: list, counts: list[int]) -> None:
+    def _write(self, steps: list, ops: list, counts: list[int], sequence: list[tuple]) -> None:
+        import pandas as pd
+
+        from harness.results import atomic
+        from harness.results.columns import COLLECTIVE_COLUMNS, COLLECTIVE_FILE, to_frame
         from harness.results.records import RunDirectory
         from harness.runner.report import write_summary
 
         run = RunDirectory.open(self.run_dir)
         run.append_algorithm(self.label, steps, [], ops)
+        atomic.write_csv(run.path / COLLECTIVE_FILE,
+                         to_frame(pd.DataFrame(sequence, columns=list(COLLECTIVE_COLUMNS)), COLLECTIVE_COLUMNS))
         taken = max(1, min(counts))
         summary_scenario = self.scenario.model_copy(
             update={"workload": self.scenario.workload.model_copy(update={"iterations": taken})})

@@ -64,6 +64,12 @@ COMM_OP_NAMES = (
     "send",
     "recv",
 )
+# collectives.csv (only for a torch.distributed script run under ``launch --scenario``): every
+# operation of the ``harness`` backend per rank and step, what the simulator replays
+# (harness.dist.sequence writes it, harness.sim.script_replay reads it).
+COLLECTIVE_COLUMNS = ("rank", "iteration", "seq", "op", "group_ranks", "payload_bytes", "peer", "phase", "at",
+                      "waited")
+COLLECTIVE_FILE = "collectives.csv"
 # comm_calls.csv (only when the scenario sets results.comm_calls): every call an algorithm made
 # to its communicator, logged by harness.comm.call_log.CallLog, whose CALL_NAMES are the ops.
 COMM_CALL_COLUMNS = ("algorithm", "rank", "iteration", "seq", "op", "peers", "floats", "detail", "result")
@@ -105,8 +111,12 @@ _DTYPES: dict[str, str] = {
     "bytes": _INT,
     "seq": _INT,
     "floats": _INT,
+    "payload_bytes": _INT,
+    "peer": _INT,
+    "at": _FLOAT,
+    "waited": "bool",
 }
-_TEXT = frozenset({"algorithm", "model", "op", "peers", "detail", "result", "group"})
+_TEXT = frozenset({"algorithm", "model", "op", "peers", "detail", "result", "group", "group_ranks", "phase"})
 
 
 class StepRecord(NamedTuple):

@@ -163,6 +163,22 @@ class _ExchangeHandle(_Handle):
         self.engine.sleep_until(end)
 
 
+class _ReceiveHandle(_Handle):
+    """A receive (:meth:`SimCommunicator.irecv`): done when the matching message has arrived."""
+
+    __slots__ = ("mail", "peer", "me", "seq")
+
+    def __init__(self, engine, mail: Mailboxes, me: int, peer: int, seq: int) -> None:
+        super().__init__(engine, "recv", 0)
+        self.mail, self.me, self.peer, self.seq = mail, me, peer, seq
+
+    def end(self):
+        return self.mail.arrival(self.peer, self.me, self.seq)
+
+    def wait(self, timeout=None):
+        self.engine.sleep_until(self.mail.receive(self.peer, self.me, self.seq))
+
+
 # -- the communicator -----------------------------------------------------------------------------
 class SimCommunicator:
     """One simulated rank's communicator (see the module docstring)."""
@@ -174,6 +190,8 @@ class SimCommunicator:
         self._collective_seq = 0
         self._persistent_seq = 0
         self._exchanges: dict[int, int] = defaultdict(int)  # peer -> exchanges posted to it
+        self._received: dict[int, int] = defaultdict(int)  # peer -> receives posted from it
+        self._group_seqs: dict[tuple[int, ...], int] = defaultdict(int)  # members -> collectives posted over them
         self._unfinished: list[_Handle] = []  # posted, record not drained yet
         self._iteration = -1  # the loop's current iteration (-1: none, e.g. construction, finish)
         self.closed = False
@@ -236,7 +254,35 @@ class SimCommunicator:
     def barrier(self) -> None:
         self.ibarrier().wait()
 
+    def igroup(self, kind: str, members: Sequence[int], count: int, root: int = 0) -> _Handle:
+        """A collective over ``members`` (world ranks, this rank among them; the torch.distributed
+        backend's groups): ``kind`` an allreduce, broadcast, barrier or one of
+        :data:`harness.sim.network.GROUP_KINDS`, ``root`` a member index. Matched per member
+        list, in the order each member posts (the native layer's groups are communicators of
+        their own)."""
+        members = tuple(members)
+        if self._rank not in members:
+            raise SimCommError(f"rank {self._rank} posted a {kind} over ranks {list(members)}, which it is not among")
+        seq = self._group_seqs[members]
+        self._group_seqs[members] = seq + 1
+        op = self.fabric.collective(("group", members, seq), self._rank, kind, int(count), int(root), members)
+        return self._posted(_CollectiveHandle(self.engine, op, self._rank))
+
     # -- point to point -------------------------------------------------------------------------
+    def isend(self, peer: int, nbytes: int) -> _Handle:
+        """A one-way message of ``nbytes`` to ``peer`` (torch.distributed's send): done once it
+        has left (its release); matched with the peer's :meth:`irecv` in posting order."""
+        peer = self._check_peer(peer, "send peer")
+        release = self.fabric.mail.send(self._rank, peer, int(nbytes))
+        return self._posted(_TimedHandle(self.engine, "send", int(nbytes), release))
+
+    def irecv(self, peer: int, nbytes: int) -> _Handle:
+        """The next message from ``peer`` (see :meth:`isend`): done when it has arrived."""
+        peer = self._check_peer(peer, "receive peer")
+        seq = self._received[peer]
+        self._received[peer] = seq + 1
+        return self._posted(_ReceiveHandle(self.engine, self.fabric.mail, self._rank, peer, seq))
+
     def iexchange(self, send: Any, recv: Any, peer: int) -> _Handle:
         if not 0 <= peer < self.fabric.ranks or peer == self._rank:
             self._check_peer(peer, "exchange peer")  # raises

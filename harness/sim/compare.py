@@ -34,6 +34,7 @@ from harness.scenario.schema import Scenario
 from harness.sim.calibration import CalibrationEntry
 from harness.sim.hosts import SimTopology
 from harness.sim.runs import predict, replay, write_simulated_run
+from harness.sim.script_replay import ScriptTrace, replay_script
 
 MODES = ("trace", "predictive")
 COMPARE_FILE = "compare.csv"
@@ -61,16 +62,28 @@ def compared_scenario(run: RunDirectory, scenario: Scenario) -> Scenario:
 
 
 def compare_run(run: RunDirectory, scenario: Scenario, entry: CalibrationEntry, calibration_name: str,
-                modes: tuple[str, ...] = MODES, topology: SimTopology | None = None) -> pd.DataFrame:
+                modes: tuple[str, ...] = MODES, topology: SimTopology | None = None,
+                script: str | None = None) -> pd.DataFrame:
     """Simulate ``run``'s finished algorithms (``scenario`` from :func:`compared_scenario`) in
     each mode with calibration ``entry`` and ``topology`` (``harness.sim.hosts.simulated_topology``;
-    None: the scenario's own, if any); write and return the comparison."""
+    None: the scenario's own, if any); write and return the comparison.
+
+    ``script``: the label of a torch.distributed script run (``launch --scenario``, no
+    algorithms), whose recorded collectives are replayed (``harness.sim.script_replay``);
+    trace mode only, since nothing models the script's compute."""
     w = scenario.workload
     measured = summarize(run.steps, run.evals, w.batch_size, w.iterations, ranks=scenario.ranks)
     hosts = topology.hosts if topology is not None else None
     rows = []
     for mode in modes:
-        if mode == "trace":
+        if mode == "trace" and script is not None:
+            trace = ScriptTrace.read(run.path, scenario.ranks, w.iterations)
+            frame, stat = replay_script(scenario, script, run.steps, trace, scenario.ranks, entry.network, hosts)
+            frames, stats = {script: frame}, [stat]
+        elif script is not None:
+            raise ValueError(f"{run.path}: a torch.distributed script's compute is not modelled: compare it "
+                             "trace-driven (--mode trace)")
+        elif mode == "trace":
             frames, stats = replay(scenario, run.steps, entry.network, hosts=hosts)
         elif mode == "predictive":
             frames, stats = predict(scenario, entry, hosts=hosts)

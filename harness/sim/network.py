@@ -595,6 +595,50 @@ def barrier_schedule(p: int) -> Schedule:
     return _schedule(steps, p)
 
 
+# The native group operations of the torch.distributed backend (kernels/group.cpp), by name.
+GROUP_KINDS = ("allgather", "reduce_scatter", "reduce", "gather", "scatter", "alltoall")
+
+
+def group_schedule(kind: str, p: int, count: int, root: int = 0) -> Schedule:
+    """The native layer's schedule of a group operation of the torch.distributed backend over p
+    members (``kernels/group.cpp``), ``count`` floats as collectives.csv sizes it
+    (``harness.dist.sequence``): allgather and reduce_scatter in a ring, reduce down a binomial
+    tree, gather, scatter and alltoall as direct messages. The native layer posts a gather's,
+    scatter's or alltoall's messages at once; here they take p - 1 steps (the root's, or each
+    member's, link carries them one after another), which a schedule of one message per member
+    and step needs."""
+    if kind not in GROUP_KINDS:
+        raise ValueError(f"unknown group operation {kind!r} (known: {', '.join(GROUP_KINDS)})")
+    nbytes = count * FLOAT_BYTES
+    none = [-1] * p
+    steps: list[tuple[list[int], list[int], list[int]]] = []
+    if kind in ("allgather", "reduce_scatter"):
+        piece = nbytes if kind == "allgather" else -(-count // p) * FLOAT_BYTES
+        for _ in range(p - 1):
+            steps.append(([(m + 1) % p for m in range(p)], [piece] * p, [(m - 1) % p for m in range(p)]))
+    elif kind == "reduce":
+        mask = 1
+        while mask < p:  # virtual rank v = (m - root) mod p sends to v - mask when its lowest set bit is mask
+            send, recv = none[:], none[:]
+            for v in range(p):
+                if v & mask and not v & (mask - 1):
+                    src, dst = (v + root) % p, (v - mask + root) % p
+                    send[src], recv[dst] = dst, src
+            steps.append((send, [nbytes] * p, recv))
+            mask <<= 1
+    elif kind in ("gather", "scatter"):
+        for other in (m for m in range(p) if m != root):
+            send, recv = none[:], none[:]
+            src, dst = (other, root) if kind == "gather" else (root, other)
+            send[src], recv[dst] = dst, src
+            steps.append((send, [nbytes] * p, recv))
+    else:  # alltoall: in step k member m sends its piece for m + k and receives m - k's piece for it
+        piece = -(-count // p) * FLOAT_BYTES
+        for k in range(1, p):
+            steps.append(([(m + k) % p for m in range(p)], [piece] * p, [(m - k) % p for m in range(p)]))
+    return _schedule(steps, p)
+
+
 def broadcast_times(p: int, root: int, world: Sequence[int], join: Sequence[float], nbytes: int,
                     network: "SimNetwork") -> list[float]:
     """Completion time of every member of the native binomial broadcast (``binomial_bcast`` in

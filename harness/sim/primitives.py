@@ -20,14 +20,23 @@ from collections.abc import Sequence
 import simpy
 
 from harness.sim.engine import SimEngine
-from harness.sim.network import FLOAT_BYTES, SimNetwork, barrier_schedule, broadcast_times, run_schedule
+from harness.sim.network import (
+    FLOAT_BYTES,
+    GROUP_KINDS,
+    SimNetwork,
+    barrier_schedule,
+    broadcast_times,
+    group_schedule,
+    run_schedule,
+)
 
 
 class Collective:
     """One collective over ``members`` (ranks, in the schedule's member order).
 
-    ``kind``: ``"allreduce"`` of ``count`` floats, ``"barrier"``, or ``"broadcast"`` of
-    ``count`` floats from member index ``root``.
+    ``kind``: ``"allreduce"`` of ``count`` floats, ``"barrier"``, ``"broadcast"`` of
+    ``count`` floats from member index ``root``, or one of the torch.distributed backend's group
+    operations (:data:`harness.sim.network.GROUP_KINDS`, sized as :func:`group_schedule` says).
     """
 
     __slots__ = ("engine", "network", "kind", "members", "index", "count", "root", "join_at", "joined", "done_at",
@@ -51,6 +60,8 @@ class Collective:
             self.schedule = network.allreduce_schedule(self.members, count)
         elif kind == "barrier":
             self.schedule = barrier_schedule(len(self.members))
+        elif kind in GROUP_KINDS:
+            self.schedule = group_schedule(kind, len(self.members), count, root)
         else:
             self.schedule = None
 

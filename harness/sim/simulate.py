@@ -136,8 +136,13 @@ class SimulatedWork:
 def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
                        delays: np.ndarray | None = None, factors: np.ndarray | None = None,
                        wrap_comm: Callable[[int, object], object] | None = None,
-                       hosts: NodeTopology | None = None) -> tuple[pd.DataFrame, SimStats]:
+                       hosts: NodeTopology | None = None,
+                       make_algorithm: Callable[[int, AlgorithmContext], object] | None = None,
+                       ) -> tuple[pd.DataFrame, SimStats]:
     """Simulate one algorithm of ``scenario``; returns its steps frame (STEP_COLUMNS) and stats.
+
+    ``make_algorithm(rank, ctx)``, if given, makes each rank's algorithm instead of the class
+    ``params.name`` names (a torch.distributed script's replay, ``harness.sim.script_replay``).
 
     ``wrap_comm(rank, comm)``, if given, returns what the rank's algorithm and loop use instead
     of its simulated communicator (e.g. a call log). ``hosts``: the hosts of a multi-host run
@@ -152,14 +157,14 @@ def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
                          clock=lambda: engine.env.now, hosts=hosts, allreduce=scenario.network.allreduce)
     fabric = SimFabric(engine, network, ranks)
     evaluations = _Evaluations(engine, ranks, count, base, timing)
-    cls = algorithm_class(params.name)
+    cls = algorithm_class(params.name) if make_algorithm is None else None
     delay_of, factor_of = delays.T.tolist(), factors.T.tolist()  # plain lists: fast indexing per rank
     steps: list[np.ndarray] = [np.empty((0, len(_VALUE_COLUMNS)))] * ranks
 
     def rank_body(r: int, comm) -> Callable[[], None]:
         def body() -> None:
             ctx = AlgorithmContext(comm, StandIn(count), StandIn(count), scenario.optimizer_of(params).lr, scenario.seed)
-            algorithm = cls(params, ctx)
+            algorithm = cls(params, ctx) if make_algorithm is None else make_algorithm(r, ctx)
             work = SimulatedWork(engine, network, r, timing, delay_of[r], factor_of[r], evaluations)
             records, _, _ = train(scenario, algorithm, comm, work, 0.0, keep_ops=False)
             steps[r] = np.array([record[_FIRST_VALUE:] for record in records], dtype=float)  # compact at once

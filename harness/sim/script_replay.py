@@ -1,0 +1,311 @@
+"""Trace-driven simulation of a torch.distributed script run: its recorded collectives, replayed.
+
+A script run under ``launch --scenario`` has no algorithm the simulator could run: the script
+is the algorithm. What it did is in its results directory: every rank's local work per step
+(steps.csv, as for any trace-driven replay) and every operation of the ``harness`` backend with
+its group, size and place in the step (collectives.csv, :mod:`harness.dist.sequence`).
+:class:`ScriptReplay` is an algorithm whose hooks post that sequence on the simulated
+communicator, and the shared training loop (``harness.runner.loop.train``) runs it exactly as
+it runs the built-in algorithms:
+
+- ``before`` operations in ``before_forward`` (before the injected delay, as in the run), one
+  after the other where the script waited for each;
+- ``overlap`` operations at their place in the step's local work (``at`` of it after the
+  compute starts; after the previous one has ended where the script waited for it, as a
+  communication hook's chained collectives), all waited for in ``after_backward``: the exposed
+  tail that DDP's reducer waits for before the optimizer step;
+- ``after`` operations in ``after_step``, as ``before`` ones.
+
+At another rank count (``simulate --ranks``) a rank r replays rank r mod R of the R recorded
+(its local work and its sequence) where the sequence does not depend on the rank count: every
+operation an allreduce, broadcast or barrier over all ranks, of sizes that every rank gave alike
+(DDP's buckets, plain ``dist.all_reduce``). Anything else (FSDP's all-gathers and
+reduce-scatters of shards, ``ZeroRedundancyOptimizer``'s per-rank broadcasts, subgroups,
+point-to-point) is refused with the operation that decides it.
+
+What the replay cannot know: an operation posted at a fixed place of the step in the run
+(``at``) is posted there in the simulation too, although a slower network might have moved it
+(a hook's follow-up collective is chained, a DDP bucket is not); waits inside the forward pass
+(FSDP's all-gathers) are in the recorded local work, as the run's estimate of blocked time
+(``comm_blocked_s``) leaves them there.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness.algorithms.base import Algorithm, AlgorithmContext
+from harness.algorithms.params import AlgorithmParams
+from harness.results.columns import COLLECTIVE_COLUMNS, COLLECTIVE_FILE, read_frame
+from harness.sim.network import FLOAT_BYTES
+
+# Operations whose sizes and members do not follow the rank count when every rank gives the same size.
+RANK_COUNT_FREE = frozenset({"allreduce", "broadcast", "barrier"})
+
+
+class ReplayError(ValueError):
+    """A recorded sequence that cannot be replayed as asked (the message says why)."""
+
+
+@dataclass(frozen=True)
+class ReplayOp:
+    """One operation of a rank's recorded sequence, as the simulator posts it."""
+
+    op: str
+    members: tuple[int, ...]  # world ranks of its group
+    count: int  # floats (payload bytes rounded up to whole floats, the largest any member gave)
+    peer: int  # world rank of the root or peer; -1: none
+    phase: str
+    at: float
+    waited: bool
+
+    @property
+    def root_index(self) -> int:
+        return self.members.index(self.peer) if self.peer >= 0 else 0
+
+
+class ScriptTrace:
+    """Every rank's recorded sequence: ``ops[r][t]`` is rank r's operations in step t, in the
+    order r posted them."""
+
+    def __init__(self, ops: list[list[list[ReplayOp]]]) -> None:
+        self.ops = ops
+
+    @property
+    def ranks(self) -> int:
+        return len(self.ops)
+
+    @classmethod
+    def read(cls, run_dir: Path, ranks: int, iterations: int) -> ScriptTrace:
+        path = Path(run_dir) / COLLECTIVE_FILE
+        if not path.is_file():
+            raise ReplayError(f"{run_dir}: no {COLLECTIVE_FILE}: not a torch.distributed script run of "
+                              "`python -m harness launch --scenario` (or one from before it was recorded)")
+        return cls.from_frame(read_frame(path, COLLECTIVE_COLUMNS), ranks, iterations)
+
+    @classmethod
+    def from_frame(cls, frame: pd.DataFrame, ranks: int, iterations: int) -> ScriptTrace:
+        """The sequence of collectives.csv rows; ReplayError where ranks disagree on a collective."""
+        frame = frame.sort_values(["rank", "iteration", "seq"], kind="stable")
+        rows_of: dict[int, list[Any]] = defaultdict(list)
+        for row in frame.itertuples(index=False):
+            if not 0 <= row.rank < ranks:
+                raise ReplayError(f"{COLLECTIVE_FILE}: rank {row.rank} in a run of {ranks} ranks")
+            rows_of[int(row.rank)].append(row)
+        # The k-th collective a rank posts over a group matches every member's k-th there:
+        # check that they agree and size it by the largest payload any member gave.
+        instances: dict[tuple[str, int], list[tuple[int, Any]]] = defaultdict(list)
+        for r in range(ranks):
+            posted: dict[str, int] = defaultdict(int)
+            for row in rows_of[r]:
+                if row.op in ("send", "recv"):
+                    continue
+                k = posted[row.group_ranks]
+                posted[row.group_ranks] = k + 1
+                instances[(row.group_ranks, k)].append((r, row))
+        size: dict[tuple[str, int], int] = {}
+        for (group, k), members in instances.items():
+            first_rank, first = members[0]
+            for r, row in members[1:]:
+                if (row.op, row.peer) != (first.op, first.peer):
+                    raise ReplayError(f"{COLLECTIVE_FILE}: the collective {k} over ranks [{group}] is a {first.op} on "
+                                      f"rank {first_rank} and a {row.op} on rank {r} (or of another root)")
+            size[(group, k)] = max(int(row.payload_bytes) for _, row in members)
+        ops: list[list[list[ReplayOp]]] = [[[] for _ in range(iterations)] for _ in range(ranks)]
+        for r in range(ranks):
+            posted = defaultdict(int)
+            for row in rows_of[r]:
+                nbytes = int(row.payload_bytes)
+                if row.op not in ("send", "recv"):
+                    k = posted[row.group_ranks]
+                    posted[row.group_ranks] = k + 1
+                    nbytes = size[(row.group_ranks, k)]
+                if not 0 <= row.iteration < iterations:
+                    continue  # steps beyond the ones the run counts
+                members = tuple(int(m) for m in str(row.group_ranks).split())
+                ops[r][int(row.iteration)].append(ReplayOp(
+                    str(row.op), members, -(-nbytes // FLOAT_BYTES), int(row.peer), str(row.phase), float(row.at),
+                    bool(row.waited)))
+        return cls(ops)
+
+    def at_ranks(self, n: int) -> ScriptTrace:
+        """The sequence at ``n`` ranks: itself at the recorded count; else rank r replays rank
+        r mod R, where no operation depends on the rank count (module doc), else ReplayError."""
+        if n == self.ranks:
+            return self
+        everyone = tuple(range(self.ranks))
+        for r, steps in enumerate(self.ops):
+            for t, ops in enumerate(steps):
+                for op in ops:
+                    why = None
+                    if op.op not in RANK_COUNT_FREE:
+                        why = {"allgather": "an all-gather's pieces", "reduce_scatter": "a reduce-scatter's shards"}.get(
+                            op.op, f"a {op.op}'s pieces")
+                        why = f"it holds {op.op} ({why} follow the rank count, as FSDP's shards do)"
+                    elif op.members != everyone:
+                        why = f"it holds a {op.op} over the subgroup [{' '.join(map(str, op.members))}]"
+                    elif op.peer >= n:
+                        why = f"it holds a broadcast from rank {op.peer}, which {n} ranks do not have"
+                    if why is not None:
+                        raise ReplayError(f"cannot replay the recorded sequence at {n} ranks: {why} (rank {r}, "
+                                          f"step {t}); replay it at the recorded {self.ranks} ranks, or run the "
+                                          f"script at {n}")
+        for t in range(len(self.ops[0]) if self.ops else 0):
+            shapes = {tuple((op.op, op.count) for op in self.ops[r][t]) for r in range(self.ranks)}
+            if len(shapes) > 1:
+                raise ReplayError(f"cannot replay the recorded sequence at {n} ranks: the ranks posted different "
+                                  f"collectives in step {t}; replay it at the recorded {self.ranks} ranks")
+        world = tuple(range(n))
+        return ScriptTrace([[[ReplayOp(op.op, world, op.count, op.peer, op.phase, op.at, op.waited) for op in ops]
+                             for ops in self.ops[r % self.ranks]] for r in range(n)])
+
+
+class TiledTiming:
+    """A trace-driven timing source of R ranks read at n: rank r takes rank r mod R's times."""
+
+    trace_driven = True
+
+    def __init__(self, base: Any, recorded_ranks: int) -> None:
+        self._base, self._ranks = base, recorded_ranks
+
+    def start_offset(self, r: int) -> float:
+        return self._base.start_offset(r % self._ranks)
+
+    def compute(self, t: int, r: int) -> float:
+        return self._base.compute(t, r % self._ranks)
+
+    def between(self, t: int, r: int) -> float:
+        return self._base.between(t, r % self._ranks)
+
+    def after_eval(self, t: int, r: int) -> float:
+        return self._base.after_eval(t, r % self._ranks)
+
+
+class ScriptParams(AlgorithmParams):
+    """The replayed script, named by the run's label."""
+
+
+class ScriptReplay(Algorithm):
+    """One simulated rank of a torch.distributed script: its recorded sequence (module doc).
+
+    ``steps[t]``: this rank's operations of step t; ``compute_start(t)``: when its local work
+    of step t starts (the loop's injected delay after ``before_forward``); ``local(t)``: how
+    long that work takes (the timing source's)."""
+
+    def __init__(self, params: ScriptParams, ctx: AlgorithmContext, steps: list[list[ReplayOp]],
+                 delay: list[float], local: Any) -> None:
+        super().__init__(params, ctx)
+        self._steps = steps
+        self._delay = delay
+        self._local = local
+        self._comm = ctx.comm
+        self._overlap: list[Any] = []
+
+    # -- posting ---------------------------------------------------------------------------------
+    def _post(self, op: ReplayOp) -> Any:
+        comm = self._comm
+        if op.op == "send":
+            return comm.isend(op.peer, op.count * FLOAT_BYTES)
+        if op.op == "recv":
+            return comm.irecv(op.peer, op.count * FLOAT_BYTES)
+        return comm.igroup(op.op, op.members, op.count, op.root_index)
+
+    def _in_order(self, ops: list[ReplayOp]) -> None:
+        """Post ``ops`` one after the other (waiting where the script did), then wait for all."""
+        handles = []
+        for op in ops:
+            h = self._post(op)
+            handles.append(h)
+            if op.waited:
+                h.wait()
+        for h in handles:
+            h.wait()
+
+    def _at_places(self, ops: list[ReplayOp], start: float, local: float) -> None:
+        """Post each of ``ops`` at ``start + at * local`` (after its predecessor ended where the
+        script waited for it), from the event loop: the rank itself is computing meanwhile."""
+        engine = self._comm.engine
+        env = engine.env
+        posted: list[Any] = [None] * len(ops)
+        events = [env.event() for _ in ops]
+
+        def ready(i: int) -> None:
+            if i > 0 and ops[i - 1].waited:
+                before = posted[i - 1]
+                if before is None:  # the predecessor waits for its own predecessor
+                    events[i - 1].callbacks.append(lambda _e: ready(i))
+                    return
+                end = before.end()
+                if end is None and hasattr(before, "op"):  # a collective not every member has joined yet
+                    before.op.complete.callbacks.append(lambda _e: ready(i))
+                    return
+                if end is not None and end > env.now:
+                    env.timeout(end - env.now).callbacks.append(lambda _e: ready(i))
+                    return
+            posted[i] = self._post(ops[i])
+            events[i].succeed()
+
+        for i, op in enumerate(ops):
+            env.timeout(max(0.0, start + op.at * local - env.now)).callbacks.append(lambda _e, i=i: ready(i))
+        self._overlap = [(posted, events, ops)]
+
+    # -- the loop's hooks ---------------------------------------------------------------------------
+    def _phase(self, t: int, phase: str) -> list[ReplayOp]:
+        return [op for op in self._steps[t] if op.phase == phase] if t < len(self._steps) else []
+
+    def before_forward(self, t: int) -> None:
+        self._in_order(self._phase(t, "before"))
+        overlap = self._phase(t, "overlap")
+        if overlap:
+            engine = self._comm.engine
+            self._at_places(overlap, engine.now() + self._delay[t], self._local(t))
+
+    def after_backward(self, t: int) -> None:
+        if not self._overlap:
+            return
+        (posted, events, ops), = self._overlap
+        self._overlap = []
+        engine = self._comm.engine
+        for i, event in enumerate(events):
+            if posted[i] is None:
+                engine.wait(event, lambda i=i: f"its {ops[i].op} to be posted (step's collective {i})")
+            posted[i].wait()
+
+    def after_step(self, t: int) -> None:
+        self._in_order(self._phase(t, "after"))
+
+
+def replay_script(scenario: Any, label: str, real_steps: pd.DataFrame, trace: ScriptTrace, recorded_ranks: int,
+                  network: Any, hosts: Any = None) -> tuple[pd.DataFrame, Any]:
+    """Simulate the script run ``label`` at ``scenario.ranks`` ranks (the recorded ones, or
+    another count where :meth:`ScriptTrace.at_ranks` allows it), its local work from
+    ``real_steps`` (steps.csv of the run), on calibrated ``network``; returns its steps frame and
+    :class:`harness.sim.simulate.SimStats`."""
+    from harness.sim.simulate import injection_arrays, simulate_algorithm
+    from harness.sim.timing import TraceTiming
+
+    w = scenario.workload
+    n, iterations = scenario.ranks, w.iterations
+    trace = trace.at_ranks(n)
+    base = TraceTiming(real_steps[real_steps["algorithm"] == label], recorded_ranks, iterations)
+    timing = base if n == recorded_ranks else TiledTiming(base, recorded_ranks)
+    params = ScriptParams(name=label)
+    largest = max((op.count for steps in trace.ops for ops in steps for op in ops), default=1)
+    # The stand-in buffers' length is never moved (the replay posts the recorded sizes); no
+    # evaluation points: the run had none.
+    replayed = scenario.model_copy(update={
+        "algorithms": [params],
+        "workload": w.model_copy(update={"params": max(1, largest), "eval_every": iterations}),
+    })
+    delays, factors = injection_arrays(replayed)
+    delay_of = delays.T.tolist()
+
+    def make(r: int, ctx: AlgorithmContext) -> ScriptReplay:
+        return ScriptReplay(params, ctx, trace.ops[r], delay_of[r], lambda t, r=r: timing.compute(t, r))
+
+    return simulate_algorithm(replayed, params, timing, network, delays, factors, hosts=hosts, make_algorithm=make)

@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.sim.compare import COMPARE_FILE, COMPARE_PLOT, MODES, compare_run, compared_scenario, error_summary
     from harness.sim.hosts import run_rank_hosts, simulated_topology
     from harness.sim.runs import calibration_entry
+    from harness.sim.script_replay import steps_taken
 
     run_dir: Path = args.run_dir
     if not (run_dir / SCENARIO_FILE).is_file():
@@ -79,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
             scenario = compared_scenario(run, scenario)
         elif script not in run.algorithms:
             raise ValueError(f"{run_dir}: the script run {script!r} did not finish: nothing to compare")
+        else:
+            scenario = steps_taken(scenario, meta)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -68,19 +68,21 @@ def _simulate_script_run(args: argparse.Namespace, scenario, meta: dict) -> int:
     from harness.results.records import SUMMARY_TABLE_FILE, RunDirectory
     from harness.scenario import load_scenario
     from harness.sim.runs import DEFAULT_TRACE_RANKS, calibration_entry, new_simulated_run_path, write_simulated_run
-    from harness.sim.script_replay import ScriptTrace, replay_script
+    from harness.sim.script_replay import ScriptTrace, replay_script, steps_taken
 
     run_dir = Path(args.scenario).parent
-    recorded = load_scenario(args.scenario)
+    recorded = steps_taken(load_scenario(args.scenario), meta)
     label = (meta.get("finished_algorithms") or [""])[0]
     run = RunDirectory.open(run_dir)
     if label not in run.algorithms:
         print(f"error: {run_dir}: the script run did not finish: nothing to replay", file=sys.stderr)
         return 2
-    if scenario.workload.iterations != recorded.workload.iterations:
-        print(f"error: workload.iterations: a script run is replayed for the {recorded.workload.iterations} steps "
-              f"it recorded (asked: {scenario.workload.iterations})", file=sys.stderr)
+    asked = scenario.workload.iterations
+    if args.iterations is not None and asked != recorded.workload.iterations:
+        print(f"error: --iterations {asked}: a script run is replayed for the {recorded.workload.iterations} steps "
+              "it took", file=sys.stderr)
         return 2
+    scenario = scenario.model_copy(update={"workload": recorded.workload})
     calibration, calibration_file = load_optional_calibration(args.calibration, False)
     entry, note = calibration_entry(scenario, calibration, args.scenario, calibration_file, needs_compute=False)
     for line in [note] if note else []:

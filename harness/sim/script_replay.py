@@ -280,6 +280,14 @@ class ScriptReplay(Algorithm):
         self._in_order(self._phase(t, "after"))
 
 
+def steps_taken(scenario: Any, meta: dict) -> Any:
+    """``scenario`` (a script run's) with ``workload.iterations`` the optimizer steps every rank
+    took (run.json's ``optimizer_steps``): what the run's summary counts and a replay replays."""
+    counts = meta.get("optimizer_steps") or [scenario.workload.iterations]
+    taken = max(1, min(int(c) for c in counts))
+    return scenario.model_copy(update={"workload": scenario.workload.model_copy(update={"iterations": taken})})
+
+
 def replay_script(scenario: Any, label: str, real_steps: pd.DataFrame, trace: ScriptTrace, recorded_ranks: int,
                   network: Any, hosts: Any = None) -> tuple[pd.DataFrame, Any]:
     """Simulate the script run ``label`` at ``scenario.ranks`` ranks (the recorded ones, or
@@ -292,7 +300,8 @@ def replay_script(scenario: Any, label: str, real_steps: pd.DataFrame, trace: Sc
     w = scenario.workload
     n, iterations = scenario.ranks, w.iterations
     trace = trace.at_ranks(n)
-    base = TraceTiming(real_steps[real_steps["algorithm"] == label], recorded_ranks, iterations)
+    mine = real_steps[(real_steps["algorithm"] == label) & (real_steps["iteration"] < iterations)]
+    base = TraceTiming(mine, recorded_ranks, iterations)
     timing = base if n == recorded_ranks else TiledTiming(base, recorded_ranks)
     params = ScriptParams(name=label)
     largest = max((op.count for steps in trace.ops for ops in steps for op in ops), default=1)

@@ -9,6 +9,7 @@ comm_ops.csv, the results files and the report. The rest is pure Python.
 from __future__ import annotations
 
 import json
+import sys
 
 import pandas as pd
 import torch
@@ -157,6 +158,54 @@ def test_ranks_calling_different_collectives_are_named(tmp_path):
     assert ("ranks 0 and 1 called different collectives at collective #0 of group default_pg [0 1]: rank 0 called "
             "all_reduce on 4 float32 elements, rank 1 called broadcast on 4 float32 elements (the operation "
             "differs)") in proc.stderr, proc.stderr[-3000:]
+
+
+SILENTLY_WRONG = """
+import sys
+import time
+import torch
+import torch.distributed as dist
+import harness.dist  # noqa: F401  registers the backend; env:// from MPI
+
+dist.init_process_group("harness")
+rank = dist.get_rank()
+if sys.argv[1] == "dtype":  # the same bytes, so the allreduce completes: garbage, not a hang
+    dist.all_reduce(torch.ones(4) if rank == 0 else torch.ones(4, dtype=torch.int32))
+elif rank == 0:  # the same bytes again: a send and a receive that disagree on the dtype
+    dist.send(torch.ones(4), dst=1, tag=int(sys.argv[1] == "p2p_size"))
+elif rank == 1:
+    dist.recv(torch.empty(8 if sys.argv[1] == "p2p_size" else 4, dtype=torch.float32 if sys.argv[1] == "p2p_size"
+                          else torch.int32), src=0, tag=int(sys.argv[1] == "p2p_size"))
+for _ in range(100):  # carry on as a training loop would, until the audit ends the job
+    dist.barrier()
+    time.sleep(0.05)
+print("not caught", flush=True)
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case, ranks, message", [
+    ("dtype", 3, r"ranks 0 and ([12]) called different collectives at collective #0 of group default_pg \[0 1 2\]: "
+                 r"rank 0 called all_reduce on 4 float32 elements, rank \1 called all_reduce on 4 int32 elements "
+                 r"\(the dtype differs\)"),
+    ("p2p", 2, r"rank 0's send #0 to rank 1 \(tag 0\) carries 4 float32 elements, and rank 1's receive of it expects "
+               r"4 int32 elements \(the dtype differs\)"),
+    # what the native layer refuses ends the job too, instead of leaving the peers in the barrier
+    ("p2p_size", 2, r"size mismatch: expected 8 floats from member 0 \(rank 0\), got 4"),
+])
+def test_operations_that_disagree_are_named_under_bare_mpiexec(tmp_path, case, ranks, message):
+    """No launch, no watchdog: the backend's own audit compares each rank's operations with its
+    peers' a tick after they were posted, names the ranks, the place and what differed, and
+    ends the job (mpiexec ends the others); an uncaught exception aborts the job."""
+    import re
+
+    from harness.launch import run_ranks
+
+    (tmp_path / "wrong.py").write_text(SILENTLY_WRONG)
+    proc = run_ranks(ranks, [sys.executable, str(tmp_path / "wrong.py"), case], timeout=120, capture=True)
+    assert proc.returncode != 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert re.search(message, proc.stderr), proc.stderr[-3000:]
+    assert "not caught" not in proc.stdout
 
 
 def test_fingerprints_differ_in_what_must_agree():

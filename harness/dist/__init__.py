@@ -21,10 +21,12 @@ from typing import Any
 
 import torch.distributed as dist
 
+from harness.dist import mismatch
 from harness.dist.errors import BackendInitError, UnsupportedError
 from harness.dist.process_group import BACKEND, HarnessProcessGroup
 from harness.dist.tensors import DTYPE_CODES
 from harness.dist.world import (
+    abort_job_on_uncaught_exception,
     check_against_mpi,
     communicator,
     fill_env_from_mpi,
@@ -47,6 +49,7 @@ _ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADD
 def _create(dist_opts: Any, _backend_opts: Any) -> HarnessProcessGroup:
     """torch's creator function (``extended_api``): called on the members of each new group."""
     comm = communicator()
+    mismatch.ensure(comm.rank)  # every process checks its collectives against its peers'
     ranks = [int(r) for r in dist_opts.global_ranks_in_group]
     if not ranks:  # the default group
         check_against_mpi(dist_opts.group_rank, dist_opts.group_size)
@@ -67,5 +70,10 @@ def _register() -> None:
 
 
 _register()
-if launched_by_mpi() and not all(v in os.environ for v in _ENV_VARS):
-    fill_env_from_mpi()
+if launched_by_mpi():
+    if not all(v in os.environ for v in _ENV_VARS):
+        fill_env_from_mpi()
+    from harness.api.session import ENV_RUN_DIR
+
+    if ENV_RUN_DIR not in os.environ:  # not under `launch`, whose watchdog ends a failed job
+        abort_job_on_uncaught_exception()

@@ -1,32 +1,43 @@
-"""Ranks that call different collectives: named, not hung (under ``launch --scenario``).
+"""Ranks that call different collectives: named, not hung, not silently wrong.
 
-Every collective a rank posts on the ``harness`` backend has a fingerprint: its operation, its
-group, its place in the group's program order (the lineage tag, ``harness.dist.lineage``), the
-dtype and element count of its tensors. Each rank keeps the fingerprints of its recent
-collectives; nothing is exchanged while collectives complete.
+Every operation a rank posts on the ``harness`` backend has a fingerprint: its operation, its
+group, its place in the group's program order (the lineage tag, ``harness.dist.lineage``; for
+point-to-point, its peer, tag and number among the messages between the two with that tag), the
+dtype and element count of its tensors. One watch per process (:func:`current`; installed when
+the backend creates its first group, under ``launch --scenario`` by the session, which also
+tells the watchdog) checks them in two ways, on a thread of its own that sleeps between looks
+(``tick_s``) and talks through the torch.distributed store (the TCP store of
+``init_process_group``, a channel that no stuck collective can block):
 
-A collective still not complete after ``after_s`` (a rank waits for a peer that posted something
-else, or nothing) makes this rank ask its peers, through the torch.distributed store (the TCP
-store of ``init_process_group``, a channel of its own that the stuck collective cannot block):
-it publishes its fingerprint and a question naming the place. Every rank's watch thread (it
-sleeps between looks, ``tick_s``) answers questions with the fingerprint of its collective at
-that place, if it has posted one. When an answer differs in operation, dtype or (for operations
-whose ranks must agree on it) element count, the rank prints an error naming both ranks, the
-place, the operation and what differed, tells the watchdog it failed, and exits, so that
-``launch`` ends the job with that message instead of waiting for the watchdog's timeout.
+- **Stuck**: a collective still not complete after ``after_s`` (a rank waits for a peer that
+  posted something else, or nothing) makes this rank publish its fingerprint and a question
+  naming the place; every rank answers questions with its fingerprint at that place, if it
+  has posted one, and the asking rank compares.
+- **Audit**: operations that complete can still disagree (a float32 and an int32 allreduce of
+  the same size: nothing waits, the results are garbage; a receive larger than the message
+  sent). Each rank publishes the fingerprints it posted, in batches per group (per peer for
+  sends), every tick; in each group the member at group rank i reads and compares the batches
+  of the member at i + 1 (each batch read by exactly one rank, which deletes it), and a
+  receiver the sends it received.
 
-Not caught: point-to-point operations (they match by tag, not by place); ranks whose collectives differ only in dtype of the same byte size and complete
-(nothing waits; the results are garbage), and a rank that never posts the collective at all
-(it is only "not there yet"; the watchdog's timeout then names the stuck ranks).
+A difference in operation, dtype or (for operations whose ranks must agree on it) element
+count makes the rank that found it print an error naming both ranks, the place, the operation
+and what differed, and end the process (``launch`` then ends the job with that message; a bare
+``mpiexec`` ends the job when a rank exits). A difference is found within a tick or two of both
+ranks posting. Not caught: a rank that never posts the collective its peers wait in (it is only
+"not there yet"; under ``launch`` the watchdog's timeout names the stuck ranks), and outside
+``launch`` a difference in the last tick before the program exits (``launch``'s session flushes
+the audit at the end).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -36,8 +47,9 @@ import torch
 SAME_COUNT = frozenset({"all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
                         "reduce_scatter", "reduce_scatter_tensor", "barrier"})
 POINT_TO_POINT = frozenset({"send", "recv"})
-_KEEP = 4096  # fingerprints kept per rank
+_KEEP = 1 << 16  # own fingerprints kept per rank (the audit compares within a few ticks)
 _PREFIX = "harness/mismatch"
+_FLUSH_WAIT_S = 3.0  # at the end of a launch: how long to wait for a peer's last batch
 
 
 def _tensors(x: Any) -> list[torch.Tensor]:
@@ -66,14 +78,32 @@ def difference(mine: dict, theirs: dict) -> str | None:
     return None
 
 
+def p2p_difference(send: dict, recv: dict) -> str | None:
+    """What differs between a send and the receive that took it; None when they agree."""
+    if send["dtype"] != recv["dtype"]:
+        return "the dtype"
+    if send["count"] != recv["count"]:
+        return "the element count"
+    return None
+
+
 def describe(rank: int, fp: dict) -> str:
     if fp["op"] == "barrier":
         return f"rank {rank} called barrier"
     return f"rank {rank} called {fp['op']} on {fp['count']} {fp['dtype']} elements"
 
 
+def collective_message(key: tuple[str, str], a: tuple[int, dict], b: tuple[int, dict], what: str) -> str:
+    first, second = sorted([a, b], key=lambda x: x[0])
+    return (f"ranks {first[0]} and {second[0]} called different collectives at collective #{key[1]} of group "
+            f"{key[0]}: {describe(*first)}, {describe(*second)} ({what} differs)")
+
+
 class MismatchWatch:
-    """One per process: records fingerprints, asks and answers through the store (module doc)."""
+    """One per process: records fingerprints, asks, answers and audits through the store (module doc).
+
+    ``on_mismatch(message)`` is called on the watch thread when a difference is found.
+    """
 
     def __init__(self, rank: int, on_mismatch: Callable[[str], None], after_s: float = 1.0,
                  tick_s: float = 0.5) -> None:
@@ -85,34 +115,109 @@ class MismatchWatch:
         self._pending: dict[tuple[str, str], tuple[dict, list, float]] = {}
         self._asked: set[tuple[str, str]] = set()
         self._answered = 0  # questions of the store read so far
+        # the audit: what this rank publishes, and whose batches it reads
+        self._out: dict[str, list] = defaultdict(list)  # channel -> fingerprints not yet published
+        self._published: dict[str, int] = defaultdict(int)  # channel -> batches published
+        self._reads: dict[str, tuple[int, str]] = {}  # channel read -> (its writer, what kind)
+        self._read: dict[str, int] = defaultdict(int)  # channel -> batches read
+        self._waiting: dict[tuple, tuple[int, dict]] = {}  # a peer's fingerprint this rank has not posted yet
+        self._sent: dict[tuple[int, int], int] = defaultdict(int)  # (dst, tag) -> sends posted
+        self._received: dict[tuple[int, int], int] = defaultdict(int)  # (src, tag) -> receives posted
+        self._recvs: OrderedDict[tuple[int, int, int], dict] = OrderedDict()  # (src, tag, n) -> fingerprint
         self._store: Any = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    # -- the posting threads -----------------------------------------------------------------------
     def posted(self, group: Any, group_name: str, work: Any) -> None:
-        """``group`` (a HarnessProcessGroup) just made ``work``: remember its fingerprint.
-        Point-to-point operations have no place in the program order (they match by tag): skipped."""
+        """``group`` (a HarnessProcessGroup) just made ``work``: remember its fingerprint."""
         if work._op in POINT_TO_POINT:
+            self._posted_p2p(work)
             return
         fp = fingerprint(work._op, group_name, group.world_ranks, work.lineage, work._result)
         key = (fp["group"], fp["place"])
+        ranks = fp["ranks"]
         with self._lock:
             self._history[key] = fp
             if len(self._history) > _KEEP:
                 self._history.popitem(last=False)
             self._pending[key] = (fp, list(work._handles), time.monotonic())
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="harness.dist mismatch watch", daemon=True)
-                self._thread.start()
+            if len(ranks) > 1:
+                i = ranks.index(self.rank)
+                self._out[f"c/{group_name}/{self.rank}"].append([fp["place"], fp["op"], fp["dtype"], fp["count"]])
+                successor = ranks[(i + 1) % len(ranks)]
+                self._reads.setdefault(f"c/{group_name}/{successor}", (successor, group_name))
+            self._start()
 
-    def close(self) -> None:
+    def _posted_p2p(self, work: Any) -> None:
+        peer, tag = getattr(work, "p2p", (None, 0))
+        if peer is None:
+            return
+        tensors = _tensors(work._result)
+        fp = {"op": work._op, "dtype": str(tensors[0].dtype).removeprefix("torch.") if tensors else "",
+              "count": int(sum(t.numel() for t in tensors)), "tag": int(tag)}
+        with self._lock:
+            if work._op == "send":
+                n = self._sent[(peer, tag)]
+                self._sent[(peer, tag)] = n + 1
+                self._out[f"p/{self.rank}/{peer}"].append([tag, n, fp["dtype"], fp["count"]])
+            else:
+                n = self._received[(peer, tag)]
+                self._received[(peer, tag)] = n + 1
+                self._recvs[(peer, tag, n)] = fp
+                if len(self._recvs) > _KEEP:
+                    self._recvs.popitem(last=False)
+                self._reads.setdefault(f"p/{peer}/{self.rank}", (peer, ""))
+            self._start()
+
+    def _start(self) -> None:  # under the lock
+        if self._thread is None:
+            # Taken now, on the posting thread: a script that destroys its process group before
+            # the first tick would otherwise leave the watch without the store (on rank 0, the
+            # store's server: held here, it stays up for the peers' last batches).
+            self._get_store()
+            self._thread = threading.Thread(target=self._run, name="harness.dist mismatch watch", daemon=True)
+            self._thread.start()
+
+    def close(self, flush: bool = False) -> None:
+        """Stop watching. ``flush`` (every rank at once, the store still up): publish what is
+        left and read the peers' last batches first (up to ``_FLUSH_WAIT_S``)."""
+        if flush and self._get_store() is not None:
+            try:
+                self._flush()
+            except Exception as exc:  # noqa: BLE001  a store gone (a peer ended): the last batches go unread
+                print(f"note: the collective mismatch audit could not read the last batches ({exc})",
+                      file=sys.stderr)
         self._stop.set()
+
+    def _flush(self) -> None:
+        """Publish what is left, mark each channel's end, read the peers' last batches."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.tick_s * 4)
+        self._publish()
+        store = self._store
+        with self._lock:
+            readers = list(self._reads)
+        for channel in self._published:
+            store.set(f"{_PREFIX}/end/{channel}", str(self._published[channel]))
+        deadline = time.monotonic() + _FLUSH_WAIT_S
+        for channel in readers:
+            while time.monotonic() < deadline:
+                self._audit()
+                end = f"{_PREFIX}/end/{channel}"
+                if store.check([end]) and self._read[channel] >= int(store.get(end)):
+                    break
+                time.sleep(self.tick_s / 5)
+        self._audit()
 
     # -- the watch thread ------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.wait(self.tick_s):
             try:
                 self._look()
+                self._publish()
+                self._audit()
             except Exception:  # noqa: BLE001  (the store is gone: the group was destroyed; nothing to watch)
                 if self._store is not None and self._stop.is_set():
                     return
@@ -125,6 +230,64 @@ class MismatchWatch:
                 return None
             self._store = dist.distributed_c10d._get_default_store()  # kept: it outlives destroy_process_group
         return self._store
+
+    def _publish(self) -> None:
+        """This rank's fingerprints since the last tick, one batch per channel."""
+        store = self._get_store()
+        if store is None:
+            return
+        with self._lock:
+            out, self._out = self._out, defaultdict(list)
+        for channel, batch in out.items():
+            k = self._published[channel]
+            store.set(f"{_PREFIX}/log/{channel}/{k}", json.dumps(batch))
+            self._published[channel] = k + 1
+
+    def _audit(self) -> None:
+        """Compare the batches of the ranks this rank reads with its own fingerprints."""
+        store = self._get_store()
+        if store is None:
+            return
+        with self._lock:
+            reads = list(self._reads.items())
+        for channel, (writer, group) in reads:
+            while True:
+                name = f"{_PREFIX}/log/{channel}/{self._read[channel]}"
+                if not store.check([name]):
+                    break
+                batch = json.loads(store.get(name))
+                store.delete_key(name)
+                self._read[channel] += 1
+                for entry in batch:
+                    if group:
+                        place, op, dtype, count = entry
+                        self._waiting[("c", group, place)] = (writer, {"op": op, "dtype": dtype, "count": count})
+                    else:
+                        tag, n, dtype, count = entry
+                        self._waiting[("p", writer, tag, n)] = (writer, {"op": "send", "dtype": dtype, "count": count,
+                                                                         "tag": tag, "n": n})
+        done = []
+        for key, (writer, theirs) in self._waiting.items():
+            with self._lock:
+                mine = self._history.get(key[1:]) if key[0] == "c" else self._recvs.get(key[1:])
+            if mine is None:
+                continue
+            done.append(key)
+            if key[0] == "c":
+                what = difference(mine, theirs)
+                if what is not None:
+                    self.on_mismatch(collective_message(key[1:], (self.rank, mine), (writer, theirs), what))
+                    return
+            else:
+                what = p2p_difference(theirs, mine)
+                if what is not None:
+                    self.on_mismatch(
+                        f"rank {writer}'s send #{theirs['n']} to rank {self.rank} (tag {theirs['tag']}) carries "
+                        f"{theirs['count']} {theirs['dtype']} elements, and rank {self.rank}'s receive of it expects "
+                        f"{mine['count']} {mine['dtype']} elements ({what} differs)")
+                    return
+        for key in done:
+            del self._waiting[key]
 
     def _look(self) -> None:
         store = self._get_store()
@@ -165,10 +328,7 @@ class MismatchWatch:
                 theirs = json.loads(store.get(name))
                 what = difference(mine, theirs)
                 if what is not None:
-                    first, second = sorted([(self.rank, mine), (peer, theirs)], key=lambda x: x[0])
-                    self.on_mismatch(
-                        f"ranks {first[0]} and {second[0]} called different collectives at collective #{key[1]} of "
-                        f"group {key[0]}: {describe(*first)}, {describe(*second)} ({what} differs)")
+                    self.on_mismatch(collective_message(key, (self.rank, mine), (peer, theirs), what))
                     return
 
 
@@ -176,11 +336,31 @@ class CollectiveMismatchError(RuntimeError):
     """Ranks called different collectives at the same place of a group's program order."""
 
 
-def fail(message: str, beat: Any) -> None:
-    """On the watch thread: print the error, tell the watchdog, end this rank (the job follows)."""
-    import os
-
+def fail(message: str, beat: Any = None) -> None:
+    """On the watch thread: print the error, tell the watchdog (under ``launch``), end this rank
+    (the job follows)."""
     print(f"error: {message}", file=sys.stderr, flush=True)
-    beat.failed(CollectiveMismatchError(message))
+    if beat is not None:
+        beat.failed(CollectiveMismatchError(message))
     sys.stdout.flush()
     os._exit(1)
+
+
+_watch: MismatchWatch | None = None
+
+
+def current() -> MismatchWatch | None:
+    """The process's watch (None until the backend made its first group)."""
+    return _watch
+
+
+def install(watch: MismatchWatch) -> MismatchWatch:
+    """Make ``watch`` the process's (``launch``'s session: its failures reach the watchdog)."""
+    global _watch
+    _watch = watch
+    return watch
+
+
+def ensure(rank: int) -> MismatchWatch:
+    """The process's watch, made with :func:`fail` as its action if there is none yet."""
+    return _watch if _watch is not None else install(MismatchWatch(rank, fail))

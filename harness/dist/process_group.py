@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.dist import mismatch
 from harness.dist.errors import UnsupportedError
 from harness.dist.lineage import next_lineage, tag_of
 from harness.dist.tensors import Staged, dtype_code, finisher, reduce_code, settle
@@ -128,9 +129,24 @@ class HarnessProcessGroup(dist.ProcessGroup):
         shapes.append((kind, int(nbytes), int(peer)))
         return handle
 
+    def description(self) -> str:
+        """The group as results and errors name it: its description (else its name) and world
+        ranks, e.g. ``default_pg [0 1 2]`` (torch names a group after making it: read at first use)."""
+        where = getattr(self, "_where", None)
+        if where is None:
+            desc = self.getGroupDesc()
+            name = desc if desc and desc != "undefined" else self.getGroupName()
+            where = f"{name} [{' '.join(str(r) for r in self.world_ranks)}]"
+            if name:
+                self._where = where
+        return where
+
     def _made(self, work: HarnessWork) -> HarnessWork:
         work.lineage = getattr(self._posting, "lineage", ())
         work.shapes, self._posting.shapes = getattr(self._posting, "shapes", None) or [], []
+        watch = mismatch.current()
+        if watch is not None:
+            watch.posted(self, self.description(), work)
         if _observer is not None:
             _observer(self, work)
         if self._coalesced is not None:
@@ -344,14 +360,18 @@ class HarnessProcessGroup(dist.ProcessGroup):
         st = Staged(tensors, op)
         h = self._native.send(st.buf, st.buf.data_ptr(), st.buf.numel(), dtype_code(st.buf, op), int(dst), int(tag))
         self._shape(h, "send", _nbytes(st.buf), int(dst))
-        return self._made(HarnessWork([h], tensors, None, op))
+        work = HarnessWork([h], tensors, None, op)
+        work.p2p = (self.world_ranks[int(dst)], int(tag))  # what the mismatch audit matches sends by
+        return self._made(work)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> HarnessWork:
         op = "recv"
         st = Staged(tensors, op, fill=False)
         h = self._native.recv(st.buf, st.buf.data_ptr(), st.buf.numel(), dtype_code(st.buf, op), int(src), int(tag))
         self._shape(h, "recv", _nbytes(st.buf), int(src))
-        return self._made(HarnessWork([h], tensors, finisher(st), op))
+        work = HarnessWork([h], tensors, finisher(st), op)
+        work.p2p = (self.world_ranks[int(src)], int(tag))
+        return self._made(work)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> HarnessWork:
         raise UnsupportedError("recv from any source (src=None) is not supported by the harness backend; "

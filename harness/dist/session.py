@@ -96,7 +96,7 @@ class ScriptSession:
 
         import harness.dist  # noqa: F401  registers "harness"; sets torchrun's variables from MPI
         from harness.comm import Communicator
-        from harness.dist.mismatch import MismatchWatch, fail
+        from harness.dist.mismatch import MismatchWatch, fail, install
         from harness.dist.process_group import observe
         from harness.faults import FaultPlan
         from harness.injection import InjectionPlan
@@ -144,7 +144,7 @@ class ScriptSession:
         self.comm.drain_records()  # the session's own set-up
         self._start = time.monotonic()
         self._installed: list[Any] = []
-        self.mismatch = MismatchWatch(self.rank, lambda message: fail(message, self.beat))
+        self.mismatch = install(MismatchWatch(self.rank, lambda message: fail(message, self.beat)))
         observe(self._observe)
         self._install_hooks()
         self._warn_other_backends()
@@ -233,10 +233,7 @@ class ScriptSession:
         """A collective of the backend was posted: remember its group; a fault may strike."""
         from harness.dist.sequence import Shape
 
-        desc = group.getGroupDesc()
-        name = desc if desc and desc != "undefined" else group.getGroupName()
-        where = f"{name} [{' '.join(str(r) for r in group.world_ranks)}]"
-        self.mismatch.posted(group, where, work)
+        where = group.description()
         on_main = threading.get_ident() == self._main_thread
         ranks = group.world_ranks
         members = " ".join(str(r) for r in ranks)
@@ -282,7 +279,7 @@ class ScriptSession:
         self.faults.at_finish(self.label)
         self.comm.barrier()  # every rank is done with the script's collectives
         self._collect(self.comm.drain_records())
-        self.mismatch.close()
+        self.mismatch.close(flush=True)  # every rank is here, the store still up: audit the last batches
         self.beat.stage(Phase.RESULTS)
         t0, name, rank = self.t0, self.label, self.rank
         steps = [StepRecord(name, rank, t, start - t0, end - t0, compute, delay, blocked, math.nan, sent, -1)

@@ -95,3 +95,31 @@ def check_against_mpi(rank: int, size: int) -> None:
             f"init_process_group('harness'): torch says rank {rank} of {size}, MPI says rank {comm.rank} of "
             f"{comm.size}; {hint}"
         )
+
+
+def abort_job_on_uncaught_exception() -> None:
+    """Under a bare ``mpiexec``/``srun`` (no ``launch``, whose watchdog ends a job whose rank
+    fails): a rank that ends in an uncaught exception exits with status 1 right after printing
+    it, without ``MPI_Finalize``, so the launcher ends the job (as ``python -m mpi4py`` makes it
+    with ``MPI_Abort``). Otherwise its exit would wait in ``MPI_Finalize`` for peers that wait
+    for it in a collective, and the job would hang instead of failing.
+
+    The exit is registered to run first at interpreter exit (before mpi4py's finalizer), not
+    taken inside the hook: torch's own hook wraps this one and writes the traceback only after
+    it returns."""
+    import atexit
+    import sys
+
+    previous = sys.excepthook
+
+    def exit_failed() -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+    def abort(kind: type, value: BaseException, tb: Any) -> None:
+        previous(kind, value, tb)
+        if not issubclass(kind, (KeyboardInterrupt, SystemExit)):
+            atexit.register(exit_failed)
+
+    sys.excepthook = abort

@@ -32,6 +32,7 @@ the audit at the end).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -60,11 +61,39 @@ def _tensors(x: Any) -> list[torch.Tensor]:
     return []
 
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+def summary(result: Any) -> tuple[str, int]:
+    """(dtype name, element count) of an operation's tensors: what ranks must agree on. On the
+    posting path of every collective, so the common case (a list of tensors) is direct."""
+    if type(result) is list and len(result) == 1 and isinstance(result[0], torch.Tensor):
+        tensors = result
+        count = result[0].numel()
+    else:
+        tensors = _tensors(result)
+        if not tensors:
+            return "", 0
+        count = sum(t.numel() for t in tensors)
+    dtype = tensors[0].dtype
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name, count
+
+
+def place_of(lineage: tuple[int, ...]) -> str:
+    return ".".join(str(i) for i in lineage)
+
+
+def lineage_of(place: str) -> tuple[int, ...]:
+    return tuple(int(i) for i in place.split(".")) if place else ()
+
+
 def fingerprint(op: str, group: str, world_ranks: list[int], lineage: tuple[int, ...], result: Any) -> dict:
-    tensors = _tensors(result)
-    return {"op": op, "group": group, "ranks": list(world_ranks), "place": ".".join(str(i) for i in lineage),
-            "dtype": str(tensors[0].dtype).removeprefix("torch.") if tensors else "",
-            "count": int(sum(t.numel() for t in tensors))}
+    dtype, count = summary(result)
+    return {"op": op, "group": group, "ranks": list(world_ranks), "place": place_of(lineage), "dtype": dtype,
+            "count": int(count)}
 
 
 def difference(mine: dict, theirs: dict) -> str | None:
@@ -111,8 +140,10 @@ class MismatchWatch:
         self.on_mismatch = on_mismatch
         self.after_s, self.tick_s = after_s, tick_s
         self._lock = threading.Lock()
-        self._history: OrderedDict[tuple[str, str], dict] = OrderedDict()
-        self._pending: dict[tuple[str, str], tuple[dict, list, float]] = {}
+        # (group, lineage) -> (op, dtype, count), oldest first; a group's world ranks and channel
+        self._history: dict[tuple[str, tuple[int, ...]], tuple[str, str, int]] = {}
+        self._groups: dict[str, tuple[list[int], str | None]] = {}
+        self._pending: dict[tuple[str, tuple[int, ...]], tuple[list, float]] = {}
         self._asked: set[tuple[str, str]] = set()
         self._answered = 0  # questions of the store read so far
         # the audit: what this rank publishes, and whose batches it reads
@@ -134,28 +165,46 @@ class MismatchWatch:
         if work._op in POINT_TO_POINT:
             self._posted_p2p(work)
             return
-        fp = fingerprint(work._op, group_name, group.world_ranks, work.lineage, work._result)
-        key = (fp["group"], fp["place"])
-        ranks = fp["ranks"]
+        op = work._op
+        dtype, count = summary(work._result)
+        lineage = work.lineage
+        key = (group_name, lineage)
+        known = self._groups.get(group_name)
         with self._lock:
-            self._history[key] = fp
-            if len(self._history) > _KEEP:
-                self._history.popitem(last=False)
-            self._pending[key] = (fp, list(work._handles), time.monotonic())
-            if len(ranks) > 1:
-                i = ranks.index(self.rank)
-                self._out[f"c/{group_name}/{self.rank}"].append([fp["place"], fp["op"], fp["dtype"], fp["count"]])
-                successor = ranks[(i + 1) % len(ranks)]
-                self._reads.setdefault(f"c/{group_name}/{successor}", (successor, group_name))
-            self._start()
+            if known is None:
+                known = self._group(group_name, list(group.world_ranks))
+            self._history[key] = (op, dtype, count)  # trimmed to _KEEP by the watch thread
+            self._pending[key] = (work._handles, time.monotonic())
+            if known[1] is not None:
+                self._out[known[1]].append((lineage, op, dtype, count))
+            if self._thread is None:
+                self._start()
+
+    def _group(self, name: str, ranks: list[int]) -> tuple[list[int], str | None]:
+        """A group seen for the first time (under the lock): its channel, and its successor's to read."""
+        channel = None
+        if len(ranks) > 1:
+            channel = f"c/{name}/{self.rank}"
+            successor = ranks[(ranks.index(self.rank) + 1) % len(ranks)]
+            self._reads.setdefault(f"c/{name}/{successor}", (successor, name))
+        known = self._groups[name] = (ranks, channel)
+        return known
+
+    def _fingerprint(self, key: tuple[str, tuple[int, ...]]) -> dict | None:
+        """This rank's fingerprint at ``key`` as the messages and the store show it; None if not posted."""
+        with self._lock:
+            entry = self._history.get(key)
+        if entry is None:
+            return None
+        return {"op": entry[0], "group": key[0], "ranks": self._groups[key[0]][0], "place": place_of(key[1]),
+                "dtype": entry[1], "count": int(entry[2])}
 
     def _posted_p2p(self, work: Any) -> None:
         peer, tag = getattr(work, "p2p", (None, 0))
         if peer is None:
             return
-        tensors = _tensors(work._result)
-        fp = {"op": work._op, "dtype": str(tensors[0].dtype).removeprefix("torch.") if tensors else "",
-              "count": int(sum(t.numel() for t in tensors)), "tag": int(tag)}
+        dtype, count = summary(work._result)
+        fp = {"op": work._op, "dtype": dtype, "count": int(count), "tag": int(tag)}
         with self._lock:
             if work._op == "send":
                 n = self._sent[(peer, tag)]
@@ -168,7 +217,8 @@ class MismatchWatch:
                 if len(self._recvs) > _KEEP:
                     self._recvs.popitem(last=False)
                 self._reads.setdefault(f"p/{peer}/{self.rank}", (peer, ""))
-            self._start()
+            if self._thread is None:
+                self._start()
 
     def _start(self) -> None:  # under the lock
         if self._thread is None:
@@ -178,6 +228,16 @@ class MismatchWatch:
             self._get_store()
             self._thread = threading.Thread(target=self._run, name="harness.dist mismatch watch", daemon=True)
             self._thread.start()
+            atexit.register(self._at_exit)
+
+    def _at_exit(self) -> None:
+        """Before the interpreter finalizes: the thread must not be inside a store call then (a
+        C++ store torn down under it aborts the process), nor hold the store past torch's exit."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=4 * self.tick_s)
+        self._store = None
 
     def close(self, flush: bool = False) -> None:
         """Stop watching. ``flush`` (every rank at once, the store still up): publish what is
@@ -238,8 +298,12 @@ class MismatchWatch:
             return
         with self._lock:
             out, self._out = self._out, defaultdict(list)
+            if len(self._history) > 2 * _KEEP:  # the oldest go, in one pass now and then
+                self._history = dict(list(self._history.items())[-_KEEP:])
         for channel, batch in out.items():
             k = self._published[channel]
+            if channel.startswith("c/"):
+                batch = [[place_of(lineage), op, dtype, count] for lineage, op, dtype, count in batch]
             store.set(f"{_PREFIX}/log/{channel}/{k}", json.dumps(batch))
             self._published[channel] = k + 1
 
@@ -261,22 +325,27 @@ class MismatchWatch:
                 for entry in batch:
                     if group:
                         place, op, dtype, count = entry
-                        self._waiting[("c", group, place)] = (writer, {"op": op, "dtype": dtype, "count": count})
+                        self._waiting[("c", group, lineage_of(place))] = (writer, {"op": op, "dtype": dtype,
+                                                                                  "count": count})
                     else:
                         tag, n, dtype, count = entry
                         self._waiting[("p", writer, tag, n)] = (writer, {"op": "send", "dtype": dtype, "count": count,
                                                                          "tag": tag, "n": n})
         done = []
         for key, (writer, theirs) in self._waiting.items():
-            with self._lock:
-                mine = self._history.get(key[1:]) if key[0] == "c" else self._recvs.get(key[1:])
+            if key[0] == "c":
+                mine = self._fingerprint(key[1:])
+            else:
+                with self._lock:
+                    mine = self._recvs.get(key[1:])
             if mine is None:
                 continue
             done.append(key)
             if key[0] == "c":
                 what = difference(mine, theirs)
                 if what is not None:
-                    self.on_mismatch(collective_message(key[1:], (self.rank, mine), (writer, theirs), what))
+                    where = (key[1], place_of(key[2]))
+                    self.on_mismatch(collective_message(where, (self.rank, mine), (writer, theirs), what))
                     return
             else:
                 what = p2p_difference(theirs, mine)
@@ -295,11 +364,13 @@ class MismatchWatch:
             return
         now = time.monotonic()
         with self._lock:
-            for key in [k for k, (_, handles, _) in self._pending.items() if all(h.done() for h in handles)]:
+            for key in [k for k, (handles, _) in self._pending.items() if all(h.done() for h in handles)]:
                 del self._pending[key]
-            stuck = [(k, fp) for k, (fp, _, t) in self._pending.items() if now - t > self.after_s
-                     and k not in self._asked]
-        for key, fp in stuck:  # ask the peers about this place
+            stuck = [k for k, (_, t) in self._pending.items() if now - t > self.after_s and k not in self._asked]
+        for key in stuck:  # ask the peers about this place
+            fp = self._fingerprint(key)
+            if fp is None:
+                continue
             self._asked.add(key)
             store.set(f"{_PREFIX}/fp/{fp['group']}/{fp['place']}/{self.rank}", json.dumps(fp))
             n = store.add(f"{_PREFIX}/questions", 1)
@@ -311,24 +382,23 @@ class MismatchWatch:
                 break
             group, place, who = json.loads(store.get(f"{_PREFIX}/question/{n}"))
             self._answered = n
-            with self._lock:
-                mine = self._history.get((group, place))
+            mine = self._fingerprint((group, lineage_of(place)))
             if mine is None or who == self.rank:
                 continue
             store.set(f"{_PREFIX}/fp/{group}/{place}/{self.rank}", json.dumps(mine))
         for key in list(self._asked):  # compare the answers to this rank's questions
-            with self._lock:
-                mine = self._history.get(key)
+            mine = self._fingerprint(key)
             if mine is None:
                 continue
             for peer in mine["ranks"]:
-                name = f"{_PREFIX}/fp/{key[0]}/{key[1]}/{peer}"
+                name = f"{_PREFIX}/fp/{key[0]}/{mine['place']}/{peer}"
                 if peer == self.rank or not store.check([name]):
                     continue
                 theirs = json.loads(store.get(name))
                 what = difference(mine, theirs)
                 if what is not None:
-                    self.on_mismatch(collective_message(key, (self.rank, mine), (peer, theirs), what))
+                    self.on_mismatch(collective_message((key[0], mine["place"]), (self.rank, mine), (peer, theirs),
+                                                        what))
                     return
 
 

@@ -225,19 +225,34 @@ class MismatchWatch:
             # Taken now, on the posting thread: a script that destroys its process group before
             # the first tick would otherwise leave the watch without the store (on rank 0, the
             # store's server: held here, it stays up for the peers' last batches).
-            self._get_store()
+            store = self._get_store()
+            if store is not None:
+                store.add(f"{_PREFIX}/watching", 1)  # rank 0 keeps the store up until this one stopped
             self._thread = threading.Thread(target=self._run, name="harness.dist mismatch watch", daemon=True)
             self._thread.start()
             atexit.register(self._at_exit)
 
     def _at_exit(self) -> None:
-        """Before the interpreter finalizes: the thread must not be inside a store call then (a
-        C++ store torn down under it aborts the process), nor hold the store past torch's exit."""
+        """Before the interpreter finalizes. The thread must not be inside a store call then (a
+        C++ store torn down under it aborts the process), and rank 0, whose process holds the
+        store's server, waits (up to ``_FLUSH_WAIT_S``) until every rank's watch has stopped
+        using it (else their last calls fail with torch's warnings)."""
         self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=4 * self.tick_s)
-        self._store = None
+        store, self._store = self._store, None
+        if store is None:
+            return
+        try:
+            stopped = store.add(f"{_PREFIX}/stopped", 1)
+            if self.rank == 0:
+                deadline = time.monotonic() + _FLUSH_WAIT_S
+                while stopped < store.add(f"{_PREFIX}/watching", 0) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    stopped = store.add(f"{_PREFIX}/stopped", 0)
+        except Exception:  # noqa: BLE001  the server is gone already: nothing left to protect
+            pass
 
     def close(self, flush: bool = False) -> None:
         """Stop watching. ``flush`` (every rank at once, the store still up): publish what is

@@ -144,7 +144,7 @@ class MismatchWatch:
         self._history: dict[tuple[str, tuple[int, ...]], tuple[str, str, int]] = {}
         self._groups: dict[str, tuple[list[int], str | None]] = {}
         self._pending: dict[tuple[str, tuple[int, ...]], tuple[list, float]] = {}
-        self._asked: set[tuple[str, str]] = set()
+        self._asked: set[tuple[str, tuple[int, ...]]] = set()
         self._answered = 0  # questions of the store read so far
         # the audit: what this rank publishes, and whose batches it reads
         self._out: dict[str, list] = defaultdict(list)  # channel -> fingerprints not yet published

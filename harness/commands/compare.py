@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.sim.compare import COMPARE_FILE, COMPARE_PLOT, MODES, compare_run, compared_scenario, error_summary
     from harness.sim.hosts import run_rank_hosts, simulated_topology
     from harness.sim.runs import calibration_entry
-    from harness.sim.script_replay import steps_taken
+    from harness.sim.script_replay import script_label, steps_taken
 
     run_dir: Path = args.run_dir
     if not (run_dir / SCENARIO_FILE).is_file():
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     script = None
     if isinstance(meta, dict) and meta.get("torch_distributed"):
         # A script run: its recorded collectives are replayed; nothing models its compute.
-        script = (meta.get("finished_algorithms") or [""])[0]
+        script = script_label(meta)
         if args.mode == "predictive":
             print(f"error: {run_dir}: a torch.distributed script's compute is not modelled; compare it trace-driven "
                   "(--mode trace)", file=sys.stderr)

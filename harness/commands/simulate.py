@@ -68,11 +68,11 @@ def _simulate_script_run(args: argparse.Namespace, scenario, meta: dict) -> int:
     from harness.results.records import SUMMARY_TABLE_FILE, RunDirectory
     from harness.scenario import load_scenario
     from harness.sim.runs import DEFAULT_TRACE_RANKS, calibration_entry, new_simulated_run_path, write_simulated_run
-    from harness.sim.script_replay import ScriptTrace, replay_script, steps_taken
+    from harness.sim.script_replay import ScriptTrace, replay_script, script_label, steps_taken
 
     run_dir = Path(args.scenario).parent
     recorded = steps_taken(load_scenario(args.scenario), meta)
-    label = (meta.get("finished_algorithms") or [""])[0]
+    label = script_label(meta)
     run = RunDirectory.open(run_dir)
     if label not in run.algorithms:
         print(f"error: {run_dir}: the script run did not finish: nothing to replay", file=sys.stderr)

@@ -91,7 +91,11 @@ def lineage_of(place: str) -> tuple[int, ...]:
 
 
 def fingerprint(op: str, group: str, world_ranks: list[int], lineage: tuple[int, ...], result: Any) -> dict:
-    dtype, count = summary(result)
+    return _as_dict(op, group, world_ranks, lineage, *summary(result))
+
+
+def _as_dict(op: str, group: str, world_ranks: list[int], lineage: tuple[int, ...], dtype: str, count: int) -> dict:
+    """A fingerprint as the messages and the store show it."""
     return {"op": op, "group": group, "ranks": list(world_ranks), "place": place_of(lineage), "dtype": dtype,
             "count": int(count)}
 
@@ -163,7 +167,8 @@ class MismatchWatch:
     def posted(self, group: Any, group_name: str, work: Any) -> None:
         """``group`` (a HarnessProcessGroup) just made ``work``: remember its fingerprint."""
         if work._op in POINT_TO_POINT:
-            self._posted_p2p(work)
+            _, _, peer, tag = work.shapes[0]
+            self._posted_p2p(work, group.world_ranks[peer], tag)
             return
         op = work._op
         dtype, count = summary(work._result)
@@ -196,13 +201,10 @@ class MismatchWatch:
             entry = self._history.get(key)
         if entry is None:
             return None
-        return {"op": entry[0], "group": key[0], "ranks": self._groups[key[0]][0], "place": place_of(key[1]),
-                "dtype": entry[1], "count": int(entry[2])}
+        return _as_dict(entry[0], key[0], self._groups[key[0]][0], key[1], entry[1], entry[2])
 
-    def _posted_p2p(self, work: Any) -> None:
-        peer, tag = getattr(work, "p2p", (None, 0))
-        if peer is None:
-            return
+    def _posted_p2p(self, work: Any, peer: int, tag: int) -> None:
+        """A send to, or receive from, world rank ``peer`` with ``tag``: numbered among the two's."""
         dtype, count = summary(work._result)
         fp = {"op": work._op, "dtype": dtype, "count": int(count), "tag": int(tag)}
         with self._lock:
@@ -237,10 +239,7 @@ class MismatchWatch:
         C++ store torn down under it aborts the process), and rank 0, whose process holds the
         store's server, waits (up to ``_FLUSH_WAIT_S``) until every rank's watch has stopped
         using it (else their last calls fail with torch's warnings)."""
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=4 * self.tick_s)
+        self._stop_thread()
         store, self._store = self._store, None
         if store is None:
             return
@@ -267,9 +266,7 @@ class MismatchWatch:
 
     def _flush(self) -> None:
         """Publish what is left, mark each channel's end, read the peers' last batches."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.tick_s * 4)
+        self._stop_thread()
         self._publish()
         store = self._store
         with self._lock:
@@ -287,6 +284,13 @@ class MismatchWatch:
         self._audit()
 
     # -- the watch thread ------------------------------------------------------------------------
+    def _stop_thread(self) -> None:
+        """End the watch thread (its current look done: at most a few store calls)."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=4 * self.tick_s)
+
     def _run(self) -> None:
         while not self._stop.wait(self.tick_s):
             try:

@@ -118,15 +118,16 @@ class HarnessProcessGroup(dist.ProcessGroup):
         self._posting.lineage = lineage
         return tag_of(lineage, self._tag_ub)
 
-    def _shape(self, handle: Any, kind: str, nbytes: int, peer: int = -1) -> Any:
-        """Notes what the simulator needs to replay ``handle``'s operation (:mod:`harness.dist.sequence`):
-        the native operation, its payload bytes (what ``payload_bytes`` of collectives.csv means for
-        each operation) and the group rank of its root or peer (-1: none); the work made next
-        carries the notes of its handles, in order."""
+    def _shape(self, handle: Any, kind: str, nbytes: int, peer: int = -1, tag: int = 0) -> Any:
+        """Notes what ``handle``'s operation is, for the simulator (:mod:`harness.dist.sequence`) and
+        the mismatch audit (:mod:`harness.dist.mismatch`): the native operation, its payload bytes
+        (what ``payload_bytes`` of collectives.csv means for each operation), the group rank of
+        its root or peer (-1: none) and, for point-to-point, its tag; the work made next carries
+        the notes of its handles, in order."""
         shapes = getattr(self._posting, "shapes", None)
         if shapes is None:
             shapes = self._posting.shapes = []
-        shapes.append((kind, int(nbytes), int(peer)))
+        shapes.append((kind, int(nbytes), int(peer), int(tag)))
         return handle
 
     def description(self) -> str:
@@ -359,19 +360,15 @@ class HarnessProcessGroup(dist.ProcessGroup):
         op = "send"
         st = Staged(tensors, op)
         h = self._native.send(st.buf, st.buf.data_ptr(), st.buf.numel(), dtype_code(st.buf, op), int(dst), int(tag))
-        self._shape(h, "send", _nbytes(st.buf), int(dst))
-        work = HarnessWork([h], tensors, None, op)
-        work.p2p = (self.world_ranks[int(dst)], int(tag))  # what the mismatch audit matches sends by
-        return self._made(work)
+        self._shape(h, "send", _nbytes(st.buf), int(dst), int(tag))
+        return self._made(HarnessWork([h], tensors, None, op))
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> HarnessWork:
         op = "recv"
         st = Staged(tensors, op, fill=False)
         h = self._native.recv(st.buf, st.buf.data_ptr(), st.buf.numel(), dtype_code(st.buf, op), int(src), int(tag))
-        self._shape(h, "recv", _nbytes(st.buf), int(src))
-        work = HarnessWork([h], tensors, finisher(st), op)
-        work.p2p = (self.world_ranks[int(src)], int(tag))
-        return self._made(work)
+        self._shape(h, "recv", _nbytes(st.buf), int(src), int(tag))
+        return self._made(HarnessWork([h], tensors, finisher(st), op))
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> HarnessWork:
         raise UnsupportedError("recv from any source (src=None) is not supported by the harness backend; "

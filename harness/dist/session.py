@@ -237,11 +237,10 @@ class ScriptSession:
         on_main = threading.get_ident() == self._main_thread
         ranks = group.world_ranks
         members = " ".join(str(r) for r in ranks)
-        for h, (op, nbytes, peer) in zip(work._handles, work.shapes or [("", 0, -1)] * len(work._handles)):
+        for h, (op, nbytes, peer, _tag) in zip(work._handles, work.shapes, strict=True):
             post = h.times()[0]
             self.groups[post] = where
-            if op:
-                self.shapes[post] = Shape(op, nbytes, ranks[peer] if 0 <= peer < len(ranks) else -1, members)
+            self.shapes[post] = Shape(op, nbytes, ranks[peer] if peer >= 0 else -1, members)
             if on_main:
                 self._main_posts.add(post)
         self.faults.posted()

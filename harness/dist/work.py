@@ -109,7 +109,7 @@ class HarnessWork(dist.Work):
         self._error: BaseException | None = None
         self._future: torch.futures.Future | None = None
         self.lineage: tuple[int, ...] = ()  # set by the process group (harness.dist.lineage)
-        self.shapes: list[tuple[str, int, int]] = []  # per handle, for the simulator (harness.dist.sequence)
+        self.shapes: list[tuple[str, int, int, int]] = []  # per handle: op, bytes, peer, tag (HarnessProcessGroup._shape)
 
     def _complete(self, timeout_s: float | None = None) -> None:
         with self._lock:

@@ -46,6 +46,7 @@ from harness.sim.network import FLOAT_BYTES
 
 # Operations whose sizes and members do not follow the rank count when every rank gives the same size.
 RANK_COUNT_FREE = frozenset({"allreduce", "broadcast", "barrier"})
+_PIECES = {"allgather": "an all-gather's pieces", "reduce_scatter": "a reduce-scatter's shards"}
 
 
 class ReplayError(ValueError):
@@ -100,14 +101,16 @@ class ScriptTrace:
         # The k-th collective a rank posts over a group matches every member's k-th there:
         # check that they agree and size it by the largest payload any member gave.
         instances: dict[tuple[str, int], list[tuple[int, Any]]] = defaultdict(list)
+        instance_of: dict[tuple[int, int], tuple[str, int]] = {}  # (rank, row index) -> its collective
         for r in range(ranks):
             posted: dict[str, int] = defaultdict(int)
-            for row in rows_of[r]:
+            for i, row in enumerate(rows_of[r]):
                 if row.op in ("send", "recv"):
                     continue
                 k = posted[row.group_ranks]
                 posted[row.group_ranks] = k + 1
                 instances[(row.group_ranks, k)].append((r, row))
+                instance_of[(r, i)] = (row.group_ranks, k)
         size: dict[tuple[str, int], int] = {}
         for (group, k), members in instances.items():
             first_rank, first = members[0]
@@ -118,13 +121,9 @@ class ScriptTrace:
             size[(group, k)] = max(int(row.payload_bytes) for _, row in members)
         ops: list[list[list[ReplayOp]]] = [[[] for _ in range(iterations)] for _ in range(ranks)]
         for r in range(ranks):
-            posted = defaultdict(int)
-            for row in rows_of[r]:
-                nbytes = int(row.payload_bytes)
-                if row.op not in ("send", "recv"):
-                    k = posted[row.group_ranks]
-                    posted[row.group_ranks] = k + 1
-                    nbytes = size[(row.group_ranks, k)]
+            for i, row in enumerate(rows_of[r]):
+                instance = instance_of.get((r, i))
+                nbytes = int(row.payload_bytes) if instance is None else size[instance]
                 if not 0 <= row.iteration < iterations:
                     continue  # steps beyond the ones the run counts
                 members = tuple(int(m) for m in str(row.group_ranks).split())
@@ -144,9 +143,8 @@ class ScriptTrace:
                 for op in ops:
                     why = None
                     if op.op not in RANK_COUNT_FREE:
-                        why = {"allgather": "an all-gather's pieces", "reduce_scatter": "a reduce-scatter's shards"}.get(
-                            op.op, f"a {op.op}'s pieces")
-                        why = f"it holds {op.op} ({why} follow the rank count, as FSDP's shards do)"
+                        pieces = _PIECES.get(op.op, f"a {op.op}'s pieces")
+                        why = f"it holds {op.op} ({pieces} follow the rank count, as FSDP's shards do)"
                     elif op.members != everyone:
                         why = f"it holds a {op.op} over the subgroup [{' '.join(map(str, op.members))}]"
                     elif op.peer >= n:
@@ -193,9 +191,9 @@ class ScriptParams(AlgorithmParams):
 class ScriptReplay(Algorithm):
     """One simulated rank of a torch.distributed script: its recorded sequence (module doc).
 
-    ``steps[t]``: this rank's operations of step t; ``compute_start(t)``: when its local work
-    of step t starts (the loop's injected delay after ``before_forward``); ``local(t)``: how
-    long that work takes (the timing source's)."""
+    ``steps[t]``: this rank's operations of step t; ``delay[t]``: its injected delay in step t,
+    which the loop sleeps between ``before_forward`` and the local work; ``local(t)``: how long
+    that work takes (the timing source's)."""
 
     def __init__(self, params: ScriptParams, ctx: AlgorithmContext, steps: list[list[ReplayOp]],
                  delay: list[float], local: Any) -> None:
@@ -204,7 +202,7 @@ class ScriptReplay(Algorithm):
         self._delay = delay
         self._local = local
         self._comm = ctx.comm
-        self._overlap: list[Any] = []
+        self._overlap: tuple[list, list, list[ReplayOp]] | None = None  # this step's: handles, events, ops
 
     # -- posting ---------------------------------------------------------------------------------
     def _post(self, op: ReplayOp) -> Any:
@@ -229,8 +227,7 @@ class ScriptReplay(Algorithm):
     def _at_places(self, ops: list[ReplayOp], start: float, local: float) -> None:
         """Post each of ``ops`` at ``start + at * local`` (after its predecessor ended where the
         script waited for it), from the event loop: the rank itself is computing meanwhile."""
-        engine = self._comm.engine
-        env = engine.env
+        env = self._comm.engine.env
         posted: list[Any] = [None] * len(ops)
         events = [env.event() for _ in ops]
 
@@ -252,7 +249,7 @@ class ScriptReplay(Algorithm):
 
         for i, op in enumerate(ops):
             env.timeout(max(0.0, start + op.at * local - env.now)).callbacks.append(lambda _e, i=i: ready(i))
-        self._overlap = [(posted, events, ops)]
+        self._overlap = (posted, events, ops)
 
     # -- the loop's hooks ---------------------------------------------------------------------------
     def _phase(self, t: int, phase: str) -> list[ReplayOp]:
@@ -266,10 +263,10 @@ class ScriptReplay(Algorithm):
             self._at_places(overlap, engine.now() + self._delay[t], self._local(t))
 
     def after_backward(self, t: int) -> None:
-        if not self._overlap:
+        if self._overlap is None:
             return
-        (posted, events, ops), = self._overlap
-        self._overlap = []
+        posted, events, ops = self._overlap
+        self._overlap = None
         engine = self._comm.engine
         for i, event in enumerate(events):
             if posted[i] is None:
@@ -278,6 +275,11 @@ class ScriptReplay(Algorithm):
 
     def after_step(self, t: int) -> None:
         self._in_order(self._phase(t, "after"))
+
+
+def script_label(meta: dict) -> str:
+    """The label of the script run whose run.json is ``meta`` ("" if it finished nothing)."""
+    return (meta.get("finished_algorithms") or [""])[0]
 
 
 def steps_taken(scenario: Any, meta: dict) -> Any:

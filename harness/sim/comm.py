@@ -26,6 +26,7 @@ from harness.comm.op_record import OpRecord
 from harness.schedules import checked_quorum, is_sync_round
 from harness.sim.engine import SimEngine
 from harness.sim.network import FLOAT_BYTES, SimNetwork
+from harness.sim.payload import Pairwise, Payload, Published
 from harness.sim.primitives import Collective, Mailboxes
 
 ACTIVATION_BYTES = 8  # one int64 round number (the native op does not count them in its bytes)
@@ -43,11 +44,12 @@ class SimFabric:
     """What the simulated ranks' communicators share: the engine, the network, the mailboxes and
     every operation in flight."""
 
-    def __init__(self, engine: SimEngine, network: SimNetwork, ranks: int) -> None:
+    def __init__(self, engine: SimEngine, network: SimNetwork, ranks: int, payload: Payload | None = None) -> None:
         self.engine = engine
         self.network = network
         self.ranks = ranks
         self.mail = Mailboxes(engine, network, ranks)
+        self.payload = payload  # None: buffers are stand-ins and operations move no values
         self._collectives: dict[Any, Collective] = {}
         self._persistent: dict[int, Any] = {}
 
@@ -55,16 +57,18 @@ class SimFabric:
         return [SimCommunicator(self, r) for r in range(self.ranks)]
 
     def collective(self, key: Any, rank: int, kind: str, count: int, root: int = 0,
-                   members: Sequence[int] | None = None) -> Collective:
-        """Rank ``rank`` joins collective ``key`` (created by its first member)."""
+                   members: Sequence[int] | None = None, buf: Any = None, reduce: str = "sum") -> Collective:
+        """Rank ``rank`` joins collective ``key`` (created by its first member); ``buf``: its
+        buffer when the simulation carries values (``reduce``: an allreduce's sum or mean)."""
         op = self._collectives.get(key)
         if op is None:
             op = self._collectives[key] = Collective(self.engine, self.network, kind,
-                                                     range(self.ranks) if members is None else members, count, root)
+                                                     range(self.ranks) if members is None else members, count, root,
+                                                     reduce)
         elif (op.kind, op.count, op.root) != (kind, count, root):
             raise SimCommError(f"rank {rank}'s collective {key} is a {kind} of {count} floats (root {root}); another "
                                f"rank posted a {op.kind} of {op.count} floats (root {op.root}) there")
-        op.join(rank)
+        op.join(rank, buf if self.payload is not None else None)
         if op.joined == len(op.members):
             del self._collectives[key]  # every member holds it; nobody looks it up again
         return op
@@ -79,9 +83,13 @@ class SimFabric:
 
 # -- handles ------------------------------------------------------------------------------------
 class _Handle:
-    """A non-blocking operation's handle: ``wait()``, ``done()``, and its record once finished."""
+    """A non-blocking operation's handle: ``wait()``, ``done()``, and its record once finished.
 
-    __slots__ = ("engine", "name", "post", "bytes", "round", "iteration")
+    ``deliver`` (values only, :mod:`harness.sim.payload`): what puts the operation's result
+    into the caller's buffer, run once, when the caller first sees the operation complete
+    (``wait()`` returning, or ``done()`` returning True)."""
+
+    __slots__ = ("engine", "name", "post", "bytes", "round", "iteration", "deliver")
 
     def __init__(self, engine: SimEngine, name: str, nbytes: int, round: int = -1) -> None:
         self.engine = engine
@@ -90,6 +98,11 @@ class _Handle:
         self.bytes = nbytes
         self.round = round
         self.iteration = -1
+        self.deliver = None
+
+    def _delivered(self) -> None:
+        deliver, self.deliver = self.deliver, None
+        deliver()
 
     def end(self) -> float | None:  # when the operation completes for this rank; None: unknown yet
         raise NotImplementedError
@@ -99,7 +112,10 @@ class _Handle:
 
     def done(self) -> bool:
         end = self.end()
-        return end is not None and end <= self.engine.env.now
+        finished = end is not None and end <= self.engine.env.now
+        if finished and self.deliver is not None:
+            self._delivered()
+        return finished
 
     def wait(self, timeout: float | None = None) -> None:
         raise NotImplementedError
@@ -136,6 +152,8 @@ class _TimedHandle(_Handle):
 
     def wait(self, timeout=None):
         self.engine.sleep_until(self.at)
+        if self.deliver is not None:
+            self._delivered()
 
 
 class _ExchangeHandle(_Handle):
@@ -143,8 +161,8 @@ class _ExchangeHandle(_Handle):
 
     def __init__(self, engine, mail: Mailboxes, me: int, peer: int, seq: int, nbytes: int, release: float) -> None:
         # _Handle.__init__ spelled out: thousands of ranks post exchanges every iteration.
-        self.engine, self.name, self.post, self.bytes, self.round, self.iteration = (
-            engine, "exchange", engine.env.now, nbytes, -1, -1)
+        self.engine, self.name, self.post, self.bytes, self.round, self.iteration, self.deliver = (
+            engine, "exchange", engine.env.now, nbytes, -1, -1, None)
         self.mail, self.me, self.peer, self.seq, self.release = mail, me, peer, seq, release
         self._end = None  # known once the peer's message is: it never changes after
 
@@ -161,6 +179,8 @@ class _ExchangeHandle(_Handle):
             arrival = self.mail.receive(self.peer, self.me, self.seq)  # not sent yet: wait for it to be
             end = self._end = arrival if arrival > self.release else self.release
         self.engine.sleep_until(end)
+        if self.deliver is not None:
+            self._delivered()
 
 
 class _ReceiveHandle(_Handle):
@@ -226,16 +246,16 @@ class SimCommunicator:
         return peer
 
     # -- collectives ----------------------------------------------------------------------------
-    def _collective(self, kind: str, count: int, root: int = 0) -> _Handle:
+    def _collective(self, kind: str, count: int, root: int = 0, buf: Any = None, reduce: str = "sum") -> _Handle:
         key = self._collective_seq
         self._collective_seq += 1
-        op = self.fabric.collective(key, self._rank, kind, count, root)
+        op = self.fabric.collective(key, self._rank, kind, count, root, buf=buf, reduce=reduce)
         return self._posted(_CollectiveHandle(self.engine, op, self._rank))
 
     def iallreduce(self, buf: Any, op: str = "sum") -> _Handle:
         if op not in ("sum", "mean"):
             raise SimCommError(f"allreduce op must be 'sum' or 'mean' (got {op!r})")
-        return self._collective("allreduce", _floats(buf))
+        return self._collective("allreduce", _floats(buf), buf=buf, reduce=op)
 
     def allreduce(self, buf: Any, op: str = "sum") -> None:
         self.iallreduce(buf, op).wait()
@@ -243,7 +263,7 @@ class SimCommunicator:
     def ibroadcast(self, buf: Any, root: int = 0) -> _Handle:
         if not 0 <= int(root) < self.size:
             raise SimCommError(f"broadcast root {root} out of range [0, {self.size - 1}]")
-        return self._collective("broadcast", _floats(buf), int(root))
+        return self._collective("broadcast", _floats(buf), int(root), buf=buf)
 
     def broadcast(self, buf: Any, root: int = 0) -> None:
         self.ibroadcast(buf, root).wait()
@@ -292,8 +312,12 @@ class SimCommunicator:
         seq = self._exchanges[peer]
         self._exchanges[peer] = seq + 1
         release = self.fabric.mail.send(self._rank, peer, n * FLOAT_BYTES)
-        return self._posted(_ExchangeHandle(self.engine, self.fabric.mail, self._rank, peer, seq, n * FLOAT_BYTES,
-                                            release))
+        handle = _ExchangeHandle(self.engine, self.fabric.mail, self._rank, peer, seq, n * FLOAT_BYTES, release)
+        payload = self.fabric.payload
+        if payload is not None:
+            payload.sent(self._rank, peer, seq, send)
+            handle.deliver = lambda: payload.delivered(peer, self._rank, seq, recv)
+        return self._posted(handle)
 
     def exchange(self, send: Any, recv: Any, peer: int) -> None:
         self.iexchange(send, recv, peer).wait()
@@ -311,17 +335,20 @@ class SimCommunicator:
     def wait_avoiding(self, initial: Any, *, phases: Sequence[Sequence[int]], sync_every: int,
                       accumulate: bool = False, quorum: int = 1) -> "SimWaitAvoidingAllreduce":
         q = checked_quorum(quorum, self.size)
-        state = self._persistent(lambda: WaitAvoidingState(self.fabric, _floats(initial), int(sync_every), q))
+        state = self._persistent(lambda: WaitAvoidingState(self.fabric, _floats(initial), int(sync_every), q,
+                                                           bool(accumulate)))
         if state.count != _floats(initial) or state.sync_every != int(sync_every):
             raise SimCommError("wait_avoiding: ranks created the op with different lengths or sync_every")
         if state.quorum != q:
             raise SimCommError(f"wait_avoiding: rank {self._rank} created the op with quorum {q}; another rank "
                                f"with quorum {state.quorum}")
-        state.register(self._rank, phases)
+        state.register(self._rank, phases, initial)
         return SimWaitAvoidingAllreduce(self, state)
 
     def pairwise_averager(self, initial: Any) -> "SimPairwiseAverager":
         state = self._persistent(lambda: PairwiseState(self.fabric, _floats(initial)))
+        if state.values is not None:
+            state.values.create(self._rank, initial)
         return SimPairwiseAverager(self, state)
 
     # -- records and lifetime ------------------------------------------------------------------------
@@ -375,8 +402,12 @@ class SimPushChannel:
             raise SimCommError(f"push of {n} floats on a channel of {self._count}")
         nbytes = n * FLOAT_BYTES
         at = comm.engine.env.now
+        arrivals = []
         for p in peers:
-            at = max(at, comm.fabric.mail.push(comm.rank, comm._check_peer(p, "push peer"), nbytes, int(round)))
+            arrivals.append(comm.fabric.mail.push(comm.rank, comm._check_peer(p, "push peer"), nbytes, int(round)))
+            at = max(at, arrivals[-1])
+        if comm.fabric.payload is not None:
+            comm.fabric.payload.pushed(comm.rank, [int(p) for p in peers], arrivals, int(round), buf)
         self._last_send = max(self._last_send, at)
         return comm._posted(_TimedHandle(comm.engine, "push", nbytes * len(peers), at, int(round)))
 
@@ -384,6 +415,9 @@ class SimPushChannel:
         mail, me = self._comm.fabric.mail, self._comm.rank
         if min_messages > 0:
             mail.wait_count(me, int(min_messages), round, timeout)
+        payload = self._comm.fabric.payload
+        if payload is not None:
+            payload.drained(me, round, self._comm.engine.env.now, out)
         return mail.take(me, round)
 
     def pending(self, round: int | None = None) -> int:
@@ -432,8 +466,11 @@ class WaitAvoidingState:
     message time before it).
     """
 
-    def __init__(self, fabric: SimFabric, count: int, sync_every: int, quorum: int = 1) -> None:
+    def __init__(self, fabric: SimFabric, count: int, sync_every: int, quorum: int = 1,
+                 accumulate: bool = False) -> None:
         self.fabric = fabric
+        # Values: every rank's published buffer (None: the simulation carries no values).
+        self.published_values = Published(fabric.ranks, accumulate) if fabric.payload is not None else None
         self.engine = fabric.engine
         self.count = count
         self.sync_every = sync_every
@@ -458,9 +495,12 @@ class WaitAvoidingState:
         # 1,023 activations of 1,023 messages each per round at 1,024 ranks otherwise.
         self._covered = (-1, float("inf"))
 
-    def register(self, rank: int, phases: Sequence[Sequence[int]]) -> None:
+    def register(self, rank: int, phases: Sequence[Sequence[int]], initial: Any = None) -> None:
         """Rank ``rank``'s groups per phase. Equal groups are stored once: eager-SGD's one group
-        of every rank, given by each of 16,384 ranks, must not be kept 16,384 times."""
+        of every rank, given by each of 16,384 ranks, must not be kept 16,384 times.
+        ``initial``: the buffer published before round 0 (values only)."""
+        if self.published_values is not None:
+            self.published_values.create(rank, initial)
         own = []
         for g in phases:
             given = tuple(g)
@@ -489,12 +529,14 @@ class WaitAvoidingState:
         key = (k, members[0])  # a round's groups are disjoint: the lowest member names the group
         op = self._groups.get(key)
         if op is None:
-            op = self._groups[key] = Collective(self.engine, self.fabric.network, "allreduce", members, self.count)
+            op = self._groups[key] = Collective(self.engine, self.fabric.network, "allreduce", members, self.count,
+                                                in_place=False)
         state = self.rounds[k]
         state.of_rank[rank] = op
         state.staleness[rank] = k - self.published[rank]
         self.next_join[rank] = k + 1
-        op.join(rank)
+        values = self.published_values
+        op.join(rank, values.contribution(rank) if values is not None else None)
         if op.joined == len(op.members):
             del self._groups[key]
         event = self._joined.pop((rank, k), None)
@@ -537,9 +579,11 @@ class WaitAvoidingState:
                     self._on_activation(dst, k)
             env.timeout(when - now).callbacks.append(deliver)
 
-    def arrive(self, rank: int, k: int, may_activate: bool) -> bool:
-        """Rank ``rank``'s caller publishes for round k; returns whether it had been joined already."""
+    def arrive(self, rank: int, k: int, may_activate: bool, buf: Any = None) -> bool:
+        """Rank ``rank``'s caller publishes ``buf`` for round k; returns whether it had been joined already."""
         self.published[rank] = k
+        if self.published_values is not None:
+            self.published_values.publish(rank, buf)
         joined_early = k < self.next_join[rank]
         if not joined_early:
             if is_sync_round(k, self.sync_every):
@@ -588,12 +632,14 @@ class WaitAvoidingState:
 class _RoundHandle(_Handle):
     __slots__ = ("state", "rank", "k", "joined_early", "op", "info_", "t_join")
 
-    def __init__(self, engine, state: WaitAvoidingState, rank: int, k: int, joined_early: bool) -> None:
+    def __init__(self, engine, state: WaitAvoidingState, rank: int, k: int, joined_early: bool, out: Any) -> None:
         sync = is_sync_round(k, state.sync_every)
         super().__init__(engine, "wa_sync_round" if sync else "wa_group_round", 0, k)
         self.state, self.rank, self.k, self.joined_early = state, rank, k, joined_early
         self.op: Collective | None = None
         self.info_: dict | None = None
+        if state.published_values is not None:  # the round's sum lands in ``out`` (values only)
+            self.deliver = lambda: out.copy_(self.op.result)
 
     def _joined_op(self) -> Collective | None:
         if self.op is None:
@@ -626,6 +672,8 @@ class _RoundHandle(_Handle):
             "t_join": op.join_at[op.index[self.rank]], "t_done": op.done_time(self.rank),
         }
         self.state.finished_rounds[self.rank] += 1
+        if self.deliver is not None:
+            self._delivered()
 
     def info(self) -> dict:
         self.wait()
@@ -644,8 +692,8 @@ class SimWaitAvoidingAllreduce:
         k = self._next
         self._next += 1
         comm = self._comm
-        joined_early = self._state.arrive(comm.rank, k, bool(may_activate))
-        return comm._posted(_RoundHandle(comm.engine, self._state, comm.rank, k, joined_early))
+        joined_early = self._state.arrive(comm.rank, k, bool(may_activate), buf)
+        return comm._posted(_RoundHandle(comm.engine, self._state, comm.rank, k, joined_early, out))
 
     def round(self, buf: Any, out: Any, may_activate: bool = True) -> dict:
         handle = self.iround(buf, out, may_activate)
@@ -673,6 +721,7 @@ class PairwiseState:
         self.count = count
         self.answers: list[list[float]] = [[] for _ in range(fabric.ranks)]  # per passive rank: answer times
         self.free_at: list[float] = [0.0] * fabric.ranks  # per passive rank: when its last reply left
+        self.values = Pairwise(fabric.ranks) if fabric.payload is not None else None  # every rank's agent
 
 
 class SimPairwiseAverager:
@@ -684,7 +733,9 @@ class SimPairwiseAverager:
         self._last_reply = 0.0
 
     def publish(self, buf: Any) -> None:
-        pass  # the agent's view of the model: values only
+        """The agent's view of the model (values only)."""
+        if self._state.values is not None:
+            self._state.values.publish(self._comm.rank, buf)
 
     def irequest(self, buf: Any, out: Any, peer: int) -> _Handle:
         comm = self._comm
@@ -697,16 +748,27 @@ class SimPairwiseAverager:
         self._state.free_at[peer] = left
         self._state.answers[peer].append(answered)
         self._last_reply = max(self._last_reply, reply)
-        return comm._posted(_TimedHandle(comm.engine, "pair_request", nbytes, reply))
+        handle = _TimedHandle(comm.engine, "pair_request", nbytes, reply)
+        values = self._state.values
+        if values is not None:  # the agent answers at the simulated moment it serves the request
+            request, answer = buf.detach().clone(), []
+            comm.engine.env.timeout(answered - now).callbacks.append(
+                lambda _event: answer.append(values.answer(peer, request)))
+            handle.deliver = lambda: out.copy_(answer[0])
+        return comm._posted(handle)
 
     def drain(self, out: Any) -> int:
-        """Requests this rank's agent answered by now and not drained yet."""
+        """Requests this rank's agent answered by now and not drained yet (with values: their
+        averaging moves added to ``out``)."""
         answers = self._state.answers[self._comm.rank]
-        if not answers:
+        values = self._state.values
+        if not answers and values is None:
             return 0
         now = self._comm.engine.env.now
         later = [a for a in answers if a > now]
         self._state.answers[self._comm.rank] = later
+        if values is not None:
+            return values.drain(self._comm.rank, out)
         return len(answers) - len(later)
 
     def close(self) -> None:

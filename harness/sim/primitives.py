@@ -29,6 +29,7 @@ from harness.sim.network import (
     group_schedule,
     run_schedule,
 )
+from harness.sim.payload import Payload
 
 
 class Collective:
@@ -40,10 +41,10 @@ class Collective:
     """
 
     __slots__ = ("engine", "network", "kind", "members", "index", "count", "root", "join_at", "joined", "done_at",
-                 "complete", "schedule", "_sent")
+                 "complete", "schedule", "_sent", "buffers", "reduce", "in_place", "result")
 
     def __init__(self, engine: SimEngine, network: SimNetwork, kind: str, members: Sequence[int], count: int,
-                 root: int = 0) -> None:
+                 root: int = 0, reduce: str = "sum", in_place: bool = True) -> None:
         self.engine = engine
         self.network = network
         self.kind = kind
@@ -56,6 +57,12 @@ class Collective:
         self.joined = 0
         self.done_at: list[float] | None = None
         self.complete = engine.env.event()
+        # Values (simulate --train, harness.sim.payload): each member's buffer, combined once
+        # the last member joins; ``result`` holds the combination (written into every buffer
+        # when ``in_place``).
+        self.buffers: list | None = None
+        self.reduce, self.in_place = reduce, in_place
+        self.result = None
         if kind == "allreduce":
             self.schedule = network.allreduce_schedule(self.members, count)
         elif kind == "barrier":
@@ -65,11 +72,20 @@ class Collective:
         else:
             self.schedule = None
 
-    def join(self, rank: int) -> None:
-        """``rank`` contributes now (its own call, or its progress thread on its behalf)."""
-        self.join_at[self.index[rank]] = self.engine.env.now
+    def join(self, rank: int, buf=None) -> None:
+        """``rank`` contributes now (its own call, or its progress thread on its behalf);
+        ``buf``: its buffer, when the simulation carries values."""
+        i = self.index[rank]
+        self.join_at[i] = self.engine.env.now
         self.joined += 1
+        if buf is not None:
+            if self.buffers is None:
+                self.buffers = [None] * len(self.members)
+            self.buffers[i] = buf
         if self.joined == len(self.members):
+            if self.buffers is not None:
+                self.result = Payload.combine(self.kind, self.buffers, self.reduce, self.root, self.in_place)
+                self.buffers = None
             if self.schedule is None:
                 self.done_at = broadcast_times(len(self.members), self.root, self.members, self.join_at,
                                                self.count * FLOAT_BYTES, self.network)

@@ -36,6 +36,7 @@ from harness.sim.calibration import NetworkModel
 from harness.sim.comm import SimFabric
 from harness.sim.engine import SimEngine
 from harness.sim.network import SimNetwork
+from harness.sim.payload import Payload
 from harness.sim.standin import StandIn
 from harness.workload.models import communicated_floats
 
@@ -138,7 +139,7 @@ def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
                        wrap_comm: Callable[[int, object], object] | None = None,
                        hosts: NodeTopology | None = None,
                        make_algorithm: Callable[[int, AlgorithmContext], object] | None = None,
-                       ) -> tuple[pd.DataFrame, SimStats]:
+                       training=None) -> tuple[pd.DataFrame, SimStats]:
     """Simulate one algorithm of ``scenario``; returns its steps frame (STEP_COLUMNS) and stats.
 
     ``make_algorithm(rank, ctx)``, if given, makes each rank's algorithm instead of the class
@@ -147,6 +148,10 @@ def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
     ``wrap_comm(rank, comm)``, if given, returns what the rank's algorithm and loop use instead
     of its simulated communicator (e.g. a call log). ``hosts``: the hosts of a multi-host run
     as nodes (``harness.sim.hosts``), for a scenario without ``network.topology``.
+
+    ``training`` (``harness.sim.training.SimTraining``), if given, makes the run carry values:
+    every rank trains its replica with its own buffers and work, the communicator moves values
+    (``harness.sim.payload``), and ``training`` collects the evaluations and final models.
     """
     if delays is None or factors is None:
         delays, factors = injection_arrays(scenario)
@@ -155,17 +160,20 @@ def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
     engine = SimEngine()
     network = SimNetwork(ranks, base, link_table(scenario), topology=node_topology(scenario),
                          clock=lambda: engine.env.now, hosts=hosts, allreduce=scenario.network.allreduce)
-    fabric = SimFabric(engine, network, ranks)
+    fabric = SimFabric(engine, network, ranks, payload=Payload() if training is not None else None)
     evaluations = _Evaluations(engine, ranks, count, base, timing)
     cls = algorithm_class(params.name) if make_algorithm is None else None
     delay_of, factor_of = delays.T.tolist(), factors.T.tolist()  # plain lists: fast indexing per rank
     steps: list[np.ndarray] = [np.empty((0, len(_VALUE_COLUMNS)))] * ranks
+    algorithms: list = [None] * ranks
 
     def rank_body(r: int, comm) -> Callable[[], None]:
         def body() -> None:
-            ctx = AlgorithmContext(comm, StandIn(count), StandIn(count), scenario.optimizer_of(params).lr, scenario.seed)
-            algorithm = cls(params, ctx) if make_algorithm is None else make_algorithm(r, ctx)
-            work = SimulatedWork(engine, network, r, timing, delay_of[r], factor_of[r], evaluations)
+            x, g = (StandIn(count), StandIn(count)) if training is None else training.buffers(r)
+            ctx = AlgorithmContext(comm, x, g, scenario.optimizer_of(params).lr, scenario.seed)
+            algorithm = algorithms[r] = cls(params, ctx) if make_algorithm is None else make_algorithm(r, ctx)
+            args = (engine, network, r, timing, delay_of[r], factor_of[r], evaluations)
+            work = SimulatedWork(*args) if training is None else training.work(*args)
             records, _, _ = train(scenario, algorithm, comm, work, 0.0, keep_ops=False)
             steps[r] = np.array([record[_FIRST_VALUE:] for record in records], dtype=float)  # compact at once
         return body
@@ -184,6 +192,8 @@ def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
     finally:
         if gc_was_enabled:
             gc.enable()
+    if training is not None:
+        training.finished(algorithms)
     host_s = time.perf_counter() - host0
     return _steps_frame(params.name, steps, scenario), SimStats(params.name, engine.env.events_scheduled, host_s)
 
@@ -212,17 +222,22 @@ def _steps_frame(name: str, steps: list[np.ndarray], scenario: Scenario) -> pd.D
 def simulate_scenario(scenario: Scenario, base: NetworkModel, timing_for: Callable[[str], object],
                       on_done: Callable[[str, pd.DataFrame, SimStats], None] | None = None,
                       wrap_comm: Callable[[str, int, object], object] | None = None,
-                      hosts: NodeTopology | None = None) -> tuple[dict[str, pd.DataFrame], list[SimStats]]:
+                      hosts: NodeTopology | None = None,
+                      training_for: Callable[[object], object] | None = None,
+                      ) -> tuple[dict[str, pd.DataFrame], list[SimStats]]:
     """Simulate every algorithm of ``scenario``; ``timing_for(name)`` gives its timing source,
     ``wrap_comm(name, rank, comm)`` optionally wraps each rank's communicator; ``hosts`` as
-    :func:`simulate_algorithm`."""
+    :func:`simulate_algorithm`. ``training_for(entry)``, if given, makes each algorithm's
+    ``harness.sim.training.SimTraining`` just before it runs (values; the caller keeps it to
+    read the evaluations and final models, in ``on_done`` at the latest)."""
     delays, factors = injection_arrays(scenario)
     frames: dict[str, pd.DataFrame] = {}
     stats: list[SimStats] = []
     for params in scenario.algorithms:
         wrap = None if wrap_comm is None else (lambda r, c, name=params.name: wrap_comm(name, r, c))
+        training = training_for(params) if training_for is not None else None
         frame, stat = simulate_algorithm(scenario, params, timing_for(params.name), base, delays, factors, wrap,
-                                         hosts=hosts)
+                                         hosts=hosts, training=training)
         frames[params.name] = frame
         stats.append(stat)
         if on_done is not None:

@@ -1,0 +1,206 @@
+"""Values on simulated operations: what ``simulate --train`` adds to the simulated communicator.
+
+By default the simulator's operations move no data (buffers are stand-ins,
+:mod:`harness.sim.standin`). With a :class:`Payload` on the fabric, every simulated rank's
+buffers are real float32 tensors and each operation moves and combines values at the moment
+the simulated network says it happens, with the native layer's arithmetic
+(``harness.comm.communicator`` documents each operation):
+
+- **collectives** (allreduce, broadcast; a wait-avoiding round's group allreduce): the
+  contributions are read when the last member joins, the result (sum, or sum / size for
+  ``mean``) is written into every member's buffer then. An algorithm may not touch a buffer
+  between posting an operation and its completion (the native layer's rule too), so reading at
+  the last join is reading at the post.
+- **exchange**: the send buffer is copied when it is posted; it lands in the receiver's buffer
+  when the receiver's handle is seen complete (``wait()``, or ``done()`` returning True), the
+  only moments a well-behaved algorithm may read it.
+- **push channel**: ``send`` copies the buffer once (the native channel snapshots it too);
+  ``drain(out)`` adds the messages arrived by now into ``out`` in the native order (round,
+  source rank, sequence from that source), so equal message sets give bit-equal sums.
+- **wait-avoiding** (:class:`Published`): each rank's published buffer (WAGMA: overwritten by
+  every round; eager-SGD's ``accumulate``: added to, and zeroed when a contribution takes it);
+  a join contributes a copy of it, whenever the join happens (the caller's own, or its
+  progress thread's on an activation); the round's sum lands in the caller's ``out`` when its
+  handle completes.
+- **pairwise averaging** (:class:`Pairwise`): the passive rank's agent answers at the simulated
+  moment the request is served, with its view of the model (last published plus corrections
+  not drained), and moves that view half-way to the requester's model, recording the move;
+  ``drain`` adds the recorded moves to the caller's model.
+
+Communication never depends on values in the timing model, so the discrete-event timing of a
+run with values is the timing without them: ``--train`` adds numbers, it moves no event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def stacked_rows(buffers: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """The ``[len(buffers), n]`` view whose rows are ``buffers``, when they are equally spaced
+    rows of one storage (every rank's ``ctx.params`` or ``ctx.grads``: rows of the replicas'
+    stacked tensors), else None. Lets an allreduce over every rank be one ``sum(0)``."""
+    first = buffers[0]
+    if len(buffers) < 2 or first.dim() != 1 or first.stride(0) != 1:
+        return None
+    storage = first.untyped_storage().data_ptr()
+    n, base = first.numel(), first.storage_offset()
+    step = buffers[1].storage_offset() - base
+    if step < n:
+        return None
+    for i, b in enumerate(buffers):
+        if (b.dim() != 1 or b.numel() != n or b.stride(0) != 1 or b.untyped_storage().data_ptr() != storage
+                or b.storage_offset() != base + i * step):
+            return None
+    return first.as_strided((len(buffers), n), (step, 1), base)
+
+
+def reduce_sum(buffers: Sequence[torch.Tensor]) -> torch.Tensor:
+    """A new tensor holding the element-wise sum of ``buffers``."""
+    rows = stacked_rows(buffers)
+    if rows is not None:
+        return rows.sum(0)
+    total = buffers[0].clone()
+    for b in buffers[1:]:
+        total.add_(b)
+    return total
+
+
+def write_all(buffers: Sequence[torch.Tensor], value: torch.Tensor, skip: torch.Tensor | None = None) -> None:
+    """Copy ``value`` into every buffer (but ``skip``)."""
+    rows = stacked_rows(buffers) if skip is None else None
+    if rows is not None:
+        rows.copy_(value.expand_as(rows))
+        return
+    for b in buffers:
+        if b is not skip:
+            b.copy_(value)
+
+
+class Payload:
+    """The values side of one simulated fabric: messages in flight and the persistent
+    operations' per-rank state (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._messages: dict[tuple[int, int, int], torch.Tensor] = {}  # (src, dst, seq) -> exchange payload
+        # dst -> round -> [(arrival, src, seq from src, values)] of push messages not drained
+        self._pushes: dict[int, dict[int, list[tuple[float, int, int, torch.Tensor]]]] = {}
+        self._push_seq: dict[tuple[int, int], int] = {}
+
+    # -- collectives ------------------------------------------------------------------------------
+    @staticmethod
+    def combine(kind: str, buffers: list, reduce: str, root: int, in_place: bool) -> torch.Tensor | None:
+        """The values of a collective whose members all joined (``buffers`` in member order):
+        the result, also written into every buffer when ``in_place``."""
+        if kind == "allreduce":
+            total = reduce_sum(buffers)
+            if reduce == "mean":
+                total.div_(len(buffers))
+            if in_place:
+                write_all(buffers, total)
+            return total
+        if kind == "broadcast":
+            source = buffers[root]
+            if in_place:
+                write_all(buffers, source, skip=source)
+            return source
+        return None  # a barrier carries nothing
+
+    # -- exchange -----------------------------------------------------------------------------------
+    def sent(self, src: int, dst: int, seq: int, buf: torch.Tensor) -> None:
+        self._messages[(src, dst, seq)] = buf.detach().clone()
+
+    def delivered(self, src: int, dst: int, seq: int, recv: torch.Tensor) -> None:
+        recv.copy_(self._messages.pop((src, dst, seq)))
+
+    # -- push channel -------------------------------------------------------------------------------
+    def pushed(self, src: int, dsts: Sequence[int], arrivals: Sequence[float], round: int, buf: torch.Tensor) -> None:
+        snapshot = buf.detach().clone()
+        for dst, arrival in zip(dsts, arrivals):
+            seq = self._push_seq.get((src, dst), 0)
+            self._push_seq[(src, dst)] = seq + 1
+            self._pushes.setdefault(dst, {}).setdefault(round, []).append((arrival, src, seq, snapshot))
+
+    def drained(self, rank: int, round: int | None, now: float, out: torch.Tensor) -> None:
+        """Add the push messages arrived at ``rank`` by ``now`` (of ``round``, or of every
+        round) into ``out``, in the native order, and forget them."""
+        box = self._pushes.get(rank)
+        if not box:
+            return
+        taken = []
+        for r in ([round] if round is not None else sorted(box)):
+            messages = box.get(r)
+            if not messages:
+                continue
+            later = [m for m in messages if m[0] > now]
+            taken += [(r, src, seq, values) for arrival, src, seq, values in messages if arrival <= now]
+            if later:
+                box[r] = later
+            else:
+                del box[r]
+        for _, _, _, values in sorted(taken, key=lambda m: m[:3]):
+            out[: values.numel()].add_(values)
+
+
+class Published:
+    """A wait-avoiding op's published buffers, one per rank (``kernels/wait_avoiding.hpp``)."""
+
+    def __init__(self, ranks: int, accumulate: bool) -> None:
+        self.accumulate = accumulate
+        self.buffers: list[torch.Tensor | None] = [None] * ranks
+
+    def create(self, rank: int, initial: torch.Tensor) -> None:
+        initial = initial.detach()
+        self.buffers[rank] = torch.zeros_like(initial) if self.accumulate else initial.clone()
+
+    def publish(self, rank: int, buf: torch.Tensor) -> None:
+        if self.accumulate:
+            self.buffers[rank].add_(buf)
+        else:
+            self.buffers[rank].copy_(buf)
+
+    def contribution(self, rank: int) -> torch.Tensor:
+        """What a join of ``rank`` contributes now: a copy of its published buffer (which
+        eager-SGD's accumulate mode then zeroes)."""
+        buf = self.buffers[rank]
+        taken = buf.clone()
+        if self.accumulate:
+            buf.zero_()
+        return taken
+
+
+class Pairwise:
+    """A pairwise averager's agents, one per rank (``kernels/async_pairwise*.cpp``)."""
+
+    def __init__(self, ranks: int) -> None:
+        self.published: list[torch.Tensor | None] = [None] * ranks
+        self.correction: list[torch.Tensor | None] = [None] * ranks
+        self.answered = [0] * ranks
+
+    def create(self, rank: int, initial: torch.Tensor) -> None:
+        self.published[rank] = initial.detach().clone()
+        self.correction[rank] = torch.zeros_like(self.published[rank])
+
+    def publish(self, rank: int, buf: torch.Tensor) -> None:
+        torch.add(buf, self.correction[rank], out=self.published[rank])
+
+    def answer(self, peer: int, request: torch.Tensor) -> torch.Tensor:
+        """``peer``'s agent serves a request carrying ``request``: the reply, and its view moved
+        half-way (the move recorded as a correction)."""
+        view = self.published[peer]
+        reply = view.clone()
+        half = (request - view).mul_(0.5)
+        self.correction[peer].add_(half)
+        view.add_(half)
+        self.answered[peer] += 1
+        return reply
+
+    def drain(self, rank: int, out: torch.Tensor) -> int:
+        correction = self.correction[rank]
+        out.add_(correction)
+        correction.zero_()
+        count, self.answered[rank] = self.answered[rank], 0
+        return count
+

@@ -1,0 +1,298 @@
+"""Simulated runs that train (``simulate --train``): every simulated rank holds a real model.
+
+Without training the simulator predicts what an iteration costs; with it, it also predicts what
+that buys. Every simulated rank holds its own model replica and local optimizer, trains on its
+own shard in its own batch order (the real run's provenance: the same seeded initial model,
+``harness.workload.shard_indices``, ``harness.workload.batch_indices``), and its communicator
+carries real values (:mod:`harness.sim.payload`), combined when the simulated network delivers
+them. So staleness, WAGMA-SGD's group rounds, SGP's push-sum weights, AD-PSGD's pairings and
+eager-SGD's partial reductions follow the simulated timing, as they would on that cluster, and
+evaluations happen at the scenario's evaluation points in simulated time.
+
+How the numbers are computed: rank r's gradient at iteration t is computed when its local work
+starts (on its model as it is then; a rank's model cannot change while it computes), with the
+real run's own operations: its module's forward and backward pass on its batch, then its
+optimizer's step. The timing is the simulator's and never depends on the values (the stand-in
+rule), so a run with ``--train`` has exactly the timing of one without.
+
+Memory: the replicas' parameters and gradients are rows of two ``[ranks, n]`` tensors (an
+allreduce over every rank is then one ``sum(0)``), each rank adds its optimizer state and its
+algorithm's buffers; :func:`memory_estimate` bounds the whole before anything is allocated, and
+the commands refuse a run that does not fit.
+
+Equality with a real run: the simulator runs the same algorithm code on the same batches from
+the same initial model; where an algorithm's numerics do not depend on the order messages arrive
+in, a trace-driven simulation with values ends with the real run's final models (up to the
+order of floating-point sums in an allreduce); docs/algorithms/index.md says, per algorithm,
+which ones do.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from harness.results.columns import EvalRecord
+from harness.runner.evaluate import test_metrics
+from harness.runner.optimizers import build_optimizer
+from harness.scenario.schema import Scenario
+from harness.sim.simulate import SimulatedWork
+from harness.workload import batch_indices, shard_indices
+from harness.workload.models import flat_grads, flat_params, scenario_model
+
+
+class TrainingError(RuntimeError):
+    """A simulation with values that cannot run (it does not fit in memory, no GPU, ...)."""
+
+
+def _seat(model: torch.nn.Module, params_row: torch.Tensor, grads_row: torch.Tensor) -> None:
+    """Make ``model``'s parameters and gradients views into ``params_row`` and ``grads_row`` (as
+    ``flat_params``/``flat_grads`` seat them into the model's own flat buffers in a real run)."""
+    from harness.workload import models
+
+    model.__dict__[models._FLAT_PARAMS_ATTR] = params_row
+    model.__dict__[models._FLAT_GRADS_ATTR] = grads_row
+    flat_params(model)
+    flat_grads(model)
+
+
+def _random(model: torch.nn.Module) -> bool:
+    """Whether the model draws from torch's RNG in training (dropout)."""
+    return any(isinstance(m, torch.nn.modules.dropout._DropoutNd) for m in model.modules())
+
+
+class Replicas:
+    """Every simulated rank's model, gradient, optimizer and data for one algorithm's run.
+
+    ``params[r]`` and ``grads[r]`` are rank r's flat buffers (the algorithm's ``ctx.params`` and
+    ``ctx.grads``), rows of ``[ranks, n]`` tensors on ``device``.
+    """
+
+    def __init__(self, scenario: Scenario, dataset: Any, optimizer: Any, device: torch.device) -> None:
+        ranks, w = scenario.ranks, scenario.workload
+        template = scenario_model(scenario, dataset)
+        initial = flat_params(template).detach().clone()
+        self.initial = initial
+        self.device = device
+        self.params = initial.to(device).repeat(ranks, 1)
+        self.grads = torch.zeros_like(self.params)
+        self.data = dataset
+        self.batch_size, self.seed = w.batch_size, scenario.seed
+        self.shards = [shard_indices(dataset.num_train, ranks, r, scenario.seed) for r in range(ranks)]
+        template.to(device)
+        self.models: list[torch.nn.Module] = []
+        self.optimizers: list[Any] = []
+        for r in range(ranks):
+            model = copy.deepcopy(template)  # buffers (BatchNorm statistics) stay each rank's own
+            _seat(model, self.params[r], self.grads[r])
+            model.train()
+            self.models.append(model)
+            self.optimizers.append(build_optimizer(optimizer, model, scenario.python_path))
+        # Dropout draws from torch's RNG: each rank draws from a stream of its own (seed, rank).
+        self._rng_states = None
+        if _random(template):
+            states = []
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                for r in range(ranks):
+                    torch.manual_seed(int(np.random.SeedSequence([scenario.seed, 5, r]).generate_state(1)[0]))
+                    states.append(_rng_state(device))
+            self._rng_states = states
+        self.template = template
+
+    def gradient(self, rank: int, t: int) -> float:
+        """Rank ``rank``'s forward and backward pass of iteration t, on its model as it is now:
+        the gradient lands in ``grads[rank]``; returns the loss (``LocalWork.gradient``'s steps)."""
+        model, optimizer = self.models[rank], self.optimizers[rank]
+        idx = torch.from_numpy(batch_indices(self.shards[rank], self.batch_size, t, self.seed, rank))
+        idx = idx.to(self.data.train_x.device)
+        x, y = self.data.train_x[idx], self.data.train_y[idx]
+        optimizer.zero_grad(set_to_none=False)
+        if self._rng_states is not None:
+            _set_rng_state(self.device, self._rng_states[rank])
+        out = torch.nn.functional.cross_entropy(model(x), y)
+        out.backward()
+        if self._rng_states is not None:
+            self._rng_states[rank] = _rng_state(self.device)
+        return float(out.detach())
+
+    def step(self, rank: int) -> None:
+        """Rank ``rank``'s local optimizer step."""
+        self.optimizers[rank].step()
+
+    def test(self, flat: torch.Tensor) -> tuple[float, float]:
+        """Test loss and accuracy of the model with flat parameters ``flat`` (rank 0's module and
+        BatchNorm statistics, as the real run's rank 0 tests)."""
+        model = self.models[0]
+        return test_metrics(model, flat, self.params[0], self.data)
+
+
+def _rng_state(device: torch.device) -> torch.Tensor:
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+
+
+def _set_rng_state(device: torch.device, state: torch.Tensor) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)
+
+
+@dataclass
+class EvaluationPoint:
+    """One evaluation point's values: every rank's deployable model as it arrived, combined once
+    the last rank has arrived (the others wait for it there, as in a real run's allreduce)."""
+
+    ranks: int
+    models: list = field(default_factory=list)
+    time_s: float = math.nan
+    records: list[EvalRecord] = field(default_factory=list)
+
+
+class Evaluations:
+    """The values of every evaluation point of one algorithm's simulated run: what the real
+    ``harness.runner.evaluate.evaluate`` computes (the averaged model, the consensus distance,
+    the test metrics of the average and of rank 0's model), in the same records."""
+
+    def __init__(self, replicas: Replicas, algorithm: str) -> None:
+        self.replicas = replicas
+        self.algorithm = algorithm
+        self._points: dict[int, EvaluationPoint] = {}
+        self.records: list[EvalRecord] = []
+
+    def arrive(self, rank: int, iteration: int, time_s: float, model: torch.Tensor) -> EvaluationPoint:
+        ranks = self.replicas.params.shape[0]
+        point = self._points.setdefault(iteration, EvaluationPoint(ranks, [None] * ranks))
+        point.models[rank] = model
+        if rank == 0:
+            point.time_s = time_s
+        if all(m is not None for m in point.models):
+            self._combine(iteration, point)
+        return point
+
+    def _combine(self, iteration: int, point: EvaluationPoint) -> None:
+        from harness.sim.payload import reduce_sum
+
+        models = point.models
+        avg = reduce_sum(models).div_(len(models))
+        distance = sum(float(torch.sum((m - avg) ** 2)) for m in models) / len(models)
+        consensus = float(torch.tensor([distance], dtype=torch.float32)[0])
+        for which, flat in (("average", avg), ("rank0", models[0])):
+            loss, acc = self.replicas.test(flat)
+            point.records.append(EvalRecord(self.algorithm, iteration, point.time_s, which, loss, acc, consensus))
+        self.records += point.records
+        point.models = []  # the point holds no model once combined
+        del self._points[iteration]
+
+
+def finals(algorithms: list) -> torch.Tensor:
+    """``[ranks, n]``: every rank's final deployable model (what a real run's provenance keeps)."""
+    return torch.stack([a.eval_params().detach().to("cpu", copy=True) for a in algorithms])
+
+
+class TrainingWork(SimulatedWork):
+    """A simulated rank's side of the training loop with values: the simulated timing of
+    :class:`~harness.sim.simulate.SimulatedWork`, plus the rank's real gradient, optimizer step
+    and evaluations."""
+
+    def __init__(self, training: "SimTraining", *args: Any) -> None:
+        super().__init__(*args)
+        self.training = training
+
+    def gradient(self, t: int, factor: float) -> tuple[float, float]:
+        loss = self.training.replicas.gradient(self.rank, t)  # on the model as it is when the work starts
+        local, _ = super().gradient(t, factor)
+        return local, loss
+
+    def step(self, t: int, factor: float, gradient_s: float) -> float:
+        self.training.replicas.step(self.rank)
+        return 0.0  # timed with the gradient
+
+    def evaluate(self, iteration: int, time_s: float, params, final: bool) -> list[EvalRecord]:
+        point = self.training.evaluations.arrive(self.rank, iteration, time_s, params)
+        if final:  # after the run: the values only (the simulated steps are over)
+            comm = self._evaluations.comms[self.rank]
+            comm.barrier()
+            comm.drain_records()
+        else:
+            self._evaluations.run(self.rank, iteration - 1)
+        return list(point.records) if self.rank == 0 else []
+
+
+class SimTraining:
+    """One algorithm's simulated run with values: its replicas, its evaluations and, once the
+    run is over, every rank's final model (``final_models``, ``[ranks, n]`` on the CPU)."""
+
+    def __init__(self, scenario: Scenario, algorithm: Any, dataset: Any, device: torch.device) -> None:
+        self.replicas = Replicas(scenario, dataset, scenario.optimizer_of(algorithm), device)
+        self.evaluations = Evaluations(self.replicas, algorithm.name)
+        self.final_models: torch.Tensor | None = None
+
+    def buffers(self, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rank ``rank``'s ``ctx.params`` and ``ctx.grads``."""
+        return self.replicas.params[rank], self.replicas.grads[rank]
+
+    def work(self, *args: Any) -> TrainingWork:
+        """Rank's work (``SimulatedWork``'s arguments)."""
+        return TrainingWork(self, *args)
+
+    def finished(self, algorithms: list) -> None:
+        """The run is over: keep every rank's final model, let go of the replicas."""
+        self.final_models = finals(algorithms)
+        self.replicas = None
+
+
+# -- memory --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """What a simulation with values will hold at most, in bytes."""
+
+    replicas: int  # parameters, gradients and optimizer state of every rank
+    algorithm: int  # the algorithm's buffers of every rank, and messages in flight
+    data: int  # the dataset
+    overhead: int  # per-rank modules and the simulator's own state
+
+    @property
+    def total(self) -> int:
+        return self.replicas + self.algorithm + self.data + self.overhead
+
+
+# Model-sized buffers beyond params and grads, per rank: the optimizer's state (momentum SGD 1,
+# Adam 2) and an allowance for the algorithm's own buffers and messages in flight (the built-in
+# algorithms hold at most 4: SGP's send and receive buffers and weight, WAGMA's out and
+# published copy, AD-PSGD's sent model, reply and the agent's view and correction).
+OPTIMIZER_BUFFERS = {"sgd": 1, "adam": 3, "adamw": 3}  # Adam: its moments, and amsgrad's maximum
+ALGORITHM_BUFFERS = 5
+PER_RANK_OVERHEAD = 64 * 1024  # a module's Python objects, the optimizer's, the greenlet's
+
+
+def memory_estimate(scenario: Scenario, floats: int, dataset_bytes: int) -> MemoryEstimate:
+    """An upper bound of what training ``scenario`` with values holds at once (one algorithm at a
+    time: each starts from fresh replicas)."""
+    ranks, model = scenario.ranks, 4 * floats
+    optimizer = OPTIMIZER_BUFFERS.get(getattr(scenario.optimizer, "name", ""), 2)
+    replicas = ranks * model * (2 + optimizer)
+    algorithm = ranks * model * ALGORITHM_BUFFERS
+    return MemoryEstimate(replicas, algorithm, dataset_bytes, ranks * PER_RANK_OVERHEAD + model * 8)
+
+
+def available_bytes(device: torch.device) -> int:
+    """Memory a run may take on ``device``: the GPU's free memory, or the host's available memory."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))

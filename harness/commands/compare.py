@@ -13,6 +13,10 @@ as nodes sharing a NIC, from the calibration's inter-host link, unless the scena
 its own ``network.topology`` (``harness.sim.hosts.simulated_topology``); a line before the
 table says which topology was simulated, and a note when the hosts could not be used.
 
+``--train`` (or the run's ``simulation.train``) makes the simulations train real models from
+the run's own provenance (initial model, shards, batch order): the table then adds the final
+accuracy, real and simulated, and the largest accuracy difference over the evaluation points.
+
 Example::
 
     python -m harness compare results/straggler/20260101-120000
@@ -32,6 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--calibration", type=Path, help="calibration file (default: results/calibration.json)")
     p.add_argument("--mode", choices=("trace", "predictive", "both"), default="both",
                    help="which simulation to compare with (default: both)")
+    p.add_argument("--train", action="store_true",
+                   help="the simulations train real models too (simulation.train): compare accuracy as well")
     p.set_defaults(func=run)
 
 
@@ -99,19 +105,39 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {line}", file=sys.stderr)
     if topology.worth_recording:
         print(f"simulated network topology: {topology.description}")
+    train = bool(args.train or scenario.simulation.train)
+    if train:
+        if script is not None:
+            print(f"error: {run_dir}: --train: a torch.distributed script's own training cannot be simulated",
+                  file=sys.stderr)
+            return 2
+        from harness.sim.training import TrainingError, fit_problem, training_device
+
+        try:
+            problem = fit_problem(scenario, training_device(scenario))
+        except TrainingError as exc:
+            problem = str(exc)
+        if problem is None and scenario.workload.compute != "real":
+            problem = "simulation.train: the run's workload has no model to train (emulated compute)"
+        if problem is not None:
+            print(f"error: {run_dir}: {problem}", file=sys.stderr)
+            return 2
     try:
-        table = compare_run(run, scenario, entry, str(calibration_path), modes, topology, script=script)
+        table = compare_run(run, scenario, entry, str(calibration_path), modes, topology, script=script, train=train)
     except ValueError as exc:  # records the simulation cannot replay, as above
         print(f"error: {exc}", file=sys.stderr)
         return 2
     rows = [
         [r.algorithm, r.mode, f"{r.measured_iter_s * 1e3:.2f}", f"{r.predicted_iter_s * 1e3:.2f}",
          f"{r.measured_samples_per_s:,.1f}", f"{r.predicted_samples_per_s:,.1f}", f"{r.throughput_error * 100:+.1f}"]
+        + ([f"{r.measured_final_accuracy * 100:.2f}", f"{r.predicted_final_accuracy * 100:.2f}",
+            f"{r.accuracy_error_max:.2f}"] if train else [])
         for r in table.itertuples(index=False)
     ]
-    print(tabulate(rows, headers=["algorithm", "mode", "measured ms/it", "predicted ms/it", "measured samples/s",
-                                  "predicted samples/s", "error %"],
-                   tablefmt="simple", disable_numparse=True, colalign=("left", "left") + ("right",) * 5))
+    headers = ["algorithm", "mode", "measured ms/it", "predicted ms/it", "measured samples/s", "predicted samples/s",
+               "error %"] + (["real acc %", "sim acc %", "max |acc diff| pts"] if train else [])
+    print(tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True,
+                   colalign=("left", "left") + ("right",) * (len(headers) - 2)))
     errors = error_summary(table)
     print()
     print(tabulate([[mode, f"{e.median_abs_error * 100:.1f}", f"{e.worst_abs_error * 100:.1f}"]

@@ -11,6 +11,11 @@ real-compute workload that was never calibrated is an error (exit 2) that gives 
 the real run's files and columns (no losses, no evaluations), and prints the summary with the
 simulator's speed.
 
+``--train`` (the scenario's ``simulation.train``, so sweeps and overrides reach it) makes the
+simulated ranks train real models (``harness.sim.training``): the run directory then also has
+losses, evaluations and ``provenance/``, and the summary's accuracy and time-to-target columns
+are filled, at any rank count. A run that would not fit in memory is refused with the estimate.
+
 The ``scenario.resolved.yaml`` of a real run whose ranks ran on several hosts (``rank_hosts``
 in the run.json beside it) is simulated with those hosts as nodes sharing a NIC, as ``compare``
 does (``harness.sim.hosts.simulated_topology``, which also says when it cannot).
@@ -18,6 +23,7 @@ does (``harness.sim.hosts.simulated_topology``, which also says when it cannot).
 Example::
 
     python -m harness simulate scenarios/straggler.yaml --ranks 1024 --iterations 1000 --only wagma
+    python -m harness simulate scenarios/at_scale.yaml --train --sweep ranks=16,64,256
     python -m harness simulate scenarios/straggler.yaml --sweep 'imbalance.0.delay_ms=range(0,641,160)' --sweep ranks=16,64
 """
 
@@ -43,6 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "when the calibration measured the scenario's rank count, else cluster")
     p.add_argument("--trace-ranks", type=int, default=None, metavar="N",
                    help="write only ranks below N into trace.json (default: 64)")
+    p.add_argument("--train", action="store_true",
+                   help="the simulated ranks train real models (simulation.train=true): accuracy against simulated "
+                        "time, at any rank count")
     p.set_defaults(func=run)
 
 
@@ -101,6 +110,30 @@ def _simulate_script_run(args: argparse.Namespace, scenario, meta: dict) -> int:
     return after_command(out.path)
 
 
+def start_training(scenario, path: Path, algorithms: int):
+    """(the ``TrainedRun`` of a simulation with values, or None without ``simulation.train``;
+    why it cannot run, or None). Refused before anything is allocated: a run that would not fit
+    in memory (with the estimate), a device this machine lacks, provenance that would not fit on
+    disk. The run's provenance is staged beside ``path`` until the run directory is written."""
+    if not scenario.simulation.train:
+        return None, None
+    import tempfile
+
+    from harness.results import provenance
+    from harness.sim.runs import TrainedRun
+    from harness.sim.training import TrainingError, fit_problem, training_device
+
+    try:
+        device = training_device(scenario)
+    except TrainingError as exc:
+        return None, str(exc)
+    problem = fit_problem(scenario, device) or provenance.disk_problem(scenario, algorithms, path.parent)
+    if problem is not None:
+        return None, problem
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return TrainedRun(scenario, Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))), None
+
+
 def _run_beside(scenario_file: Path) -> dict | None:
     """The run.json of the real run whose ``scenario.resolved.yaml`` ``scenario_file`` is, or None
     (another file, no run.json, a simulated run's, or one that does not read as JSON)."""
@@ -132,6 +165,9 @@ def run(args: argparse.Namespace) -> int:
     if args.trace_ranks is not None and args.trace_ranks < 0:
         print(f"error: --trace-ranks must be >= 0 (got {args.trace_ranks})", file=sys.stderr)
         return 2
+    if getattr(args, "train", False):  # a scenario field, so that a sweep's points have it too
+        args.assignments = [*args.assignments, "simulation.train=true"]
+        args.train = False
     swept = sweep_mode("simulate", args)
     if swept is not None:
         return swept
@@ -145,6 +181,10 @@ def run(args: argparse.Namespace) -> int:
     scenario, renamed = load_scenario_with_notes(args.scenario, overrides=_overrides(args), assignments=args.assignments)
     beside = _run_beside(Path(args.scenario))
     if beside is not None and beside.get("torch_distributed"):
+        if scenario.simulation.train:
+            print(f"error: {args.scenario}: simulation.train: a torch.distributed script's run is replayed from its "
+                  "recorded collectives; the simulator cannot run the script's own training", file=sys.stderr)
+            return 2
         return _simulate_script_run(args, scenario, beside)
     if scenario.workload.of_script and scenario.workload.compute == "real":
         print(f"error: {args.scenario}: workload: a training script's workload (no model and dataset) says neither "
@@ -167,20 +207,25 @@ def run(args: argparse.Namespace) -> int:
     if scenario.faults:
         print(f"note: the scenario's {len(scenario.faults)} faults are not simulated (the model predicts the "
               "run without them)", file=sys.stderr)
-    print(f"{scenario.name}: simulating {scenario.ranks} ranks x {scenario.workload.iterations} iterations, "
+    print(f"{scenario.name}: simulating {scenario.ranks} ranks x {scenario.workload.iterations} iterations"
+          f"{' with values (every rank trains its model)' if scenario.simulation.train else ''}, "
           f"{len(scenario.algorithms)} algorithms", file=sys.stderr)
 
     def report(name, frame, stat) -> None:
         print(f"  {name}: {stat.events:,} events in {stat.host_s:.2f} s ({stat.events_per_s:,.0f} events/s)",
               file=sys.stderr)
 
+    into = getattr(args, "into", None)  # a sweep's point: exactly there
+    path = Path(into) if into is not None else new_simulated_run_path(Path(args.out), scenario.name)
+    trained, problem = start_training(scenario, path, len(scenario.algorithms))
+    if problem is not None:
+        print(f"error: {args.scenario}: {problem}", file=sys.stderr)
+        return 2
     try:
-        frames, stats = predict(scenario, entry, on_done=report, hosts=topology.hosts)
+        frames, stats = predict(scenario, entry, on_done=report, hosts=topology.hosts, trained=trained)
     except KeyboardInterrupt:
         print("interrupted: nothing written", file=sys.stderr)
         return 130
-    into = getattr(args, "into", None)  # a sweep's point: exactly there
-    path = Path(into) if into is not None else new_simulated_run_path(Path(args.out), scenario.name)
     trace_ranks = DEFAULT_TRACE_RANKS if args.trace_ranks is None else args.trace_ranks
     calibrated = calibration is not None  # else the default network: run.json says null for both
     run_dir = write_simulated_run(path, scenario, frames, stats, "predictive",

@@ -17,6 +17,11 @@ iteration (``wall_s / iterations``) and throughput, and the relative throughput 
 ``predicted / measured - 1``. ``compare.png`` plots predicted against measured
 throughput. The simulated runs themselves are written next to them (``sim-trace/``,
 ``sim-predictive/``) so their traces can be opened beside the real one.
+
+With ``train`` (``compare --train``) the simulations carry values (``harness.sim.training``):
+their ranks train from the run's initial model on the run's shards and batches, and
+compare.csv adds the final test accuracy of the averaged model, measured and predicted, and the
+largest difference over the evaluation points (``accuracy_error_max``, in accuracy points).
 """
 
 from __future__ import annotations
@@ -50,6 +55,9 @@ COMPARE_COLUMNS = (
     "measured_wait_fraction",
     "predicted_wait_fraction",
     "calibration_ranks",
+    "measured_final_accuracy",
+    "predicted_final_accuracy",
+    "accuracy_error_max",
 )
 
 
@@ -63,14 +71,17 @@ def compared_scenario(run: RunDirectory, scenario: Scenario) -> Scenario:
 
 def compare_run(run: RunDirectory, scenario: Scenario, entry: CalibrationEntry, calibration_name: str,
                 modes: tuple[str, ...] = MODES, topology: SimTopology | None = None,
-                script: str | None = None) -> pd.DataFrame:
+                script: str | None = None, train: bool = False) -> pd.DataFrame:
     """Simulate ``run``'s finished algorithms (``scenario`` from :func:`compared_scenario`) in
     each mode with calibration ``entry`` and ``topology`` (``harness.sim.hosts.simulated_topology``;
     None: the scenario's own, if any); write and return the comparison.
 
     ``script``: the label of a torch.distributed script run (``launch --scenario``, no
     algorithms), whose recorded collectives are replayed (``harness.sim.script_replay``);
-    trace mode only, since nothing models the script's compute."""
+    trace mode only, since nothing models the script's compute. ``train``: the simulations carry
+    values (see the module docstring)."""
+    if train:
+        scenario = scenario.model_copy(update={"simulation": scenario.simulation.model_copy(update={"train": True})})
     w = scenario.workload
     measured = summarize(run.steps, run.evals, w.batch_size, w.iterations, ranks=scenario.ranks)
     hosts = topology.hosts if topology is not None else None
@@ -84,15 +95,17 @@ def compare_run(run: RunDirectory, scenario: Scenario, entry: CalibrationEntry, 
             raise ValueError(f"{run.path}: a torch.distributed script's compute is not modelled: compare it "
                              "trace-driven (--mode trace)")
         elif mode == "trace":
-            frames, stats = replay(scenario, run.steps, entry.network, hosts=hosts)
+            frames, stats = replay(scenario, run.steps, entry.network, hosts=hosts, trained=_trained(scenario, run))
         elif mode == "predictive":
-            frames, stats = predict(scenario, entry, hosts=hosts)
+            frames, stats = predict(scenario, entry, hosts=hosts, trained=_trained(scenario, run))
         else:
             raise ValueError(f"unknown mode {mode!r} (valid: {', '.join(MODES)})")
         _replace_dir(run.path / f"sim-{mode}", lambda path, frames=frames, stats=stats, mode=mode: write_simulated_run(
             path, scenario, frames, stats, mode, calibration_name, run_id=f"sim-{mode}",
             calibration_ranks=entry.ranks, topology=topology))
-        predicted = summarize(pd.concat(frames.values()), None, w.batch_size, w.iterations, ranks=scenario.ranks)
+        simulated_evals = _evals_frame(frames)
+        predicted = summarize(pd.concat(frames.values()), simulated_evals, w.batch_size, w.iterations,
+                              ranks=scenario.ranks)
         both = measured.merge(predicted, on="algorithm", suffixes=("_measured", "_predicted"))
         for row in both.itertuples(index=False):
             rows.append({
@@ -106,11 +119,48 @@ def compare_run(run: RunDirectory, scenario: Scenario, entry: CalibrationEntry, 
                 "measured_wait_fraction": row.wait_fraction_measured,
                 "predicted_wait_fraction": row.wait_fraction_predicted,
                 "calibration_ranks": entry.ranks,
+                "measured_final_accuracy": row.final_accuracy_measured if train else np.nan,
+                "predicted_final_accuracy": row.final_accuracy_predicted if train else np.nan,
+                "accuracy_error_max": accuracy_error(run.evals, simulated_evals, row.algorithm) if train else np.nan,
             })
     table = pd.DataFrame(rows, columns=list(COMPARE_COLUMNS))
     atomic.write_csv(run.path / COMPARE_FILE, table)
     plot_comparison(table, run.path / COMPARE_PLOT, title=f"{scenario.name} ({scenario.ranks} ranks)")
     return table
+
+
+def _trained(scenario: Scenario, run: RunDirectory):
+    """A ``TrainedRun`` staged inside ``run``'s directory, or None without values."""
+    if not scenario.simulation.train:
+        return None
+    import tempfile
+
+    from harness.sim.runs import TrainedRun
+
+    return TrainedRun(scenario, Path(tempfile.mkdtemp(prefix=".sim-values-", dir=run.path)))
+
+
+def _evals_frame(frames) -> pd.DataFrame | None:
+    """The evaluations of a simulation with values (None without)."""
+    trained = getattr(frames, "trained", None)
+    if trained is None:
+        return None
+    from harness.results.columns import EVAL_COLUMNS, to_frame
+
+    return to_frame([r for records in trained.evals.values() for r in records], EVAL_COLUMNS)
+
+
+def accuracy_error(real: pd.DataFrame, simulated: pd.DataFrame, algorithm: str) -> float:
+    """The largest |simulated - real| test accuracy of the averaged model over the evaluation
+    points both have, in accuracy points (percent); NaN when they share none."""
+    def averaged(frame: pd.DataFrame) -> pd.Series:
+        rows = frame[(frame["algorithm"] == algorithm) & (frame["model"] == "average")]
+        return rows.set_index("iteration")["test_accuracy"]
+
+    both = pd.concat([averaged(real), averaged(simulated)], axis=1, join="inner").dropna()
+    if both.empty:
+        return float("nan")
+    return float((both.iloc[:, 1] - both.iloc[:, 0]).abs().max() * 100)
 
 
 def error_summary(table: pd.DataFrame) -> pd.DataFrame:

@@ -367,6 +367,7 @@ class Schedule:
     send_to: np.ndarray
     send_bytes: np.ndarray
     recv_from: np.ndarray
+    recursive_doubling: bool = False  # the native recursive-doubling allreduce (its order of additions)
     bytes_sent: np.ndarray = field(init=False)
     compiled: tuple = field(init=False, repr=False)  # per step: senders, their dst and bytes, receivers, their src
     compiled_lists: tuple = field(init=False, repr=False)  # per step, as lists: receivers, sources, source bytes
@@ -388,7 +389,7 @@ class Schedule:
         return self.send_to.shape[0]
 
 
-def _schedule(steps: list[tuple[list[int], list[int], list[int]]], p: int) -> Schedule:
+def _schedule(steps: list[tuple[list[int], list[int], list[int]]], p: int, recursive_doubling: bool = False) -> Schedule:
     if not steps:
         empty = np.zeros((0, p), dtype=np.int64)
         return Schedule(empty, empty.astype(float), empty)
@@ -397,7 +398,7 @@ def _schedule(steps: list[tuple[list[int], list[int], list[int]]], p: int) -> Sc
     recv_from = np.array([s[2] for s in steps], dtype=np.int64)
     for array in (send_to, send_bytes, recv_from):
         array.setflags(write=False)
-    return Schedule(send_to, send_bytes, recv_from)
+    return Schedule(send_to, send_bytes, recv_from, recursive_doubling)
 
 
 def _rd_steps(p: int, count: int) -> list[tuple[list[int], list[int], list[int]]]:
@@ -474,7 +475,7 @@ def allreduce_schedule(p: int, count: int, ring_threshold_bytes: int = RING_THRE
         return RingSchedule(p, count)
     if algorithm == "auto" and ring_fits and count * FLOAT_BYTES >= ring_threshold_bytes:
         return RingSchedule(p, count)
-    return _schedule(_rd_steps(p, count), p)
+    return _schedule(_rd_steps(p, count), p, recursive_doubling=True)
 
 
 @lru_cache(maxsize=256)

@@ -34,6 +34,7 @@ run with values is the timing without them: ``--train`` adds numbers, it moves n
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -58,7 +59,7 @@ def stacked_rows(buffers: Sequence[torch.Tensor]) -> torch.Tensor | None:
 
 
 def reduce_sum(buffers: Sequence[torch.Tensor]) -> torch.Tensor:
-    """A new tensor holding the element-wise sum of ``buffers``."""
+    """A new tensor holding the element-wise sum of ``buffers`` (in no particular order)."""
     rows = stacked_rows(buffers)
     if rows is not None:
         return rows.sum(0)
@@ -66,6 +67,72 @@ def reduce_sum(buffers: Sequence[torch.Tensor]) -> torch.Tensor:
     for b in buffers[1:]:
         total.add_(b)
     return total
+
+
+def _rows(buffers: Sequence[torch.Tensor]) -> torch.Tensor:
+    rows = stacked_rows(buffers)
+    return rows if rows is not None else torch.stack(list(buffers))
+
+
+def ring_sum(buffers: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The sum the native ring allreduce computes, rounding for rounding: chunk c (``chunk_begin``
+    of kernels/schedule.cpp: p chunks, the first ``n % p`` one element longer) is accumulated
+    along the ring from member c, ``acc = x[c + j] + acc`` for j = 1 .. p-1 (its
+    reduce-scatter), so every chunk's additions happen in that order. One indexing per step
+    and chunk length gathers chunk c of member c + j for every c at once."""
+    rows = _rows(buffers)
+    p, n = rows.shape
+    base, extra = divmod(n, p)
+    total = torch.empty(n, dtype=rows.dtype, device=rows.device)
+    # The chunks of one length, as [members, chunks, length] views of the rows and the result.
+    regions = [(0, extra, base + 1), (extra, p, base)]
+    for first, last, length in regions:
+        if last == first or length == 0:
+            continue
+        start = first * (base + 1) if first == 0 else extra * (base + 1)
+        end = start + (last - first) * length
+        part = rows[:, start:end].unflatten(1, (last - first, length))
+        out = total[start:end].view(last - first, length)
+        chunk = torch.arange(first, last, device=rows.device)
+        local = chunk - first
+        out.copy_(part[chunk, local])
+        for j in range(1, p):
+            out.add_(part[(chunk + j) % p, local])
+    return total
+
+
+def doubling_sum(buffers: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The sum the native recursive-doubling allreduce computes, rounding for rounding: the
+    members beyond the largest power of two fold into their even neighbours (``x[m] + x[m-1]``
+    for odd m < 2 * rem), then log2 butterfly steps add partners' sums (float addition is
+    commutative, so both partners hold the same)."""
+    p = len(buffers)
+    pow2 = 1 << (p.bit_length() - 1)
+    rem = p - pow2
+    virtual = [buffers[2 * v + 1] + buffers[2 * v] if v < rem else buffers[v + rem] for v in range(pow2)]
+    level = torch.stack(virtual)
+    mask = 1
+    while mask < pow2:
+        partner = torch.arange(pow2, device=level.device) ^ mask
+        level = level + level[partner]
+        mask <<= 1
+    return level[0]
+
+
+def native_sum(buffers: Sequence[torch.Tensor], schedule: Any) -> torch.Tensor:
+    """The allreduce sum of ``buffers`` (member order) in the order the native schedule adds
+    (``schedule``: the collective's, :mod:`harness.sim.network`): a ring or recursive doubling,
+    so a simulation ends with the real run's numbers bit for bit; the hierarchical schedules
+    (node-local reduce, leaders' allreduce) are summed in plain order, within rounding of them."""
+    from harness.sim.network import RingSchedule
+
+    if len(buffers) == 1:
+        return buffers[0].clone()
+    if isinstance(schedule, RingSchedule):
+        return ring_sum(buffers)
+    if getattr(schedule, "recursive_doubling", False):
+        return doubling_sum(buffers)
+    return reduce_sum(buffers)
 
 
 def write_all(buffers: Sequence[torch.Tensor], value: torch.Tensor, skip: torch.Tensor | None = None) -> None:
@@ -91,11 +158,13 @@ class Payload:
 
     # -- collectives ------------------------------------------------------------------------------
     @staticmethod
-    def combine(kind: str, buffers: list, reduce: str, root: int, in_place: bool) -> torch.Tensor | None:
+    def combine(kind: str, buffers: list, reduce: str, root: int, in_place: bool,
+                schedule: Any = None) -> torch.Tensor | None:
         """The values of a collective whose members all joined (``buffers`` in member order):
-        the result, also written into every buffer when ``in_place``."""
+        the result, also written into every buffer when ``in_place``; an allreduce adds in the
+        order of its native ``schedule`` (:func:`native_sum`)."""
         if kind == "allreduce":
-            total = reduce_sum(buffers)
+            total = native_sum(buffers, schedule)
             if reduce == "mean":
                 total.div_(len(buffers))
             if in_place:
@@ -178,8 +247,15 @@ class Pairwise:
         self.published: list[torch.Tensor | None] = [None] * ranks
         self.correction: list[torch.Tensor | None] = [None] * ranks
         self.answered = [0] * ranks
+        self._initial: torch.Tensor | None = None
 
     def create(self, rank: int, initial: torch.Tensor) -> None:
+        if self._initial is None:
+            self._initial = initial.detach().clone()
+        if self.published[rank] is None:  # else answered before it created its side (see answer)
+            self._agent(rank, initial)
+
+    def _agent(self, rank: int, initial: torch.Tensor) -> None:
         self.published[rank] = initial.detach().clone()
         self.correction[rank] = torch.zeros_like(self.published[rank])
 
@@ -189,6 +265,10 @@ class Pairwise:
     def answer(self, peer: int, request: torch.Tensor) -> torch.Tensor:
         """``peer``'s agent serves a request carrying ``request``: the reply, and its view moved
         half-way (the move recorded as a correction)."""
+        if self.published[peer] is None:
+            # A request served before the peer created its side (ranks start at different
+            # times): the peer's model is still the initial one, which every rank shares.
+            self._agent(peer, self._initial)
         view = self.published[peer]
         reply = view.clone()
         half = (request - view).mul_(0.5)

@@ -84,7 +84,8 @@ class Collective:
             self.buffers[i] = buf
         if self.joined == len(self.members):
             if self.buffers is not None:
-                self.result = Payload.combine(self.kind, self.buffers, self.reduce, self.root, self.in_place)
+                self.result = Payload.combine(self.kind, self.buffers, self.reduce, self.root, self.in_place,
+                                              self.schedule)
                 self.buffers = None
             if self.schedule is None:
                 self.done_at = broadcast_times(len(self.members), self.root, self.members, self.join_at,

@@ -3,14 +3,18 @@
 A simulated run directory has the real run's layout (``results/README.md``): steps.csv,
 summary.csv/summary.txt with the same columns, trace.json, scenario.resolved.yaml and
 run.json, which says ``"simulated": true`` and how (mode, calibration). Its run id starts with
-``sim-``. Simulated steps have no loss (``NaN``) and there are no evaluations: the model
-predicts time, not accuracy. When the scenario sets ``results.comm_calls``, every simulated
-rank's communicator is wrapped in a call log (``harness.comm.call_log``) and the run directory
-gets comm_calls.csv, as a real run's does.
+``sim-``. Without ``simulation.train`` simulated steps have no loss (``NaN``) and there are no
+evaluations: the model predicts time, not accuracy. With it (``simulate --train``,
+:mod:`harness.sim.training`) the simulated ranks train, and the directory also has the real
+run's losses, evals.csv and ``provenance/`` (initial model, shards, final models), in the same
+formats. When the scenario sets ``results.comm_calls``, every simulated rank's communicator is
+wrapped in a call log (``harness.comm.call_log``) and the run directory gets comm_calls.csv, as
+a real run's does.
 """
 
 from __future__ import annotations
 
+import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -19,6 +23,7 @@ import pandas as pd
 from harness.algorithms import scenario_facts
 from harness.comm.call_log import CallLog  # needs neither MPI nor the native layer
 from harness.results.columns import COMM_CALL_COLUMNS, CommCallRecord, to_frame
+from harness.results.layout import PROVENANCE_DIR
 from harness.results.records import RunDirectory
 from harness.scenario.network import NodeTopology
 from harness.scenario.schema import Scenario
@@ -140,21 +145,71 @@ def cluster_entry(entry: CalibrationEntry) -> CalibrationEntry:
 
 class SimulatedFrames(dict):
     """What :func:`predict` and :func:`replay` return first: algorithm name -> steps frame (as
-    ``simulate_scenario`` returns them), and ``comm_calls``: algorithm name -> every simulated
+    ``simulate_scenario`` returns them), ``comm_calls``: algorithm name -> every simulated
     rank's calls to its communicator (``COMM_CALL_COLUMNS``), only when the scenario sets
-    ``results.comm_calls`` (else empty). :func:`write_simulated_run` writes both."""
+    ``results.comm_calls`` (else empty), and ``trained``: the :class:`TrainedRun` of a
+    simulation with values (else None). :func:`write_simulated_run` writes all of them."""
 
-    def __init__(self, frames: dict[str, pd.DataFrame], comm_calls: dict[str, pd.DataFrame]) -> None:
+    def __init__(self, frames: dict[str, pd.DataFrame], comm_calls: dict[str, pd.DataFrame],
+                 trained: TrainedRun | None = None) -> None:
         super().__init__(frames)
         self.comm_calls = comm_calls
+        self.trained = trained
+
+
+class TrainedRun:
+    """What a simulation with values keeps of each algorithm as it finishes: its evaluations,
+    and its final models written into ``provenance/`` (at the scenario's ``results.provenance``
+    level, as a real run's worker writes them) inside ``staging``, a folder of its own until
+    :func:`write_simulated_run` moves it into the run directory (or :meth:`discard` removes it)."""
+
+    def __init__(self, scenario: Scenario, staging: Path) -> None:
+        from harness.results.provenance import ProvenanceWriter, level
+        from harness.sim.training import training_device
+        from harness.device import dataset_on
+        from harness.workload import scenario_dataset
+
+        from harness.workload import configure_torch_threads
+
+        # One compute thread, as every real rank computes (harness.runner.worker): the same
+        # kernels, so a simulated rank's arithmetic is a real rank's, bit for bit.
+        configure_torch_threads(1)
+        self.scenario = scenario
+        self.staging = staging
+        self.device = training_device(scenario)
+        self.dataset = dataset_on(scenario_dataset(scenario), self.device)
+        self.provenance = ProvenanceWriter(staging / PROVENANCE_DIR, level(scenario))
+        self.evals: dict[str, list] = {}
+        self._current = None
+
+    def training_for(self, entry):
+        """The values side of algorithm ``entry``'s simulation (``simulate_scenario``'s ``training_for``)."""
+        from harness.sim.training import SimTraining
+
+        self._current = SimTraining(self.scenario, entry, self.dataset, self.device)
+        if not self.evals and self.provenance.keeps_anything:
+            self.provenance.write_start(self._current.replicas.shards, self._current.replicas.initial)
+        return self._current
+
+    def finished(self, name: str) -> None:
+        """Algorithm ``name`` finished: keep its evaluations, write its final models."""
+        from harness.sim.payload import reduce_sum
+
+        training, self._current = self._current, None
+        self.evals[name] = training.evaluations.records
+        finals = training.final_models
+        if self.provenance.keeps_anything:  # averaged as the last evaluation averaged them
+            average = reduce_sum(list(finals)).div_(len(finals))
+            self.provenance.write_final(name, average, finals if self.provenance.keeps_rank_models else None)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
 
 
 def _simulate(scenario: Scenario, network: NetworkModel, timing_for, on_done,
-              hosts: NodeTopology | None) -> tuple[SimulatedFrames, list[SimStats]]:
-    """``simulate_scenario``, with a call log around every rank's communicator if the scenario asks."""
-    if not scenario.results.comm_calls:
-        frames, stats = simulate_scenario(scenario, network, timing_for, on_done, hosts=hosts)
-        return SimulatedFrames(frames, {}), stats
+              hosts: NodeTopology | None, trained: TrainedRun | None = None) -> tuple[SimulatedFrames, list[SimStats]]:
+    """``simulate_scenario``, with a call log around every rank's communicator if the scenario
+    asks, and with values when ``trained`` is given."""
     logs: dict[str, dict[int, CallLog]] = {}
 
     def log_calls(name: str, rank: int, comm) -> CallLog:
@@ -162,30 +217,46 @@ def _simulate(scenario: Scenario, network: NetworkModel, timing_for, on_done,
         logs.setdefault(name, {})[rank] = log
         return log
 
-    frames, stats = simulate_scenario(scenario, network, timing_for, on_done, wrap_comm=log_calls, hosts=hosts)
+    def done(name: str, frame: pd.DataFrame, stat: SimStats) -> None:
+        if trained is not None:
+            trained.finished(name)
+        if on_done is not None:
+            on_done(name, frame, stat)
+
+    try:
+        frames, stats = simulate_scenario(scenario, network, timing_for, done, hosts=hosts,
+                                          wrap_comm=log_calls if scenario.results.comm_calls else None,
+                                          training_for=trained.training_for if trained is not None else None)
+    except BaseException:
+        if trained is not None:
+            trained.discard()
+        raise
     calls = {name: to_frame([CommCallRecord(name, rank, *call) for rank in sorted(by_rank)
                              for call in by_rank[rank].calls], COMM_CALL_COLUMNS)
              for name, by_rank in logs.items()}
-    return SimulatedFrames(frames, calls), stats
+    return SimulatedFrames(frames, calls, trained), stats
 
 
 def predict(scenario: Scenario, entry: CalibrationEntry, on_done=None,
-            hosts: NodeTopology | None = None) -> tuple[SimulatedFrames, list[SimStats]]:
+            hosts: NodeTopology | None = None, trained: TrainedRun | None = None,
+            ) -> tuple[SimulatedFrames, list[SimStats]]:
     """Predictive simulation: calibrated network and compute, the scenario's injection;
-    ``hosts``: the hosts of a multi-host run as nodes (``harness.sim.hosts.simulated_topology``)."""
+    ``hosts``: the hosts of a multi-host run as nodes (``harness.sim.hosts.simulated_topology``);
+    ``trained``: simulate with values (``simulation.train``)."""
     _, factors = injection_arrays(scenario)
     timing = PredictiveTiming(scenario, entry, factors)
-    return _simulate(scenario, entry.network, lambda _name: timing, on_done, hosts)
+    return _simulate(scenario, entry.network, lambda _name: timing, on_done, hosts, trained)
 
 
 def replay(scenario: Scenario, real_steps: pd.DataFrame, network: NetworkModel,
-           on_done=None, hosts: NodeTopology | None = None) -> tuple[SimulatedFrames, list[SimStats]]:
+           on_done=None, hosts: NodeTopology | None = None, trained: TrainedRun | None = None,
+           ) -> tuple[SimulatedFrames, list[SimStats]]:
     """Trace-driven simulation: each rank's local work as the real run measured it; ``hosts``
-    as :func:`predict`."""
+    and ``trained`` as :func:`predict`."""
     def timing_for(name: str) -> TraceTiming:
         return TraceTiming(real_steps[real_steps["algorithm"] == name], scenario.ranks, scenario.workload.iterations)
 
-    return _simulate(scenario, network, timing_for, on_done, hosts)
+    return _simulate(scenario, network, timing_for, on_done, hosts, trained)
 
 
 def write_simulated_run(path: Path, scenario: Scenario, frames: dict[str, pd.DataFrame], stats: list[SimStats],
@@ -202,13 +273,18 @@ def write_simulated_run(path: Path, scenario: Scenario, frames: dict[str, pd.Dat
     path.mkdir(parents=True)
     run = RunDirectory(path, scenario.name, run_id or path.name, datetime.now(timezone.utc).isoformat(timespec="seconds"))
     run.write_resolved_scenario(scenario.resolved_dict())
+    trained = getattr(frames, "trained", None)
     for name, frame in frames.items():
-        run.append_algorithm(name, frame)
+        run.append_algorithm(name, frame, trained.evals.get(name, ()) if trained is not None else ())
+    if trained is not None and (trained.staging / PROVENANCE_DIR).is_dir():
+        (trained.staging / PROVENANCE_DIR).rename(path / PROVENANCE_DIR)
+    if trained is not None:
+        trained.discard()
     for name, calls in getattr(frames, "comm_calls", {}).items():
         run.append_comm_calls(name, calls)
     w = scenario.workload
     run.write_summary(w.batch_size, w.iterations, ranks=scenario.ranks,
-                      target_accuracy=scenario.results.target_accuracy,  # no evals: no time to it
+                      target_accuracy=scenario.results.target_accuracy,  # evaluations only with values
                       header=f"simulated ({mode}), {describe_reading(reading)}" if reading else None)
     run.write_trace(include_comm_ops=False, max_ranks=trace_ranks)
     run.write_run_json("complete", list(frames), ranks=scenario.ranks, extra={
@@ -218,6 +294,8 @@ def write_simulated_run(path: Path, scenario: Scenario, frames: dict[str, pd.Dat
         "calibration_ranks": calibration_ranks,
         **({"reading": reading} if reading else {}),
         "trace_ranks": min(trace_ranks, scenario.ranks),
+        **({"trained": True, "provenance": trained.provenance.keep, "device": str(trained.device)}
+           if trained is not None else {}),
         "events": sum(s.events for s in stats),
         "host_s": sum(s.host_s for s in stats),
         **scenario_facts(scenario),

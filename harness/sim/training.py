@@ -296,3 +296,39 @@ def available_bytes(device: torch.device) -> int:
     except OSError:
         pass
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+
+
+def training_device(scenario: Scenario) -> torch.device:
+    """Where a simulation with values computes: the CPU, or with ``workload.device: cuda`` the
+    first GPU (all replicas and every simulated message live there); TrainingError when there
+    is none."""
+    from harness.device import unavailable_reason
+
+    if scenario.workload.device == "cpu":
+        return torch.device("cpu")
+    reason = unavailable_reason(scenario.workload.device)
+    if reason is not None:
+        raise TrainingError(f"workload.device: {reason}")
+    return torch.device("cuda", 0)
+
+
+def fit_problem(scenario: Scenario, device: torch.device) -> str | None:
+    """Why a simulation with values of ``scenario`` would not fit in memory on ``device`` (with
+    the estimate), or None when it fits. Checked before anything is allocated."""
+    from harness.results.provenance import human_bytes
+    from harness.workload import communicated_floats, dataset_facts
+
+    floats = communicated_floats(scenario)
+    facts = dataset_facts(scenario)
+    sample = 4 * int(np.prod(facts.input_shape)) + 8
+    estimate = memory_estimate(scenario, floats, facts.samples * sample)
+    free = available_bytes(device)
+    if estimate.total <= 0.9 * free:
+        return None
+    where = "this GPU" if device.type == "cuda" else "this machine"
+    return (f"simulation.train: {scenario.ranks:,} simulated ranks of a {floats:,}-parameter model need about "
+            f"{human_bytes(estimate.total)} (replicas: parameters, gradients and optimizer state "
+            f"{human_bytes(estimate.replicas)}; the algorithms' buffers and messages {human_bytes(estimate.algorithm)}; "
+            f"data {human_bytes(estimate.data)}; the rest {human_bytes(estimate.overhead)}), but {where} has "
+            f"{human_bytes(free)} available; simulate fewer ranks or a smaller model, or train on a GPU "
+            "(workload.device: cuda)")

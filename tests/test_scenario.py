@@ -163,7 +163,7 @@ def test_all_errors_each_on_its_own_line() -> None:
         scenario_from_dict(doc, source="x.yaml")
     assert str(info.value).splitlines() == [
         "x.yaml: ranks: must be >= 1 (got 0)",
-        "x.yaml: workload.dataset: unknown dataset (built-in: mnist5k, digits, synthetic; or your own as "
+        "x.yaml: workload.dataset: unknown dataset (built-in: mnist5k, digits, synthetic, teacher; or your own as "
         "'module:callable') (got 'cifar')",
         "x.yaml: workload.batch_size: must be >= 1 (got -1)",
     ]

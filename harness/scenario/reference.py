@@ -53,6 +53,7 @@ MODEL_SECTIONS: dict[str, tuple[str, str]] = {
     "SlowStartFault": ("`slow_start`", "faults-slow_start"),
     "Watchdog": ("`watchdog`", "watchdog"),
     "ResultsSettings": ("`results`", "results"),
+    "SimulationSettings": ("`simulation`", "simulation"),
 }
 
 _ALGORITHM_FORMS = (
@@ -128,6 +129,7 @@ class _Page:
         self.kinds("faults", props["faults"])
         self.model_section(2, "Watchdog")
         self.model_section(2, "ResultsSettings")
+        self.model_section(2, "SimulationSettings")
         others = [name for name in self.defs if name not in self.done]
         if others:
             self.add("## Other definitions { #other }")

@@ -139,7 +139,9 @@ class Workload(StrictModel):
     together, or neither (a training script's own workload, run by ``python -m harness launch``)."""
     dataset: str | None = None
     """The data: a built-in name or your own callable as ``"module:callable"``, called as
-    ``callable(seed=SEED, **dataset_args)``; the training set is sharded across the ranks."""
+    ``callable(seed=SEED, **dataset_args)``, plus ``ranks=RANKS`` when it has a parameter named
+    ``ranks`` (``teacher`` does: 256 training samples per rank by default); the training set is
+    sharded across the ranks."""
     model_args: dict[str, Any] = {}
     """Keyword arguments of the model callable."""
     dataset_args: dict[str, Any] = {}
@@ -867,6 +869,18 @@ class ResultsSettings(StrictModel):
     per iteration (real and simulated runs alike)."""
 
 
+class SimulationSettings(StrictModel):
+    """How ``python -m harness simulate`` and ``compare`` run this scenario (a real run ignores it)."""
+
+    train: bool = False
+    """Simulated ranks train for real (``simulate --train``): every simulated rank holds its own
+    model replica and optimizer, trains on its shard in its batch order, and every simulated
+    message carries real values, combined when the simulated network delivers it. The summary's
+    accuracy columns are then filled at any rank count. Needs a model and dataset (real compute);
+    costs about one training step per rank and iteration, and memory for every rank's replica
+    (the commands refuse a run that would not fit)."""
+
+
 # ---------------------------------------------------------------------------------------------
 # scenario
 
@@ -979,6 +993,8 @@ class Scenario(StrictModel):
     """When ``python -m harness run`` declares the job stuck and stops it."""
     results: ResultsSettings = ResultsSettings()
     """What a run keeps and how its summary judges the algorithms."""
+    simulation: SimulationSettings = SimulationSettings()
+    """How the simulator runs the scenario: whether its simulated ranks train real models."""
     # The commands record the KEY=VALUE overrides here (harness.scenario.overrides), so
     # scenario.resolved.yaml says how it differs from the file.
     overrides: list[str] = []
@@ -1034,6 +1050,15 @@ class Scenario(StrictModel):
                       "may list none: `python -m harness launch --scenario` runs a torch.distributed script as "
                       "the algorithm)")
             raise ParamError(("algorithms",), reason, []).to_pydantic()
+        return self
+
+    @model_validator(mode="after")
+    def _trains_a_model(self) -> Scenario:
+        if self.simulation.train and self.workload.compute != "real":
+            what = "a training script's workload" if self.workload.of_script else "emulated compute"
+            reason = (f"the simulated ranks train the workload's model on its dataset; {what} has none (give "
+                      "workload.model and workload.dataset with real compute, or leave simulation.train out)")
+            raise ParamError(("simulation", "train"), reason, True).to_pydantic()
         return self
 
     @model_validator(mode="after")

@@ -4,7 +4,10 @@
 ``model_args`` is reported as such, not as whatever the callable did with it), seeds torch,
 NumPy and ``random`` with the given seed around the call (so even an unseeded draw inside it is
 the same on every rank) and leaves their global states as they were, and turns anything the
-callable raises into a one-line :class:`~harness.workload.names.WorkloadCodeError`.
+callable raises into a one-line :class:`~harness.workload.names.WorkloadCodeError` (a built-in's
+own WorkloadCodeError passes through: it names the field to fix, e.g. ``teacher``'s
+``dataset_args``). :func:`takes_keyword` says whether a callable takes an optional argument
+the harness passes only to callables that ask for it (a dataset's ``ranks``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.user_code import first_line
+from harness.user_code import first_line, is_reference
 from harness.workload.names import WorkloadArgumentsError, WorkloadCodeError
 
 
@@ -55,7 +58,21 @@ def call(kind: str, value: str, fn: Callable[..., Any], seed: int, given: Mappin
         with seeded(seed):
             return fn(**given, **args)
     except (Exception, SystemExit) as exc:  # noqa: BLE001  the user's code may raise anything
+        if isinstance(exc, WorkloadCodeError) and not is_reference(value):
+            raise  # a built-in's check of its arguments, which names the field to fix
         raise WorkloadCodeError(kind, f"{value} raised {first_line(exc)}") from None
+
+
+def takes_keyword(fn: Callable[..., Any], name: str) -> bool:
+    """Whether ``fn`` has a parameter ``name`` that can be passed by keyword (a ``**kwargs``
+    catch-all does not count: such a callable did not ask for it). False when ``fn`` has no
+    signature Python can read."""
+    try:
+        parameter = inspect.signature(fn).parameters.get(name)
+    except (TypeError, ValueError):
+        return False
+    return parameter is not None and parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                        inspect.Parameter.KEYWORD_ONLY)
 
 
 def _check_signature(kind: str, value: str, fn: Callable[..., Any], given: Mapping[str, Any],

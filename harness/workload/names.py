@@ -9,7 +9,9 @@ checked exactly as a user's callables are (``harness.workload.calls``). The cont
   ``torch.nn.Module`` with float32 parameters whose output for a batch of N is ``(N, K)``;
 - dataset: ``callable(seed=S, **dataset_args)`` returns ``(train_x, train_y, test_x, test_y)``
   tensors (inputs float ``N x C x H x W``, labels int64 ``N``) or a pair ``(train, test)`` of
-  map-style datasets whose items are ``(input, label)``.
+  map-style datasets whose items are ``(input, label)``. A callable with a parameter named
+  ``ranks`` is also given the scenario's rank count as ``ranks=R`` (unless dataset_args set
+  it), to size its data to the run (``harness.workload.data.with_ranks``).
 
 The schema (``harness.scenario.schema``) takes the built-in names from here; the launcher
 reads scenarios without torch, so nothing here imports it.
@@ -35,6 +37,7 @@ DATASETS: dict[str, str] = {
     "mnist5k": "harness.workload.data:mnist5k",
     "digits": "harness.workload.data:digits",
     "synthetic": "harness.workload.data:synthetic",
+    "teacher": "harness.workload.data:teacher",
 }
 _TABLES = {"model": MODELS, "dataset": DATASETS}
 
@@ -51,10 +54,14 @@ class DatasetFacts:
 
 # What each built-in dataset returns without dataset_args (synthetic: its defaults), so that the
 # simulator and the provenance estimate need no data loaded; tests/test_workload.py pins it.
+# teacher's size grows with the ranks: here it is at one rank (256 training + 2,000 test
+# samples, as load_dataset returns it without ranks); harness.workload.data.dataset_facts
+# computes it for a scenario's ranks instead.
 BUILTIN_DATASET_FACTS: dict[str, DatasetFacts] = {
     "mnist5k": DatasetFacts((1, 28, 28), 10, 5000),
     "digits": DatasetFacts((1, 8, 8), 10, 1797),
     "synthetic": DatasetFacts((1, 28, 28), 10, 4000),
+    "teacher": DatasetFacts((1, 8, 8), 10, 256 + 2000),
 }
 
 

@@ -1,6 +1,7 @@
 """``python -m harness bench BENCHMARK``: benchmarks of the native collective layer and the simulator.
 
-``collectives``, ``dist``, ``simulator``, ``stress`` and ``faults`` are described in their modules.
+``collectives``, ``dist``, ``simulator``, ``stress``, ``faults`` and ``training`` are described in
+their modules.
 
 Run from a plain shell, a benchmark launches its own job under the venv's mpiexec
 (``--ranks``, default 4) and exits with the job's status; run inside an MPI job
@@ -16,6 +17,7 @@ Example::
     python -m harness bench stress --ranks 8 --rounds 10000
     python -m harness bench faults --only wagma,adpsgd --repeats 3 --load
     python -m harness bench agreement --only small_run,nic_messages --repeats 5
+    python -m harness bench training --ranks 256 --iterations 1000
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from harness.bench import collectives, dist, faults, simulator, stress
+from harness.bench import collectives, dist, faults, simulator, stress, training
 from harness.launch import inside_mpi_job, run_ranks
 
 DEFAULT_RANKS = 4
@@ -64,6 +66,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     faults.add_arguments(fl)
     fl.set_defaults(func=faults.run)
+    tr = benchmarks.add_parser(
+        "training", help="simulated training (simulate --train) against plain training steps: time and memory",
+        description=training.__doc__.splitlines()[0],
+    )
+    training.add_arguments(tr)
+    tr.set_defaults(func=training.run)
     from harness.bench import agreement  # noqa: PLC0415  real vs simulated; imports no MPI
 
     agree = benchmarks.add_parser(

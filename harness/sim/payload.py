@@ -80,6 +80,8 @@ def ring_sum(buffers: Sequence[torch.Tensor]) -> torch.Tensor:
     along the ring from member c, ``acc = x[c + j] + acc`` for j = 1 .. p-1 (its
     reduce-scatter), so every chunk's additions happen in that order. One indexing per step
     and chunk length gathers chunk c of member c + j for every c at once."""
+    if len(buffers) <= 8 and stacked_rows(buffers) is None:
+        return _ring_sum_by_chunk(buffers)
     rows = _rows(buffers)
     p, n = rows.shape
     base, extra = divmod(n, p)
@@ -98,6 +100,20 @@ def ring_sum(buffers: Sequence[torch.Tensor]) -> torch.Tensor:
         out.copy_(part[chunk, local])
         for j in range(1, p):
             out.add_(part[(chunk + j) % p, local])
+    return total
+
+
+def _ring_sum_by_chunk(buffers: Sequence[torch.Tensor]) -> torch.Tensor:
+    """:func:`ring_sum` of a few separate buffers, chunk by chunk (no stacked copy of them)."""
+    p, n = len(buffers), buffers[0].numel()
+    base, extra = divmod(n, p)
+    total = torch.empty_like(buffers[0])
+    for c in range(p):
+        chunk = slice(c * base + min(c, extra), (c + 1) * base + min(c + 1, extra))
+        out = total[chunk]
+        out.copy_(buffers[c][chunk])
+        for j in range(1, p):
+            out.add_(buffers[(c + j) % p][chunk])
     return total
 
 

@@ -43,7 +43,7 @@ from harness.runner.evaluate import test_metrics
 from harness.runner.optimizers import build_optimizer
 from harness.scenario.schema import Scenario
 from harness.sim.simulate import SimulatedWork
-from harness.workload import batch_indices, shard_indices
+from harness.workload import ShardBatches, shard_indices
 from harness.workload.models import flat_grads, flat_params, scenario_model
 
 
@@ -83,8 +83,8 @@ class Replicas:
         self.params = initial.to(device).repeat(ranks, 1)
         self.grads = torch.zeros_like(self.params)
         self.data = dataset
-        self.batch_size, self.seed = w.batch_size, scenario.seed
         self.shards = [shard_indices(dataset.num_train, ranks, r, scenario.seed) for r in range(ranks)]
+        self.batches = [ShardBatches(shard, w.batch_size, scenario.seed, r) for r, shard in enumerate(self.shards)]
         template.to(device)
         self.models: list[torch.nn.Module] = []
         self.optimizers: list[Any] = []
@@ -109,7 +109,7 @@ class Replicas:
         """Rank ``rank``'s forward and backward pass of iteration t, on its model as it is now:
         the gradient lands in ``grads[rank]``; returns the loss (``LocalWork.gradient``'s steps)."""
         model, optimizer = self.models[rank], self.optimizers[rank]
-        idx = torch.from_numpy(batch_indices(self.shards[rank], self.batch_size, t, self.seed, rank))
+        idx = torch.from_numpy(self.batches[rank].at(t))
         idx = idx.to(self.data.train_x.device)
         x, y = self.data.train_x[idx], self.data.train_y[idx]
         optimizer.zero_grad(set_to_none=False)

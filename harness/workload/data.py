@@ -643,18 +643,37 @@ def batch_indices(
     a fresh seeded permutation of the shard; a batch that crosses an epoch boundary takes the
     tail of one epoch and the head of the next, so every sample is seen once per epoch.
     """
-    shard = np.asarray(shard)
-    if batch_size < 1 or iteration < 0 or len(shard) == 0:
-        raise ValueError("need batch_size >= 1, iteration >= 0 and a non-empty shard")
-    n = len(shard)
-    start = iteration * batch_size
-    epoch, offset = divmod(start, n)
-    parts = []
-    remaining = batch_size
-    while remaining > 0:
-        order = _epoch_order(shard, epoch, seed, rank)
-        take = order[offset : offset + remaining]
-        parts.append(take)
-        remaining -= len(take)
-        epoch, offset = epoch + 1, 0
-    return np.concatenate(parts).astype(np.int64)
+    return ShardBatches(shard, batch_size, seed, rank).at(iteration)
+
+
+class ShardBatches:
+    """:func:`batch_indices` of one rank, iteration after iteration, keeping the permutation of
+    the epoch it is in: the simulator asks for thousands of ranks' batches every iteration, and
+    a fresh permutation per batch cost more than a small model's step."""
+
+    def __init__(self, shard: np.ndarray, batch_size: int, seed: int, rank: int) -> None:
+        self.shard = np.asarray(shard)
+        if batch_size < 1 or len(self.shard) == 0:
+            raise ValueError("need batch_size >= 1, iteration >= 0 and a non-empty shard")
+        self.batch_size, self.seed, self.rank = batch_size, seed, rank
+        self._epoch, self._order = -1, self.shard
+
+    def _order_of(self, epoch: int) -> np.ndarray:
+        if epoch != self._epoch:
+            self._epoch, self._order = epoch, _epoch_order(self.shard, epoch, self.seed, self.rank)
+        return self._order
+
+    def at(self, iteration: int) -> np.ndarray:
+        """The training-set indices of the batch of ``iteration``."""
+        if iteration < 0:
+            raise ValueError("need batch_size >= 1, iteration >= 0 and a non-empty shard")
+        n = len(self.shard)
+        epoch, offset = divmod(iteration * self.batch_size, n)
+        parts = []
+        remaining = self.batch_size
+        while remaining > 0:
+            take = self._order_of(epoch)[offset : offset + remaining]
+            parts.append(take)
+            remaining -= len(take)
+            epoch, offset = epoch + 1, 0
+        return (parts[0] if len(parts) == 1 else np.concatenate(parts)).astype(np.int64)

@@ -7,8 +7,9 @@ Three kinds of proof:
   replay of those schedules written here.
 * Equal to the real run: real runs under mpiexec (3 ranks on a ring allreduce, 4 on recursive
   doubling, a straggler injected), then ``compare --train --mode trace``: every algorithm whose
-  numerics do not depend on arrival order ends with the real run's final models; the others
-  train to a comparable accuracy. The simulated run directory has the real run's files.
+  numerics do not depend on arrival order, and the wait-avoiding ones (replayed from the
+  staleness the real run recorded), end with the real run's final models; the others train to
+  a comparable accuracy. The simulated run directory has the real run's files.
 * Equal to an independent computation at scale: at 32 and 64 simulated ranks, Allreduce-SGD,
   Local SGD and D-PSGD end with the final models that a plain single-process recomputation from
   the run's provenance gives (the rules of docs/algorithms/, written here with torch.optim.SGD,
@@ -28,11 +29,12 @@ from conftest import harness_cli as harness, run_scenario, write_scenario_file
 from harness.sim.calibration import save_fixed_calibration
 from harness.sim.payload import doubling_sum, ring_sum
 
-# Numerics that do not depend on the order messages arrive in (docs/algorithms/index.md, "In
-# the simulator"): a trace-driven simulation with values ends with the real run's models.
+# A trace-driven simulation with values ends with the real run's models (docs/algorithms/index.md,
+# "In the simulator"): the algorithms whose numerics do not depend on the order messages arrive
+# in, and the wait-avoiding ones, whose rounds contribute what the real run recorded.
 ORDER_FREE = ("allreduce_sgd", "local_sgd", "overlap_local_sgd", "easgd", "cocod_sgd", "bmuf", "sgp", "dpsgd",
-              "diloco", "streaming_diloco", "slowmo", "gossip_pga")
-ORDER_DEPENDENT = ("osgp", "adpsgd", "wagma", "eager_sgd", "quorum_diloco")
+              "diloco", "streaming_diloco", "slowmo", "gossip_pga", "wagma", "eager_sgd")
+ORDER_DEPENDENT = ("osgp", "adpsgd", "quorum_diloco")
 
 
 # -- the native orders of addition ----------------------------------------------------------------

@@ -129,6 +129,10 @@ class Algorithm(ABC):
     colour: ClassVar[str | None] = None
     #: staleness of the model this rank used in the current iteration (-1: not applicable)
     staleness: int = -1
+    #: whether ``staleness`` at iteration t is the contribution staleness of the rank's
+    #: wait-avoiding round t (one round per iteration); a trace-driven simulation with values
+    #: then makes each round contribute what the real run's did (``harness.sim.payload.Published``)
+    round_staleness: ClassVar[bool] = False
 
     def __init__(self, params: AlgorithmParams, ctx: AlgorithmContext) -> None:
         self.params = params

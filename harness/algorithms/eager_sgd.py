@@ -46,6 +46,9 @@ class EagerSGD(Algorithm):
     """
 
     name = "eager_sgd"
+    #: ``staleness`` of iteration t is the contribution staleness of wait-avoiding round t (a
+    #: trace-driven simulation with values replays the real run's contributions from it)
+    round_staleness = True
 
     def __init__(self, params: EagerSGDParams, ctx: AlgorithmContext) -> None:
         super().__init__(params, ctx)

@@ -77,6 +77,9 @@ class WAGMA(Algorithm):
     """
 
     name = "wagma"
+    #: ``staleness`` of iteration t is the contribution staleness of wait-avoiding round t (a
+    #: trace-driven simulation with values replays the real run's contributions from it)
+    round_staleness = True
 
     def __init__(self, params: WAGMAParams, ctx: AlgorithmContext) -> None:
         super().__init__(params, ctx)

@@ -470,7 +470,8 @@ class WaitAvoidingState:
                  accumulate: bool = False) -> None:
         self.fabric = fabric
         # Values: every rank's published buffer (None: the simulation carries no values).
-        self.published_values = Published(fabric.ranks, accumulate) if fabric.payload is not None else None
+        self.published_values = Published(fabric.ranks, accumulate, fabric.payload.recorded_staleness) \
+            if fabric.payload is not None else None
         self.engine = fabric.engine
         self.count = count
         self.sync_every = sync_every
@@ -536,7 +537,7 @@ class WaitAvoidingState:
         state.staleness[rank] = k - self.published[rank]
         self.next_join[rank] = k + 1
         values = self.published_values
-        op.join(rank, values.contribution(rank) if values is not None else None)
+        op.join(rank, values.contribution(rank, k) if values is not None else None)
         if op.joined == len(op.members):
             del self._groups[key]
         event = self._joined.pop((rank, k), None)
@@ -583,7 +584,7 @@ class WaitAvoidingState:
         """Rank ``rank``'s caller publishes ``buf`` for round k; returns whether it had been joined already."""
         self.published[rank] = k
         if self.published_values is not None:
-            self.published_values.publish(rank, buf)
+            self.published_values.publish(rank, buf, k)
         joined_early = k < self.next_join[rank]
         if not joined_early:
             if is_sync_round(k, self.sync_every):
@@ -639,7 +640,13 @@ class _RoundHandle(_Handle):
         self.op: Collective | None = None
         self.info_: dict | None = None
         if state.published_values is not None:  # the round's sum lands in ``out`` (values only)
-            self.deliver = lambda: out.copy_(self.op.result)
+            self.deliver = self._deliver_into(out)
+
+    def _deliver_into(self, out: Any):
+        def deliver() -> None:
+            self.op.wait_values()
+            out.copy_(self.op.result)
+        return deliver
 
     def _joined_op(self) -> Collective | None:
         if self.op is None:

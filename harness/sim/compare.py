@@ -95,7 +95,8 @@ def compare_run(run: RunDirectory, scenario: Scenario, entry: CalibrationEntry, 
             raise ValueError(f"{run.path}: a torch.distributed script's compute is not modelled: compare it "
                              "trace-driven (--mode trace)")
         elif mode == "trace":
-            frames, stats = replay(scenario, run.steps, entry.network, hosts=hosts, trained=_trained(scenario, run))
+            frames, stats = replay(scenario, run.steps, entry.network, hosts=hosts,
+                                   trained=_trained(scenario, run, recorded=run.steps))
         elif mode == "predictive":
             frames, stats = predict(scenario, entry, hosts=hosts, trained=_trained(scenario, run))
         else:
@@ -129,15 +130,16 @@ def compare_run(run: RunDirectory, scenario: Scenario, entry: CalibrationEntry, 
     return table
 
 
-def _trained(scenario: Scenario, run: RunDirectory):
-    """A ``TrainedRun`` staged inside ``run``'s directory, or None without values."""
+def _trained(scenario: Scenario, run: RunDirectory, recorded: pd.DataFrame | None = None):
+    """A ``TrainedRun`` staged inside ``run``'s directory, or None without values;
+    ``recorded``: the steps a trace-driven replay follows (``TrainedRun``)."""
     if not scenario.simulation.train:
         return None
     import tempfile
 
     from harness.sim.runs import TrainedRun
 
-    return TrainedRun(scenario, Path(tempfile.mkdtemp(prefix=".sim-values-", dir=run.path)))
+    return TrainedRun(scenario, Path(tempfile.mkdtemp(prefix=".sim-values-", dir=run.path)), recorded)
 
 
 def _evals_frame(frames) -> pd.DataFrame | None:

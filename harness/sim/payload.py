@@ -166,7 +166,9 @@ class Payload:
     """The values side of one simulated fabric: messages in flight and the persistent
     operations' per-rank state (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, recorded_staleness: dict[tuple[int, int], int] | None = None) -> None:
+        # A replay's recorded wait-avoiding staleness, {(rank, round): staleness} (see Published).
+        self.recorded_staleness = recorded_staleness or {}
         self._messages: dict[tuple[int, int, int], torch.Tensor] = {}  # (src, dst, seq) -> exchange payload
         # dst -> round -> [(arrival, src, seq from src, values)] of push messages not drained
         self._pushes: dict[int, dict[int, list[tuple[float, int, int, torch.Tensor]]]] = {}
@@ -229,31 +231,102 @@ class Payload:
             out[: values.numel()].add_(values)
 
 
-class Published:
-    """A wait-avoiding op's published buffers, one per rank (``kernels/wait_avoiding.hpp``)."""
+class Deferred:
+    """A wait-avoiding contribution that a recorded staleness says was fresher than what the
+    simulated rank has published yet (:class:`Published`): its values are filled in when the
+    rank publishes that round, and its collective is combined once none is left open."""
 
-    def __init__(self, ranks: int, accumulate: bool) -> None:
+    __slots__ = ("rank", "round", "values", "_on_filled")
+
+    def __init__(self, rank: int, round: int) -> None:
+        self.rank, self.round = rank, round
+        self.values: torch.Tensor | None = None
+        self._on_filled: list = []
+
+    def when_filled(self, callback) -> None:
+        self._on_filled.append(callback)
+
+    def fill(self, values: torch.Tensor) -> None:
+        self.values = values
+        for callback in self._on_filled:
+            callback()
+
+
+class Published:
+    """A wait-avoiding op's published buffers, one per rank (``kernels/wait_avoiding.hpp``).
+
+    ``recorded`` (a trace-driven replay of a real run, ``{(rank, round): staleness}`` from its
+    steps.csv): a join of round k contributes what the real run's did, the buffer published for
+    round ``k - staleness`` (WAGMA's overwrite; eager-SGD's accumulate: every publish not taken
+    yet up to that round, added in order), whatever the simulated timing published by then; so
+    the exchanges follow the real run's where it recorded them. A contribution the simulated
+    rank has not published yet is :class:`Deferred` until it does. Without ``recorded`` a join
+    contributes what is published when it happens (the simulated timing decides).
+    """
+
+    def __init__(self, ranks: int, accumulate: bool, recorded: dict[tuple[int, int], int] | None = None) -> None:
         self.accumulate = accumulate
         self.buffers: list[torch.Tensor | None] = [None] * ranks
+        self.recorded = recorded or {}
+        # With recorded staleness: every rank's publishes by round (accumulate: those not taken
+        # yet), its latest round, and the contributions waiting for a later publish.
+        self._history: list[dict[int, torch.Tensor]] = [{} for _ in range(ranks)]
+        self._latest = [-1] * ranks
+        self._deferred: list[list[Deferred]] = [[] for _ in range(ranks)]
+        self._keep = 1 + max(self.recorded.values(), default=0)  # rounds of history a join may reach back
 
     def create(self, rank: int, initial: torch.Tensor) -> None:
         initial = initial.detach()
         self.buffers[rank] = torch.zeros_like(initial) if self.accumulate else initial.clone()
+        if self.recorded and not self.accumulate:
+            self._history[rank][-1] = self.buffers[rank].clone()
 
-    def publish(self, rank: int, buf: torch.Tensor) -> None:
+    def publish(self, rank: int, buf: torch.Tensor, round: int) -> None:
         if self.accumulate:
             self.buffers[rank].add_(buf)
         else:
             self.buffers[rank].copy_(buf)
+        if not self.recorded:
+            return
+        history = self._history[rank]
+        history[round] = buf.detach().clone()
+        self._latest[rank] = round
+        if not self.accumulate:
+            for old in [r for r in history if r < round - self._keep]:
+                del history[old]
+        waiting = self._deferred[rank]
+        while waiting and waiting[0].round <= round:
+            deferred = waiting.pop(0)
+            deferred.fill(self._take(rank, deferred.round))
 
-    def contribution(self, rank: int) -> torch.Tensor:
-        """What a join of ``rank`` contributes now: a copy of its published buffer (which
-        eager-SGD's accumulate mode then zeroes)."""
+    def contribution(self, rank: int, round: int) -> torch.Tensor | Deferred:
+        """What a join of ``rank`` in ``round`` contributes now: a copy of its published buffer
+        (which eager-SGD's accumulate mode then zeroes), or with a recorded staleness the
+        buffer of the recorded round (see the class docstring)."""
+        staleness = self.recorded.get((rank, round))
+        if staleness is None and self.recorded:  # a round the run did not record: what is published now
+            staleness = round - self._latest[rank]
+        if staleness is not None:
+            target = round - staleness
+            if target > self._latest[rank]:
+                deferred = Deferred(rank, target)
+                self._deferred[rank].append(deferred)
+                return deferred
+            return self._take(rank, target)
         buf = self.buffers[rank]
         taken = buf.clone()
         if self.accumulate:
             buf.zero_()
         return taken
+
+    def _take(self, rank: int, target: int) -> torch.Tensor:
+        history = self._history[rank]
+        if not self.accumulate:
+            return history[max(r for r in history if r <= target)].clone()
+        total = torch.zeros_like(self.buffers[rank])
+        for r in sorted(r for r in history if r <= target):
+            total.add_(history.pop(r))  # in the order the rank published them, as the native buffer adds
+        return total
 
 
 class Pairwise:

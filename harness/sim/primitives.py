@@ -29,7 +29,7 @@ from harness.sim.network import (
     group_schedule,
     run_schedule,
 )
-from harness.sim.payload import Payload
+from harness.sim.payload import Deferred, Payload
 
 
 class Collective:
@@ -41,7 +41,7 @@ class Collective:
     """
 
     __slots__ = ("engine", "network", "kind", "members", "index", "count", "root", "join_at", "joined", "done_at",
-                 "complete", "schedule", "_sent", "buffers", "reduce", "in_place", "result")
+                 "complete", "schedule", "_sent", "buffers", "reduce", "in_place", "result", "values_ready")
 
     def __init__(self, engine: SimEngine, network: SimNetwork, kind: str, members: Sequence[int], count: int,
                  root: int = 0, reduce: str = "sum", in_place: bool = True) -> None:
@@ -63,6 +63,7 @@ class Collective:
         self.buffers: list | None = None
         self.reduce, self.in_place = reduce, in_place
         self.result = None
+        self.values_ready = None  # an event, made by a rank waiting for deferred values
         if kind == "allreduce":
             self.schedule = network.allreduce_schedule(self.members, count)
         elif kind == "barrier":
@@ -84,15 +85,35 @@ class Collective:
             self.buffers[i] = buf
         if self.joined == len(self.members):
             if self.buffers is not None:
-                self.result = Payload.combine(self.kind, self.buffers, self.reduce, self.root, self.in_place,
-                                              self.schedule)
-                self.buffers = None
+                self._combine_when_filled()
             if self.schedule is None:
                 self.done_at = broadcast_times(len(self.members), self.root, self.members, self.join_at,
                                                self.count * FLOAT_BYTES, self.network)
             else:
                 self.done_at = run_schedule(self.schedule, self.members, self.join_at, self.network)
             self.complete.succeed()
+
+    def _combine_when_filled(self) -> None:
+        """Combine the members' values, once every contribution has them (a contribution a
+        replay defers, ``harness.sim.payload.Deferred``, fills in later)."""
+        open_ = [b for b in self.buffers if isinstance(b, Deferred) and b.values is None]
+        if open_:
+            open_[0].when_filled(self._combine_when_filled)
+            return
+        buffers = [b.values if isinstance(b, Deferred) else b for b in self.buffers]
+        self.result = Payload.combine(self.kind, buffers, self.reduce, self.root, self.in_place, self.schedule)
+        self.buffers = None
+        if self.values_ready is not None:
+            self.values_ready.succeed()
+
+    def wait_values(self) -> None:
+        """Block the calling rank until the collective's values are combined (at once unless a
+        replay deferred a contribution)."""
+        if self.result is None and self.buffers is not None:
+            if self.values_ready is None:
+                self.values_ready = self.engine.env.event()
+            self.engine.wait(self.values_ready, lambda: f"the values of a {self.kind} over {len(self.members)} "
+                                                        "ranks (a contribution the replay recorded as fresher)")
 
     def done_time(self, rank: int) -> float | None:
         """When ``rank``'s part completes; None while members are missing."""

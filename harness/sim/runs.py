@@ -163,7 +163,10 @@ class TrainedRun:
     level, as a real run's worker writes them) inside ``staging``, a folder of its own until
     :func:`write_simulated_run` moves it into the run directory (or :meth:`discard` removes it)."""
 
-    def __init__(self, scenario: Scenario, staging: Path) -> None:
+    def __init__(self, scenario: Scenario, staging: Path, recorded: pd.DataFrame | None = None) -> None:
+        """``recorded``: the steps of the real run a trace-driven simulation replays; the
+        algorithms that record their wait-avoiding rounds' staleness in it
+        (``Algorithm.round_staleness``) then contribute as the real run did."""
         from harness.results.provenance import ProvenanceWriter, level
         from harness.sim.training import training_device
         from harness.device import dataset_on
@@ -180,16 +183,27 @@ class TrainedRun:
         self.dataset = dataset_on(scenario_dataset(scenario), self.device)
         self.provenance = ProvenanceWriter(staging / PROVENANCE_DIR, level(scenario))
         self.evals: dict[str, list] = {}
+        self.recorded = recorded
         self._current = None
 
     def training_for(self, entry):
         """The values side of algorithm ``entry``'s simulation (``simulate_scenario``'s ``training_for``)."""
         from harness.sim.training import SimTraining
 
-        self._current = SimTraining(self.scenario, entry, self.dataset, self.device)
+        self._current = SimTraining(self.scenario, entry, self.dataset, self.device, self._staleness(entry))
         if not self.evals and self.provenance.keeps_anything:
             self.provenance.write_start(self._current.replicas.shards, self._current.replicas.initial)
         return self._current
+
+    def _staleness(self, entry) -> dict[tuple[int, int], int] | None:
+        """The replayed run's ``{(rank, round): staleness}`` of ``entry``'s wait-avoiding rounds,
+        when its class records them as its steps' staleness (one round per iteration)."""
+        from harness.algorithms import algorithm_class
+
+        if self.recorded is None or not getattr(algorithm_class(entry.name), "round_staleness", False):
+            return None
+        rows = self.recorded[(self.recorded["algorithm"] == entry.name) & (self.recorded["staleness"] >= 0)]
+        return dict(zip(zip(rows["rank"].astype(int), rows["iteration"].astype(int)), rows["staleness"].astype(int)))
 
     def finished(self, name: str) -> None:
         """Algorithm ``name`` finished: keep its evaluations, write its final models."""

@@ -36,7 +36,6 @@ from harness.sim.calibration import NetworkModel
 from harness.sim.comm import SimFabric
 from harness.sim.engine import SimEngine
 from harness.sim.network import SimNetwork
-from harness.sim.payload import Payload
 from harness.sim.standin import StandIn
 from harness.workload.models import communicated_floats
 
@@ -160,7 +159,7 @@ def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
     engine = SimEngine()
     network = SimNetwork(ranks, base, link_table(scenario), topology=node_topology(scenario),
                          clock=lambda: engine.env.now, hosts=hosts, allreduce=scenario.network.allreduce)
-    fabric = SimFabric(engine, network, ranks, payload=Payload() if training is not None else None)
+    fabric = SimFabric(engine, network, ranks, payload=training.payload() if training is not None else None)
     evaluations = _Evaluations(engine, ranks, count, base, timing)
     cls = algorithm_class(params.name) if make_algorithm is None else None
     delay_of, factor_of = delays.T.tolist(), factors.T.tolist()  # plain lists: fast indexing per rank

@@ -42,6 +42,7 @@ from harness.results.columns import EvalRecord
 from harness.runner.evaluate import test_metrics
 from harness.runner.optimizers import build_optimizer
 from harness.scenario.schema import Scenario
+from harness.sim.payload import Payload
 from harness.sim.simulate import SimulatedWork
 from harness.workload import ShardBatches, shard_indices
 from harness.workload.models import flat_grads, flat_params, scenario_model
@@ -228,10 +229,19 @@ class SimTraining:
     """One algorithm's simulated run with values: its replicas, its evaluations and, once the
     run is over, every rank's final model (``final_models``, ``[ranks, n]`` on the CPU)."""
 
-    def __init__(self, scenario: Scenario, algorithm: Any, dataset: Any, device: torch.device) -> None:
+    def __init__(self, scenario: Scenario, algorithm: Any, dataset: Any, device: torch.device,
+                 recorded_staleness: dict[tuple[int, int], int] | None = None) -> None:
+        """``recorded_staleness``: a replay's ``{(rank, round): staleness}`` of the real run's
+        wait-avoiding rounds, which the simulated rounds then contribute as
+        (``harness.sim.payload.Published``)."""
         self.replicas = Replicas(scenario, dataset, scenario.optimizer_of(algorithm), device)
         self.evaluations = Evaluations(self.replicas, algorithm.name)
         self.final_models: torch.Tensor | None = None
+        self.recorded_staleness = recorded_staleness
+
+    def payload(self) -> Payload:
+        """The values side of the simulated communicator."""
+        return Payload(self.recorded_staleness)
 
     def buffers(self, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Rank ``rank``'s ``ctx.params`` and ``ctx.grads``."""

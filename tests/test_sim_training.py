@@ -294,3 +294,62 @@ def test_a_run_that_would_not_fit_is_refused_with_the_estimate(monkeypatch) -> N
     problem = training.fit_problem(scenario, torch.device("cpu"))
     assert problem is not None
     assert "1,024 simulated ranks" in problem and "118,282-parameter" in problem and "1 GB" in problem
+
+
+VALUE_DEPENDENT = {
+    # reads a value to decide: a comparison of a stand-in fails
+    "compares": """
+from harness.algorithms import Algorithm, AlgorithmParams
+
+class Compares(Algorithm):
+    class Params(AlgorithmParams):
+        pass
+    def after_step(self, t):
+        if self.ctx.params.norm() > 1.0:
+            self.ctx.comm.allreduce(self.ctx.params, op="mean")
+""",
+    # reads a value with float(): 0.0 on a stand-in, so the simulation would silently differ
+    "reads": """
+from harness.algorithms import Algorithm, AlgorithmParams
+
+class Reads(Algorithm):
+    class Params(AlgorithmParams):
+        pass
+    def after_backward(self, t):
+        self.ctx.comm.allreduce(self.ctx.grads, op="mean")  # every rank keeps the same model
+    def after_step(self, t):
+        if float(self.ctx.params.norm()) > 0.0:
+            self.ctx.comm.barrier()
+""",
+}
+
+
+@pytest.mark.parametrize("module", sorted(VALUE_DEPENDENT))
+def test_an_algorithm_whose_communication_depends_on_values_is_named(module: str, tmp_path: Path) -> None:
+    (tmp_path / f"{module}.py").write_text(VALUE_DEPENDENT[module])
+    cls = module.capitalize()
+    path = write_scenario_file(tmp_path, {
+        "name": "values", "ranks": 3,
+        "workload": {"model": "logreg", "dataset": "digits", "batch_size": 8, "iterations": 6,
+                     "compute": {"emulate_ms": 1}},
+        "algorithms": ["allreduce_sgd", {"name": "mine", "class": f"{module}:{cls}"}]})
+    out = harness("simulate", str(path), "--out", str(tmp_path / "out"))
+    assert out.returncode == 2, out.stderr
+    assert "algorithm 'mine'" in out.stderr and "--train" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_algorithm_of_ones_own_whose_communication_ignores_values_passes_the_check(tmp_path: Path) -> None:
+    from harness.scenario import load_scenario
+    from harness.sim.value_check import built_in, value_dependence
+
+    (tmp_path / "plain.py").write_text(VALUE_DEPENDENT["reads"].replace("Reads", "Plain").replace(
+        "if float(self.ctx.params.norm()) > 0.0:", "if float(self.ctx.params.norm()) > 0.0 or True:"))
+    path = write_scenario_file(tmp_path, {
+        "name": "plain", "ranks": 3,
+        "workload": {"model": "logreg", "dataset": "digits", "batch_size": 8, "iterations": 6},
+        "algorithms": [{"name": "mine", "class": "plain:Plain"}, "sgp"]})
+    scenario = load_scenario(path)
+    mine, sgp = scenario.algorithms
+    assert not built_in(mine) and built_in(sgp)
+    assert value_dependence(scenario, mine) is None

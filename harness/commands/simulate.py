@@ -134,6 +134,22 @@ def start_training(scenario, path: Path, algorithms: int):
     return TrainedRun(scenario, Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))), None
 
 
+def _value_dependence(scenario) -> str | None:
+    """Why one of the user's own algorithms cannot be simulated without values (its
+    communication depends on them; ``harness.sim.value_check``), or None. Nothing to check
+    with values (``simulation.train``) or for the harness's own classes."""
+    if scenario.simulation.train:
+        return None
+    from harness.sim.value_check import built_in, value_dependence
+
+    for entry in scenario.algorithms:
+        if not built_in(entry):
+            problem = value_dependence(scenario, entry)
+            if problem is not None:
+                return problem
+    return None
+
+
 def _run_beside(scenario_file: Path) -> dict | None:
     """The run.json of the real run whose ``scenario.resolved.yaml`` ``scenario_file`` is, or None
     (another file, no run.json, a simulated run's, or one that does not read as JSON)."""
@@ -192,6 +208,10 @@ def run(args: argparse.Namespace) -> int:
               "run of it, or give emulated compute and params", file=sys.stderr)
         return 2
     check_user_code(scenario, args.scenario)  # the user's model, dataset...: imported and called
+    problem = _value_dependence(scenario)
+    if problem is not None:
+        print(f"error: {args.scenario}: {problem}", file=sys.stderr)
+        return 2
     calibration, calibration_file = load_optional_calibration(args.calibration, scenario.workload.compute == "real")
     reading = args.reading or default_reading(scenario, calibration)
     entry, note = calibration_entry(scenario, calibration, args.scenario, calibration_file, reading=reading)

@@ -103,7 +103,7 @@ def test_simulate_writes_a_report_that_says_what_a_simulation_lacks(simulated) -
     for key in SECTIONS:
         assert f'id="{key}"' in text, key
     assert "simulation (predictive mode" in text
-    assert "No accuracy: this is a simulation" in text  # said instead of an empty plot
+    assert "No accuracy: this simulation carried no values" in text  # said instead of an empty plot
     assert "This directory is a simulation" in text
     assert "32 evenly spaced ranks are shown" in text and "every rank below 16" in text
 

@@ -1,4 +1,5 @@
-"""Test accuracy and loss of the averaged model against wall time, one line per algorithm."""
+"""Test accuracy and loss of the averaged model against (wall or simulated) time, one line per algorithm;
+with the run's simulations with values (``compare --train``) beside it."""
 
 from __future__ import annotations
 
@@ -11,9 +12,18 @@ KEY = "accuracy"
 TITLE = "Test accuracy against time"
 
 
-def figure(evals: pd.DataFrame, algorithms: list[str], palette: look.Palette, target: float | None = None):
+_SIMULATED_STYLE = {"sim-trace": "--", "sim-predictive": ":"}  # line style per simulation in the directory
+
+
+def figure(evals: pd.DataFrame, algorithms: list[str], palette: look.Palette, target: float | None = None,
+           simulations: dict[str, pd.DataFrame] | None = None, simulated_time: bool = False):
     """Two panels, test accuracy (%) and test loss of the ``average`` model against ``time_s``
-    (seconds since the algorithm's t0); the target accuracy as a dotted line."""
+    (seconds since the algorithm's t0); the target accuracy as a dotted line. ``simulations``:
+    the evaluations of simulations with values of the same run (``compare --train``: sim-trace,
+    sim-predictive), drawn in the algorithm's colour, dashed or dotted. ``simulated_time``: the
+    run itself is a simulation (its times are simulated)."""
+    from matplotlib.lines import Line2D
+
     average = evals[evals["model"] == "average"]
     fig = look.new_figure(11, 3.6)
     acc_ax, loss_ax = fig.subplots(1, 2)
@@ -24,13 +34,23 @@ def figure(evals: pd.DataFrame, algorithms: list[str], palette: look.Palette, ta
         look_of = {"color": palette.colour(algorithm), "marker": "o", "markersize": 3.5, "linewidth": 1.6}
         acc_ax.plot(rows["time_s"], rows["test_accuracy"] * 100, label=palette.label(algorithm), **look_of)
         loss_ax.plot(rows["time_s"], rows["test_loss"], **look_of)
+        for name, frame in (simulations or {}).items():
+            sim = frame[(frame["model"] == "average") & (frame["algorithm"] == algorithm)].sort_values("time_s")
+            style = {"color": palette.colour(algorithm), "linestyle": _SIMULATED_STYLE.get(name, "--"), "linewidth": 1.2}
+            acc_ax.plot(sim["time_s"], sim["test_accuracy"] * 100, **style)
+            loss_ax.plot(sim["time_s"], sim["test_loss"], **style)
     if target is not None:
         acc_ax.axhline(target * 100, color="black", linestyle=":", linewidth=1, label=f"target {target * 100:g}%")
-    acc_ax.set(xlabel="wall time since the algorithm's start (s)", ylabel="test accuracy (%)",
+    handles, labels = acc_ax.get_legend_handles_labels()
+    for name in simulations or {}:
+        handles.append(Line2D([], [], color="dimgrey", linestyle=_SIMULATED_STYLE.get(name, "--")))
+        labels.append(f"simulated ({name.removeprefix('sim-')})")
+    when = "simulated time" if simulated_time else "wall time"
+    acc_ax.set(xlabel=f"{when} since the algorithm's start (s)", ylabel="test accuracy (%)",
                title="averaged model: test accuracy")
-    loss_ax.set(xlabel="wall time since the algorithm's start (s)", ylabel="test loss",
+    loss_ax.set(xlabel=f"{when} since the algorithm's start (s)", ylabel="test loss",
                 title="averaged model: test loss")
-    fig.legend(*acc_ax.get_legend_handles_labels(), loc="outside right upper", frameon=False)
+    fig.legend(handles, labels, loc="outside right upper", frameon=False)
     return fig
 
 
@@ -41,16 +61,22 @@ def section(run: RunData, palette: look.Palette) -> look.Section:
     missing = [a for a in run.algorithms if a not in set(evals["algorithm"])]
     caption = ("Each point is an evaluation of the average of all ranks' models on the test split (evals.csv, "
                "model = average), at the time its models were taken (time_s: seconds since that algorithm's "
-               "start).")
+               f"start{', in simulated time' if run.simulated else ''}).")
+    simulations = {name: sim.evals for name, sim in run.simulations.items()
+                   if not sim.evals[sim.evals["model"] == "average"].empty}
+    if simulations:
+        caption += (" Dashed (trace-driven) and dotted (predictive): the same run simulated with values "
+                    "(`compare --train`), against simulated time.")
     if missing:
         caption += f" No evaluations for: {', '.join(missing)}."
-    return look.Section(KEY, TITLE, figure(evals, run.algorithms, palette, run.target_accuracy), caption)
+    return look.Section(KEY, TITLE, figure(evals, run.algorithms, palette, run.target_accuracy, simulations,
+                                           simulated_time=run.simulated), caption)
 
 
 def _why_none(run: RunData) -> str:
     if run.simulated:
-        return ("No accuracy: this is a simulation, and the model predicts time, not accuracy (its evals.csv has no "
-                "rows). The real run of the scenario has it.")
+        return ("No accuracy: this simulation carried no values, so it predicts time, not accuracy (its evals.csv has "
+                "no rows); `python -m harness simulate FILE --train` makes the simulated ranks train.")
     workload = run.scenario.get("workload") or {}
     if workload.get("compute") == "emulated":
         return "No accuracy: the workload's compute is emulated, so there is no model to test (evals.csv has no rows)."

@@ -353,3 +353,18 @@ def test_an_algorithm_of_ones_own_whose_communication_ignores_values_passes_the_
     mine, sgp = scenario.algorithms
     assert not built_in(mine) and built_in(sgp)
     assert value_dependence(scenario, mine) is None
+
+
+def test_the_algorithm_reference_says_which_algorithms_a_replay_ends_with_the_real_models_of() -> None:
+    from harness.algorithms.registry import BUILT_IN
+
+    text = (Path(__file__).parents[1] / "docs" / "algorithms" / "index.md").read_text(encoding="utf-8")
+    table = text.split("## In the simulator", 1)[1].split("\n## ", 1)[0]
+    said = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) == 3:
+            said[cells[0].strip("`")] = cells[1].startswith("yes")
+    assert set(said) == {entry.name for entry in BUILT_IN}
+    assert {name for name, yes in said.items() if yes} == set(ORDER_FREE)
+    assert {name for name, yes in said.items() if not yes} == set(ORDER_DEPENDENT)

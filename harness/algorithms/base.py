@@ -81,7 +81,9 @@ a scenario by reference (``harness.algorithms.user_class``)::
   communicator with no other code; it needs only the two rules of ``harness.sim.standin``:
   derive every buffer from the model (``torch.empty_like(x)``, ``x.new_empty(n)``,
   ``x.clone()``, slices; never ``torch.empty(n)``), and never let communication depend on the
-  model's values (which operation, to whom, when to wait), which are 0.0 there.
+  model's values (which operation, to whom, when to wait), which are 0.0 there. ``simulate``
+  checks that before it predicts an algorithm of yours (``harness.sim.value_check``); with
+  ``simulate --train`` the simulated buffers hold real values and the rule does not apply.
 """
 
 from __future__ import annotations

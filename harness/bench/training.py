@@ -7,7 +7,8 @@ its stragglers) is simulated with values at ``--ranks`` x ``--iterations`` (defa
 with the same single compute thread, the benchmark times ``--naive-steps`` plain training steps
 of one rank (the real loop's: batch, forward, backward, optimizer step) and scales them to
 ranks x iterations: the cost of computing every simulated rank's steps one after the other
-with nothing simulated. The table gives, per algorithm: the simulation's seconds, that naive
+with nothing simulated (the median of the step timed before the algorithms and the one timed
+right after each, so that a change of the machine's load hits both). The table gives, per algorithm: the simulation's seconds, that naive
 cost, their ratio, the peak resident memory while it ran, the replicas' own bytes
 (parameters, gradients and optimizer state of every rank) and what the peak held beyond them.
 
@@ -166,7 +167,8 @@ def run(args: argparse.Namespace) -> int:
                            training=training)
         seconds = time.perf_counter() - t0
         peak = (_status_kb("VmHWM") - before_kb) * 1024 if measured_peak else float("nan")
-        naive_s = naive * scenario.ranks * scenario.workload.iterations
+        # The plain step again right after, so that both are timed under the same load.
+        naive_s = statistics.median([naive, naive_step_s(scenario, 300)]) * scenario.ranks * scenario.workload.iterations
         rows.append({"algorithm": params.name, "ranks": scenario.ranks, "iterations": scenario.workload.iterations,
                      "seconds": seconds, "naive_s": naive_s, "ratio": seconds / naive_s, "peak_bytes": peak,
                      "replica_bytes": replica_bytes, "beyond_replicas_bytes": peak - replica_bytes})

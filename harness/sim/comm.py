@@ -4,10 +4,13 @@ An algorithm's hooks run unchanged in the simulator because each simulated rank 
 :class:`SimCommunicator` with the same operations, handles and persistent operations as the
 native layer's Python face (allreduce, broadcast, barrier, exchange, push channel, the
 wait-avoiding round, pairwise averaging; blocking and non-blocking), with the native layer's
-matching rules and the native op's wait-avoidance rules. Operations move no data (buffers are
-:class:`harness.sim.standin.StandIn`); they take the time the simulated network says, and their
-records (``drain_records``) carry the native layer's names and byte counts, so the training loop
-derives ``bytes_sent`` from them exactly as in a real run.
+matching rules and the native op's wait-avoidance rules. By default operations move no data
+(buffers are :class:`harness.sim.standin.StandIn`); with a :class:`harness.sim.payload.Payload`
+on the fabric (``simulate --train``) buffers are real tensors and operations move and combine
+their values as the native layer does (that module says when and how). Either way they take the
+time the simulated network says, and their records (``drain_records``) carry the native layer's
+names and byte counts, so the training loop derives ``bytes_sent`` from them exactly as in a
+real run.
 
 Matching, as in the native layer: collectives of one communicator are matched in the order each
 rank posts them (a mismatch is an error naming both sides); exchanges between two ranks in the

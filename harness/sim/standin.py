@@ -9,8 +9,11 @@ returns a stand-in of the right length at once (``torch`` routes calls to it thr
 ``__torch_function__``), so the hooks run unchanged, their communication calls see the true
 sizes (``numel()``: the bytes the simulated network carries), and nothing else happens.
 
-Rules an algorithm must follow to run in the simulator (the built-in ones do; a test runs
-every registered algorithm there):
+(With ``simulate --train`` the simulated ranks hold real tensors instead: ``harness.sim.training``.)
+
+Rules an algorithm must follow to run in the simulator without values (the built-in ones do; a
+test runs every registered algorithm there; ``harness.sim.value_check`` checks an algorithm of
+the user's before ``simulate`` predicts it):
 
 - derive buffers from the model: ``torch.empty_like(x)``, ``x.new_empty(n + 1)``,
   ``x.clone()``, slicing; never ``torch.empty(n)`` (that would allocate the full size);

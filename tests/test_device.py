@@ -129,3 +129,37 @@ def test_cuda_run_matches_the_cpu_run_closely(tmp_path):
     assert json.loads((gpu_run / "run.json").read_text())["device"].startswith("cuda")
     for name, models in _final_models(gpu_run).items():
         torch.testing.assert_close(models, cpu[name], rtol=1e-3, atol=1e-4)
+
+
+def _simulated_final_models(tmp_path: Path, label: str, **workload) -> dict[str, torch.Tensor]:
+    """``simulate --train`` of ``_scenario`` (a fixed calibration, the wait-avoiding and gossip
+    methods added); every algorithm's final models."""
+    from harness.sim.calibration import save_fixed_calibration
+
+    data = _scenario(**workload)
+    data["algorithms"] = [*data["algorithms"], "sgp", {"name": "wagma", "group_size": 2}]
+    data["name"] = f"devices_{label}"
+    path = write_scenario_file(tmp_path / label, data)
+    calibration = save_fixed_calibration(tmp_path / label / "calibration.json", 3, [("mlp", "digits", 16, 0.002)])
+    proc = harness_cli("simulate", str(path), "--train", "--calibration", str(calibration),
+                       "--out", str(tmp_path / label / "out"))
+    assert proc.returncode == 0, proc.stderr
+    (run,) = (tmp_path / label / "out" / data["name"]).glob("sim-*")
+    assert json.loads((run / "run.json").read_text())["device"].startswith(workload.get("device", "cpu"))
+    return {p.stem: torch.load(p) for p in sorted((run / "provenance").glob("final_models_*.pt"))}
+
+
+@pytest.mark.skipif(not NO_GPU, reason="this machine has a usable GPU")
+def test_simulated_training_on_cuda_without_a_gpu_is_refused(tmp_path):
+    path = write_scenario_file(tmp_path, _scenario(device="cuda"))
+    proc = harness_cli("simulate", str(path), "--train", "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2 and "no CUDA device is usable" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(NO_GPU, reason="needs a CUDA GPU (torch.cuda.is_available() is False here)")
+def test_simulated_training_on_the_gpu_matches_the_cpu_closely(tmp_path):
+    cpu = _simulated_final_models(tmp_path, "cpu")
+    gpu = _simulated_final_models(tmp_path, "cuda", device="cuda")
+    assert list(gpu) == list(cpu)
+    for name, models in gpu.items():
+        torch.testing.assert_close(models, cpu[name], rtol=1e-3, atol=1e-4)

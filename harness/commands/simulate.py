@@ -150,6 +150,19 @@ def _value_dependence(scenario) -> str | None:
     return None
 
 
+def _device_problem(scenario) -> str | None:
+    """Why a simulation with values cannot compute on the scenario's device here, or None."""
+    if not scenario.simulation.train:
+        return None
+    from harness.sim.training import TrainingError, training_device
+
+    try:
+        training_device(scenario)
+    except TrainingError as exc:
+        return str(exc)
+    return None
+
+
 def _run_beside(scenario_file: Path) -> dict | None:
     """The run.json of the real run whose ``scenario.resolved.yaml`` ``scenario_file`` is, or None
     (another file, no run.json, a simulated run's, or one that does not read as JSON)."""
@@ -208,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
               "run of it, or give emulated compute and params", file=sys.stderr)
         return 2
     check_user_code(scenario, args.scenario)  # the user's model, dataset...: imported and called
-    problem = _value_dependence(scenario)
+    problem = _value_dependence(scenario) or _device_problem(scenario)
     if problem is not None:
         print(f"error: {args.scenario}: {problem}", file=sys.stderr)
         return 2

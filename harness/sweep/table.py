@@ -21,7 +21,8 @@ TABLE_FILE = "sweep.csv"
 PLOT_FILE = "sweep.png"
 METRICS = (("samples_per_s", "samples/s"), ("time_to_target_s", "time to target accuracy (s)"))
 ABSENT = {"samples_per_s": "no throughput recorded",
-          "time_to_target_s": "no time to target accuracy: not reached, or not evaluated (simulations evaluate none)"}
+          "time_to_target_s": "no time to target accuracy: not reached, or not evaluated (simulations evaluate none "
+                              "unless they train: --train)"}
 
 
 def sweep_table(sweep: SweepDirectory) -> pd.DataFrame:

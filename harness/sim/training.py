@@ -45,22 +45,11 @@ from harness.scenario.schema import Scenario
 from harness.sim.payload import Payload
 from harness.sim.simulate import SimulatedWork
 from harness.workload import ShardBatches, shard_indices
-from harness.workload.models import flat_grads, flat_params, scenario_model
+from harness.workload.models import flat_params, scenario_model, seat_flat
 
 
 class TrainingError(RuntimeError):
     """A simulation with values that cannot run (it does not fit in memory, no GPU, ...)."""
-
-
-def _seat(model: torch.nn.Module, params_row: torch.Tensor, grads_row: torch.Tensor) -> None:
-    """Make ``model``'s parameters and gradients views into ``params_row`` and ``grads_row`` (as
-    ``flat_params``/``flat_grads`` seat them into the model's own flat buffers in a real run)."""
-    from harness.workload import models
-
-    model.__dict__[models._FLAT_PARAMS_ATTR] = params_row
-    model.__dict__[models._FLAT_GRADS_ATTR] = grads_row
-    flat_params(model)
-    flat_grads(model)
 
 
 def _random(model: torch.nn.Module) -> bool:
@@ -91,7 +80,7 @@ class Replicas:
         self.optimizers: list[Any] = []
         for r in range(ranks):
             model = copy.deepcopy(template)  # buffers (BatchNorm statistics) stay each rank's own
-            _seat(model, self.params[r], self.grads[r])
+            seat_flat(model, self.params[r], self.grads[r])
             model.train()
             self.models.append(model)
             self.optimizers.append(build_optimizer(optimizer, model, scenario.python_path))
@@ -149,9 +138,8 @@ class EvaluationPoint:
     """One evaluation point's values: every rank's deployable model as it arrived, combined once
     the last rank has arrived (the others wait for it there, as in a real run's allreduce)."""
 
-    ranks: int
-    models: list = field(default_factory=list)
-    time_s: float = math.nan
+    models: list
+    time_s: float = math.nan  # rank 0's, as a real run's records have it
     records: list[EvalRecord] = field(default_factory=list)
 
 
@@ -167,8 +155,9 @@ class Evaluations:
         self.records: list[EvalRecord] = []
 
     def arrive(self, rank: int, iteration: int, time_s: float, model: torch.Tensor) -> EvaluationPoint:
-        ranks = self.replicas.params.shape[0]
-        point = self._points.setdefault(iteration, EvaluationPoint(ranks, [None] * ranks))
+        point = self._points.get(iteration)
+        if point is None:
+            point = self._points[iteration] = EvaluationPoint([None] * self.replicas.params.shape[0])
         point.models[rank] = model
         if rank == 0:
             point.time_s = time_s

@@ -328,6 +328,17 @@ def flat_grads(model: nn.Module) -> torch.Tensor:
     return flat
 
 
+def seat_flat(model: nn.Module, params: torch.Tensor, grads: torch.Tensor) -> None:
+    """Make ``model``'s parameters and gradients views into the given flat buffers (1-D float32,
+    the model's length; their values become the model's): what :func:`flat_params` and
+    :func:`flat_grads` do with buffers of the model's own. The simulator seats every simulated
+    rank's model into a row of its stacked replicas this way."""
+    model.__dict__[_FLAT_PARAMS_ATTR] = params
+    model.__dict__[_FLAT_GRADS_ATTR] = grads
+    flat_params(model)
+    flat_grads(model)
+
+
 def configure_torch_threads(n: int) -> int:
     """Set torch's intra-op thread count (the runner uses 1 per rank) and return it."""
     if n < 1:

@@ -10,7 +10,10 @@ ranks x iterations: the cost of computing every simulated rank's steps one after
 with nothing simulated (the median of the step timed before the algorithms and the one timed
 right after each, so that a change of the machine's load hits both). The table gives, per algorithm: the simulation's seconds, that naive
 cost, their ratio, the peak resident memory while it ran, the replicas' own bytes
-(parameters, gradients and optimizer state of every rank) and what the peak held beyond them.
+(parameters, gradients and optimizer state of every rank), what the peak held beyond them, the
+ranks' whole state (replicas, the algorithm's buffers and its persistent operations' copies:
+what the ranks of a real run would hold between them) and what the peak held beyond that: the
+simulator's own memory (messages in flight, temporaries).
 
 Peak memory is the process's high-water mark, reset before each algorithm (Linux
 ``/proc/self/clear_refs``), above the resident size before the first algorithm started (the
@@ -145,7 +148,6 @@ def run(args: argparse.Namespace) -> int:
     configure_torch_threads(1)  # as simulate --train computes
     naive = naive_step_s(scenario, args.naive_steps)
     floats = communicated_floats(scenario)
-    replica_bytes = scenario.ranks * floats * 4 * (2 + OPTIMIZER_BUFFERS.get(scenario.optimizer.name, 2))
     # Compute as the calibration would give it (any value does: the timing does not change the work).
     entry = CalibrationEntry(ranks=scenario.ranks, network=DEFAULT_NETWORK, compute=[ComputePoint(
         model="mlp", dataset="mnist5k", batch_size=scenario.workload.batch_size, median_s=naive, p95_s=naive * 1.25,
@@ -168,19 +170,25 @@ def run(args: argparse.Namespace) -> int:
         seconds = time.perf_counter() - t0
         peak = (_status_kb("VmHWM") - before_kb) * 1024 if measured_peak else float("nan")
         # The plain step again right after, so that both are timed under the same load.
+        optimizer = scenario.optimizer_of(params).name  # the DiLoCo family's own AdamW
+        replica_bytes = scenario.ranks * floats * 4 * (2 + OPTIMIZER_BUFFERS.get(optimizer, 2))
         naive_s = statistics.median([naive, naive_step_s(scenario, 300)]) * scenario.ranks * scenario.workload.iterations
         rows.append({"algorithm": params.name, "ranks": scenario.ranks, "iterations": scenario.workload.iterations,
                      "seconds": seconds, "naive_s": naive_s, "ratio": seconds / naive_s, "peak_bytes": peak,
-                     "replica_bytes": replica_bytes, "beyond_replicas_bytes": peak - replica_bytes})
-        del training
+                     "replica_bytes": replica_bytes, "beyond_replicas_bytes": peak - replica_bytes,
+                     "rank_state_bytes": training.rank_state_bytes,
+                     "simulator_bytes": peak - training.rank_state_bytes})
         row = rows[-1]
+        del training
         print(f"  {params.name}: {seconds:.1f} s, {row['ratio']:.2f}x the naive cost, peak {peak / 1e9:.2f} GB",
               flush=True)
     print(tabulate([[r["algorithm"], f"{r['seconds']:.1f}", f"{r['naive_s']:.1f}", f"{r['ratio']:.2f}",
                      f"{r['peak_bytes'] / 1e9:.2f}", f"{r['replica_bytes'] / 1e9:.2f}",
-                     f"{r['beyond_replicas_bytes'] / 1e9:.2f}"] for r in rows],
-                   headers=["algorithm", "simulated s", "naive s", "ratio", "peak GB", "replicas GB", "beyond GB"],
-                   tablefmt="simple", disable_numparse=True, colalign=("left",) + ("right",) * 6))
+                     f"{r['beyond_replicas_bytes'] / 1e9:.2f}", f"{r['rank_state_bytes'] / 1e9:.2f}",
+                     f"{r['simulator_bytes'] / 1e9:.2f}"] for r in rows],
+                   headers=["algorithm", "simulated s", "naive s", "ratio", "peak GB", "replicas GB", "beyond GB",
+                            "ranks' state GB", "simulator GB"],
+                   tablefmt="simple", disable_numparse=True, colalign=("left",) + ("right",) * 8))
     ratios = [r["ratio"] for r in rows]
     print(f"median ratio {statistics.median(ratios):.2f}x (worst {max(ratios):.2f}x); worst beyond the replicas "
           f"{max(r['beyond_replicas_bytes'] for r in rows) / 1e9:.2f} GB")

@@ -473,7 +473,8 @@ class WaitAvoidingState:
                  accumulate: bool = False) -> None:
         self.fabric = fabric
         # Values: every rank's published buffer (None: the simulation carries no values).
-        self.published_values = Published(fabric.ranks, accumulate, fabric.payload.recorded_staleness) \
+        self.published_values = fabric.payload.track(Published(fabric.ranks, accumulate,
+                                                               fabric.payload.recorded_staleness)) \
             if fabric.payload is not None else None
         self.engine = fabric.engine
         self.count = count
@@ -731,7 +732,7 @@ class PairwiseState:
         self.count = count
         self.answers: list[list[float]] = [[] for _ in range(fabric.ranks)]  # per passive rank: answer times
         self.free_at: list[float] = [0.0] * fabric.ranks  # per passive rank: when its last reply left
-        self.values = Pairwise(fabric.ranks) if fabric.payload is not None else None  # every rank's agent
+        self.values = fabric.payload.track(Pairwise(fabric.ranks)) if fabric.payload is not None else None  # agents
 
 
 class SimPairwiseAverager:

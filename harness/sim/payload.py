@@ -42,7 +42,8 @@ import torch
 def stacked_rows(buffers: Sequence[torch.Tensor]) -> torch.Tensor | None:
     """The ``[len(buffers), n]`` view whose rows are ``buffers``, when they are equally spaced
     rows of one storage (every rank's ``ctx.params`` or ``ctx.grads``: rows of the replicas'
-    stacked tensors), else None. Lets an allreduce over every rank be one ``sum(0)``."""
+    stacked tensors), else None: an allreduce over every rank then reads and writes them in place,
+    with no stacked copy."""
     first = buffers[0]
     if len(buffers) < 2 or first.dim() != 1 or first.stride(0) != 1:
         return None
@@ -173,6 +174,23 @@ class Payload:
         # dst -> round -> [(arrival, src, seq from src, values)] of push messages not drained
         self._pushes: dict[int, dict[int, list[tuple[float, int, int, torch.Tensor]]]] = {}
         self._push_seq: dict[tuple[int, int], int] = {}
+        self._persistent: list = []  # the wait-avoiding and pairwise ops' per-rank state
+
+    def track(self, state: "Published | Pairwise") -> "Published | Pairwise":
+        """Keep ``state`` (a persistent operation's per-rank values) for :meth:`persistent_tensors`."""
+        self._persistent.append(state)
+        return state
+
+    def persistent_tensors(self) -> list[torch.Tensor]:
+        """Every tensor the persistent operations hold for the ranks (a real rank's native layer
+        holds its own copy of each: a published buffer, an agent's view and correction)."""
+        out = []
+        for state in self._persistent:
+            for value in vars(state).values():
+                if isinstance(value, list):
+                    out += [t for t in value if isinstance(t, torch.Tensor)]
+                    out += [t for d in value if isinstance(d, dict) for t in d.values() if isinstance(t, torch.Tensor)]
+        return out
 
     # -- collectives ------------------------------------------------------------------------------
     @staticmethod

@@ -227,10 +227,13 @@ class SimTraining:
         self.evaluations = Evaluations(self.replicas, algorithm.name)
         self.final_models: torch.Tensor | None = None
         self.recorded_staleness = recorded_staleness
+        self.rank_state_bytes = 0
+        self._payload: Payload | None = None
 
     def payload(self) -> Payload:
         """The values side of the simulated communicator."""
-        return Payload(self.recorded_staleness)
+        self._payload = Payload(self.recorded_staleness)
+        return self._payload
 
     def buffers(self, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Rank ``rank``'s ``ctx.params`` and ``ctx.grads``."""
@@ -241,12 +244,40 @@ class SimTraining:
         return TrainingWork(self, *args)
 
     def finished(self, algorithms: list) -> None:
-        """The run is over: keep every rank's final model, let go of the replicas."""
+        """The run is over: keep every rank's final model and what the ranks' own state weighed
+        (``rank_state_bytes``), let go of the replicas."""
         self.final_models = finals(algorithms)
+        self.rank_state_bytes = rank_state_bytes(self.replicas, algorithms, self._payload)
         self.replicas = None
 
 
 # -- memory --------------------------------------------------------------------------------------
+
+
+def rank_state_bytes(replicas: Replicas, algorithms: list, payload: Payload | None) -> int:
+    """Bytes of what every simulated rank holds as a real rank would: its parameters, gradients
+    and optimizer state, its algorithm's tensors (attributes, and tensors in list or dict
+    attributes) and its persistent operations' buffers (the native layer's copies). What a
+    simulation holds beyond it is the simulator's own (``bench training``)."""
+    tensors: list[torch.Tensor] = [replicas.params, replicas.grads]
+    for optimizer in replicas.optimizers:
+        state = getattr(optimizer, "state", None)
+        if isinstance(state, dict):  # torch.optim: per-parameter dicts
+            tensors += [v for s in state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+        else:  # FlatSGD
+            tensors += [v for v in vars(optimizer).values() if isinstance(v, torch.Tensor)]
+    for algorithm in algorithms:
+        for value in vars(algorithm).values():
+            items = value if isinstance(value, (list, tuple)) else value.values() if isinstance(value, dict) else [value]
+            tensors += [t for t in items if isinstance(t, torch.Tensor)]
+    if payload is not None:
+        tensors += payload.persistent_tensors()
+    seen: dict[int, int] = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
 
 
 @dataclass(frozen=True)

@@ -111,14 +111,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: {run_dir}: --train: a torch.distributed script's own training cannot be simulated",
                   file=sys.stderr)
             return 2
-        from harness.sim.training import TrainingError, fit_problem, training_device
+        from harness.sim.training import training_problem
 
-        try:
-            problem = fit_problem(scenario, training_device(scenario))
-        except TrainingError as exc:
-            problem = str(exc)
-        if problem is None and scenario.workload.compute != "real":
-            problem = "simulation.train: the run's workload has no model to train (emulated compute)"
+        problem = training_problem(scenario)
         if problem is not None:
             print(f"error: {run_dir}: {problem}", file=sys.stderr)
             return 2

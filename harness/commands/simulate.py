@@ -121,13 +121,9 @@ def start_training(scenario, path: Path, algorithms: int):
 
     from harness.results import provenance
     from harness.sim.runs import TrainedRun
-    from harness.sim.training import TrainingError, fit_problem, training_device
+    from harness.sim.training import training_problem
 
-    try:
-        device = training_device(scenario)
-    except TrainingError as exc:
-        return None, str(exc)
-    problem = fit_problem(scenario, device) or provenance.disk_problem(scenario, algorithms, path.parent)
+    problem = training_problem(scenario) or provenance.disk_problem(scenario, algorithms, path.parent)
     if problem is not None:
         return None, problem
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -151,7 +147,8 @@ def _value_dependence(scenario) -> str | None:
 
 
 def _device_problem(scenario) -> str | None:
-    """Why a simulation with values cannot compute on the scenario's device here, or None."""
+    """Why a simulation with values cannot compute on the scenario's device here, or None
+    (said before the calibration is read)."""
     if not scenario.simulation.train:
         return None
     from harness.sim.training import TrainingError, training_device

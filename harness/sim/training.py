@@ -362,3 +362,15 @@ def fit_problem(scenario: Scenario, device: torch.device) -> str | None:
             f"data {human_bytes(estimate.data)}; the rest {human_bytes(estimate.overhead)}), but {where} has "
             f"{human_bytes(free)} available; simulate fewer ranks or a smaller model, or train on a GPU "
             "(workload.device: cuda)")
+
+
+def training_problem(scenario: Scenario) -> str | None:
+    """Why ``scenario`` cannot be simulated with values on this machine (no model to train, a
+    device it lacks, not enough memory: with the estimate), or None when it can."""
+    if scenario.workload.compute != "real":
+        return "simulation.train: the workload has no model to train (emulated compute)"
+    try:
+        device = training_device(scenario)
+    except TrainingError as exc:
+        return str(exc)
+    return fit_problem(scenario, device)

@@ -152,6 +152,9 @@ def test_trace_driven_values_end_with_the_real_final_models(compared) -> None:
         relative = float(((simulated - real).norm(dim=1) / real.norm(dim=1)).max())
         if name in ORDER_FREE:
             assert relative <= 1e-5, f"{name}: final models differ by {relative:.2e} (relative) from the real run's"
+            real_average = torch.load(run / "provenance" / f"final_average_{name}.pt")
+            simulated_average = torch.load(sim / "provenance" / f"final_average_{name}.pt")
+            assert float((simulated_average - real_average).norm() / real_average.norm()) <= 1e-5, name
 
 
 @pytest.mark.mpi

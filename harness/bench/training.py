@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         gc.collect()
         _reset_peak()
         t0 = time.perf_counter()
-        training = SimTraining(scenario, params, dataset, torch.device("cpu"))
+        training = SimTraining(scenario, params, dataset, torch.device("cpu"), keep_rank_models=False)
         simulate_algorithm(scenario, params, PredictiveTiming(scenario, entry, factors), DEFAULT_NETWORK,
                            training=training)
         seconds = time.perf_counter() - t0

@@ -190,7 +190,8 @@ class TrainedRun:
         """The values side of algorithm ``entry``'s simulation (``simulate_scenario``'s ``training_for``)."""
         from harness.sim.training import SimTraining
 
-        self._current = SimTraining(self.scenario, entry, self.dataset, self.device, self._staleness(entry))
+        self._current = SimTraining(self.scenario, entry, self.dataset, self.device, self._staleness(entry),
+                                    keep_rank_models=self.provenance.keeps_rank_models)
         if not self.evals and self.provenance.keeps_anything:
             self.provenance.write_start(self._current.replicas.shards, self._current.replicas.initial)
         return self._current
@@ -207,14 +208,10 @@ class TrainedRun:
 
     def finished(self, name: str) -> None:
         """Algorithm ``name`` finished: keep its evaluations, write its final models."""
-        from harness.sim.payload import reduce_sum
-
         training, self._current = self._current, None
         self.evals[name] = training.evaluations.records
-        finals = training.final_models
-        if self.provenance.keeps_anything:  # averaged as the last evaluation averaged them
-            average = reduce_sum(list(finals)).div_(len(finals))
-            self.provenance.write_final(name, average, finals if self.provenance.keeps_rank_models else None)
+        if self.provenance.keeps_anything:
+            self.provenance.write_final(name, training.final_average, training.final_models)
 
     def discard(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)

@@ -166,10 +166,8 @@ class Evaluations:
         return point
 
     def _combine(self, iteration: int, point: EvaluationPoint) -> None:
-        from harness.sim.payload import reduce_sum
-
         models = point.models
-        avg = reduce_sum(models).div_(len(models))
+        avg = evaluation_average(models)
         distance = sum(float(torch.sum((m - avg) ** 2)) for m in models) / len(models)
         consensus = float(torch.tensor([distance], dtype=torch.float32)[0])
         for which, flat in (("average", avg), ("rank0", models[0])):
@@ -180,9 +178,30 @@ class Evaluations:
         del self._points[iteration]
 
 
-def finals(algorithms: list) -> torch.Tensor:
-    """``[ranks, n]``: every rank's final deployable model (what a real run's provenance keeps)."""
-    return torch.stack([a.eval_params().detach().to("cpu", copy=True) for a in algorithms])
+def evaluation_average(models: list) -> torch.Tensor:
+    """The average of the ranks' deployable models as a real run's evaluation averages them: an
+    allreduce (mean) on its evaluation communicator, which has no emulated network, so the
+    default allreduce schedule's order of additions."""
+    from harness.sim.network import allreduce_schedule
+    from harness.sim.payload import native_sum
+
+    return native_sum(models, allreduce_schedule(len(models), models[0].numel())).div_(len(models))
+
+
+def final_average(algorithms: list) -> torch.Tensor:
+    """The average of every rank's final deployable model, on the CPU, as the final evaluation
+    averaged it (a real run's ``final_average_<algorithm>.pt``)."""
+    return evaluation_average([a.eval_params().detach() for a in algorithms]).cpu()
+
+
+def final_models(algorithms: list) -> torch.Tensor:
+    """``[ranks, n]`` on the CPU: every rank's final deployable model (a real run's
+    ``final_models_<algorithm>.pt``), filled row by row (no second copy of them all)."""
+    first = algorithms[0].eval_params()
+    out = torch.empty((len(algorithms), first.numel()), dtype=first.dtype)
+    for r, a in enumerate(algorithms):
+        out[r].copy_(a.eval_params().detach())
+    return out
 
 
 class TrainingWork(SimulatedWork):
@@ -216,16 +235,20 @@ class TrainingWork(SimulatedWork):
 
 class SimTraining:
     """One algorithm's simulated run with values: its replicas, its evaluations and, once the
-    run is over, every rank's final model (``final_models``, ``[ranks, n]`` on the CPU)."""
+    run is over, the average of the ranks' final models (``final_average``) and every rank's
+    (``final_models``, ``[ranks, n]`` on the CPU, when kept)."""
 
     def __init__(self, scenario: Scenario, algorithm: Any, dataset: Any, device: torch.device,
-                 recorded_staleness: dict[tuple[int, int], int] | None = None) -> None:
+                 recorded_staleness: dict[tuple[int, int], int] | None = None, keep_rank_models: bool = True) -> None:
         """``recorded_staleness``: a replay's ``{(rank, round): staleness}`` of the real run's
         wait-avoiding rounds, which the simulated rounds then contribute as
-        (``harness.sim.payload.Published``)."""
+        (``harness.sim.payload.Published``). ``keep_rank_models``: keep every rank's final
+        model (``final_models``; else only their average, ``final_average``)."""
         self.replicas = Replicas(scenario, dataset, scenario.optimizer_of(algorithm), device)
         self.evaluations = Evaluations(self.replicas, algorithm.name)
         self.final_models: torch.Tensor | None = None
+        self.final_average: torch.Tensor | None = None
+        self.keep_rank_models = keep_rank_models
         self.recorded_staleness = recorded_staleness
         self.rank_state_bytes = 0
         self._payload: Payload | None = None
@@ -246,7 +269,9 @@ class SimTraining:
     def finished(self, algorithms: list) -> None:
         """The run is over: keep every rank's final model and what the ranks' own state weighed
         (``rank_state_bytes``), let go of the replicas."""
-        self.final_models = finals(algorithms)
+        self.final_average = final_average(algorithms)
+        if self.keep_rank_models:
+            self.final_models = final_models(algorithms)
         self.rank_state_bytes = rank_state_bytes(self.replicas, algorithms, self._payload)
         self.replicas = None
 

@@ -70,23 +70,28 @@ def time_to_target(steps: pd.DataFrame, average: pd.DataFrame, target: float | N
     """Training seconds until the averaged model first reached ``target`` test accuracy.
 
     ``average``: the algorithm's evals of the "average" model. The first of them (by iteration,
-    then time_s) with ``test_accuracy >= target`` ends the count; it starts at the algorithm's
+    then time_s) with ``test_accuracy >= target`` ends the count, at the moment its model
+    existed: when the last rank had finished the iteration before it (its models are taken
+    then; rank 0 may take its own earlier, ``time_s``, and wait for the others, as a rank of an
+    asynchronous method running ahead of a straggler does). The count starts at the algorithm's
     first step (min start_s over ranks). Evaluation is not training, and how often a scenario
     evaluates must not change the result, so the time each earlier evaluation took is
-    subtracted: from its ``time_s`` (when rank 0, the rank that tests the models, took them) to
-    rank 0's start of the next iteration (nothing for an evaluation without that step row).
-    NaN when the target is None, never reached, or the algorithm has no steps.
+    subtracted: from that moment to rank 0's start of the next iteration (nothing for an
+    evaluation without that step row). NaN when the target is None, never reached, or the
+    algorithm has no steps.
     """
     if target is None or steps.empty:
         return math.nan
     reached = average[average["test_accuracy"] >= target]
     if reached.empty:
         return math.nan
+    finished = steps.groupby("iteration")["end_s"].max()  # every rank done with the iteration
+    ready = np.maximum(average["time_s"], (average["iteration"] - 1).map(finished).fillna(average["time_s"]))
     hit = reached.sort_values(["iteration", "time_s"], kind="stable").iloc[0]
-    earlier = average[average["iteration"] < hit["iteration"]]
-    resumed = earlier["iteration"].map(steps[steps["rank"] == 0].groupby("iteration")["start_s"].min())
-    evaluating = float((resumed - earlier["time_s"]).clip(lower=0.0).fillna(0.0).sum())
-    return float(hit["time_s"]) - float(steps["start_s"].min()) - evaluating
+    earlier = average["iteration"] < hit["iteration"]
+    resumed = average.loc[earlier, "iteration"].map(steps[steps["rank"] == 0].groupby("iteration")["start_s"].min())
+    evaluating = float((resumed - ready[earlier]).clip(lower=0.0).fillna(0.0).sum())
+    return float(ready[hit.name]) - float(steps["start_s"].min()) - evaluating
 
 
 def _summary_row(
@@ -218,9 +223,9 @@ def _footnotes(vs: str, to_target: str, target: str) -> list[str]:
         f"{vs}: samples/s over that algorithm's (1.00 = as fast, 2.00 = twice the throughput).",
         "acc avg %: final test accuracy of the average of all ranks' models, which no rank holds"
         " for gossip methods and EASGD; acc r0 %: of rank 0's own model.",
-        f"{to_target}: training time from the first step until an evaluation of the averaged"
-        f" model first reached {target} test accuracy, evaluation time excluded; '-': never"
-        " (or no accuracy: simulated runs).",
+        f"{to_target}: training time from the first step until the averaged model (all ranks"
+        f" done with the iteration) first reached {target} test accuracy, evaluation time excluded;"
+        " '-': never (or no accuracy: a simulation without values).",
         "consensus: mean over ranks of ||x_i - x_mean||^2 at the last evaluation, the squared L2"
         " distance of each rank's parameters to their average (about 0, rounding only, when all ranks"
         " hold the same model; methods that let ranks drift apart keep it well above 0).",

@@ -1,9 +1,10 @@
 """Simulated parameter sweeps behind the paper figures (``manifest.Sweep``).
 
 Each public function ``<name>(quick: bool, **overrides) -> pandas.DataFrame`` runs the SimPy
-simulator in-process (no MPI, no torch) over a grid of scenarios and returns a tidy table, which
-``python -m harness figures`` saves as ``<results>/figures/<name>.csv``. The keyword overrides
-(rank counts, iterations, delays) exist so that tests can run a sweep at a tiny size.
+simulator (no MPI; in-process and without torch except :func:`time_to_accuracy`) over a grid of
+scenarios and returns a tidy table, which ``python -m harness figures`` saves as
+``<results>/figures/<name>.csv``. The keyword overrides (rank counts, iterations, delays) exist
+so that tests can run a sweep at a tiny size.
 
 Common choices:
 
@@ -17,6 +18,10 @@ Common choices:
   single-algorithm scenario each, all with the same seed. An entry's name is its series key; a
   series that runs the algorithm of another with other parameters is a variant entry
   (``{name: eager_sgd_solo, algorithm: eager_sgd, mode: solo}``, ``harness.algorithms.variant``).
+- The time-to-accuracy sweep (:func:`time_to_accuracy`) is the exception: it simulates WITH
+  VALUES (``simulation.train``: every simulated rank trains a real MLP replica on its shard), so
+  its compute is real, timed by a hand-made calibration entry (:data:`AT_SCALE_COMPUTE_S`, the
+  default cluster network), and its points run in parallel processes (:data:`SWEEP_WORKERS`).
 - Throughput and time per iteration come from ``harness.results.summary.summarize``:
   ``iter_time_s`` is ``wall_s / iterations`` (makespan over all ranks, per iteration).
 - The WAGMA and SGP figures reproduce the papers' systems as they ran, every constant sourced
@@ -29,7 +34,10 @@ Common choices:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +46,8 @@ import yaml
 
 from harness.results.summary import summarize
 from harness.scenario.loader import scenario_from_dict
-from harness.sim.calibration import CalibrationEntry, NetworkModel
-from harness.sim.runs import DEFAULT_NETWORK, predict
+from harness.sim.calibration import CalibrationEntry, ComputePoint, EvalPoint, NetworkModel
+from harness.sim.runs import DEFAULT_NETWORK, TrainedRun, predict
 
 RESNET50_PARAMS = 25_557_032  # ResNet-50's parameter count: the buffer every algorithm communicates
 SEED = 1234
@@ -156,6 +164,35 @@ FREE_NETWORK = NetworkModel(latency_s=0.0, bandwidth_bytes_per_s=1e15)
 # The low-communication figure's methods and stragglers are those of this scenario (one definition).
 LOW_COMMUNICATION_SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "low_communication.yaml"
 LOW_COMMUNICATION_NETWORK = "10 GbE"  # a key of SGP_NETWORKS
+
+# -- time to accuracy at scale (figure 8): scenarios/at_scale.yaml simulated with values -------------
+# Its methods, stragglers (two random ranks sleep 150 ms per iteration), workload (the built-in
+# mlp on `teacher`, 256 training samples per rank, the same 2,000 test samples at every rank
+# count) and target accuracy (80%) are read from the file (one definition).
+AT_SCALE_SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "at_scale.yaml"
+# One rank-iteration of that workload (forward, backward and momentum-SGD step of the mlp's 26k
+# parameters on 32 samples of 1x8x8): `python -m harness calibrate --scenario
+# scenarios/at_scale.yaml --ranks 2` on this repository's 2-core development machine measured one
+# rank computing alone (`ComputePoint.alone_s`, what `simulate --reading cluster` uses: a rank with
+# a core of its own) at 0.52 and 0.60 ms in two runs (with both ranks computing at once: 0.84 and
+# 0.47 ms); 0.55 ms is used, no jitter (real compute is timed by its median). The stragglers'
+# 150 ms, 270 times this, set the time scale.
+AT_SCALE_COMPUTE_S = 0.55e-3
+# Rank 0 testing the averaged and its own model on the 2,000 test samples at an evaluation point
+# (`EvalPoint`): 3.45 and 3.41 ms in the same two calibrations.
+AT_SCALE_EVAL_S = 3.4e-3
+# Iterations per rank count: the scenario's 400 where the sweep can afford them; fewer at 256 and
+# 1,024 ranks (every rank computes for real: 1 to 2 ms of this machine per simulated rank-step),
+# where each iteration sees more data (ranks x 32 samples) and 80% comes sooner in iterations.
+TIME_TO_ACCURACY_ITERATIONS: dict[int, int] = {16: 400, 64: 400, 256: 200, 1024: 150}
+TIME_TO_ACCURACY_QUICK_ITERATIONS: dict[int, int] = {16: 100, 64: 100}
+# Evaluations every 25 iterations (the scenario: 50), so that the time to the target is resolved
+# at 150 iterations too. Every evaluation point waits for the last rank (the model average).
+TIME_TO_ACCURACY_EVAL_EVERY = 25
+# Processes that simulate the sweep's points side by side (one (ranks, method) point each, the
+# largest first): the machine's cores, at most 2 (this machine's). They are spawned: a script
+# that calls the sweep needs the `if __name__ == "__main__":` guard.
+SWEEP_WORKERS = max(1, min(2, os.cpu_count() or 1))
 
 
 def _scenario(name: str, ranks: int, algorithms: list[Any], iterations: int, batch_size: int, compute_ms: float,
@@ -362,3 +399,166 @@ def low_communication_scaling(quick: bool, ranks: Sequence[int] | None = None, i
                          "nodes": p // workers_per_node, "iterations": iterations,
                          "iter_time_s": row["wall_s"] / iterations, "samples_per_s": row["samples_per_s"]})
     return pd.DataFrame(rows)
+
+
+def at_scale_series() -> tuple[dict[str, Any], float]:
+    """(series key -> algorithm entry, target accuracy) of ``scenarios/at_scale.yaml``, as the
+    file writes them: the key is the entry's name (its label, unique in the scenario)."""
+    data = yaml.safe_load(AT_SCALE_SCENARIO.read_text())
+    series = {entry if isinstance(entry, str) else entry["name"]: entry for entry in data["algorithms"]}
+    return series, float(data["results"]["target_accuracy"])
+
+
+def at_scale_entry(scenario) -> CalibrationEntry:
+    """The timing of the time-to-accuracy sweep: the default cluster network
+    (:data:`~harness.sim.runs.DEFAULT_NETWORK`) and the scenario's workload computing for
+    :data:`AT_SCALE_COMPUTE_S` per iteration (:data:`AT_SCALE_EVAL_S` per evaluation)."""
+    from harness.workload.names import workload_labels
+
+    model, dataset = workload_labels(scenario.workload)
+    compute = ComputePoint(model=model, dataset=dataset, batch_size=scenario.workload.batch_size,
+                           median_s=AT_SCALE_COMPUTE_S, p95_s=AT_SCALE_COMPUTE_S, samples=1,
+                           alone_s=AT_SCALE_COMPUTE_S)
+    return CalibrationEntry(ranks=scenario.ranks, network=DEFAULT_NETWORK, network_source="default cluster network",
+                            compute=[compute], evaluation=[EvalPoint(model=model, dataset=dataset,
+                                                                     median_s=AT_SCALE_EVAL_S)])
+
+
+def evaluation_ready_s(steps: pd.DataFrame, evals: pd.DataFrame, iterations: int) -> pd.Series:
+    """Per evaluation iteration k of ``evals``: the simulated time at which its averaged model
+    exists, the last rank's arrival at the evaluation point (the end of its iteration k - 1; at
+    the last, no earlier than rank 0's evaluation ``time_s``, which follows the loop's finish),
+    since the first step began, less the time earlier evaluations held rank 0 after that arrival
+    (its test of the models: evaluating is not training). The count of
+    ``harness.results.summary.time_to_target`` (summary.csv's ``time_to_target_s``).
+
+    Not the evaluation's ``time_s`` (evals.csv), which is rank 0's arrival: a method whose ranks
+    drift apart (AD-PSGD, WAGMA-SGD, SGP, D-PSGD) evaluates an average of models that the slower
+    ranks finish later, up to a straggler's sleeps later."""
+    arrival = steps.groupby("iteration")["end_s"].max()
+    rank0_start = steps[steps["rank"] == 0].set_index("iteration")["start_s"]
+    t0 = float(steps["start_s"].min())
+    rank0_time = evals.groupby("iteration")["time_s"].max()
+    ready, held = {}, 0.0
+    for k in sorted(int(i) for i in evals["iteration"].unique()):
+        arrived = float(arrival.get(k - 1, rank0_time[k]))
+        if k >= iterations:
+            arrived = max(arrived, float(rank0_time[k]))
+        ready[k] = arrived - t0 - held
+        if k in rank0_start.index:
+            held += max(0.0, float(rank0_start[k]) - arrived)
+    return pd.Series(ready, name="ready_s")
+
+
+def time_to_accuracy_point(ranks: int, key: str, algorithm: Any, iterations: int, eval_every: int,
+                           target_accuracy: float | None = None) -> list[dict]:
+    """One method of ``scenarios/at_scale.yaml`` on ``ranks`` ranks for ``iterations`` iterations,
+    simulated with values (``harness.sim.runs.predict`` with a ``TrainedRun``) on
+    :func:`at_scale_entry`'s timing: one row per evaluation of the averaged model (columns of
+    :func:`time_to_accuracy`). ``target_accuracy``: None, the scenario's."""
+    from harness.results.columns import EVAL_COLUMNS, to_frame
+    from harness.sim.training import training_problem
+
+    data = yaml.safe_load(AT_SCALE_SCENARIO.read_text())
+    data.update(ranks=ranks, algorithms=[algorithm])
+    data["workload"] = {**data["workload"], "iterations": iterations, "eval_every": eval_every}
+    data["simulation"] = {**(data.get("simulation") or {}), "train": True}
+    data["results"] = {**(data.get("results") or {}), "provenance": "none"}  # only the evaluations are read
+    if target_accuracy is not None:
+        data["results"]["target_accuracy"] = target_accuracy
+    scenario = scenario_from_dict(data)
+    problem = training_problem(scenario)
+    if problem is not None:
+        raise RuntimeError(f"time_to_accuracy: {ranks} ranks of {key}: {problem}")
+    target = scenario.results.target_accuracy
+    started = time.monotonic()
+    trained = TrainedRun(scenario, Path(tempfile.mkdtemp(prefix="time_to_accuracy-")))
+    try:
+        frames, _ = predict(scenario, at_scale_entry(scenario), trained=trained)
+        records = trained.evals[key]
+    finally:
+        trained.discard()
+    host_s = time.monotonic() - started
+    steps, evals = frames[key], to_frame(records, EVAL_COLUMNS)
+    w = scenario.workload
+    summary = summarize(steps, evals, w.batch_size, iterations, ranks=ranks, target_accuracy=target).iloc[0]
+    if not summary["complete"]:
+        raise RuntimeError(f"time_to_accuracy: simulation of {key!r} on {ranks} ranks is incomplete")
+    ready = evaluation_ready_s(steps, evals, iterations)
+    t0 = float(steps["start_s"].min())
+    average = evals[evals["model"] == "average"].sort_values(["iteration", "time_s"], kind="stable")
+    rank0 = evals[evals["model"] == "rank0"].set_index("iteration")["test_accuracy"]
+    reached = average[average["test_accuracy"] >= target]
+    hit = int(reached["iteration"].iloc[0]) if len(reached) else -1
+    rows = [{"ranks": ranks, "algorithm": key, "iterations": iterations, "eval_every": eval_every,
+             "iteration": int(rec.iteration), "time_s": float(rec.time_s) - t0, "ready_s": float(ready[rec.iteration]),
+             "test_accuracy": float(rec.test_accuracy), "test_loss": float(rec.test_loss),
+             "rank0_accuracy": float(rank0.get(rec.iteration, float("nan"))),
+             "consensus_distance": float(rec.consensus_distance)}
+            for rec in average.itertuples(index=False)]
+    for row in rows:
+        row.update({"target_accuracy": float(target), "iteration_to_target": hit,
+                    "time_to_target_s": float(ready[hit]) if hit >= 0 else float("nan"),
+                    "summary_time_to_target_s": float(summary["time_to_target_s"]),
+                    "final_accuracy": float(summary["final_accuracy"]),
+                    "wall_s": float(summary["wall_s"]), "host_s": host_s})
+    return rows
+
+
+def time_to_accuracy(quick: bool, ranks: Sequence[int] | None = None,
+                     iterations: int | Mapping[int, int] | None = None,
+                     eval_every: int = TIME_TO_ACCURACY_EVAL_EVERY, algorithms: Sequence[str] | None = None,
+                     workers: int | None = None, target_accuracy: float | None = None) -> pd.DataFrame:
+    """Time to accuracy at scale: ``scenarios/at_scale.yaml`` simulated with values at 16, 64,
+    256 and 1,024 ranks (quick: 16 and 64), every method of the scenario (``algorithms``: a
+    subset of their names).
+
+    Weak scaling: every rank trains on its own 256 samples of ``teacher`` (the training set grows
+    with the ranks), the test set is the same 2,000 samples at every rank count. Stragglers: the
+    scenario's two random ranks sleeping 150 ms per iteration. Timing (:func:`at_scale_entry`):
+    the default cluster network and :data:`AT_SCALE_COMPUTE_S` of compute per iteration.
+    Iterations: :data:`TIME_TO_ACCURACY_ITERATIONS` (400 at 16 and 64 ranks, 200 at 256, 150 at
+    1,024; quick: 100), or ``iterations`` (one count, or ranks -> count); evaluations every
+    ``eval_every`` (25). Points run in ``workers`` processes (:data:`SWEEP_WORKERS`; 1: in this
+    one). ``target_accuracy``: the scenario's (80%) unless given. The full sweep took 16 to 18
+    minutes on this 2-core machine (1,950 to 2,160 s of simulation in two processes, 1,550 s of
+    it at 1,024 ranks, while other jobs shared the cores), the quick one 44 s.
+
+    Columns, one row per evaluation of the averaged model: ranks, algorithm, iterations,
+    eval_every, iteration, time_s (rank 0's arrival at the evaluation, since the first step, as
+    evals.csv), ready_s (when the averaged model exists: :func:`evaluation_ready_s`),
+    test_accuracy, test_loss, rank0_accuracy, consensus_distance; and per (ranks, algorithm),
+    repeated on its rows: target_accuracy, iteration_to_target (-1: never), time_to_target_s
+    (ready_s of the first evaluation at or above the target; NaN: never), summary_time_to_target_s
+    (what summary.csv's ``time_to_target_s`` says for the same run: the same count, a
+    cross-check), final_accuracy, wall_s (the run's makespan), host_s (this machine's seconds for
+    the point).
+    """
+    plan = TIME_TO_ACCURACY_QUICK_ITERATIONS if quick else TIME_TO_ACCURACY_ITERATIONS
+    ranks = tuple(ranks or plan)
+    series, _ = at_scale_series()
+    if algorithms is not None:
+        unknown = set(algorithms) - set(series)
+        if unknown:
+            raise ValueError(f"time_to_accuracy: not methods of {AT_SCALE_SCENARIO.name}: {sorted(unknown)}")
+        series = {key: entry for key, entry in series.items() if key in algorithms}
+
+    def count(p: int) -> int:
+        if isinstance(iterations, int):
+            return iterations
+        return int((iterations or plan).get(p, min(plan.values())))
+
+    points = [(p, key, entry, count(p), eval_every, target_accuracy) for p in ranks for key, entry in series.items()]
+    workers = SWEEP_WORKERS if workers is None else workers
+    if workers <= 1 or len(points) == 1:
+        results = [time_to_accuracy_point(*point) for point in points]
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        # Spawned, not forked: torch's thread pools do not survive a fork. The largest points first.
+        by_cost = sorted(range(len(points)), key=lambda i: -points[i][0] * points[i][3])
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {i: pool.submit(time_to_accuracy_point, *points[i]) for i in by_cost}
+            results = [futures[i].result() for i in range(len(points))]
+    return pd.DataFrame([row for rows in results for row in rows])

@@ -44,6 +44,7 @@ EXPERIMENTS: dict[str, RealRun | Sweep] = {
     "sgp_scaling": Sweep("sgp_scaling"),
     "imbalance_sweep": Sweep("imbalance_sweep"),
     "low_communication_scaling": Sweep("low_communication_scaling"),
+    "time_to_accuracy": Sweep("time_to_accuracy"),
 }
 
 FIGURES: list[Figure] = [
@@ -54,4 +55,5 @@ FIGURES: list[Figure] = [
     Figure("fig5_real_vs_sim", ("straggler", "slow_link", "balanced")),
     Figure("fig6_timeline", ("straggler",)),
     Figure("fig7_low_communication", ("low_communication", "low_communication_scaling")),
+    Figure("fig8_time_to_accuracy", ("time_to_accuracy",)),
 ]

@@ -1,7 +1,8 @@
 """The simulated sweeps of ``paper_figs.experiments`` and the figures drawn from them
-(fig1_wagma_throughput, fig2_sgp_scaling, fig4_imbalance_sweep, fig7_low_communication): tiny
-sweeps, the quick real runs of the ``figure_results`` fixture (fig7: a synthetic run directory,
-:func:`write_low_communication_run`), and the check that each figure's table is what it draws."""
+(fig1_wagma_throughput, fig2_sgp_scaling, fig4_imbalance_sweep, fig7_low_communication,
+fig8_time_to_accuracy): tiny sweeps (fig8's with values), the quick real runs of the
+``figure_results`` fixture (fig7: a synthetic run directory, :func:`write_low_communication_run`),
+and the check that each figure's table is what it draws."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from paper_figs import (
     fig2_sgp_scaling,
     fig4_imbalance_sweep,
     fig7_low_communication,
+    fig8_time_to_accuracy,
     readers,
     style,
 )
@@ -37,6 +39,14 @@ def tiny_sweeps(tmp_path_factory) -> dict[str, pd.DataFrame]:
 def tiny_low_communication() -> pd.DataFrame:
     """The low-communication sweep on 2 and 4 nodes of 8, one outer round (H = 20): a few seconds."""
     return experiments.low_communication_scaling(True, ranks=(16, 32), iterations=20)
+
+
+@pytest.fixture(scope="module")
+def tiny_time_to_accuracy() -> pd.DataFrame:
+    """The time-to-accuracy sweep with values at 4 ranks (50 iterations) and 8 (100), two methods,
+    a 60% target: 4 ranks do not get there in 50 iterations, 8 ranks do (a few seconds)."""
+    return experiments.time_to_accuracy(True, ranks=(4, 8), iterations={4: 50, 8: 100},
+                                        algorithms=["allreduce_sgd", "adpsgd"], workers=1, target_accuracy=0.6)
 
 
 def write_low_communication_run(run: Path, iterations: int = 40) -> Path:
@@ -180,7 +190,7 @@ def test_sweeps_accept_quick_flag_only():
     """The figures command calls ``function(quick)``: every sweep takes it positionally."""
     import inspect
 
-    for name in ("wagma_scaling", "sgp_scaling", "imbalance_sweep", "low_communication_scaling"):
+    for name in ("wagma_scaling", "sgp_scaling", "imbalance_sweep", "low_communication_scaling", "time_to_accuracy"):
         params = list(inspect.signature(getattr(experiments, name)).parameters.values())
         assert params[0].name == "quick"
         assert all(p.default is not inspect.Parameter.empty for p in params[1:])
@@ -266,3 +276,79 @@ def test_fig7_low_communication(tiny_low_communication, tmp_path):
     expected = tiny_low_communication.sort_values(["algorithm", "ranks"])
     assert np.allclose(sim["x"], expected["ranks"]) and np.allclose(sim["y"], expected["iter_time_s"])
     assert set(sim["series"]) == {style.label(name) for name in names}
+
+
+def test_time_to_accuracy_table(tiny_time_to_accuracy):
+    table = tiny_time_to_accuracy
+    columns = ["ranks", "algorithm", "iterations", "eval_every", "iteration", "time_s", "ready_s", "test_accuracy",
+               "test_loss", "rank0_accuracy", "consensus_distance", "target_accuracy", "iteration_to_target",
+               "time_to_target_s", "summary_time_to_target_s", "final_accuracy", "wall_s", "host_s"]
+    assert list(table.columns) == columns
+    # The methods are the scenario's entries; one row per evaluation (every 25 iterations).
+    series, target = experiments.at_scale_series()
+    assert list(series) == ["allreduce_sgd", "local_sgd", "sgp", "adpsgd", "wagma", "dpsgd"] and target == 0.8
+    assert set(table["target_accuracy"]) == {0.6}
+    counts = table.groupby(["ranks", "algorithm"])["iteration"].apply(list)
+    assert counts[(4, "allreduce_sgd")] == [25, 50] and counts[(8, "adpsgd")] == [25, 50, 75, 100]
+    assert table["test_accuracy"].between(0.1, 1.0).all() and (table["ready_s"] > 0).all()
+    t = table.groupby(["ranks", "algorithm"]).first()
+    # Allreduce-SGD waits for a 150 ms sleeper every iteration; AD-PSGD's ranks do not wait for one another.
+    assert (t.xs("allreduce_sgd", level="algorithm")["wall_s"] / t.xs("allreduce_sgd", level="algorithm")["iterations"]
+            > 0.15).all()
+    assert (t.xs("adpsgd", level="algorithm")["wall_s"] < t.xs("allreduce_sgd", level="algorithm")["wall_s"]).all()
+    # Allreduce-SGD's ranks arrive together: its averaged model exists when rank 0 evaluates
+    # (less the few ms of each earlier evaluation's test).
+    sync = table[table["algorithm"] == "allreduce_sgd"]
+    assert np.allclose(sync["ready_s"], sync["time_s"], atol=0.005 * sync["iteration"] / 25)
+    # 4 ranks: not reached in 50 iterations; 8 ranks: the time is the first evaluation at or above the target.
+    assert (t.loc[4, "iteration_to_target"] == -1).all() and t.loc[4, "time_to_target_s"].isna().all()
+    for algorithm in ("allreduce_sgd", "adpsgd"):
+        rows = table[(table["ranks"] == 8) & (table["algorithm"] == algorithm)]
+        hit = rows[rows["test_accuracy"] >= 0.6].iloc[0]
+        assert (rows["iteration_to_target"] == hit["iteration"]).all()
+        assert (rows["time_to_target_s"] == hit["ready_s"]).all()
+        # summary.csv counts the same way (harness.results.summary.time_to_target)
+        assert np.allclose(rows["summary_time_to_target_s"], rows["time_to_target_s"], rtol=1e-9, atol=1e-9)
+        assert (rows["test_accuracy"][rows["iteration"] < hit["iteration"]] < 0.6).all()
+
+
+def test_time_to_accuracy_ready_time_waits_for_the_last_rank():
+    """An evaluation's averaged model exists when the last rank arrives, not when rank 0 does;
+    the time rank 0 then spends testing is left out of later evaluations' times."""
+    steps = pd.DataFrame([{"rank": r, "iteration": i, "start_s": s, "end_s": e} for r, i, s, e in [
+        (0, 0, 0.0, 1.0), (1, 0, 0.0, 3.0),   # rank 1 sleeps: the evaluation after iteration 0 waits for it
+        (0, 1, 3.5, 4.5), (1, 1, 3.1, 4.1),   # rank 0 tested the models from 3.0 to 3.5
+    ]])
+    evals = pd.DataFrame({"iteration": [1, 1, 2, 2], "time_s": [1.0, 1.0, 4.5, 4.5]})
+    ready = experiments.evaluation_ready_s(steps, evals, iterations=2)
+    assert ready.to_dict() == {1: 3.0, 2: 4.0}
+
+
+def test_time_to_accuracy_runs_the_same_in_worker_processes(tiny_time_to_accuracy):
+    parallel = experiments.time_to_accuracy(True, ranks=(4,), iterations=50, algorithms=["allreduce_sgd", "adpsgd"],
+                                            workers=2, target_accuracy=0.6)
+    serial = tiny_time_to_accuracy[tiny_time_to_accuracy["ranks"] == 4].reset_index(drop=True)
+    pd.testing.assert_frame_equal(parallel.drop(columns="host_s"), serial.drop(columns="host_s"))
+
+
+def test_fig8_time_to_accuracy(tiny_time_to_accuracy, tmp_path):
+    sweep = tmp_path / "time_to_accuracy.csv"
+    tiny_time_to_accuracy.to_csv(sweep, index=False)
+    table = _check_figure(fig8_time_to_accuracy, {"time_to_accuracy": sweep}, tmp_path, panels=2)
+    assert list(table.columns) == fig8_time_to_accuracy.COLUMNS
+    # Panel 0: accuracy (%) against the time the averaged model exists, at the largest rank count
+    # (the sweep has no 256).
+    curves = table[table["panel"] == 0]
+    rows = tiny_time_to_accuracy[tiny_time_to_accuracy["ranks"] == 8]
+    assert (curves["ranks"] == 8).all() and len(curves) == len(rows)
+    assert np.allclose(sorted(curves["x"]), sorted(rows["ready_s"]))
+    assert np.allclose(sorted(curves["y"]), sorted(100 * rows["test_accuracy"]))
+    # Panel 1: reached at 8 ranks (a point of the method's line), not at 4 (the run's length, flagged).
+    times = table[table["panel"] == 1]
+    reached = times[times["reached"].astype(bool)]
+    assert set(reached["x"]) == {8.0} and set(reached["series"]) == {style.label("allreduce_sgd"),
+                                                                     style.label("adpsgd")}
+    missed = times[~times["reached"].astype(bool)]
+    assert set(missed["x"]) == {4.0} and set(missed["series"]) == {fig8_time_to_accuracy.NOT_REACHED}
+    last = tiny_time_to_accuracy[(tiny_time_to_accuracy["ranks"] == 4) & (tiny_time_to_accuracy["iteration"] == 50)]
+    assert len(last) == 2 and np.allclose(sorted(missed["y"]), sorted(last["ready_s"]))

@@ -424,30 +424,19 @@ def at_scale_entry(scenario) -> CalibrationEntry:
                                                                      median_s=AT_SCALE_EVAL_S)])
 
 
-def evaluation_ready_s(steps: pd.DataFrame, evals: pd.DataFrame, iterations: int) -> pd.Series:
+def evaluation_ready_s(steps: pd.DataFrame, evals: pd.DataFrame) -> pd.Series:
     """Per evaluation iteration k of ``evals``: the simulated time at which its averaged model
-    exists, the last rank's arrival at the evaluation point (the end of its iteration k - 1; at
-    the last, no earlier than rank 0's evaluation ``time_s``, which follows the loop's finish),
-    since the first step began, less the time earlier evaluations held rank 0 after that arrival
-    (its test of the models: evaluating is not training). The count of
-    ``harness.results.summary.time_to_target`` (summary.csv's ``time_to_target_s``).
+    exists, less earlier evaluations' time, as summary.csv's ``time_to_target_s`` counts it
+    (``harness.results.summary.evaluation_ready_s``, indexed by iteration here).
 
     Not the evaluation's ``time_s`` (evals.csv), which is rank 0's arrival: a method whose ranks
     drift apart (AD-PSGD, WAGMA-SGD, SGP, D-PSGD) evaluates an average of models that the slower
     ranks finish later, up to a straggler's sleeps later."""
-    arrival = steps.groupby("iteration")["end_s"].max()
-    rank0_start = steps[steps["rank"] == 0].set_index("iteration")["start_s"]
-    t0 = float(steps["start_s"].min())
-    rank0_time = evals.groupby("iteration")["time_s"].max()
-    ready, held = {}, 0.0
-    for k in sorted(int(i) for i in evals["iteration"].unique()):
-        arrived = float(arrival.get(k - 1, rank0_time[k]))
-        if k >= iterations:
-            arrived = max(arrived, float(rank0_time[k]))
-        ready[k] = arrived - t0 - held
-        if k in rank0_start.index:
-            held += max(0.0, float(rank0_start[k]) - arrived)
-    return pd.Series(ready, name="ready_s")
+    from harness.results.summary import evaluation_ready_s as ready_s
+
+    average = evals[evals["model"] == "average"]
+    return pd.Series(ready_s(steps, average).to_numpy(), index=average["iteration"].astype(int).to_numpy(),
+                     name="ready_s")
 
 
 def time_to_accuracy_point(ranks: int, key: str, algorithm: Any, iterations: int, eval_every: int,
@@ -484,7 +473,7 @@ def time_to_accuracy_point(ranks: int, key: str, algorithm: Any, iterations: int
     summary = summarize(steps, evals, w.batch_size, iterations, ranks=ranks, target_accuracy=target).iloc[0]
     if not summary["complete"]:
         raise RuntimeError(f"time_to_accuracy: simulation of {key!r} on {ranks} ranks is incomplete")
-    ready = evaluation_ready_s(steps, evals, iterations)
+    ready = evaluation_ready_s(steps, evals)
     t0 = float(steps["start_s"].min())
     average = evals[evals["model"] == "average"].sort_values(["iteration", "time_s"], kind="stable")
     rank0 = evals[evals["model"] == "rank0"].set_index("iteration")["test_accuracy"]

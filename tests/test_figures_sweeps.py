@@ -319,8 +319,9 @@ def test_time_to_accuracy_ready_time_waits_for_the_last_rank():
         (0, 0, 0.0, 1.0), (1, 0, 0.0, 3.0),   # rank 1 sleeps: the evaluation after iteration 0 waits for it
         (0, 1, 3.5, 4.5), (1, 1, 3.1, 4.1),   # rank 0 tested the models from 3.0 to 3.5
     ]])
-    evals = pd.DataFrame({"iteration": [1, 1, 2, 2], "time_s": [1.0, 1.0, 4.5, 4.5]})
-    ready = experiments.evaluation_ready_s(steps, evals, iterations=2)
+    evals = pd.DataFrame({"iteration": [1, 1, 2, 2], "time_s": [1.0, 1.0, 4.5, 4.5],
+                          "model": ["average", "rank0", "average", "rank0"]})
+    ready = experiments.evaluation_ready_s(steps, evals)
     assert ready.to_dict() == {1: 3.0, 2: 4.0}
 
 

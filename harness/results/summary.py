@@ -66,32 +66,36 @@ def _ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator > 0 else math.nan
 
 
-def time_to_target(steps: pd.DataFrame, average: pd.DataFrame, target: float | None) -> float:
-    """Training seconds until the averaged model first reached ``target`` test accuracy.
+def evaluation_ready_s(steps: pd.DataFrame, average: pd.DataFrame) -> pd.Series:
+    """Per evaluation of ``average`` (the algorithm's evals of the "average" model; same index):
+    the training seconds at which its averaged model existed. That is when the last rank had
+    finished the iteration before it (the latest ``end_s`` of that iteration; rank 0 enters the
+    evaluation at ``time_s``, earlier when a straggler is behind it, as a rank of an asynchronous
+    method can be by many iterations), counted from the algorithm's first step (min start_s over
+    ranks), less the time every earlier evaluation took: from the moment its model existed to
+    rank 0's start of the next iteration (nothing for an evaluation without that step row), so
+    that how often a scenario evaluates does not change it."""
+    finished = steps.groupby("iteration")["end_s"].max()  # every rank done with the iteration
+    ready = np.maximum(average["time_s"], (average["iteration"] - 1).map(finished).fillna(average["time_s"]))
+    resumed = average["iteration"].map(steps[steps["rank"] == 0].groupby("iteration")["start_s"].min())
+    took = (resumed - ready).clip(lower=0.0).fillna(0.0)
+    earlier = average["iteration"].map(lambda k: float(took[average["iteration"] < k].sum()))
+    return ready - float(steps["start_s"].min()) - earlier
 
-    ``average``: the algorithm's evals of the "average" model. The first of them (by iteration,
-    then time_s) with ``test_accuracy >= target`` ends the count, at the moment its model
-    existed: when the last rank had finished the iteration before it (its models are taken
-    then; rank 0 may take its own earlier, ``time_s``, and wait for the others, as a rank of an
-    asynchronous method running ahead of a straggler does). The count starts at the algorithm's
-    first step (min start_s over ranks). Evaluation is not training, and how often a scenario
-    evaluates must not change the result, so the time each earlier evaluation took is
-    subtracted: from that moment to rank 0's start of the next iteration (nothing for an
-    evaluation without that step row). NaN when the target is None, never reached, or the
-    algorithm has no steps.
+
+def time_to_target(steps: pd.DataFrame, average: pd.DataFrame, target: float | None) -> float:
+    """Training seconds until the averaged model first reached ``target`` test accuracy: the
+    :func:`evaluation_ready_s` of the first evaluation (by iteration, then time_s) of ``average``
+    (the algorithm's evals of the "average" model) with ``test_accuracy >= target``. NaN when
+    the target is None, never reached, or the algorithm has no steps.
     """
     if target is None or steps.empty:
         return math.nan
     reached = average[average["test_accuracy"] >= target]
     if reached.empty:
         return math.nan
-    finished = steps.groupby("iteration")["end_s"].max()  # every rank done with the iteration
-    ready = np.maximum(average["time_s"], (average["iteration"] - 1).map(finished).fillna(average["time_s"]))
     hit = reached.sort_values(["iteration", "time_s"], kind="stable").iloc[0]
-    earlier = average["iteration"] < hit["iteration"]
-    resumed = average.loc[earlier, "iteration"].map(steps[steps["rank"] == 0].groupby("iteration")["start_s"].min())
-    evaluating = float((resumed - ready[earlier]).clip(lower=0.0).fillna(0.0).sum())
-    return float(ready[hit.name]) - float(steps["start_s"].min()) - evaluating
+    return float(evaluation_ready_s(steps, average)[hit.name])
 
 
 def _summary_row(

@@ -79,8 +79,9 @@ def ring_sum(buffers: Sequence[torch.Tensor]) -> torch.Tensor:
     """The sum the native ring allreduce computes, rounding for rounding: chunk c (``chunk_begin``
     of kernels/schedule.cpp: p chunks, the first ``n % p`` one element longer) is accumulated
     along the ring from member c, ``acc = x[c + j] + acc`` for j = 1 .. p-1 (its
-    reduce-scatter), so every chunk's additions happen in that order. One indexing per step
-    and chunk length gathers chunk c of member c + j for every c at once."""
+    reduce-scatter), so every chunk's additions happen in that order. Chunk c of member c + j,
+    for every c at once, is a (wrapped) diagonal of the ``[members, chunks, length]`` view of
+    the rows: two strided views per step and chunk length, no copies."""
     if len(buffers) <= 8 and stacked_rows(buffers) is None:
         return _ring_sum_by_chunk(buffers)
     rows = _rows(buffers)
@@ -96,12 +97,23 @@ def ring_sum(buffers: Sequence[torch.Tensor]) -> torch.Tensor:
         end = start + (last - first) * length
         part = rows[:, start:end].unflatten(1, (last - first, length))
         out = total[start:end].view(last - first, length)
-        chunk = torch.arange(first, last, device=rows.device)
-        local = chunk - first
-        out.copy_(part[chunk, local])
-        for j in range(1, p):
-            out.add_(part[(chunk + j) % p, local])
+        for j in range(p):
+            _add_diagonals(out, part, (first + j) % p, p, first=j == 0)
     return total
+
+
+def _add_diagonals(out: torch.Tensor, part: torch.Tensor, shift: int, p: int, first: bool) -> None:
+    """``out[c] (+)= part[(c + shift) % p, c]`` for every chunk c of ``out`` (``[chunks, length]``;
+    ``part``: ``[members, chunks, length]``); ``first``: copy instead of adding."""
+    k = out.shape[0]
+    below = min(k, p - shift)  # chunks c with c + shift < p: the diagonal at -shift
+    if below > 0:
+        src = torch.diagonal(part, offset=-shift, dim1=0, dim2=1)[:, :below].T
+        out[:below].copy_(src) if first else out[:below].add_(src)
+    wrap = p - shift  # chunks c >= p - shift wrap to member c + shift - p: the diagonal at p - shift
+    if shift > 0 and wrap < k:
+        src = torch.diagonal(part, offset=wrap, dim1=0, dim2=1).T
+        out[wrap:wrap + src.shape[0]].copy_(src) if first else out[wrap:wrap + src.shape[0]].add_(src)
 
 
 def _ring_sum_by_chunk(buffers: Sequence[torch.Tensor]) -> torch.Tensor:

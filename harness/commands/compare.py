@@ -106,6 +106,13 @@ def run(args: argparse.Namespace) -> int:
     if topology.worth_recording:
         print(f"simulated network topology: {topology.description}")
     train = bool(args.train or scenario.simulation.train)
+    if not train and script is None:
+        from harness.sim.value_check import scenario_value_dependence
+
+        problem = scenario_value_dependence(scenario)
+        if problem is not None:
+            print(f"error: {run_dir}: {problem}", file=sys.stderr)
+            return 2
     if train:
         if script is not None:
             print(f"error: {run_dir}: --train: a torch.distributed script's own training cannot be simulated",

@@ -130,22 +130,6 @@ def start_training(scenario, path: Path, algorithms: int):
     return TrainedRun(scenario, Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))), None
 
 
-def _value_dependence(scenario) -> str | None:
-    """Why one of the user's own algorithms cannot be simulated without values (its
-    communication depends on them; ``harness.sim.value_check``), or None. Nothing to check
-    with values (``simulation.train``) or for the harness's own classes."""
-    if scenario.simulation.train:
-        return None
-    from harness.sim.value_check import built_in, value_dependence
-
-    for entry in scenario.algorithms:
-        if not built_in(entry):
-            problem = value_dependence(scenario, entry)
-            if problem is not None:
-                return problem
-    return None
-
-
 def _device_problem(scenario) -> str | None:
     """Why a simulation with values cannot compute on the scenario's device here, or None
     (said before the calibration is read)."""
@@ -186,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.scenario.checks import check_user_code
     from harness.sim.hosts import run_rank_hosts, simulated_topology
     from harness.sim.runs import DEFAULT_TRACE_RANKS, calibration_entry, default_reading, describe_reading
+    from harness.sim.value_check import scenario_value_dependence
     from harness.sim.runs import new_simulated_run_path, predict, write_simulated_run
 
     if args.trace_ranks is not None and args.trace_ranks < 0:
@@ -218,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
               "run of it, or give emulated compute and params", file=sys.stderr)
         return 2
     check_user_code(scenario, args.scenario)  # the user's model, dataset...: imported and called
-    problem = _value_dependence(scenario) or _device_problem(scenario)
+    problem = scenario_value_dependence(scenario) or _device_problem(scenario)
     if problem is not None:
         print(f"error: {args.scenario}: {problem}", file=sys.stderr)
         return 2

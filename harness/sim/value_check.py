@@ -117,3 +117,17 @@ def value_dependence(scenario: Scenario, entry: Any) -> str | None:
                 return (f"algorithm {entry.name!r}: its communication depends on its model's values: rank {rank}'s "
                         f"call {i + 1} is {show(y)} with values and {show(x)} without (every value 0); {how}")
     return None
+
+
+def scenario_value_dependence(scenario: Scenario) -> str | None:
+    """Why one of ``scenario``'s algorithms of the user's own cannot be simulated without values
+    (:func:`value_dependence`), or None; nothing to check with values (``simulation.train``) or
+    for the harness's own classes."""
+    if scenario.simulation.train:
+        return None
+    for entry in scenario.algorithms:
+        if not built_in(entry):
+            problem = value_dependence(scenario, entry)
+            if problem is not None:
+                return problem
+    return None

@@ -37,7 +37,7 @@ def test_every_only_option_takes_a_comma_list() -> None:
     commands = {path: _option(p, "--only") for path, p in _parsers(build_parser())}
     commands = {" ".join(path): action for path, action in commands.items() if action is not None}
     assert set(commands) == {"run", "launch", "validate", "sbatch", "simulate", "figures", "bench faults",
-                             "bench agreement", "bench simulator"}
+                             "bench agreement", "bench simulator", "bench training"}
     picks = {"bench agreement": ("small_run", "nic_messages"), "bench simulator": ("wagma_g3_p6", "slow_link")}
     for name, action in commands.items():
         # bench agreement's --only picks its cases, bench simulator's its shapes; every other one algorithms.

@@ -106,7 +106,7 @@ ALL = list(ORDER_FREE + ORDER_DEPENDENT)
 REAL = {
     3: {"name": "sim_values_3", "ranks": 3, "seed": 11,
         # mlp on digits: 26,122 floats, over 64 KiB: the ring allreduce
-        "workload": {"model": "mlp", "dataset": "digits", "batch_size": 16, "iterations": 16, "eval_every": 8},
+        "workload": {"model": "mlp", "dataset": "digits", "batch_size": 16, "iterations": 12, "eval_every": 6},
         "algorithms": ["allreduce_sgd", {"name": "local_sgd", "period": 4}, {"name": "overlap_local_sgd", "period": 4},
                        {"name": "easgd", "period": 4}, {"name": "cocod_sgd", "period": 4}, {"name": "bmuf", "period": 4},
                        "sgp", "osgp", "dpsgd", {"name": "wagma", "group_size": 2, "period": 5},
@@ -118,8 +118,8 @@ REAL = {
         "results": {"provenance": "full"}},
     4: {"name": "sim_values_4", "ranks": 4, "seed": 12,
         # logreg on digits: 650 floats: recursive doubling
-        "workload": {"model": "logreg", "dataset": "digits", "batch_size": 16, "iterations": 16, "eval_every": 8},
-        "algorithms": ["allreduce_sgd", "sgp", "dpsgd", "adpsgd", {"name": "wagma", "group_size": 2, "period": 5}],
+        "workload": {"model": "logreg", "dataset": "digits", "batch_size": 16, "iterations": 12, "eval_every": 6},
+        "algorithms": ["allreduce_sgd", "sgp", "adpsgd", {"name": "wagma", "group_size": 2, "period": 5}],
         "imbalance": [{"kind": "random_ranks", "count": 1, "delay_ms": 20}],
         "results": {"provenance": "full"}},
 }

@@ -27,7 +27,7 @@ import torch
 
 from conftest import harness_cli as harness, run_scenario, write_scenario_file
 from harness.sim.calibration import save_fixed_calibration
-from harness.sim.payload import doubling_sum, ring_sum
+from harness.sim.sums import doubling_sum, ring_sum
 
 # A trace-driven simulation with values ends with the real run's models (docs/algorithms/index.md,
 # "In the simulator"): the algorithms whose numerics do not depend on the order messages arrive

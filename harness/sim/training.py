@@ -183,7 +183,7 @@ def evaluation_average(models: list) -> torch.Tensor:
     allreduce (mean) on its evaluation communicator, which has no emulated network, so the
     default allreduce schedule's order of additions."""
     from harness.sim.network import allreduce_schedule
-    from harness.sim.payload import native_sum
+    from harness.sim.sums import native_sum
 
     return native_sum(models, allreduce_schedule(len(models), models[0].numel())).div_(len(models))
 

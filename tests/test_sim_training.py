@@ -371,3 +371,13 @@ def test_the_algorithm_reference_says_which_algorithms_a_replay_ends_with_the_re
     assert set(said) == {entry.name for entry in BUILT_IN}
     assert {name for name, yes in said.items() if yes} == set(ORDER_FREE)
     assert {name for name, yes in said.items() if not yes} == set(ORDER_DEPENDENT)
+
+
+def test_more_ranks_than_training_samples_is_refused_naming_the_dataset(tmp_path: Path) -> None:
+    path = write_scenario_file(tmp_path, {"name": "small", "ranks": 2048, "workload": {
+        "model": "logreg", "dataset": "digits", "batch_size": 8, "iterations": 2}, "algorithms": ["allreduce_sgd"]})
+    calibration = save_fixed_calibration(tmp_path / "calibration.json", 2048, [("logreg", "digits", 8, 0.001)])
+    out = harness("simulate", str(path), "--train", "--calibration", str(calibration), "--out", str(tmp_path / "out"))
+    assert out.returncode == 2, out.stderr
+    assert "workload.dataset: digits has 1,438 training samples" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("*.csv"))

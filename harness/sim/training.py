@@ -398,4 +398,14 @@ def training_problem(scenario: Scenario) -> str | None:
         device = training_device(scenario)
     except TrainingError as exc:
         return str(exc)
-    return fit_problem(scenario, device)
+    problem = fit_problem(scenario, device)
+    if problem is not None:
+        return problem
+    from harness.workload import scenario_dataset
+
+    samples = scenario_dataset(scenario).num_train
+    if samples < scenario.ranks:
+        return (f"workload.dataset: {scenario.workload.dataset} has {samples:,} training samples, fewer than the "
+                f"{scenario.ranks:,} simulated ranks that each train on a shard of them: give a dataset that grows "
+                "with the ranks (the built-in teacher, as scenarios/at_scale.yaml does)")
+    return None

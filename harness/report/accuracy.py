@@ -15,16 +15,34 @@ TITLE = "Test accuracy against time"
 _SIMULATED_STYLE = {"sim-trace": "--", "sim-predictive": ":"}  # line style per simulation in the directory
 
 
+def _on_training_time(average: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFrame:
+    """``average`` with ``time_s`` replaced, per algorithm, by the training time at which each
+    evaluated average existed (``harness.results.summary.evaluation_ready_s``: the count of
+    summary.csv's time to target), where the steps are there to say it."""
+    if steps is None or steps.empty or average.empty:
+        return average
+    from harness.results.summary import evaluation_ready_s
+
+    out = average.copy()
+    for algorithm, rows in average.groupby("algorithm"):
+        mine = steps[steps["algorithm"] == algorithm]
+        if not mine.empty:
+            out.loc[rows.index, "time_s"] = evaluation_ready_s(mine, rows)
+    return out
+
+
 def figure(evals: pd.DataFrame, algorithms: list[str], palette: look.Palette, target: float | None = None,
-           simulations: dict[str, pd.DataFrame] | None = None, simulated_time: bool = False):
-    """Two panels, test accuracy (%) and test loss of the ``average`` model against ``time_s``
-    (seconds since the algorithm's t0); the target accuracy as a dotted line. ``simulations``:
-    the evaluations of simulations with values of the same run (``compare --train``: sim-trace,
-    sim-predictive), drawn in the algorithm's colour, dashed or dotted. ``simulated_time``: the
-    run itself is a simulation (its times are simulated)."""
+           simulations: dict[str, tuple[pd.DataFrame, pd.DataFrame]] | None = None, simulated_time: bool = False,
+           steps: pd.DataFrame | None = None):
+    """Two panels, test accuracy (%) and test loss of the ``average`` model against training time
+    (with ``steps``, the run's steps.csv: when each evaluated average existed, evaluation time
+    excluded, as summary.csv's time to target counts; without, ``time_s``); the target accuracy
+    as a dotted line. ``simulations``: (evaluations, steps) of simulations with values of the
+    same run (``compare --train``: sim-trace, sim-predictive), drawn in the algorithm's colour,
+    dashed or dotted. ``simulated_time``: the run itself is a simulation (its times are simulated)."""
     from matplotlib.lines import Line2D
 
-    average = evals[evals["model"] == "average"]
+    average = _on_training_time(evals[evals["model"] == "average"], steps)
     fig = look.new_figure(11, 3.6)
     acc_ax, loss_ax = fig.subplots(1, 2)
     for algorithm in algorithms:
@@ -34,8 +52,9 @@ def figure(evals: pd.DataFrame, algorithms: list[str], palette: look.Palette, ta
         look_of = {"color": palette.colour(algorithm), "marker": "o", "markersize": 3.5, "linewidth": 1.6}
         acc_ax.plot(rows["time_s"], rows["test_accuracy"] * 100, label=palette.label(algorithm), **look_of)
         loss_ax.plot(rows["time_s"], rows["test_loss"], **look_of)
-        for name, frame in (simulations or {}).items():
-            sim = frame[(frame["model"] == "average") & (frame["algorithm"] == algorithm)].sort_values("time_s")
+        for name, (frame, sim_steps) in (simulations or {}).items():
+            sim = _on_training_time(frame[(frame["model"] == "average") & (frame["algorithm"] == algorithm)], sim_steps)
+            sim = sim.sort_values("time_s")
             style = {"color": palette.colour(algorithm), "linestyle": _SIMULATED_STYLE.get(name, "--"), "linewidth": 1.2}
             acc_ax.plot(sim["time_s"], sim["test_accuracy"] * 100, **style)
             loss_ax.plot(sim["time_s"], sim["test_loss"], **style)
@@ -46,9 +65,10 @@ def figure(evals: pd.DataFrame, algorithms: list[str], palette: look.Palette, ta
         handles.append(Line2D([], [], color="dimgrey", linestyle=_SIMULATED_STYLE.get(name, "--")))
         labels.append(f"simulated ({name.removeprefix('sim-')})")
     when = "simulated time" if simulated_time else "wall time"
-    acc_ax.set(xlabel=f"{when} since the algorithm's start (s)", ylabel="test accuracy (%)",
+    what = "training " + when if steps is not None else when
+    acc_ax.set(xlabel=f"{what} since the algorithm's start (s)", ylabel="test accuracy (%)",
                title="averaged model: test accuracy")
-    loss_ax.set(xlabel=f"{when} since the algorithm's start (s)", ylabel="test loss",
+    loss_ax.set(xlabel=f"{what} since the algorithm's start (s)", ylabel="test loss",
                 title="averaged model: test loss")
     fig.legend(handles, labels, loc="outside right upper", frameon=False)
     return fig
@@ -60,9 +80,10 @@ def section(run: RunData, palette: look.Palette) -> look.Section:
         return look.Section(KEY, TITLE, absent=_why_none(run))
     missing = [a for a in run.algorithms if a not in set(evals["algorithm"])]
     caption = ("Each point is an evaluation of the average of all ranks' models on the test split (evals.csv, "
-               "model = average), at the time its models were taken (time_s: seconds since that algorithm's "
-               f"start{', in simulated time' if run.simulated else ''}).")
-    simulations = {name: sim.evals for name, sim in run.simulations.items()
+               "model = average), at the training time its average existed: when the last rank had finished the "
+               "iteration, since that algorithm's start, earlier evaluations' time excluded (the count of the "
+               f"summary's time to target{'; simulated time' if run.simulated else ''}).")
+    simulations = {name: (sim.evals, sim.steps) for name, sim in run.simulations.items()
                    if not sim.evals[sim.evals["model"] == "average"].empty}
     if simulations:
         caption += (" Dashed (trace-driven) and dotted (predictive): the same run simulated with values "
@@ -70,7 +91,7 @@ def section(run: RunData, palette: look.Palette) -> look.Section:
     if missing:
         caption += f" No evaluations for: {', '.join(missing)}."
     return look.Section(KEY, TITLE, figure(evals, run.algorithms, palette, run.target_accuracy, simulations,
-                                           simulated_time=run.simulated), caption)
+                                           simulated_time=run.simulated, steps=run.steps), caption)
 
 
 def _why_none(run: RunData) -> str:

@@ -15,7 +15,7 @@ from harness.scenario import scenario_from_dict
 from harness.scenario.checks import check_user_code
 from harness.scenario.loader import ScenarioError
 from harness.workload import batch_indices, build_model, dataset_facts, load_dataset, scenario_dataset, shard_indices
-from harness.workload.data import TEACHER_BLOCK, TEACHER_SAMPLES_PER_RANK, teacher, teacher_facts
+from harness.workload.teacher import TEACHER_BLOCK, TEACHER_SAMPLES_PER_RANK, teacher, teacher_facts
 from harness.workload.names import BUILTIN_DATASET_FACTS, DATASETS, WorkloadCodeError
 
 
@@ -27,7 +27,7 @@ def _scenario(ranks: int, **workload) -> object:
 
 
 def test_registered_as_a_builtin():
-    assert DATASETS["teacher"] == "harness.workload.data:teacher"
+    assert DATASETS["teacher"] == "harness.workload.teacher:teacher"
     data = load_dataset("teacher", seed=0)  # no ranks: one rank's share
     facts = BUILTIN_DATASET_FACTS["teacher"]
     assert (data.input_shape, data.num_classes, data.num_train + data.num_test) == (

@@ -37,7 +37,7 @@ DATASETS: dict[str, str] = {
     "mnist5k": "harness.workload.data:mnist5k",
     "digits": "harness.workload.data:digits",
     "synthetic": "harness.workload.data:synthetic",
-    "teacher": "harness.workload.data:teacher",
+    "teacher": "harness.workload.teacher:teacher",
 }
 _TABLES = {"model": MODELS, "dataset": DATASETS}
 

@@ -16,27 +16,32 @@ Matching, as in the native layer: collectives of one communicator are matched in
 rank posts them (a mismatch is an error naming both sides); exchanges between two ranks in the
 order they are posted; persistent operations in the order they are created; wait-avoiding
 rounds by round number.
+
+The handles of its non-blocking operations are in :mod:`harness.sim.handles`, the
+wait-avoiding group allreduce in :mod:`harness.sim.wait_avoiding`.
 """
 
 from __future__ import annotations
 
-import bisect
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from harness.comm.op_record import OpRecord
-from harness.schedules import checked_quorum, is_sync_round
+from harness.schedules import checked_quorum
 from harness.sim.engine import SimEngine
 from harness.sim.network import FLOAT_BYTES, SimNetwork
-from harness.sim.payload import Pairwise, Payload, Published
+from harness.sim.payload import Pairwise, Payload
+from harness.sim.handles import (
+    CollectiveHandle,
+    ExchangeHandle,
+    Handle,
+    ReceiveHandle,
+    SimCommError,
+    TimedHandle,
+)
 from harness.sim.primitives import Collective, Mailboxes
-
-ACTIVATION_BYTES = 8  # one int64 round number (the native op does not count them in its bytes)
-
-
-class SimCommError(RuntimeError):
-    """An operation used in a way the native layer would refuse (wrong peer, mismatched collective)."""
+from harness.sim.wait_avoiding import SimWaitAvoidingAllreduce, WaitAvoidingState
 
 
 def _floats(buf: Any) -> int:
@@ -84,124 +89,6 @@ class SimFabric:
         return op
 
 
-# -- handles ------------------------------------------------------------------------------------
-class _Handle:
-    """A non-blocking operation's handle: ``wait()``, ``done()``, and its record once finished.
-
-    ``deliver`` (values only, :mod:`harness.sim.payload`): what puts the operation's result
-    into the caller's buffer, run once, when the caller first sees the operation complete
-    (``wait()`` returning, or ``done()`` returning True)."""
-
-    __slots__ = ("engine", "name", "post", "bytes", "round", "iteration", "deliver")
-
-    def __init__(self, engine: SimEngine, name: str, nbytes: int, round: int = -1) -> None:
-        self.engine = engine
-        self.name = name
-        self.post = engine.env.now
-        self.bytes = nbytes
-        self.round = round
-        self.iteration = -1
-        self.deliver = None
-
-    def _delivered(self) -> None:
-        deliver, self.deliver = self.deliver, None
-        deliver()
-
-    def end(self) -> float | None:  # when the operation completes for this rank; None: unknown yet
-        raise NotImplementedError
-
-    def start(self) -> float:
-        return self.post
-
-    def done(self) -> bool:
-        end = self.end()
-        finished = end is not None and end <= self.engine.env.now
-        if finished and self.deliver is not None:
-            self._delivered()
-        return finished
-
-    def wait(self, timeout: float | None = None) -> None:
-        raise NotImplementedError
-
-    def times(self) -> tuple[float, float, float | None]:
-        return self.post, self.start(), self.end()
-
-
-class _CollectiveHandle(_Handle):
-    __slots__ = ("op", "rank")
-
-    def __init__(self, engine, op: Collective, rank: int) -> None:
-        super().__init__(engine, op.kind, op.sent_by(rank))
-        self.op, self.rank = op, rank
-
-    def end(self):
-        return self.op.done_time(self.rank)
-
-    def wait(self, timeout=None):
-        self.op.wait(self.rank)
-
-
-class _TimedHandle(_Handle):
-    """An operation whose completion time is known when it is posted (push sends, requests)."""
-
-    __slots__ = ("at",)
-
-    def __init__(self, engine, name: str, nbytes: int, at: float, round: int = -1) -> None:
-        super().__init__(engine, name, nbytes, round)
-        self.at = at
-
-    def end(self):
-        return self.at
-
-    def wait(self, timeout=None):
-        self.engine.sleep_until(self.at)
-        if self.deliver is not None:
-            self._delivered()
-
-
-class _ExchangeHandle(_Handle):
-    __slots__ = ("mail", "peer", "me", "seq", "release", "_end")
-
-    def __init__(self, engine, mail: Mailboxes, me: int, peer: int, seq: int, nbytes: int, release: float) -> None:
-        # _Handle.__init__ spelled out: thousands of ranks post exchanges every iteration.
-        self.engine, self.name, self.post, self.bytes, self.round, self.iteration, self.deliver = (
-            engine, "exchange", engine.env.now, nbytes, -1, -1, None)
-        self.mail, self.me, self.peer, self.seq, self.release = mail, me, peer, seq, release
-        self._end = None  # known once the peer's message is: it never changes after
-
-    def end(self):
-        if self._end is None:
-            arrival = self.mail.arrival(self.peer, self.me, self.seq)
-            if arrival is not None:
-                self._end = arrival if arrival > self.release else self.release
-        return self._end
-
-    def wait(self, timeout=None):
-        end = self.end()
-        if end is None:
-            arrival = self.mail.receive(self.peer, self.me, self.seq)  # not sent yet: wait for it to be
-            end = self._end = arrival if arrival > self.release else self.release
-        self.engine.sleep_until(end)
-        if self.deliver is not None:
-            self._delivered()
-
-
-class _ReceiveHandle(_Handle):
-    """A receive (:meth:`SimCommunicator.irecv`): done when the matching message has arrived."""
-
-    __slots__ = ("mail", "peer", "me", "seq")
-
-    def __init__(self, engine, mail: Mailboxes, me: int, peer: int, seq: int) -> None:
-        super().__init__(engine, "recv", 0)
-        self.mail, self.me, self.peer, self.seq = mail, me, peer, seq
-
-    def end(self):
-        return self.mail.arrival(self.peer, self.me, self.seq)
-
-    def wait(self, timeout=None):
-        self.engine.sleep_until(self.mail.receive(self.peer, self.me, self.seq))
-
-
 # -- the communicator -----------------------------------------------------------------------------
 class SimCommunicator:
     """One simulated rank's communicator (see the module docstring)."""
@@ -215,7 +102,7 @@ class SimCommunicator:
         self._exchanges: dict[int, int] = defaultdict(int)  # peer -> exchanges posted to it
         self._received: dict[int, int] = defaultdict(int)  # peer -> receives posted from it
         self._group_seqs: dict[tuple[int, ...], int] = defaultdict(int)  # members -> collectives posted over them
-        self._unfinished: list[_Handle] = []  # posted, record not drained yet
+        self._unfinished: list[Handle] = []  # posted, record not drained yet
         self._iteration = -1  # the loop's current iteration (-1: none, e.g. construction, finish)
         self.closed = False
 
@@ -237,7 +124,7 @@ class SimCommunicator:
         iteration ended, so time alone cannot say where it belongs."""
         self._iteration = -1 if t is None else t
 
-    def _posted(self, handle: _Handle) -> _Handle:
+    def _posted(self, handle: Handle) -> Handle:
         handle.iteration = self._iteration
         self._unfinished.append(handle)
         return handle
@@ -249,13 +136,13 @@ class SimCommunicator:
         return peer
 
     # -- collectives ----------------------------------------------------------------------------
-    def _collective(self, kind: str, count: int, root: int = 0, buf: Any = None, reduce: str = "sum") -> _Handle:
+    def _collective(self, kind: str, count: int, root: int = 0, buf: Any = None, reduce: str = "sum") -> Handle:
         key = self._collective_seq
         self._collective_seq += 1
         op = self.fabric.collective(key, self._rank, kind, count, root, buf=buf, reduce=reduce)
-        return self._posted(_CollectiveHandle(self.engine, op, self._rank))
+        return self._posted(CollectiveHandle(self.engine, op, self._rank))
 
-    def iallreduce(self, buf: Any, op: str = "sum") -> _Handle:
+    def iallreduce(self, buf: Any, op: str = "sum") -> Handle:
         if op not in ("sum", "mean"):
             raise SimCommError(f"allreduce op must be 'sum' or 'mean' (got {op!r})")
         return self._collective("allreduce", _floats(buf), buf=buf, reduce=op)
@@ -263,7 +150,7 @@ class SimCommunicator:
     def allreduce(self, buf: Any, op: str = "sum") -> None:
         self.iallreduce(buf, op).wait()
 
-    def ibroadcast(self, buf: Any, root: int = 0) -> _Handle:
+    def ibroadcast(self, buf: Any, root: int = 0) -> Handle:
         if not 0 <= int(root) < self.size:
             raise SimCommError(f"broadcast root {root} out of range [0, {self.size - 1}]")
         return self._collective("broadcast", _floats(buf), int(root), buf=buf)
@@ -271,13 +158,13 @@ class SimCommunicator:
     def broadcast(self, buf: Any, root: int = 0) -> None:
         self.ibroadcast(buf, root).wait()
 
-    def ibarrier(self) -> _Handle:
+    def ibarrier(self) -> Handle:
         return self._collective("barrier", 0)
 
     def barrier(self) -> None:
         self.ibarrier().wait()
 
-    def igroup(self, kind: str, members: Sequence[int], count: int, root: int = 0) -> _Handle:
+    def igroup(self, kind: str, members: Sequence[int], count: int, root: int = 0) -> Handle:
         """A collective over ``members`` (world ranks, this rank among them; the torch.distributed
         backend's groups): ``kind`` an allreduce, broadcast, barrier or one of
         :data:`harness.sim.network.GROUP_KINDS`, ``root`` a member index. Matched per member
@@ -289,24 +176,24 @@ class SimCommunicator:
         seq = self._group_seqs[members]
         self._group_seqs[members] = seq + 1
         op = self.fabric.collective(("group", members, seq), self._rank, kind, int(count), int(root), members)
-        return self._posted(_CollectiveHandle(self.engine, op, self._rank))
+        return self._posted(CollectiveHandle(self.engine, op, self._rank))
 
     # -- point to point -------------------------------------------------------------------------
-    def isend(self, peer: int, nbytes: int) -> _Handle:
+    def isend(self, peer: int, nbytes: int) -> Handle:
         """A one-way message of ``nbytes`` to ``peer`` (torch.distributed's send): done once it
         has left (its release); matched with the peer's :meth:`irecv` in posting order."""
         peer = self._check_peer(peer, "send peer")
         release = self.fabric.mail.send(self._rank, peer, int(nbytes))
-        return self._posted(_TimedHandle(self.engine, "send", int(nbytes), release))
+        return self._posted(TimedHandle(self.engine, "send", int(nbytes), release))
 
-    def irecv(self, peer: int, nbytes: int) -> _Handle:
+    def irecv(self, peer: int, nbytes: int) -> Handle:
         """The next message from ``peer`` (see :meth:`isend`): done when it has arrived."""
         peer = self._check_peer(peer, "receive peer")
         seq = self._received[peer]
         self._received[peer] = seq + 1
-        return self._posted(_ReceiveHandle(self.engine, self.fabric.mail, self._rank, peer, seq))
+        return self._posted(ReceiveHandle(self.engine, self.fabric.mail, self._rank, peer, seq))
 
-    def iexchange(self, send: Any, recv: Any, peer: int) -> _Handle:
+    def iexchange(self, send: Any, recv: Any, peer: int) -> Handle:
         if not 0 <= peer < self.fabric.ranks or peer == self._rank:
             self._check_peer(peer, "exchange peer")  # raises
         n = send.numel()
@@ -315,7 +202,7 @@ class SimCommunicator:
         seq = self._exchanges[peer]
         self._exchanges[peer] = seq + 1
         release = self.fabric.mail.send(self._rank, peer, n * FLOAT_BYTES)
-        handle = _ExchangeHandle(self.engine, self.fabric.mail, self._rank, peer, seq, n * FLOAT_BYTES, release)
+        handle = ExchangeHandle(self.engine, self.fabric.mail, self._rank, peer, seq, n * FLOAT_BYTES, release)
         payload = self.fabric.payload
         if payload is not None:
             payload.sent(self._rank, peer, seq, send)
@@ -398,7 +285,7 @@ class SimPushChannel:
     def count(self) -> int:
         return self._count
 
-    def send(self, buf: Any, peers: Sequence[int], round: int = 0) -> _Handle:
+    def send(self, buf: Any, peers: Sequence[int], round: int = 0) -> Handle:
         comm = self._comm
         n = _floats(buf)
         if n > self._count:
@@ -412,7 +299,7 @@ class SimPushChannel:
         if comm.fabric.payload is not None:
             comm.fabric.payload.pushed(comm.rank, [int(p) for p in peers], arrivals, int(round), buf)
         self._last_send = max(self._last_send, at)
-        return comm._posted(_TimedHandle(comm.engine, "push", nbytes * len(peers), at, int(round)))
+        return comm._posted(TimedHandle(comm.engine, "push", nbytes * len(peers), at, int(round)))
 
     def drain(self, out: Any, min_messages: int = 0, timeout: float | None = None, round: int | None = None) -> int:
         mail, me = self._comm.fabric.mail, self._comm.rank
@@ -437,285 +324,6 @@ class SimPushChannel:
     def close(self) -> None:
         self.flush()
         self.closed = True
-
-
-# -- the wait-avoiding group allreduce -----------------------------------------------------------
-class _Round:
-    __slots__ = ("of_rank", "staleness")
-
-    def __init__(self) -> None:
-        self.of_rank: dict[int, Collective] = {}
-        self.staleness: dict[int, int] = {}
-
-
-class WaitAvoidingState:
-    """One wait-avoiding op, all ranks' sides (``kernels/wait_avoiding.hpp``'s rules).
-
-    The first caller to arrive at round k that may activate it sends an activation to every
-    other rank and joins; a rank's progress thread joins every round it has not joined up to
-    an activated one on receipt, contributing the buffer published last (staleness: rounds
-    between the round and that buffer's round); synchronous rounds (every ``sync_every``-th)
-    are joined by each caller itself, over all ranks.
-
-    With ``quorum`` > 1 (``may_activate`` ignored), round k is activated once ``quorum``
-    callers arrived at it. Natively every rank counts the "arrived at k" notices (sent by each
-    caller arriving at a round its rank has not joined yet) itself and joins when its own count
-    reaches the quorum. The simulator approximates this with one count per round for all ranks
-    (of arrivals at rounds the rank has not joined, and not activated by a quorum yet): the
-    quorum-th arrival at round k is an activation by its rank, which joins at once; the others
-    learn of it one message later. That is exact when all notices take the same time, the
-    quorum-th arriver's own knowledge aside: natively it joins only once the earlier arrivers'
-    notices have reached it too (later than its arrival if one of them arrived less than a
-    message time before it).
-    """
-
-    def __init__(self, fabric: SimFabric, count: int, sync_every: int, quorum: int = 1,
-                 accumulate: bool = False) -> None:
-        self.fabric = fabric
-        # Values: every rank's published buffer (None: the simulation carries no values).
-        self.published_values = fabric.payload.track(Published(fabric.ranks, accumulate,
-                                                               fabric.payload.recorded_staleness)) \
-            if fabric.payload is not None else None
-        self.engine = fabric.engine
-        self.count = count
-        self.sync_every = sync_every
-        ranks = fabric.ranks
-        self.phases: list[list[tuple[int, ...]] | None] = [None] * ranks
-        self.next_join = [0] * ranks
-        self.published = [-1] * ranks  # round of each rank's last published buffer
-        self.rounds: dict[int, _Round] = defaultdict(_Round)
-        self._groups: dict[tuple[int, int], Collective] = {}  # (round, lowest member) -> its allreduce
-        self._interned: dict[tuple[int, ...], tuple[int, ...]] = {}
-        self._everyone = tuple(range(ranks))
-        self._early: dict[int, int] = {}  # rank -> highest round activated before it created the op
-        self._joined: dict[tuple[int, int], Any] = {}  # (rank, k) -> event, for callers waiting to be joined
-        self.finished_rounds = [0] * ranks
-        self.quorum = quorum
-        self._arrived: dict[int, int] = {}  # quorum > 1: round -> arrivals counted so far
-        self._quorum_round = -1  # quorum > 1: the latest round a quorum activated
-        self._pending: dict[int, int] = {}  # quorum > 1: rank -> activated round held up by a sync round
-        # The latest activation sent to every rank at one cost (round, arrival): a later one of no
-        # later round arriving no sooner changes nothing (its deliveries would find every rank
-        # joined already), so it is not scheduled. Ranks that arrive together all activate:
-        # 1,023 activations of 1,023 messages each per round at 1,024 ranks otherwise.
-        self._covered = (-1, float("inf"))
-
-    def register(self, rank: int, phases: Sequence[Sequence[int]], initial: Any = None) -> None:
-        """Rank ``rank``'s groups per phase. Equal groups are stored once: eager-SGD's one group
-        of every rank, given by each of 16,384 ranks, must not be kept 16,384 times.
-        ``initial``: the buffer published before round 0 (values only)."""
-        if self.published_values is not None:
-            self.published_values.create(rank, initial)
-        own = []
-        for g in phases:
-            given = tuple(g)
-            group = self._interned.get(given)
-            if group is None:
-                group = tuple(sorted(given))
-                group = self._interned.setdefault(group, group)
-                self._interned[given] = group
-            i = bisect.bisect_left(group, rank)
-            if i == len(group) or group[i] != rank:
-                raise SimCommError(f"wait_avoiding: rank {rank}'s group {list(group)} does not contain it")
-            own.append(group)
-        self.phases[rank] = own
-        early = self._early.pop(rank, None)
-        if early is not None:  # activations that reached it before it created the op (MPI keeps them)
-            self._on_activation(rank, early)
-
-    def _members(self, rank: int, k: int) -> tuple[int, ...]:
-        if is_sync_round(k, self.sync_every):
-            return self._everyone
-        phases = self.phases[rank]
-        return phases[k % len(phases)]
-
-    def _join(self, rank: int, k: int) -> None:
-        members = self._members(rank, k)
-        key = (k, members[0])  # a round's groups are disjoint: the lowest member names the group
-        op = self._groups.get(key)
-        if op is None:
-            op = self._groups[key] = Collective(self.engine, self.fabric.network, "allreduce", members, self.count,
-                                                in_place=False)
-        state = self.rounds[k]
-        state.of_rank[rank] = op
-        state.staleness[rank] = k - self.published[rank]
-        self.next_join[rank] = k + 1
-        values = self.published_values
-        op.join(rank, values.contribution(rank, k) if values is not None else None)
-        if op.joined == len(op.members):
-            del self._groups[key]
-        event = self._joined.pop((rank, k), None)
-        if event is not None:
-            event.succeed()
-
-    def _on_activation(self, rank: int, k: int) -> None:
-        if self.phases[rank] is None:  # its op does not exist yet: handled when it is created
-            self._early[rank] = max(k, self._early.get(rank, k))
-            return
-        while self.next_join[rank] <= k and not is_sync_round(self.next_join[rank], self.sync_every):
-            self._join(rank, self.next_join[rank])
-        if self.quorum > 1 and self.next_join[rank] <= k:
-            # Held up by a synchronous round: the native op keeps the count and applies it once
-            # the caller joined that round.
-            self._pending[rank] = max(k, self._pending.get(rank, k))
-
-    def _activate(self, src: int, k: int) -> None:
-        """``src`` sends round k's activation to every other rank (direct sends, as the native op)."""
-        network, env = self.fabric.network, self.engine.env
-        now = env.now
-        by_time: dict[float, list[int]] = defaultdict(list)
-        if network.links_from(src):
-            for dst in range(self.fabric.ranks):
-                if dst != src:
-                    by_time[network.message(src, dst, ACTIVATION_BYTES, now)[1]].append(dst)
-        else:  # every activation of src takes the same time: one event for all
-            if self.fabric.ranks < 2:
-                return
-            arrival = network.message(src, 1 if src == 0 else 0, ACTIVATION_BYTES, now)[1]
-            covered_round, covered_at = self._covered
-            if k <= covered_round and arrival >= covered_at:
-                return  # every other rank has been reached by then with this round or a later one
-            if k > covered_round or arrival < covered_at:
-                self._covered = (k, arrival)
-            by_time[arrival] = [d for d in range(self.fabric.ranks) if d != src]
-        for when, dsts in by_time.items():
-            def deliver(_event, dsts=dsts):
-                for dst in dsts:
-                    self._on_activation(dst, k)
-            env.timeout(when - now).callbacks.append(deliver)
-
-    def arrive(self, rank: int, k: int, may_activate: bool, buf: Any = None) -> bool:
-        """Rank ``rank``'s caller publishes ``buf`` for round k; returns whether it had been joined already."""
-        self.published[rank] = k
-        if self.published_values is not None:
-            self.published_values.publish(rank, buf, k)
-        joined_early = k < self.next_join[rank]
-        if not joined_early:
-            if is_sync_round(k, self.sync_every):
-                if k != self.next_join[rank]:
-                    raise SimCommError(f"wait-avoiding allreduce: round {k} reached before round {self.next_join[rank]}")
-                self._join(rank, k)
-                if self.quorum > 1 and rank in self._pending:
-                    self._on_activation(rank, self._pending.pop(rank))
-            elif self.quorum > 1:
-                self._count_arrival(rank, k)
-            elif may_activate:
-                self._activate(rank, k)
-                self._on_activation(rank, k)
-        return joined_early
-
-    def _count_arrival(self, rank: int, k: int) -> None:
-        """quorum > 1: rank's caller arrived at round k, which it has not joined yet."""
-        if k <= self._quorum_round:
-            return  # activated already: the activation is on its way to this rank
-        count = self._arrived.get(k, 0) + 1
-        if count < self.quorum:
-            self._arrived[k] = count
-            return
-        self._quorum_round = k
-        for j in [j for j in self._arrived if j <= k]:
-            del self._arrived[j]
-        self._activate(rank, k)
-        self._on_activation(rank, k)
-
-    def result(self, rank: int, k: int) -> tuple[Collective, int]:
-        """Block until ``rank`` has joined round k and the round's group allreduce completed for
-        it; returns the group collective and the staleness of its contribution."""
-        state = self.rounds[k]
-        if rank not in state.of_rank:  # not activated yet: wait for someone's activation
-            event = self._joined.setdefault((rank, k), self.engine.env.event())
-            self.engine.wait(event, f"round {k} of the wait-avoiding allreduce to be activated")
-            state = self.rounds[k]  # the one it was joined in (the old one was dropped once empty)
-        op = state.of_rank.pop(rank)
-        staleness = state.staleness.pop(rank)
-        if not state.of_rank:
-            del self.rounds[k]
-        op.wait(rank)
-        return op, staleness
-
-
-class _RoundHandle(_Handle):
-    __slots__ = ("state", "rank", "k", "joined_early", "op", "info_", "t_join")
-
-    def __init__(self, engine, state: WaitAvoidingState, rank: int, k: int, joined_early: bool, out: Any) -> None:
-        sync = is_sync_round(k, state.sync_every)
-        super().__init__(engine, "wa_sync_round" if sync else "wa_group_round", 0, k)
-        self.state, self.rank, self.k, self.joined_early = state, rank, k, joined_early
-        self.op: Collective | None = None
-        self.info_: dict | None = None
-        if state.published_values is not None:  # the round's sum lands in ``out`` (values only)
-            self.deliver = self._deliver_into(out)
-
-    def _deliver_into(self, out: Any):
-        def deliver() -> None:
-            self.op.wait_values()
-            out.copy_(self.op.result)
-        return deliver
-
-    def _joined_op(self) -> Collective | None:
-        if self.op is None:
-            state = self.state.rounds.get(self.k)
-            if state is not None:
-                self.op = state.of_rank.get(self.rank)
-                if self.op is not None:
-                    self.bytes = self.op.sent_by(self.rank)
-        return self.op
-
-    def end(self):
-        if self.info_ is not None:
-            return self.info_["t_done"]
-        op = self._joined_op()
-        return None if op is None else op.done_time(self.rank)
-
-    def start(self) -> float:
-        op = self._joined_op()
-        return self.post if op is None else op.join_at[op.index[self.rank]]
-
-    def wait(self, timeout=None):
-        if self.info_ is not None:
-            return
-        op, staleness = self.state.result(self.rank, self.k)
-        self.op = op
-        self.bytes = op.sent_by(self.rank)
-        self.info_ = {
-            "round": self.k, "sync": is_sync_round(self.k, self.state.sync_every), "group_size": len(op.members),
-            "staleness": staleness, "joined_early": self.joined_early,
-            "t_join": op.join_at[op.index[self.rank]], "t_done": op.done_time(self.rank),
-        }
-        self.state.finished_rounds[self.rank] += 1
-        if self.deliver is not None:
-            self._delivered()
-
-    def info(self) -> dict:
-        self.wait()
-        return dict(self.info_)
-
-
-class SimWaitAvoidingAllreduce:
-    """``Communicator.wait_avoiding`` in simulated time (see :class:`WaitAvoidingState`)."""
-
-    def __init__(self, comm: SimCommunicator, state: WaitAvoidingState) -> None:
-        self._comm = comm
-        self._state = state
-        self._next = 0  # this rank's caller's next round
-
-    def iround(self, buf: Any, out: Any, may_activate: bool = True) -> _RoundHandle:
-        k = self._next
-        self._next += 1
-        comm = self._comm
-        joined_early = self._state.arrive(comm.rank, k, bool(may_activate), buf)
-        return comm._posted(_RoundHandle(comm.engine, self._state, comm.rank, k, joined_early, out))
-
-    def round(self, buf: Any, out: Any, may_activate: bool = True) -> dict:
-        handle = self.iround(buf, out, may_activate)
-        handle.wait()
-        return handle.info()
-
-    def close(self) -> None:
-        """Collective: returns once every rank has run all its rounds."""
-        comm = self._comm
-        key = ("wa close", id(self._state))
-        comm.fabric.collective(key, comm.rank, "barrier", 0).wait(comm.rank)
 
 
 # -- pairwise averaging (AD-PSGD) -------------------------------------------------------------------
@@ -748,7 +356,7 @@ class SimPairwiseAverager:
         if self._state.values is not None:
             self._state.values.publish(self._comm.rank, buf)
 
-    def irequest(self, buf: Any, out: Any, peer: int) -> _Handle:
+    def irequest(self, buf: Any, out: Any, peer: int) -> Handle:
         comm = self._comm
         peer = comm._check_peer(peer, "pairwise averaging peer")
         nbytes = _floats(buf) * FLOAT_BYTES
@@ -759,7 +367,7 @@ class SimPairwiseAverager:
         self._state.free_at[peer] = left
         self._state.answers[peer].append(answered)
         self._last_reply = max(self._last_reply, reply)
-        handle = _TimedHandle(comm.engine, "pair_request", nbytes, reply)
+        handle = TimedHandle(comm.engine, "pair_request", nbytes, reply)
         values = self._state.values
         if values is not None:  # the agent answers at the simulated moment it serves the request
             request, answer = buf.detach().clone(), []

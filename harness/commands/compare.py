@@ -66,16 +66,9 @@ def run(args: argparse.Namespace) -> int:
     modes = MODES if args.mode == "both" else (args.mode,)
     script = None
     if isinstance(meta, dict) and meta.get("torch_distributed"):
-        # A script run: its recorded collectives are replayed; nothing models its compute.
+        # A script run: its recorded collectives are replayed, on its recorded local work (trace)
+        # or on the compute model made from it (predictive).
         script = script_label(meta)
-        if args.mode == "predictive":
-            print(f"error: {run_dir}: a torch.distributed script's compute is not modelled; compare it trace-driven "
-                  "(--mode trace)", file=sys.stderr)
-            return 2
-        if modes != ("trace",):
-            print("note: a torch.distributed script run is compared trace-driven only (its recorded collectives "
-                  "replayed on the run's local work)", file=sys.stderr)
-        modes = ("trace",)
     # The run's own files and harness.sim.compare say what makes a run unusable (a run.json that
     # is not JSON, a CSV without its columns, no finished algorithm) with a plain ValueError.
     # Scenario, calibration and timing problems are user errors harness.cli reports.
@@ -98,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     calibration = load_calibration(calibration_path)
     # Checked before anything is simulated or written; trace mode takes compute from the run.
     entry, note = calibration_entry(scenario, calibration, run_dir / SCENARIO_FILE, calibration_path,
-                                    needs_compute="predictive" in modes)
+                                    needs_compute="predictive" in modes and script is None)
     rank_hosts, host_notes = run_rank_hosts(meta, scenario.ranks)
     topology = simulated_topology(scenario, entry, rank_hosts)
     for line in ([note] if note else []) + host_notes + list(topology.notes):

@@ -30,6 +30,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -71,13 +72,19 @@ def load_optional_calibration(path: Path | None, real_compute: bool):
 
 def _simulate_script_run(args: argparse.Namespace, scenario, meta: dict) -> int:
     """The ``scenario.resolved.yaml`` of a torch.distributed script run (``launch --scenario``):
-    its recorded collectives replayed on its local work (``harness.sim.script_replay``), at its
-    rank count or at ``--ranks`` where the sequence allows."""
+    its recorded collectives replayed (``harness.sim.script_replay``). At the recorded rank
+    count in the machine reading, on every step's recorded local work (trace-driven); at any
+    other rank count (``--ranks``, rescaled by ``harness.sim.script_scaling``) or in the cluster
+    reading, on the script's compute model (``harness.sim.script_timing``). The scenario's
+    overrides (``KEY=VALUE``, ``--ranks``, ``--iterations``) apply; no more steps than the run
+    took."""
     from harness.report import after_command
     from harness.results.records import SUMMARY_TABLE_FILE, RunDirectory
     from harness.scenario import load_scenario
-    from harness.sim.runs import DEFAULT_TRACE_RANKS, calibration_entry, new_simulated_run_path, write_simulated_run
+    from harness.sim.runs import (DEFAULT_TRACE_RANKS, calibration_entry, describe_reading, new_simulated_run_path,
+                                  write_simulated_run)
     from harness.sim.script_replay import ScriptTrace, replay_script, script_label, steps_taken
+    from harness.sim.script_scaling import ScriptStructure
 
     run_dir = Path(args.scenario).parent
     recorded = steps_taken(load_scenario(args.scenario), meta)
@@ -86,28 +93,48 @@ def _simulate_script_run(args: argparse.Namespace, scenario, meta: dict) -> int:
     if label not in run.algorithms:
         print(f"error: {run_dir}: the script run did not finish: nothing to replay", file=sys.stderr)
         return 2
-    asked = scenario.workload.iterations
-    if args.iterations is not None and asked != recorded.workload.iterations:
-        print(f"error: --iterations {asked}: a script run is replayed for the {recorded.workload.iterations} steps "
-              "it took", file=sys.stderr)
+    taken = recorded.workload.iterations
+    asked = args.iterations if args.iterations is not None else _assigned_iterations(args, scenario)
+    if asked is not None and asked > taken:
+        print(f"error: {args.scenario}: workload.iterations {asked}: the script run took {taken} steps; a replay "
+              "has no sequence for more", file=sys.stderr)
         return 2
-    scenario = scenario.model_copy(update={"workload": recorded.workload})
+    scenario = scenario.model_copy(update={"workload": scenario.workload.model_copy(
+        update={"iterations": asked or taken})})
     calibration, calibration_file = load_optional_calibration(args.calibration, False)
-    entry, note = calibration_entry(scenario, calibration, args.scenario, calibration_file, needs_compute=False)
+    reading = args.reading or "machine"
+    entry, note = calibration_entry(scenario, calibration, args.scenario, calibration_file, needs_compute=False,
+                                    reading=reading)
     for line in [note] if note else []:
         print(f"note: {line}", file=sys.stderr)
-    trace = ScriptTrace.read(run_dir, recorded.ranks, recorded.workload.iterations)
-    print(f"{scenario.name}: replaying {label} (torch.distributed) at {scenario.ranks} ranks x "
-          f"{scenario.workload.iterations} steps", file=sys.stderr)
-    frame, stat = replay_script(scenario, label, run.steps, trace, recorded.ranks, entry.network)
+    mode = "trace" if scenario.ranks == recorded.ranks and reading == "machine" else "predictive"
+    cpus = calibration.cpus if calibration is not None else (os.cpu_count() or 1)
+    scale = (max(1.0, scenario.ranks / cpus) / max(1.0, recorded.ranks / cpus) if reading == "machine"
+             else 1.0 / max(1.0, recorded.ranks / cpus))
+    trace = ScriptTrace.read(run_dir, recorded.ranks, taken)
+    print(f"{scenario.name}: replaying {label} (torch.distributed, recorded at {recorded.ranks} ranks) at "
+          f"{scenario.ranks} ranks x {scenario.workload.iterations} steps, {mode}: "
+          + ("every step's recorded local work" if mode == "trace" else
+             f"the script's compute model x{scale:.3g}"), file=sys.stderr)
+    print(f"reading: {describe_reading(reading)}", file=sys.stderr)
+    frame, stat = replay_script(scenario, label, run.steps, trace, recorded, entry.network, mode=mode,
+                                structure=ScriptStructure.read(run_dir), scale=scale)
     path = new_simulated_run_path(Path(args.out), scenario.name)
     trace_ranks = DEFAULT_TRACE_RANKS if args.trace_ranks is None else args.trace_ranks
-    out = write_simulated_run(path, scenario, {label: frame}, [stat], "trace",
+    out = write_simulated_run(path, scenario, {label: frame}, [stat], mode,
                               str(calibration_file) if calibration is not None else None, trace_ranks,
-                              calibration_ranks=entry.ranks if calibration is not None else None)
+                              calibration_ranks=entry.ranks if calibration is not None else None, reading=reading)
     print((out.path / SUMMARY_TABLE_FILE).read_text(), end="")
     print(f"results: {out.path}")
     return after_command(out.path)
+
+
+def _assigned_iterations(args: argparse.Namespace, scenario) -> int | None:
+    """``workload.iterations`` where a ``KEY=VALUE`` or ``--set`` gave it, else None."""
+    for item in args.assignments or []:
+        if item.split("=", 1)[0].strip() == "workload.iterations":
+            return scenario.workload.iterations
+    return None
 
 
 def start_training(scenario, path: Path, algorithms: int):

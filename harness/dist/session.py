@@ -88,6 +88,38 @@ def blocked_s(ops: list[tuple[float, float, bool]], forward_s: float, pre_s: flo
     return total
 
 
+class _StepOfWrapper:
+    """Makes ``PostLocalSGDOptimizer.step`` an optimizer step to the session's hooks.
+
+    It wraps the script's optimizer but, unlike torch's optimizers, never runs
+    ``Optimizer.__init__``, so torch's global step hooks fire only for the inner optimizer's step:
+    its model averaging, which runs after that, would land in the next step. While the session
+    runs, its ``step`` is wrapped in the session's pre- and post-hooks (the inner step then
+    nests, as ``ZeroRedundancyOptimizer``'s does); ``remove()`` restores it."""
+
+    def __init__(self, session: ScriptSession) -> None:
+        try:
+            from torch.distributed.optim import PostLocalSGDOptimizer
+        except ImportError:  # a torch without it
+            self._cls = None
+            return
+        self._cls, self._original = PostLocalSGDOptimizer, PostLocalSGDOptimizer.step
+        original = self._original
+
+        def step(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            session._on_step_pre(optimizer, args, kwargs)
+            try:
+                return original(optimizer, *args, **kwargs)
+            finally:
+                session._on_step_post(optimizer, args, kwargs)
+
+        PostLocalSGDOptimizer.step = step
+
+    def remove(self) -> None:
+        if self._cls is not None:
+            self._cls.step = self._original
+
+
 class ScriptSession:
     """Everything around one torch.distributed script on this rank (see the module doc)."""
 
@@ -98,6 +130,7 @@ class ScriptSession:
         from harness.comm import Communicator
         from harness.dist.mismatch import MismatchWatch, fail, install
         from harness.dist.process_group import observe
+        from harness.dist.structure import StructureNotes
         from harness.faults import FaultPlan
         from harness.injection import InjectionPlan
         from harness.launch import exit_promptly_when_interrupted
@@ -128,6 +161,7 @@ class ScriptSession:
         self.groups: dict[float, str] = {}
         self.shapes: dict = {}  # native post time -> harness.dist.sequence.Shape (what the simulator replays)
         self.marks: list = []  # per step: harness.dist.sequence.StepMarks
+        self.structure = StructureNotes()  # what makes the collectives scale (harness.dist.structure)
         self._main_thread = threading.get_ident()
         self._main_posts: set[float] = set()  # post times of this step's collectives posted by the main thread
         self.rows: list[tuple] = []  # per step: start, end, compute, delay, blocked, bytes
@@ -158,11 +192,13 @@ class ScriptSession:
         self._torch = torch
         self._installed = [register_module_forward_pre_hook(self._on_forward),
                            register_optimizer_step_pre_hook(self._on_step_pre),
-                           register_optimizer_step_post_hook(self._on_step_post)]
+                           register_optimizer_step_post_hook(self._on_step_post),
+                           _StepOfWrapper(self)]
 
     def _on_forward(self, module, args) -> None:
         if self._began or self._depth or not self._torch.is_grad_enabled():
             return
+        self.structure.modules(module)
         self._begin()
 
     def _begin(self) -> None:
@@ -185,6 +221,7 @@ class ScriptSession:
             return
         if not self._began:
             self._begin()
+        self.structure.optimizer(optimizer)
         self._pre = time.monotonic()
 
     def _on_step_post(self, optimizer, args, kwargs) -> None:
@@ -211,6 +248,7 @@ class ScriptSession:
                 now = time.monotonic()
         self.rows.append([self._start, now, compute, self._delay, blocked, 0])
         self.marks.append(StepMarks(self._start, self._forward, self._pre, now))
+        self.structure.step_window(self._pre, now)
         self._collect(records)
         self.beat.iteration_done(now - self._start)
         self.t += 1
@@ -237,6 +275,7 @@ class ScriptSession:
         on_main = threading.get_ident() == self._main_thread
         ranks = group.world_ranks
         members = " ".join(str(r) for r in ranks)
+        self.structure.group_used(tuple(ranks))
         for h, (op, nbytes, peer, _tag) in zip(work._handles, work.shapes, strict=True):
             post = h.times()[0]
             self.groups[post] = where
@@ -290,6 +329,7 @@ class ScriptSession:
         self.clock.close()
         steps, ops = gather(self.world, steps), gather(self.world, ops)
         sequence = gather(self.world, sequence_rows(rank, self.marks, self.ops, self.shapes))
+        self._structures = self.world.gather(self.structure.as_dict(), root=0)  # per rank; rank 0 writes them
         counts = self.world.gather(len(self.rows), root=0)
         if self.rank == 0:
             self._write(steps, ops, counts, sequence)
@@ -300,6 +340,7 @@ class ScriptSession:
         import pandas as pd
 
         from harness.results import atomic
+        from harness.dist.structure import STRUCTURE_FILE
         from harness.results.columns import COLLECTIVE_COLUMNS, COLLECTIVE_FILE, to_frame
         from harness.results.records import RunDirectory
         from harness.runner.report import write_summary
@@ -308,6 +349,7 @@ class ScriptSession:
         run.append_algorithm(self.label, steps, [], ops)
         atomic.write_csv(run.path / COLLECTIVE_FILE,
                          to_frame(pd.DataFrame(sequence, columns=list(COLLECTIVE_COLUMNS)), COLLECTIVE_COLUMNS))
+        atomic.write_json(run.path / STRUCTURE_FILE, {"ranks": self._structures}, indent=1)
         taken = max(1, min(counts))
         summary_scenario = self.scenario.model_copy(
             update={"workload": self.scenario.workload.model_copy(update={"iterations": taken})})

@@ -40,6 +40,7 @@ from harness.sim.calibration import CalibrationEntry
 from harness.sim.hosts import SimTopology
 from harness.sim.runs import predict, replay, write_simulated_run
 from harness.sim.script_replay import ScriptTrace, replay_script
+from harness.sim.script_scaling import ScriptStructure
 
 MODES = ("trace", "predictive")
 COMPARE_FILE = "compare.csv"
@@ -77,8 +78,8 @@ def compare_run(run: RunDirectory, scenario: Scenario, entry: CalibrationEntry, 
     None: the scenario's own, if any); write and return the comparison.
 
     ``script``: the label of a torch.distributed script run (``launch --scenario``, no
-    algorithms), whose recorded collectives are replayed (``harness.sim.script_replay``);
-    trace mode only, since nothing models the script's compute. ``train``: the simulations carry
+    algorithms), whose recorded collectives are replayed (``harness.sim.script_replay``) on its
+    recorded local work (trace) or its compute model (predictive). ``train``: the simulations carry
     values (see the module docstring)."""
     if train:
         scenario = scenario.model_copy(update={"simulation": scenario.simulation.model_copy(update={"train": True})})
@@ -87,13 +88,11 @@ def compare_run(run: RunDirectory, scenario: Scenario, entry: CalibrationEntry, 
     hosts = topology.hosts if topology is not None else None
     rows = []
     for mode in modes:
-        if mode == "trace" and script is not None:
+        if script is not None:  # its recorded collectives, on its recorded local work or its compute model
             trace = ScriptTrace.read(run.path, scenario.ranks, w.iterations)
-            frame, stat = replay_script(scenario, script, run.steps, trace, scenario.ranks, entry.network, hosts)
+            frame, stat = replay_script(scenario, script, run.steps, trace, scenario, entry.network, hosts, mode=mode,
+                                        structure=ScriptStructure.read(run.path))
             frames, stats = {script: frame}, [stat]
-        elif script is not None:
-            raise ValueError(f"{run.path}: a torch.distributed script's compute is not modelled: compare it "
-                             "trace-driven (--mode trace)")
         elif mode == "trace":
             frames, stats = replay(scenario, run.steps, entry.network, hosts=hosts,
                                    trained=_trained(scenario, run, recorded=run.steps))

@@ -41,16 +41,18 @@ import pandas as pd
 
 from harness.algorithms.base import Algorithm, AlgorithmContext
 from harness.algorithms.params import AlgorithmParams
+from harness.config import HarnessError
 from harness.results.columns import COLLECTIVE_COLUMNS, COLLECTIVE_FILE, read_frame
+from harness.sim.engine import SimDeadlock
+from harness.sim.handles import SimCommError
 from harness.sim.network import FLOAT_BYTES
-
-# Operations whose sizes and members do not follow the rank count when every rank gives the same size.
-RANK_COUNT_FREE = frozenset({"allreduce", "broadcast", "barrier"})
-_PIECES = {"allgather": "an all-gather's pieces", "reduce_scatter": "a reduce-scatter's shards"}
+from harness.sim.script_scaling import ScalingError, ScriptStructure, scale_step
 
 
-class ReplayError(ValueError):
-    """A recorded sequence that cannot be replayed as asked (the message says why)."""
+
+class ReplayError(HarnessError, ValueError):
+    """A recorded sequence that cannot be replayed as asked (the message says why): the commands
+    print it as an error, never a traceback."""
 
 
 @dataclass(frozen=True)
@@ -59,11 +61,16 @@ class ReplayOp:
 
     op: str
     members: tuple[int, ...]  # world ranks of its group
-    count: int  # floats (payload bytes rounded up to whole floats, the largest any member gave)
+    nbytes: int  # payload bytes (harness.dist.sequence), the largest any member gave
     peer: int  # world rank of the root or peer; -1: none
     phase: str
     at: float
     waited: bool
+
+    @property
+    def count(self) -> int:
+        """The payload in floats, rounded up: what the simulated network sizes it by."""
+        return -(-self.nbytes // FLOAT_BYTES)
 
     @property
     def root_index(self) -> int:
@@ -128,60 +135,22 @@ class ScriptTrace:
                     continue  # steps beyond the ones the run counts
                 members = tuple(int(m) for m in str(row.group_ranks).split())
                 ops[r][int(row.iteration)].append(ReplayOp(
-                    str(row.op), members, -(-nbytes // FLOAT_BYTES), int(row.peer), str(row.phase), float(row.at),
-                    bool(row.waited)))
+                    str(row.op), members, nbytes, int(row.peer), str(row.phase), float(row.at), bool(row.waited)))
         return cls(ops)
 
-    def at_ranks(self, n: int) -> ScriptTrace:
-        """The sequence at ``n`` ranks: itself at the recorded count; else rank r replays rank
-        r mod R, where no operation depends on the rank count (module doc), else ReplayError."""
+    def at_ranks(self, n: int, structure: ScriptStructure | None = None) -> ScriptTrace:
+        """The sequence at ``n`` ranks: itself at the recorded count; else rank r replays recorded
+        rank r mod R, each operation rewritten by :mod:`harness.sim.script_scaling`'s rules
+        (with the run's ``structure``); ReplayError naming the operation that has no rule."""
         if n == self.ranks:
             return self
-        everyone = tuple(range(self.ranks))
-        for r, steps in enumerate(self.ops):
-            for t, ops in enumerate(steps):
-                for op in ops:
-                    why = None
-                    if op.op not in RANK_COUNT_FREE:
-                        pieces = _PIECES.get(op.op, f"a {op.op}'s pieces")
-                        why = f"it holds {op.op} ({pieces} follow the rank count, as FSDP's shards do)"
-                    elif op.members != everyone:
-                        why = f"it holds a {op.op} over the subgroup [{' '.join(map(str, op.members))}]"
-                    elif op.peer >= n:
-                        why = f"it holds a broadcast from rank {op.peer}, which {n} ranks do not have"
-                    if why is not None:
-                        raise ReplayError(f"cannot replay the recorded sequence at {n} ranks: {why} (rank {r}, "
-                                          f"step {t}); replay it at the recorded {self.ranks} ranks, or run the "
-                                          f"script at {n}")
-        for t in range(len(self.ops[0]) if self.ops else 0):
-            shapes = {tuple((op.op, op.count) for op in self.ops[r][t]) for r in range(self.ranks)}
-            if len(shapes) > 1:
-                raise ReplayError(f"cannot replay the recorded sequence at {n} ranks: the ranks posted different "
-                                  f"collectives in step {t}; replay it at the recorded {self.ranks} ranks")
-        world = tuple(range(n))
-        return ScriptTrace([[[ReplayOp(op.op, world, op.count, op.peer, op.phase, op.at, op.waited) for op in ops]
-                             for ops in self.ops[r % self.ranks]] for r in range(n)])
-
-
-class TiledTiming:
-    """A trace-driven timing source of R ranks read at n: rank r takes rank r mod R's times."""
-
-    trace_driven = True
-
-    def __init__(self, base: Any, recorded_ranks: int) -> None:
-        self._base, self._ranks = base, recorded_ranks
-
-    def start_offset(self, r: int) -> float:
-        return self._base.start_offset(r % self._ranks)
-
-    def compute(self, t: int, r: int) -> float:
-        return self._base.compute(t, r % self._ranks)
-
-    def between(self, t: int, r: int) -> float:
-        return self._base.between(t, r % self._ranks)
-
-    def after_eval(self, t: int, r: int) -> float:
-        return self._base.after_eval(t, r % self._ranks)
+        structure = structure or ScriptStructure()
+        try:
+            return ScriptTrace([[scale_step(ops, r % self.ranks, t, self.ranks, r, n, structure)
+                                 for t, ops in enumerate(self.ops[r % self.ranks])] for r in range(n)])
+        except ScalingError as exc:
+            raise ReplayError(f"cannot replay the recorded sequence at {n} ranks: {exc}; replay it at the recorded "
+                              f"{self.ranks} ranks, or run the script at {n}") from exc
 
 
 class ScriptParams(AlgorithmParams):
@@ -225,18 +194,19 @@ class ScriptReplay(Algorithm):
             h.wait()
 
     def _at_places(self, ops: list[ReplayOp], start: float, local: float) -> None:
-        """Post each of ``ops`` at ``start + at * local`` (after its predecessor ended where the
+        """Post each of ``ops`` at ``start + at * local`` (never before its predecessor; after it ended where the
         script waited for it), from the event loop: the rank itself is computing meanwhile."""
         env = self._comm.engine.env
         posted: list[Any] = [None] * len(ops)
         events = [env.event() for _ in ops]
 
         def ready(i: int) -> None:
-            if i > 0 and ops[i - 1].waited:
+            if i > 0:
                 before = posted[i - 1]
-                if before is None:  # the predecessor waits for its own predecessor
+                if before is None:  # never before its predecessor: the ranks' collectives match in posting order
                     events[i - 1].callbacks.append(lambda _e: ready(i))
                     return
+            if i > 0 and ops[i - 1].waited:
                 end = before.end()
                 if end is None and hasattr(before, "op"):  # a collective not every member has joined yet
                     before.op.complete.callbacks.append(lambda _e: ready(i))
@@ -290,33 +260,51 @@ def steps_taken(scenario: Any, meta: dict) -> Any:
     return scenario.model_copy(update={"workload": scenario.workload.model_copy(update={"iterations": taken})})
 
 
-def replay_script(scenario: Any, label: str, real_steps: pd.DataFrame, trace: ScriptTrace, recorded_ranks: int,
-                  network: Any, hosts: Any = None) -> tuple[pd.DataFrame, Any]:
+def replay_script(scenario: Any, label: str, real_steps: pd.DataFrame, trace: ScriptTrace, recorded: Any,
+                  network: Any, hosts: Any = None, mode: str = "trace", structure: ScriptStructure | None = None,
+                  scale: float = 1.0) -> tuple[pd.DataFrame, Any]:
     """Simulate the script run ``label`` at ``scenario.ranks`` ranks (the recorded ones, or
-    another count where :meth:`ScriptTrace.at_ranks` allows it), its local work from
-    ``real_steps`` (steps.csv of the run), on calibrated ``network``; returns its steps frame and
-    :class:`harness.sim.simulate.SimStats`."""
+    another count by :meth:`ScriptTrace.at_ranks`'s rules) on calibrated ``network``; returns its
+    steps frame and :class:`harness.sim.simulate.SimStats`. ``recorded``: the run's scenario
+    (its ranks and injection). ``mode``: ``trace`` takes every step's local work from
+    ``real_steps`` (steps.csv of the run; the recorded rank count only), ``predictive`` from
+    :class:`harness.sim.script_timing.ScriptComputeModel` (``scale``: its reading's factor).
+    ReplayError where the sequence cannot be replayed so."""
+    from harness.sim.script_timing import ScriptComputeModel
     from harness.sim.simulate import injection_arrays, simulate_algorithm
     from harness.sim.timing import TraceTiming
 
     w = scenario.workload
-    n, iterations = scenario.ranks, w.iterations
-    trace = trace.at_ranks(n)
+    n, iterations, recorded_ranks = scenario.ranks, w.iterations, recorded.ranks
+    structure = structure or ScriptStructure()
+    trace = trace.at_ranks(n, structure)
     mine = real_steps[(real_steps["algorithm"] == label) & (real_steps["iteration"] < iterations)]
-    base = TraceTiming(mine, recorded_ranks, iterations)
-    timing = base if n == recorded_ranks else TiledTiming(base, recorded_ranks)
     params = ScriptParams(name=label)
     largest = max((op.count for steps in trace.ops for ops in steps for op in ops), default=1)
     # The stand-in buffers' length is never moved (the replay posts the recorded sizes); no
-    # evaluation points: the run had none.
+    # evaluation points: the harness cannot evaluate a script's model.
     replayed = scenario.model_copy(update={
         "algorithms": [params],
         "workload": w.model_copy(update={"params": max(1, largest), "eval_every": iterations}),
     })
     delays, factors = injection_arrays(replayed)
+    if mode == "trace":
+        if n != recorded_ranks:
+            raise ReplayError(f"a trace-driven replay of {label!r} takes every step's local work from the run's "
+                              f"{recorded_ranks} ranks; at {n} ranks the script's compute is modelled (predictive)")
+        timing = TraceTiming(mine, recorded_ranks, iterations)
+    else:
+        _, recorded_factors = injection_arrays(recorded.model_copy(update={
+            "algorithms": [params], "workload": recorded.workload.model_copy(update={"iterations": iterations})}))
+        shard = structure.shard_ratio(recorded_ranks, n)
+        timing = ScriptComputeModel(mine, recorded_ranks, recorded_factors, factors, structure, scale, shard)
     delay_of = delays.T.tolist()
 
     def make(r: int, ctx: AlgorithmContext) -> ScriptReplay:
         return ScriptReplay(params, ctx, trace.ops[r], delay_of[r], lambda t, r=r: timing.compute(t, r))
 
-    return simulate_algorithm(replayed, params, timing, network, delays, factors, hosts=hosts, make_algorithm=make)
+    try:
+        return simulate_algorithm(replayed, params, timing, network, delays, factors, hosts=hosts,
+                                  make_algorithm=make)
+    except (SimCommError, SimDeadlock) as exc:  # the recorded ranks' sequences do not line up
+        raise ReplayError(f"cannot replay the script run {label!r} at {n} ranks: {exc}") from exc

@@ -1,0 +1,77 @@
+"""A torch.distributed script's local work, modelled from what its run measured (predictive).
+
+The built-in algorithms' predictive simulations take their compute from the calibration, which
+measured the harness's own workloads. A script's model and data are its own, so its model is
+made from its run (``steps.csv`` and ``script_structure.json``), per recorded rank:
+
+- the local work of a step: the median over the steps after the first (the first holds the
+  lazy set-ups) of end - start - injected delay - blocked time, divided by the injected compute
+  factor of that step (the simulation applies the scenario's factors again);
+- the time between two steps (loading data, logging): the median gap;
+- the optimizer step's window (its pre-hook to the step's end). With FSDP2 the optimizer works
+  on the rank's shard, so that part scales with the shard: ``ScriptStructure.shard_ratio``.
+
+Simulated rank r takes recorded rank r mod R's model (as the collective sequence does,
+:mod:`harness.sim.script_scaling`), times ``scale``: the machine reading at another rank count
+shares this machine's cores among more ranks (``Calibration.core_share_factor``); the cluster
+reading gives every rank cores of its own (the run's compute, measured with R ranks on C cores,
+divided by max(1, R / C)).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from harness.sim.script_scaling import ScriptStructure
+from harness.sim.timing import TimingError
+
+
+class ScriptComputeModel:
+    """A predictive timing source (``harness.sim.timing``'s interface) for a script (module doc)."""
+
+    trace_driven = False
+
+    def __init__(self, steps: pd.DataFrame, recorded_ranks: int, recorded_factors: np.ndarray,
+                 factors: np.ndarray, structure: ScriptStructure, scale: float = 1.0,
+                 shard_ratio: float = 1.0) -> None:
+        """``steps``: the script's rows of the run's steps.csv; ``recorded_factors``
+        [iterations, R]: the compute factors the run injected; ``factors`` [iterations, n]: those
+        of the simulation."""
+        if steps.empty:
+            raise TimingError("the script run recorded no steps: nothing to model its compute on")
+        local = np.maximum(steps["end_s"] - steps["start_s"] - steps["injected_delay_s"] - steps["comm_blocked_s"], 0.0)
+        t = steps["iteration"].to_numpy(int)
+        r = steps["rank"].to_numpy(int)
+        shape = recorded_factors.shape
+        known = (t < shape[0]) & (r < shape[1])
+        frame = pd.DataFrame({"rank": r[known], "iteration": t[known],
+                              "local": local.to_numpy(float)[known] / recorded_factors[t[known], r[known]]})
+        steady = frame[frame["iteration"] >= 1] if frame["iteration"].max() >= 1 else frame
+        per_rank = steady.groupby("rank")["local"].median()
+        ends = steps.sort_values(["rank", "iteration"])
+        gaps = (ends.groupby("rank")["start_s"].shift(-1) - ends["end_s"]).clip(lower=0.0)
+        gap = gaps.groupby(ends["rank"]).median().fillna(0.0)
+        after = list(structure.after_step_s) or [0.0] * recorded_ranks
+        self._ranks = recorded_ranks
+        self._local = []
+        for b in range(recorded_ranks):
+            if b not in per_rank.index:
+                raise TimingError(f"the script run recorded no steps of rank {b}: nothing to model its compute on")
+            work = float(per_rank[b])
+            optimizer = min(work, after[b] if b < len(after) else 0.0)
+            self._local.append((work - optimizer + optimizer * shard_ratio) * scale)
+        self._gap = [float(gap.get(b, 0.0)) * scale for b in range(recorded_ranks)]
+        self._factors = factors.tolist()
+
+    def start_offset(self, r: int) -> float:
+        return 0.0
+
+    def compute(self, t: int, r: int) -> float:
+        return self._local[r % self._ranks] * self._factors[t][r]
+
+    def between(self, t: int, r: int) -> float:
+        return self._gap[r % self._ranks]
+
+    def after_eval(self, t: int, r: int) -> float:
+        return 0.0  # a script run has no evaluation points of the harness's

@@ -72,6 +72,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     training.add_arguments(tr)
     tr.set_defaults(func=training.run)
+    from harness.bench import scripts  # noqa: PLC0415  launches its runs as subprocesses
+
+    sc = benchmarks.add_parser(
+        "scripts", help="torch.distributed scripts (DDP, FSDP2, HSDP, ZeRO) recorded at 4 ranks, predicted at others",
+        description=scripts.__doc__.splitlines()[0],
+    )
+    scripts.add_arguments(sc)
+    sc.set_defaults(func=scripts.run)
     from harness.bench import agreement  # noqa: PLC0415  real vs simulated; imports no MPI
 
     agree = benchmarks.add_parser(

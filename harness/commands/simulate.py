@@ -85,6 +85,7 @@ def _simulate_script_run(args: argparse.Namespace, scenario, meta: dict) -> int:
                                   write_simulated_run)
     from harness.sim.script_replay import ScriptTrace, replay_script, script_label, steps_taken
     from harness.sim.script_scaling import ScriptStructure
+    from harness.sim.script_timing import reading_scale
 
     run_dir = Path(args.scenario).parent
     recorded = steps_taken(load_scenario(args.scenario), meta)
@@ -109,8 +110,7 @@ def _simulate_script_run(args: argparse.Namespace, scenario, meta: dict) -> int:
         print(f"note: {line}", file=sys.stderr)
     mode = "trace" if scenario.ranks == recorded.ranks and reading == "machine" else "predictive"
     cpus = calibration.cpus if calibration is not None else (os.cpu_count() or 1)
-    scale = (max(1.0, scenario.ranks / cpus) / max(1.0, recorded.ranks / cpus) if reading == "machine"
-             else 1.0 / max(1.0, recorded.ranks / cpus))
+    scale = reading_scale(recorded.ranks, scenario.ranks, cpus, reading)
     trace = ScriptTrace.read(run_dir, recorded.ranks, taken)
     print(f"{scenario.name}: replaying {label} (torch.distributed, recorded at {recorded.ranks} ranks) at "
           f"{scenario.ranks} ranks x {scenario.workload.iterations} steps, {mode}: "

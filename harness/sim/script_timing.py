@@ -27,6 +27,14 @@ from harness.sim.script_scaling import ScriptStructure
 from harness.sim.timing import TimingError
 
 
+def reading_scale(recorded_ranks: int, ranks: int, cpus: int, reading: str) -> float:
+    """The factor on a script's modelled compute at ``ranks`` ranks in ``reading``, its run having
+    had ``recorded_ranks`` ranks on this machine's ``cpus`` (module doc)."""
+    if reading == "machine":
+        return max(1.0, ranks / cpus) / max(1.0, recorded_ranks / cpus)
+    return 1.0 / max(1.0, recorded_ranks / cpus)
+
+
 class ScriptComputeModel:
     """A predictive timing source (``harness.sim.timing``'s interface) for a script (module doc)."""
 

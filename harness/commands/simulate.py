@@ -81,8 +81,8 @@ def _simulate_script_run(args: argparse.Namespace, scenario, meta: dict) -> int:
     from harness.report import after_command
     from harness.results.records import SUMMARY_TABLE_FILE, RunDirectory
     from harness.scenario import load_scenario
-    from harness.sim.runs import (DEFAULT_TRACE_RANKS, calibration_entry, describe_reading, new_simulated_run_path,
-                                  write_simulated_run)
+    from harness.sim.runs import (DEFAULT_TRACE_RANKS, calibration_entry, default_reading, describe_reading,
+                                  new_simulated_run_path, write_simulated_run)
     from harness.sim.script_replay import ScriptTrace, replay_script, script_label, steps_taken
     from harness.sim.script_scaling import ScriptStructure
     from harness.sim.script_timing import reading_scale
@@ -103,7 +103,7 @@ def _simulate_script_run(args: argparse.Namespace, scenario, meta: dict) -> int:
     scenario = scenario.model_copy(update={"workload": scenario.workload.model_copy(
         update={"iterations": asked or taken})})
     calibration, calibration_file = load_optional_calibration(args.calibration, False)
-    reading = args.reading or "machine"
+    reading = args.reading or default_reading(scenario, calibration)
     entry, note = calibration_entry(scenario, calibration, args.scenario, calibration_file, needs_compute=False,
                                     reading=reading)
     for line in [note] if note else []:

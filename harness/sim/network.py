@@ -600,6 +600,7 @@ def barrier_schedule(p: int) -> Schedule:
 GROUP_KINDS = ("allgather", "reduce_scatter", "reduce", "gather", "scatter", "alltoall")
 
 
+@lru_cache(maxsize=64)  # a script posts the same few operations every step, at up to thousands of members
 def group_schedule(kind: str, p: int, count: int, root: int = 0) -> Schedule:
     """The native layer's schedule of a group operation of the torch.distributed backend over p
     members (``kernels/group.cpp``), ``count`` floats as collectives.csv sizes it

@@ -32,8 +32,8 @@ Every refusal names the operation (rank, step, kind, group, size) and what would
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -115,12 +115,19 @@ class ScriptStructure:
 
 
 # -- groups and peers ------------------------------------------------------------------------------
+@lru_cache(maxsize=4096)
+def _ranks(start: int, stop: int, step: int = 1) -> tuple[int, ...]:
+    """One tuple per group, shared by every operation over it (1,024 ranks x their operations
+    would otherwise each hold a copy of the world)."""
+    return tuple(range(start, stop, step))
+
+
 def group_at(members: tuple[int, ...], ranks: int, rank: int, n: int) -> tuple[int, ...] | None:
     """The group ``rank`` (of n) is in where recorded rank ``rank mod ranks`` was in ``members``
     (module doc); None where the group has no rule."""
     k = len(members)
-    if members == tuple(range(ranks)):
-        return tuple(range(n))
+    if members == _ranks(0, ranks):
+        return _ranks(0, n)
     if k == 1:
         return (rank,)
     first = members[0]
@@ -128,12 +135,12 @@ def group_at(members: tuple[int, ...], ranks: int, rank: int, n: int) -> tuple[i
         if n % k:
             return None
         start = rank // k * k
-        return tuple(range(start, start + k))
+        return _ranks(start, start + k)
     stride = members[1] - members[0]
     if ranks % stride == 0 and first < stride and members == tuple(range(first, ranks, stride)):
         if n % stride:
             return None
-        return tuple(range(rank % stride, n, stride))
+        return _ranks(rank % stride, n, stride)
     return None
 
 
@@ -191,8 +198,7 @@ def _zero_rewrite(ops: list, base: int, t: int, ranks: int, n: int, structure: S
             if all(o.op == "broadcast" and o.members == members for o in block) and \
                     [(o.root_index, o.nbytes) for o in block] == recorded:
                 template = block[-1]
-                world = tuple(range(n))
-                new = [replace(template, members=world, peer=root, nbytes=size, waited=False)
+                new = [replace(template, members=_ranks(0, n), peer=root, nbytes=size, waited=False)
                        for root, size in spec.broadcasts(n)]
                 if new:
                     new[-1] = replace(new[-1], waited=template.waited)
@@ -222,7 +228,7 @@ def scale_step(ops: list, base: int, t: int, ranks: int, rank: int, n: int, stru
             if peer is None:
                 raise ScalingError(f"{where} (peer {op.peer}): the peer is neither the next nor the previous rank "
                                    f"nor a fixed XOR partner, so it has no counterpart at {n} ranks")
-            out.append(replace(op, members=tuple(range(n)), peer=peer))
+            out.append(replace(op, members=_ranks(0, n), peer=peer))
             continue
         members = group_at(op.members, ranks, rank, n)
         if members is None:

@@ -84,7 +84,6 @@ def _simulate(run_dir: Path, ranks: int, calibration, mode: str = "predictive"):
     from harness.sim.runs import calibration_entry
     from harness.sim.script_replay import ScriptTrace, replay_script, script_label, steps_taken
     from harness.sim.script_scaling import ScriptStructure
-    from harness.sim.script_timing import reading_scale
 
     meta = json.loads((run_dir / RUN_FILE).read_text())
     recorded = steps_taken(load_scenario(run_dir / SCENARIO_FILE), meta)
@@ -94,7 +93,7 @@ def _simulate(run_dir: Path, ranks: int, calibration, mode: str = "predictive"):
     trace = ScriptTrace.read(run_dir, recorded.ranks, recorded.workload.iterations)
     frame, _ = replay_script(scenario, script_label(meta), run.steps, trace, recorded, entry.network, mode=mode,
                              structure=ScriptStructure.read(run_dir),
-                             scale=reading_scale(recorded.ranks, ranks, calibration.cpus, "machine"))
+                             cpus=calibration.cpus)
     return frame, recorded
 
 

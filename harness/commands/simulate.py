@@ -30,7 +30,6 @@ Example::
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -85,7 +84,6 @@ def _simulate_script_run(args: argparse.Namespace, scenario, meta: dict) -> int:
                                   new_simulated_run_path, write_simulated_run)
     from harness.sim.script_replay import ScriptTrace, replay_script, script_label, steps_taken
     from harness.sim.script_scaling import ScriptStructure
-    from harness.sim.script_timing import reading_scale
 
     run_dir = Path(args.scenario).parent
     recorded = steps_taken(load_scenario(args.scenario), meta)
@@ -109,16 +107,14 @@ def _simulate_script_run(args: argparse.Namespace, scenario, meta: dict) -> int:
     for line in [note] if note else []:
         print(f"note: {line}", file=sys.stderr)
     mode = "trace" if scenario.ranks == recorded.ranks and reading == "machine" else "predictive"
-    cpus = calibration.cpus if calibration is not None else (os.cpu_count() or 1)
-    scale = reading_scale(recorded.ranks, scenario.ranks, cpus, reading)
     trace = ScriptTrace.read(run_dir, recorded.ranks, taken)
     print(f"{scenario.name}: replaying {label} (torch.distributed, recorded at {recorded.ranks} ranks) at "
           f"{scenario.ranks} ranks x {scenario.workload.iterations} steps, {mode}: "
-          + ("every step's recorded local work" if mode == "trace" else
-             f"the script's compute model x{scale:.3g}"), file=sys.stderr)
+          + ("every step's recorded local work" if mode == "trace" else "the script's compute model"),
+          file=sys.stderr)
     print(f"reading: {describe_reading(reading)}", file=sys.stderr)
     frame, stat = replay_script(scenario, label, run.steps, trace, recorded, entry.network, mode=mode,
-                                structure=ScriptStructure.read(run_dir), scale=scale)
+                                structure=ScriptStructure.read(run_dir), reading=reading)
     path = new_simulated_run_path(Path(args.out), scenario.name)
     trace_ranks = DEFAULT_TRACE_RANKS if args.trace_ranks is None else args.trace_ranks
     out = write_simulated_run(path, scenario, {label: frame}, [stat], mode,

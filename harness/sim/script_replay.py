@@ -32,6 +32,7 @@ What the replay cannot know: an operation posted at a fixed place of the step in
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -262,15 +263,16 @@ def steps_taken(scenario: Any, meta: dict) -> Any:
 
 def replay_script(scenario: Any, label: str, real_steps: pd.DataFrame, trace: ScriptTrace, recorded: Any,
                   network: Any, hosts: Any = None, mode: str = "trace", structure: ScriptStructure | None = None,
-                  scale: float = 1.0) -> tuple[pd.DataFrame, Any]:
+                  reading: str = "machine", cpus: int | None = None) -> tuple[pd.DataFrame, Any]:
     """Simulate the script run ``label`` at ``scenario.ranks`` ranks (the recorded ones, or
     another count by :meth:`ScriptTrace.at_ranks`'s rules) on calibrated ``network``; returns its
     steps frame and :class:`harness.sim.simulate.SimStats`. ``recorded``: the run's scenario
     (its ranks and injection). ``mode``: ``trace`` takes every step's local work from
     ``real_steps`` (steps.csv of the run; the recorded rank count only), ``predictive`` from
-    :class:`harness.sim.script_timing.ScriptComputeModel` (``scale``: its reading's factor).
+    :class:`harness.sim.script_timing.ScriptComputeModel` in ``reading`` (``machine``: the
+    run's, with ``cpus`` cores, default this machine's; ``cluster``: a core per rank).
     ReplayError where the sequence cannot be replayed so."""
-    from harness.sim.script_timing import ScriptComputeModel
+    from harness.sim.script_timing import ScriptComputeModel, reading_scales
     from harness.sim.simulate import injection_arrays, simulate_algorithm
     from harness.sim.timing import TraceTiming
 
@@ -297,7 +299,8 @@ def replay_script(scenario: Any, label: str, real_steps: pd.DataFrame, trace: Sc
         _, recorded_factors = injection_arrays(recorded.model_copy(update={
             "algorithms": [params], "workload": recorded.workload.model_copy(update={"iterations": iterations})}))
         shard = structure.shard_ratio(recorded_ranks, n)
-        timing = ScriptComputeModel(mine, recorded_ranks, recorded_factors, factors, structure, scale, shard)
+        scales = reading_scales(recorded_ranks, n, cpus or os.cpu_count() or 1, reading)
+        timing = ScriptComputeModel(mine, recorded_ranks, recorded_factors, factors, structure, scales, shard)
     delay_of = delays.T.tolist()
 
     def make(r: int, ctx: AlgorithmContext) -> ScriptReplay:

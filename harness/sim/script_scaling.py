@@ -76,11 +76,14 @@ class ZeroSpec:
 @dataclass(frozen=True)
 class ScriptStructure:
     """``script_structure.json``: FSDP2 parameter groups (each a tuple of (dim 0, elements per
-    row) per parameter), ZeRO optimizers, per recorded rank the median optimizer-step window."""
+    row) per parameter), ZeRO optimizers, per recorded rank the medians of the optimizer-step
+    window and of the CPU time (``harness.dist.structure``)."""
 
     fsdp: tuple[tuple[tuple[int, int], ...], ...] = ()
     zero: tuple[ZeroSpec, ...] = ()
     after_step_s: tuple[float, ...] = ()
+    cpu_s: tuple[float, ...] = ()  # per recorded rank: the script thread's CPU time per step (empty: not noted)
+    after_step_cpu_s: tuple[float, ...] = ()  # of it, in the optimizer step's window
 
     @classmethod
     def read(cls, run_dir: Path) -> ScriptStructure:
@@ -97,6 +100,8 @@ class ScriptStructure:
                                     int(z["element_bytes"]), bool(z["bucket_view"]),
                                     tuple(int(r) for r in z["group_ranks"])) for z in first["zero"]),
                 after_step_s=tuple(float(r.get("after_step_s", 0.0)) for r in ranks),
+                cpu_s=tuple(float(r["cpu_s"]) for r in ranks) if all("cpu_s" in r for r in ranks) else (),
+                after_step_cpu_s=tuple(float(r.get("after_step_cpu_s", 0.0)) for r in ranks),
             )
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise ScalingError(f"{path}: not the notes of a script run ({exc})") from exc

@@ -27,12 +27,13 @@ from harness.sim.script_scaling import ScriptStructure
 from harness.sim.timing import TimingError
 
 
-def reading_scale(recorded_ranks: int, ranks: int, cpus: int, reading: str) -> float:
-    """The factor on a script's modelled compute at ``ranks`` ranks in ``reading``, its run having
-    had ``recorded_ranks`` ranks on this machine's ``cpus`` (module doc)."""
+def reading_scales(recorded_ranks: int, ranks: int, cpus: int, reading: str) -> tuple[float, float]:
+    """(factor on the CPU time, factor on the wall-clock times) of a script's modelled local work
+    at ``ranks`` ranks in ``reading``, its run having had ``recorded_ranks`` ranks on this
+    machine's ``cpus`` (module doc)."""
     if reading == "machine":
-        return max(1.0, ranks / cpus) / max(1.0, recorded_ranks / cpus)
-    return 1.0 / max(1.0, recorded_ranks / cpus)
+        return max(1.0, ranks / cpus), max(1.0, ranks / cpus) / max(1.0, recorded_ranks / cpus)
+    return 1.0, 1.0 / max(1.0, recorded_ranks / cpus)
 
 
 class ScriptComputeModel:
@@ -41,11 +42,12 @@ class ScriptComputeModel:
     trace_driven = False
 
     def __init__(self, steps: pd.DataFrame, recorded_ranks: int, recorded_factors: np.ndarray,
-                 factors: np.ndarray, structure: ScriptStructure, scale: float = 1.0,
+                 factors: np.ndarray, structure: ScriptStructure, scales: tuple[float, float] = (1.0, 1.0),
                  shard_ratio: float = 1.0) -> None:
         """``steps``: the script's rows of the run's steps.csv; ``recorded_factors``
         [iterations, R]: the compute factors the run injected; ``factors`` [iterations, n]: those
-        of the simulation."""
+        of the simulation; ``scales``: :func:`reading_scales`."""
+        cpu_scale, wall_scale = scales
         if steps.empty:
             raise TimingError("the script run recorded no steps: nothing to model its compute on")
         local = np.maximum(steps["end_s"] - steps["start_s"] - steps["injected_delay_s"] - steps["comm_blocked_s"], 0.0)
@@ -60,16 +62,19 @@ class ScriptComputeModel:
         ends = steps.sort_values(["rank", "iteration"])
         gaps = (ends.groupby("rank")["start_s"].shift(-1) - ends["end_s"]).clip(lower=0.0)
         gap = gaps.groupby(ends["rank"]).median().fillna(0.0)
-        after = list(structure.after_step_s) or [0.0] * recorded_ranks
         self._ranks = recorded_ranks
         self._local = []
         for b in range(recorded_ranks):
             if b not in per_rank.index:
                 raise TimingError(f"the script run recorded no steps of rank {b}: nothing to model its compute on")
-            work = float(per_rank[b])
-            optimizer = min(work, after[b] if b < len(after) else 0.0)
+            if len(structure.cpu_s) == recorded_ranks:  # CPU time: the local work without the waits
+                work, optimizer, scale = structure.cpu_s[b], structure.after_step_cpu_s[b], cpu_scale
+            else:  # a run from before CPU time was noted: the wall-clock split
+                work, scale = float(per_rank[b]), wall_scale
+                optimizer = structure.after_step_s[b] if b < len(structure.after_step_s) else 0.0
+            optimizer = min(work, optimizer)
             self._local.append((work - optimizer + optimizer * shard_ratio) * scale)
-        self._gap = [float(gap.get(b, 0.0)) * scale for b in range(recorded_ranks)]
+        self._gap = [float(gap.get(b, 0.0)) * wall_scale for b in range(recorded_ranks)]
         self._factors = factors.tolist()
 
     def start_offset(self, r: int) -> float:

@@ -163,16 +163,19 @@ class ScriptReplay(Algorithm):
 
     ``steps[t]``: this rank's operations of step t; ``delay[t]``: its injected delay in step t,
     which the loop sleeps between ``before_forward`` and the local work; ``local(t)``: how long
-    that work takes (the timing source's)."""
+    that work takes (the timing source's). ``stalls``: the work is CPU time without the waits
+    (the predictive model), so the waits the script made hold it up (``_at_places``); a
+    trace-driven replay's recorded work already holds them."""
 
     def __init__(self, params: ScriptParams, ctx: AlgorithmContext, steps: list[list[ReplayOp]],
-                 delay: list[float], local: Any) -> None:
+                 delay: list[float], local: Any, stalls: bool = False) -> None:
         super().__init__(params, ctx)
+        self._stalls = stalls
         self._steps = steps
         self._delay = delay
         self._local = local
         self._comm = ctx.comm
-        self._overlap: tuple[list, list, list[ReplayOp]] | None = None  # this step's: handles, events, ops
+        self._overlap: tuple | None = None  # this step's: handles, events, ops, when its work ends
 
     # -- posting ---------------------------------------------------------------------------------
     def _post(self, op: ReplayOp) -> Any:
@@ -195,19 +198,22 @@ class ScriptReplay(Algorithm):
             h.wait()
 
     def _at_places(self, ops: list[ReplayOp], start: float, local: float) -> None:
-        """Post each of ``ops`` at ``start + at * local`` (never before its predecessor; after it ended where the
-        script waited for it), from the event loop: the rank itself is computing meanwhile."""
+        """Post each of ``ops`` at ``start + at * local``, from the event loop (the rank itself
+        is computing meanwhile), never before its predecessor, and after it ended where the
+        script waited for it. With ``stalls`` the waiting also holds the rank's computation: an
+        operation posted late pushes the rest of the step's work back by as much (FSDP2's
+        forward pass waits for each layer's all-gather)."""
         env = self._comm.engine.env
         posted: list[Any] = [None] * len(ops)
         events = [env.event() for _ in ops]
+        shift = [0.0]  # how far waiting has pushed the computation back (stalls only)
+
+        def due(i: int) -> float:
+            return start + ops[i].at * local + shift[0]
 
         def ready(i: int) -> None:
-            if i > 0:
-                before = posted[i - 1]
-                if before is None:  # never before its predecessor: the ranks' collectives match in posting order
-                    events[i - 1].callbacks.append(lambda _e: ready(i))
-                    return
             if i > 0 and ops[i - 1].waited:
+                before = posted[i - 1]
                 end = before.end()
                 if end is None and hasattr(before, "op"):  # a collective not every member has joined yet
                     before.op.complete.callbacks.append(lambda _e: ready(i))
@@ -215,12 +221,15 @@ class ScriptReplay(Algorithm):
                 if end is not None and end > env.now:
                     env.timeout(end - env.now).callbacks.append(lambda _e: ready(i))
                     return
+            if self._stalls:
+                shift[0] += max(0.0, env.now - due(i))
             posted[i] = self._post(ops[i])
             events[i].succeed()
+            if i + 1 < len(ops):  # one at a time: the ranks' collectives match in posting order
+                env.timeout(max(0.0, due(i + 1) - env.now)).callbacks.append(lambda _e: ready(i + 1))
 
-        for i, op in enumerate(ops):
-            env.timeout(max(0.0, start + op.at * local - env.now)).callbacks.append(lambda _e, i=i: ready(i))
-        self._overlap = (posted, events, ops)
+        env.timeout(max(0.0, due(0) - env.now)).callbacks.append(lambda _e: ready(0))
+        self._overlap = (posted, events, ops, lambda: start + local + shift[0])
 
     # -- the loop's hooks ---------------------------------------------------------------------------
     def _phase(self, t: int, phase: str) -> list[ReplayOp]:
@@ -236,13 +245,15 @@ class ScriptReplay(Algorithm):
     def after_backward(self, t: int) -> None:
         if self._overlap is None:
             return
-        posted, events, ops = self._overlap
+        posted, events, ops, work_end = self._overlap
         self._overlap = None
         engine = self._comm.engine
         for i, event in enumerate(events):
             if posted[i] is None:
                 engine.wait(event, lambda i=i: f"its {ops[i].op} to be posted (step's collective {i})")
             posted[i].wait()
+        if self._stalls:
+            engine.sleep_until(work_end())  # the computation's own end, pushed back by its waits
 
     def after_step(self, t: int) -> None:
         self._in_order(self._phase(t, "after"))
@@ -304,7 +315,8 @@ def replay_script(scenario: Any, label: str, real_steps: pd.DataFrame, trace: Sc
     delay_of = delays.T.tolist()
 
     def make(r: int, ctx: AlgorithmContext) -> ScriptReplay:
-        return ScriptReplay(params, ctx, trace.ops[r], delay_of[r], lambda t, r=r: timing.compute(t, r))
+        return ScriptReplay(params, ctx, trace.ops[r], delay_of[r], lambda t, r=r: timing.compute(t, r),
+                            stalls=mode != "trace" and len(structure.cpu_s) == recorded_ranks)
 
     try:
         return simulate_algorithm(replayed, params, timing, network, delays, factors, hosts=hosts,

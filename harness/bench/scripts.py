@@ -15,8 +15,9 @@ check against). For each mode and rank count N it prints:
   the script's compute model, ``harness.sim.script_timing``), and its error; and ``compare``'s
   errors of the N-rank run itself (``trace`` and ``predictive``).
 
-Then it simulates every ``--simulate`` count from the recorded run (predictive) and prints the
-predicted time per step and how long the simulation took. Runs go under ``--out`` (default
+Then it simulates every ``--simulate`` count from the recorded run (predictive, in the cluster
+reading: a core per rank and the default cluster network) and prints the predicted time per
+step and how long the simulation took. Runs go under ``--out`` (default
 ``results/bench-scripts``); the calibration is ``results/calibration.json`` (``calibrate``).
 """
 
@@ -36,12 +37,12 @@ HSDP_SHARD = 2  # the example's default --shard: HSDP runs at multiples of it
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--modes", type=argtype(split_list), default=",".join(MODES),
+    p.add_argument("--modes", type=argtype(lambda t: split_list(t, "mode", "fsdp,zero")), default=",".join(MODES),
                    help=f"the example's --parallel modes (default {','.join(MODES)})")
     p.add_argument("--record", type=int_at_least(2), default=4, help="the recorded run's rank count (default 4)")
-    p.add_argument("--ranks", type=argtype(split_list), default="2,3,8",
+    p.add_argument("--ranks", type=argtype(lambda t: split_list(t, "rank count", "2,3,8")), default="2,3,8",
                    help="rank counts of the real runs to check against (default 2,3,8)")
-    p.add_argument("--simulate", type=argtype(split_list), default="64,1024",
+    p.add_argument("--simulate", type=argtype(lambda t: split_list(t, "rank count", "64,1024")), default="64,1024",
                    help="rank counts only simulated (default 64,1024)")
     p.add_argument("--steps", type=int_at_least(3), default=12, help="steps per run (default 12)")
     p.add_argument("--out", type=Path, default=Path("results/bench-scripts"), help="where the runs go")
@@ -75,7 +76,7 @@ def _sequence_difference(scaled, real) -> str | None:
     return None
 
 
-def _simulate(run_dir: Path, ranks: int, calibration, mode: str = "predictive"):
+def _simulate(run_dir: Path, ranks: int, calibration, reading: str = "machine"):
     """(steps frame, recorded scenario) of ``run_dir``'s script replayed at ``ranks``."""
     import json
 
@@ -88,11 +89,11 @@ def _simulate(run_dir: Path, ranks: int, calibration, mode: str = "predictive"):
     meta = json.loads((run_dir / RUN_FILE).read_text())
     recorded = steps_taken(load_scenario(run_dir / SCENARIO_FILE), meta)
     scenario = recorded.model_copy(update={"ranks": ranks})
-    entry, _ = calibration_entry(scenario, calibration, run_dir / SCENARIO_FILE, needs_compute=False)
+    entry, _ = calibration_entry(scenario, calibration, run_dir / SCENARIO_FILE, needs_compute=False, reading=reading)
     run = RunDirectory.open(run_dir)
     trace = ScriptTrace.read(run_dir, recorded.ranks, recorded.workload.iterations)
-    frame, _ = replay_script(scenario, script_label(meta), run.steps, trace, recorded, entry.network, mode=mode,
-                             structure=ScriptStructure.read(run_dir),
+    frame, _ = replay_script(scenario, script_label(meta), run.steps, trace, recorded, entry.network,
+                             mode="predictive", structure=ScriptStructure.read(run_dir), reading=reading,
                              cpus=calibration.cpus)
     return frame, recorded
 
@@ -159,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
                 continue
             began = time.perf_counter()
             try:
-                frame, _ = _simulate(recorded_dir, n, calibration)
+                frame, _ = _simulate(recorded_dir, n, calibration, reading="cluster")
             except ValueError as exc:
                 sims.append([mode, n, f"refused: {exc}", ""])
                 continue
@@ -169,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
     print(tabulate(rows, headers=["mode", "ranks", "sequence", "bytes per rank and step", "real ms/step",
                                   "predicted ms/step", "error %", "compare trace %", "compare predictive %"]))
     print()
+    print("simulated only (predictive, cluster reading: a core per rank, the default cluster network):")
     print(tabulate(sims, headers=["mode", "ranks", "predicted ms/step", "simulation s"]))
     failed = any(r[2] != "equal" or r[3] != "equal" for r in rows)
     return 1 if failed else 0

@@ -72,14 +72,16 @@ def test_torch_ddp_example_under_its_scenario(tmp_path):
     per_rank = seq.groupby("rank")[["op", "payload_bytes"]].apply(lambda f: list(map(tuple, f.to_numpy())))
     assert per_rank[0] == per_rank[1] == per_rank[2]  # the same collectives on every rank
 
-    # compare replays the sequence trace-driven (its only mode for a script run) ...
+    # compare replays the sequence on the recorded local work (trace) and on the script's
+    # compute model (predictive, from the CPU time the run noted) ...
+    structure = json.loads((run / "script_structure.json").read_text())["ranks"]
+    assert len(structure) == 3 and all(r["cpu_s"] > 0 and r["groups"] == [[0, 1, 2]] for r in structure)
     calibration = save_test_calibration(tmp_path / "calibration.json", 3, [])
-    proc = harness_cli("compare", str(run), "--calibration", str(calibration))
+    proc = harness_cli("compare", str(run), "--mode", "both", "--calibration", str(calibration))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "trace-driven only" in proc.stderr
     table = pd.read_csv(run / "compare.csv")
-    assert list(table["mode"]) == ["trace"] and list(table["algorithm"]) == ["train"]
-    assert table["predicted_samples_per_s"].iloc[0] > 0
+    assert list(table["mode"]) == ["trace", "predictive"] and set(table["algorithm"]) == {"train"}
+    assert (table["predicted_samples_per_s"] > 0).all()
     # ... and simulate replays it at another (odd) rank count: DDP's buckets do not depend on it.
     proc = harness_cli("simulate", str(run / "scenario.resolved.yaml"), "--ranks", "7", "--out", str(tmp_path / "sim"),
                        "--calibration", str(calibration))

@@ -10,6 +10,11 @@ scenario (stragglers, slow links, faults; results directory and report)::
 
 ``launch`` sets torchrun's variables and registers the ``harness`` backend before the script
 runs. Under a bare ``mpiexec -n 3 python train.py`` the ``import harness.dist`` below does that.
+
+The one line that knows about the harness: ``record`` hands each step's training loss and
+accuracy, and every ``--eval-every`` steps the loss and accuracy on held-out samples, to the
+results of ``launch`` (steps.csv, evals.csv: the summary's time to the scenario's target loss,
+the report's accuracy and loss against time); anywhere else it does nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +31,14 @@ from torch.distributed.optim import PostLocalSGDOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+try:
+    from harness.dist import record  # the script's loss and accuracy into launch's results; a no-op elsewhere
+except ImportError:  # without the harness installed (e.g. --backend gloo under torchrun) the script runs as it is
+    def record(loss=None, accuracy=None, *, evaluation=False) -> None:
+        pass
+
+HELD_OUT = 512  # the last samples of the synthetic data: the test set, never trained on
+
 
 def dataset(samples: int = 4096, features: int = 32, classes: int = 10) -> TensorDataset:
     """A synthetic classification problem, the same on every rank."""
@@ -36,12 +49,21 @@ def dataset(samples: int = 4096, features: int = 32, classes: int = 10) -> Tenso
     return TensorDataset(x, y)
 
 
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean cross-entropy and accuracy of ``model`` (the plain module: no DDP collectives) on (x, y)."""
+    logits = model(x)
+    return nn.functional.cross_entropy(logits, y), (logits.argmax(1) == y).float().mean()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--backend", default="harness")
     p.add_argument("--post-local-sgd", action="store_true", help="post-local SGD instead of PowerSGD")
+    p.add_argument("--eval-every", type=int, default=5,
+                   help="evaluate on the held-out samples every N steps (and after the last)")
     args = p.parse_args()
     if args.backend == "harness":
         import harness.dist  # noqa: F401  (launch has imported it already; needed under a bare mpiexec)
@@ -61,7 +83,10 @@ def main() -> None:
                                        min_compression_rate=0.5)
         model.register_comm_hook(state, powersgd.powerSGD_hook)
         optimizer = sgd
-    data = dataset()
+    x_all, y_all = dataset().tensors
+    data = TensorDataset(x_all[:-HELD_OUT], y_all[:-HELD_OUT])
+    # Each rank tests its share of the held-out samples; the harness averages the ranks' values.
+    x_test, y_test = x_all[-HELD_OUT:][rank::world], y_all[-HELD_OUT:][rank::world]
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, seed=0)
     loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, drop_last=True)
     loss_fn = nn.CrossEntropyLoss()
@@ -70,12 +95,18 @@ def main() -> None:
         sampler.set_epoch(epoch)
         for x, y in loader:
             optimizer.zero_grad()
-            loss = loss_fn(model(x), y)
+            logits = model(x)
+            loss = loss_fn(logits, y)
             loss.backward()
             optimizer.step()
             step += 1
-            if rank == 0 and step % 10 == 0:
-                print(f"step {step}: loss {loss.item():.3f}", flush=True)
+            record(loss=loss, accuracy=(logits.argmax(1) == y).float().mean())  # this step's, on this rank's batch
+            if step % args.eval_every == 0 or step == args.steps:
+                test_loss, test_accuracy = evaluate(model.module, x_test, y_test)
+                record(loss=test_loss, accuracy=test_accuracy, evaluation=True)
+                if rank == 0:
+                    print(f"step {step}: loss {loss.item():.3f}, held-out loss {test_loss.item():.3f} "
+                          f"(rank 0's share)", flush=True)
             if step == args.steps:
                 break
         epoch += 1

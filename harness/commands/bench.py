@@ -1,7 +1,7 @@
 """``python -m harness bench BENCHMARK``: benchmarks of the native collective layer and the simulator.
 
-``collectives``, ``dist``, ``simulator``, ``stress``, ``faults`` and ``training`` are described in
-their modules.
+``collectives``, ``dist``, ``simulator``, ``stress``, ``faults``, ``training``, ``agreement`` and
+``scripts`` are described in their modules.
 
 Run from a plain shell, a benchmark launches its own job under the venv's mpiexec
 (``--ranks``, default 4) and exits with the job's status; run inside an MPI job
@@ -18,6 +18,7 @@ Example::
     python -m harness bench faults --only wagma,adpsgd --repeats 3 --load
     python -m harness bench agreement --only small_run,nic_messages --repeats 5
     python -m harness bench training --ranks 256 --iterations 1000
+    python -m harness bench scripts --modes fsdp,zero --ranks 2,3,8 --simulate 64,1024
 """
 
 from __future__ import annotations

@@ -16,6 +16,13 @@ algorithm, once, named ``--label`` (default: the script's stem): torchrun's vari
 ``init_process_group("harness")`` carries its traffic over the scenario's emulated network, and
 every optimizer step is one iteration of the results (docs/guides/torch-distributed.md).
 
+``--sweep KEY=V1,V2,...`` (with ``--scenario``; repeated: every combination) launches the script
+once per point of the grid, each under the scenario with that point's overrides, one after the
+other, into ``OUT/<scenario>/sweep-<time>/points/pNNN/``, then writes ``sweep.csv`` (every
+point's summary rows: throughput, time to the target accuracy and to the target loss),
+``sweep.png`` and ``report.html`` beside them (``harness.sweep``, as ``run --sweep``);
+``--resume SWEEP_DIR`` launches the points not done yet.
+
 Exit status: 0 done, 1 the job failed (finished algorithms are kept), 2 bad input (nothing is
 written or started), 130 interrupted.
 
@@ -24,6 +31,8 @@ Example::
     python -m harness launch -n 4 --scenario examples/own_training_script/scenario.yaml \\
         examples/own_training_script/train.py --epochs 1
     python -m harness launch --scenario examples/torch_ddp/scenario.yaml examples/torch_ddp/train.py
+    python -m harness launch --scenario examples/torch_ddp/scenario.yaml --sweep ranks=3,4,5 \\
+        examples/torch_ddp/train.py
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ if TYPE_CHECKING:
 
 def register(sub: argparse._SubParsersAction) -> None:
     from harness.arguments import algorithm_list
-    from harness.commands.run import add_launch_arguments
+    from harness.commands.run import add_launch_arguments, add_sweep_arguments
 
     p = sub.add_parser("launch", help="start your own training script (harness.api) on MPI ranks, watched",
                        description=__doc__.splitlines()[0])
@@ -53,8 +62,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="results", help="results root (default: results/)")
     p.add_argument("--label", help="with a --scenario that lists no algorithms (a torch.distributed script): the "
                                    "run's name in the results (default: the script's file stem)")
+    add_sweep_arguments(p, parallel=False)
+    p.add_argument("--resume", metavar="SWEEP_DIR", help="launch the points of this sweep that are not done (no "
+                                                         "SCRIPT: the sweep keeps it)")
     add_launch_arguments(p)
-    p.add_argument("script", metavar="[KEY=VALUE ...] SCRIPT",
+    p.add_argument("script", nargs="?", metavar="[KEY=VALUE ...] SCRIPT",
                    help="with --scenario, KEY=VALUE overrides of its fields may come first (as for `run`); then "
                         "your training script (Python file)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
@@ -63,12 +75,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def split_assignments(args: argparse.Namespace) -> None:
     """Move the ``KEY=VALUE`` overrides before the script out of ``script``/``args`` into
-    ``assignments``: an argument with ``=`` that is not an option and not an existing file."""
-    items = [args.script, *args.args]
+    ``assignments``: an argument with ``=`` that is not an option and not an existing file.
+    Overrides already there (a sweep's point: the sweep's and the point's) come after them."""
+    items = [args.script, *args.args] if args.script is not None else list(args.args)
     assignments = []
     while items and "=" in items[0] and not items[0].startswith("-") and not Path(items[0]).is_file():
         assignments.append(items.pop(0))
-    args.assignments = assignments
+    args.assignments = [*assignments, *(getattr(args, "assignments", None) or [])]
     args.script, args.args = (items[0], items[1:]) if items else (None, [])
 
 
@@ -77,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     split_assignments(args)
+    if args.resume is not None or args.point is not None:  # a sweep's points (--resume SWEEP_DIR [--point I])
+        return _sweep(args)
     if args.script is None:
         raise LaunchError("give your training script after the KEY=VALUE overrides")
     if args.assignments and args.scenario is None:
@@ -86,6 +101,11 @@ def run(args: argparse.Namespace) -> int:
         raise LaunchError(f"{script}: no such script")
     if args.scenario is None and (args.only or args.iterations is not None):
         raise LaunchError("--only and --iterations pick from a scenario: give --scenario FILE")
+    if args.sweep:
+        if args.scenario is None:
+            raise LaunchError("--sweep varies a scenario: give --scenario FILE")
+        args.script = str(script.absolute())  # each point launches it, from wherever the sweep is resumed
+        return _sweep(args)
     scenario = _scenario(args) if args.scenario else None
     ranks = args.ranks if args.ranks is not None else (scenario.ranks if scenario else None)
     if ranks is None:
@@ -102,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         return _start(watched, ranks, argv, launch, env={}, what=f"{script}")[0]
     if not scenario.algorithms:
         return _run_torch_script(scenario, args, script, ranks, launch)
-    run_dir = _create_run_dir(scenario, args.out, script.name)
+    run_dir = _create_run_dir(scenario, args.out, script.name, getattr(args, "into", None))
     print(f"{scenario.name}: {ranks} ranks, {script} once per algorithm ({len(scenario.algorithms)}) -> {run_dir}",
           file=sys.stderr)
     from harness.api.session import ENV_ALGORITHM, ENV_RUN_DIR
@@ -114,6 +134,23 @@ def run(args: argparse.Namespace) -> int:
             _mark_stopped(run_dir, status, verdict)
             return status
     return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    """``--sweep`` (a new sweep: every point validated, then launched), ``--resume SWEEP_DIR``
+    (the points not done) or ``--resume SWEEP_DIR --point I`` (one point's launch: this command
+    again, with the sweep's arguments and the point's overrides, into the point's directory):
+    ``harness.sweep.execute``, as ``run --sweep``."""
+    from harness.commands.run import sweep_mode
+    from harness.launch import LaunchError
+
+    if args.resume is not None and args.script is not None:
+        raise LaunchError("--resume SWEEP_DIR takes no SCRIPT: the sweep keeps its script and settings in sweep.json")
+    status = sweep_mode("launch", args)
+    if status is None:  # --resume of something else than a sweep
+        raise LaunchError(f"--resume {args.resume}: not a sweep directory (no sweep.json); `launch` resumes only "
+                          "sweeps: start the script again instead")
+    return status
 
 
 def _run_torch_script(scenario, args: argparse.Namespace, script: Path, ranks: int, launch) -> int:
@@ -130,7 +167,7 @@ def _run_torch_script(scenario, args: argparse.Namespace, script: Path, ranks: i
     label = args.label if args.label is not None else re.sub(r"[^A-Za-z0-9_-]", "_", script.stem)
     if not label:
         raise LaunchError("--label must not be empty")
-    run_dir = _create_run_dir(scenario, args.out, script.name)
+    run_dir = _create_run_dir(scenario, args.out, script.name, getattr(args, "into", None))
     print(f"{scenario.name}: {ranks} ranks, {script} as a torch.distributed program ({label}) -> {run_dir}",
           file=sys.stderr)
     argv = [sys.executable, "-m", "harness.dist.launched", str(script), *args.args]
@@ -163,11 +200,12 @@ def _default_watchdog():
     return Watchdog()
 
 
-def _create_run_dir(scenario, out: str, script: str) -> Path:
+def _create_run_dir(scenario, out: str, script: str, into: Path | None = None) -> Path:
+    """A new run directory under ``out``, or exactly ``into`` (a sweep's point)."""
     from harness.algorithms import scenario_facts
     from harness.results.records import RunDirectory
 
-    run_dir = RunDirectory.create(out, scenario.name)
+    run_dir = RunDirectory.create(out, scenario.name) if into is None else RunDirectory.create_at(into, scenario.name)
     run_dir.write_resolved_scenario(scenario.resolved_dict())
     run_dir.write_run_json("incomplete", [], ranks=scenario.ranks, extra={"script": script, **scenario_facts(scenario)})
     return run_dir.path

@@ -12,6 +12,10 @@ Every byte crosses the native layer (``harness._core``), so the scenario's emula
 topology apply to it. Under ``mpiexec``/``srun`` without torchrun's variables, importing sets
 RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT from MPI (unset
 ones only). See docs/guides/torch-distributed.md.
+
+``harness.dist.record(loss=..., accuracy=..., evaluation=False)`` hands the script's own loss and
+accuracy to the results of ``python -m harness launch --scenario`` (steps.csv, evals.csv); a
+no-op anywhere else (``harness.dist.metrics``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch.distributed as dist
 
 from harness.dist import mismatch
 from harness.dist.errors import BackendInitError, UnsupportedError
+from harness.dist.metrics import record
 from harness.dist.process_group import BACKEND, HarnessProcessGroup
 from harness.dist.tensors import DTYPE_CODES
 from harness.dist.world import (
@@ -40,6 +45,7 @@ __all__ = [
     "BackendInitError",
     "HarnessProcessGroup",
     "UnsupportedError",
+    "record",
     "use_communicator",
 ]
 

@@ -128,6 +128,7 @@ class ScriptSession:
 
         import harness.dist  # noqa: F401  registers "harness"; sets torchrun's variables from MPI
         from harness.comm import Communicator
+        from harness.dist.metrics import Recorder
         from harness.dist.mismatch import MismatchWatch, fail, install
         from harness.dist.process_group import observe
         from harness.dist.structure import StructureNotes
@@ -166,6 +167,7 @@ class ScriptSession:
         self._main_posts: set[float] = set()  # post times of this step's collectives posted by the main thread
         self.rows: list[tuple] = []  # per step: start, end, compute, delay, blocked, bytes
         self.ops: list = []  # the native records of every operation (OpRecord)
+        self.metrics = Recorder(self)  # what the script hands harness.dist.record (harness/dist/metrics.py)
         self.t = 0
         self._start = self._forward = self._pre = 0.0
         self._began = False
@@ -177,6 +179,7 @@ class ScriptSession:
         self.t0 = self.clock.origin()
         self.comm.drain_records()  # the session's own set-up
         self._start = time.monotonic()
+        self._cpu_start = self._cpu_pre = time.thread_time()
         self._installed: list[Any] = []
         self.mismatch = install(MismatchWatch(self.rank, lambda message: fail(message, self.beat)))
         observe(self._observe)
@@ -206,6 +209,7 @@ class ScriptSession:
         self._began = True
         if t == 0:
             self._start = time.monotonic()  # iteration 0 starts at the first training forward pass
+            self._cpu_start = time.thread_time()
         self.beat.iteration(t)
         self.faults.at_iteration(self.label, t)
         delays, factors = self.plan.at(t)
@@ -223,6 +227,7 @@ class ScriptSession:
             self._begin()
         self.structure.optimizer(optimizer)
         self._pre = time.monotonic()
+        self._cpu_pre = time.thread_time()
 
     def _on_step_post(self, optimizer, args, kwargs) -> None:
         self._depth -= 1
@@ -248,12 +253,14 @@ class ScriptSession:
                 now = time.monotonic()
         self.rows.append([self._start, now, compute, self._delay, blocked, 0])
         self.marks.append(StepMarks(self._start, self._forward, self._pre, now))
-        self.structure.step_window(self._pre, now)
+        cpu = time.thread_time()
+        self.structure.step_window(self._pre, now, cpu - self._cpu_start, cpu - self._cpu_pre)
         self._collect(records)
         self.beat.iteration_done(now - self._start)
         self.t += 1
         self._began = False
         self._start = now  # the next iteration begins here (see the module doc)
+        self._cpu_start = time.thread_time()
 
     def _collect(self, records: list) -> None:
         """Keep the records; count each one's bytes in the step that posted it (iterations follow
@@ -320,8 +327,12 @@ class ScriptSession:
         self.mismatch.close(flush=True)  # every rank is here, the store still up: audit the last batches
         self.beat.stage(Phase.RESULTS)
         t0, name, rank = self.t0, self.label, self.rank
-        steps = [StepRecord(name, rank, t, start - t0, end - t0, compute, delay, blocked, math.nan, sent, -1)
+        self.metrics.close()
+        trained, none = self.metrics.steps(), (math.nan, math.nan)  # per step: the loss and accuracy recorded
+        steps = [StepRecord(name, rank, t, start - t0, end - t0, compute, delay, blocked, trained.get(t, none)[0], sent,
+                            -1, trained.get(t, none)[1])
                  for t, (start, end, compute, delay, blocked, sent) in enumerate(self.rows)]
+        evals = gather(self.world, self.metrics.evaluations(rank, t0))
         ops = [CommOpRecord(name, rank, r.op, r.post_s - t0, r.start_s - t0, r.end_s - t0, r.bytes,
                             self.groups.get(r.post_s, ""))
                for r in self.ops if r.post_s - t0 >= 0 and r.post_s in self.groups]
@@ -332,21 +343,22 @@ class ScriptSession:
         self._structures = self.world.gather(self.structure.as_dict(), root=0)  # per rank; rank 0 writes them
         counts = self.world.gather(len(self.rows), root=0)
         if self.rank == 0:
-            self._write(steps, ops, counts, sequence)
+            self._write(steps, ops, counts, sequence, evals)
         self.beat.stage(Phase.DONE)
         self.comm.close()
 
-    def _write(self, steps: list, ops: list, counts: list[int], sequence: list[tuple]) -> None:
+    def _write(self, steps: list, ops: list, counts: list[int], sequence: list[tuple], evals: list = ()) -> None:
         import pandas as pd
 
         from harness.results import atomic
+        from harness.dist.metrics import evaluation_records
         from harness.dist.structure import STRUCTURE_FILE
         from harness.results.columns import COLLECTIVE_COLUMNS, COLLECTIVE_FILE, to_frame
         from harness.results.records import RunDirectory
         from harness.runner.report import write_summary
 
         run = RunDirectory.open(self.run_dir)
-        run.append_algorithm(self.label, steps, [], ops)
+        run.append_algorithm(self.label, steps, evaluation_records(self.label, list(evals)), ops)
         atomic.write_csv(run.path / COLLECTIVE_FILE,
                          to_frame(pd.DataFrame(sequence, columns=list(COLLECTIVE_COLUMNS)), COLLECTIVE_COLUMNS))
         atomic.write_json(run.path / STRUCTURE_FILE, {"ranks": self._structures}, indent=1)

@@ -17,7 +17,11 @@ hooks and notes:
   hence the broadcasts after each step, at any rank count.
 - **Process groups** the script posted on (world ranks of each).
 - **Step windows**: per step, the time from the optimizer step's pre-hook to the step's end (the
-  optimizer's own work, which FSDP2 does on the shard).
+  optimizer's own work, which FSDP2 does on the shard), and the CPU time the script's thread
+  used (``time.thread_time``) in the step and in that window: the local work without the time
+  the thread waited, which the wall-clock split cannot tell apart where torch waits inside the
+  forward pass (FSDP2's all-gathers). The notes keep each one's median over the steps after the
+  first.
 
 The session gathers every rank's notes and rank 0 writes them as ``script_structure.json``.
 """
@@ -42,6 +46,8 @@ class StructureNotes:
         self.zero: list[dict] = []
         self.groups: set[tuple[int, ...]] = set()
         self.after_s: list[float] = []
+        self.cpu_s: list[float] = []  # per step: the CPU time of the script's thread (time.thread_time)
+        self.after_cpu_s: list[float] = []  # of it, from the optimizer step's pre-hook on
         self._seen_modules = False
         self._seen_optimizers: set[int] = set()
 
@@ -97,10 +103,18 @@ class StructureNotes:
             "group_ranks": [int(r) for r in dist.get_process_group_ranks(optimizer.process_group)],
         })
 
-    def step_window(self, pre_s: float, end_s: float) -> None:
+    def step_window(self, pre_s: float, end_s: float, cpu_s: float, after_cpu_s: float) -> None:
+        """A step ended: its optimizer window (``pre_s`` to ``end_s``), the CPU time the script's
+        thread used in the step and in that window."""
         self.after_s.append(max(0.0, end_s - pre_s))
+        self.cpu_s.append(max(0.0, cpu_s))
+        self.after_cpu_s.append(max(0.0, after_cpu_s))
 
     def as_dict(self) -> dict:
-        steady = self.after_s[1:] or self.after_s  # step 0 holds the optimizer's lazy set-up
+        def steady(values: list[float]) -> float:  # step 0 holds the lazy set-ups
+            values = values[1:] or values
+            return statistics.median(values) if values else 0.0
+
         return {"fsdp": self.fsdp, "zero": self.zero, "groups": sorted(list(g) for g in self.groups),
-                "after_step_s": statistics.median(steady) if steady else 0.0}
+                "after_step_s": steady(self.after_s), "cpu_s": steady(self.cpu_s),
+                "after_step_cpu_s": steady(self.after_cpu_s)}

@@ -71,6 +71,12 @@ class RunData:
         targets = self.summary["target_accuracy"].dropna() if "target_accuracy" in self.summary else ()
         return float(targets.iloc[0]) if len(targets) else None
 
+    @property
+    def target_loss(self) -> float | None:
+        """The scenario's ``results.target_loss`` as summary.csv has it; None without one."""
+        targets = self.summary["target_loss"].dropna() if "target_loss" in self.summary else ()
+        return float(targets.iloc[0]) if len(targets) else None
+
 
 def is_results_dir(path: Path) -> bool:
     """Whether ``path`` looks like a run directory: it has run.json and scenario.resolved.yaml."""

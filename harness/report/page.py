@@ -15,7 +15,7 @@ import pandas as pd
 
 from harness.report import look
 from harness.report.data import RunData
-from harness.results.summary import _footnotes, _table_labels
+from harness.results.summary import _footnotes, _table_labels, loss_columns, loss_footnotes
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 CSS = """
@@ -106,13 +106,15 @@ def summary_html(summary: pd.DataFrame, palette: look.Palette) -> str:
     if summary.empty:
         return '<p class="absent">No summary: no algorithm finished (summary.csv has no rows).</p>'
     vs, to_target, target = _table_labels(summary)
+    before, after = loss_columns(summary)  # shown with a target loss, or losses without accuracy
     columns = [  # (header, column, format, scale)
         ("samples/s", "samples_per_s", ",.1f", 1), (vs, "throughput_vs_baseline", ".2f", 1),
         ("iter median ms", "iter_time_median_s", ".2f", 1e3), ("iter p95 ms", "iter_time_p95_s", ".2f", 1e3),
         ("compute %", "compute_fraction", ".1f", 100), ("waiting %", "wait_fraction", ".1f", 100),
-        ("injected %", "injected_fraction", ".1f", 100), ("acc avg %", "final_accuracy", ".2f", 100),
+        ("injected %", "injected_fraction", ".1f", 100), *((h, c, f, 1) for h, c, f in before),
+        ("acc avg %", "final_accuracy", ".2f", 100),
         ("acc r0 %", "final_accuracy_rank0", ".2f", 100), (to_target, "time_to_target_s", ".3f", 1),
-        ("consensus", "final_consensus_distance", ".3g", 1)]
+        *((h, c, f, 1) for h, c, f in after), ("consensus", "final_consensus_distance", ".3g", 1)]
     head = "".join(f"<th>{html.escape(h)}</th>" for h in ["algorithm", "ranks", *(c[0] for c in columns), "complete"])
     body = []
     for row in summary.to_dict("records"):
@@ -120,7 +122,8 @@ def summary_html(summary: pd.DataFrame, palette: look.Palette) -> str:
         cells += [_cell(row.get(column), spec, scale) for _, column, spec, scale in columns]
         cells.append("yes" if row.get("complete") else "no")
         body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    notes = "".join(f'<p class="note">{html.escape(n)}</p>' for n in _footnotes(vs, to_target, target))
+    notes = "".join(f'<p class="note">{html.escape(n)}</p>'
+                    for n in [*_footnotes(vs, to_target, target), *loss_footnotes(summary)])
     notes += '<p class="note">compute %: share of iteration time computing. Every column: summary.csv.</p>'
     return (f'<div class="scroll"><table class="data"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody>'
             f"</table></div>{notes}")

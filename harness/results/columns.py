@@ -30,6 +30,9 @@ STEP_COLUMNS = (
     "loss",
     "bytes_sent",
     "staleness",
+    # Added after steps.csv was first written: a torch.distributed script's training accuracy
+    # (harness.dist.record); older files read as NaN. Last, as StepRecord's last field.
+    "accuracy",
 )
 EVAL_COLUMNS = (
     "algorithm",
@@ -42,7 +45,7 @@ EVAL_COLUMNS = (
 )
 COMM_OP_COLUMNS = ("algorithm", "rank", "op", "post_s", "start_s", "end_s", "bytes", "group")
 # Columns added after results directories were first written: the value an older file reads as.
-_ADDED_LATER = {"group": ""}
+_ADDED_LATER: dict[str, Any] = {"group": "", "accuracy": math.nan}
 # Every value comm_ops.csv's ``op`` can take: the names the native layer (kernels/) gives the
 # operations it records. tests/test_results.py holds this tuple, those C++ sources and
 # results/README.md together.
@@ -92,9 +95,12 @@ SUMMARY_COLUMNS = (
     "final_accuracy",
     "final_accuracy_rank0",
     "final_test_loss",
+    "final_train_loss",
     "final_consensus_distance",
     "target_accuracy",
     "time_to_target_s",
+    "target_loss",
+    "time_to_target_loss_s",
     "complete",
 )
 
@@ -136,6 +142,8 @@ class StepRecord(NamedTuple):
     loss: float = math.nan
     bytes_sent: int = 0
     staleness: int = NO_STALENESS
+    # Last, so that the fields from start_s on stay in STEP_COLUMNS' order (the simulator slices them).
+    accuracy: float = math.nan
 
     def as_row(self) -> dict[str, Any]:
         """The record as ``{column: value}`` in :data:`STEP_COLUMNS` order."""

@@ -265,16 +265,18 @@ class RunDirectory:
         ranks: int | Mapping[str, int] | None = None,
         *,
         target_accuracy: float | None,
+        target_loss: float | None = None,
         header: str | None = None,
     ) -> pd.DataFrame:
         """Write summary.csv and the readable summary.txt; return the summary frame.
 
         ``target_accuracy`` (the scenario's ``results.target_accuracy``) is required so that no
-        writer silently reports time to accuracy against a target the scenario did not set.
+        writer silently reports time to accuracy against a target the scenario did not set;
+        ``target_loss`` (``results.target_loss``) is optional: None leaves its columns NaN.
         ``header``: a line summary.txt starts with (a simulation says what it predicts).
         """
         summary = summarize(self.steps, self.evals, batch_size, iterations, ranks=ranks,
-                            target_accuracy=target_accuracy)
+                            target_accuracy=target_accuracy, target_loss=target_loss)
         atomic.write_csv(self.path / SUMMARY_FILE, summary)
         atomic.write_text(self.path / SUMMARY_TABLE_FILE,
                           (f"{header}\n" if header else "") + format_table(summary) + "\n")

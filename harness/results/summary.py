@@ -15,7 +15,9 @@ Definitions (also in ``results/README.md``), over one algorithm's step rows:
 - ``final_accuracy``, ``final_test_loss``: from the last "average" eval (highest iteration,
   then time_s); ``final_accuracy_rank0``: from the last "rank0" eval;
   ``final_consensus_distance``: from the last eval of any model with a value;
-- ``time_to_target_s``: see :func:`time_to_target`.
+- ``final_train_loss``: the mean ``loss`` of the step rows of the last iteration that has one;
+- ``time_to_target_s``: see :func:`time_to_target`; ``time_to_target_loss_s`` the same count
+  until an evaluation's test loss first reached ``target_loss`` (at or below it).
 """
 
 from __future__ import annotations
@@ -74,13 +76,16 @@ def evaluation_ready_s(steps: pd.DataFrame, average: pd.DataFrame) -> pd.Series:
     method can be by many iterations), counted from the algorithm's first step (min start_s over
     ranks), less the time every earlier evaluation took: from the moment its model existed to
     rank 0's start of the next iteration (nothing for an evaluation without that step row), so
-    that how often a scenario evaluates does not change it."""
+    that how often a scenario evaluates does not change it. An evaluation before the first step
+    (a torch.distributed script's of its initial model, ``iteration`` 0) counts as 0 s and takes
+    nothing from the later ones."""
     finished = steps.groupby("iteration")["end_s"].max()  # every rank done with the iteration
     ready = np.maximum(average["time_s"], (average["iteration"] - 1).map(finished).fillna(average["time_s"]))
     resumed = average["iteration"].map(steps[steps["rank"] == 0].groupby("iteration")["start_s"].min())
-    took = (resumed - ready).clip(lower=0.0).fillna(0.0)
+    # An evaluation before the first step (a script's, of its initial model) takes nothing: the count starts later.
+    took = (resumed - ready).clip(lower=0.0).fillna(0.0).where(average["iteration"] > 0, 0.0)
     earlier = average["iteration"].map(lambda k: float(took[average["iteration"] < k].sum()))
-    return ready - float(steps["start_s"].min()) - earlier
+    return (ready - float(steps["start_s"].min()) - earlier).clip(lower=0.0)  # one before the first step: 0 s
 
 
 def time_to_target(steps: pd.DataFrame, average: pd.DataFrame, target: float | None) -> float:
@@ -89,13 +94,35 @@ def time_to_target(steps: pd.DataFrame, average: pd.DataFrame, target: float | N
     (the algorithm's evals of the "average" model) with ``test_accuracy >= target``. NaN when
     the target is None, never reached, or the algorithm has no steps.
     """
-    if target is None or steps.empty:
+    if target is None:
         return math.nan
-    reached = average[average["test_accuracy"] >= target]
-    if reached.empty:
+    return _time_to(steps, average, average["test_accuracy"] >= target)
+
+
+def time_to_target_loss(steps: pd.DataFrame, average: pd.DataFrame, target: float | None) -> float:
+    """As :func:`time_to_target`, until the first evaluation of ``average`` whose ``test_loss``
+    is at or below ``target``; NaN when the target is None or never reached."""
+    if target is None:
         return math.nan
-    hit = reached.sort_values(["iteration", "time_s"], kind="stable").iloc[0]
+    return _time_to(steps, average, average["test_loss"] <= target)
+
+
+def _time_to(steps: pd.DataFrame, average: pd.DataFrame, reached: pd.Series) -> float:
+    """The :func:`evaluation_ready_s` of the first evaluation of ``average`` (by iteration, then
+    time_s) where ``reached``; NaN when none or when the algorithm has no steps."""
+    if steps.empty or not reached.any():
+        return math.nan
+    hit = average[reached].sort_values(["iteration", "time_s"], kind="stable").iloc[0]
     return float(evaluation_ready_s(steps, average)[hit.name])
+
+
+def final_train_loss(steps: pd.DataFrame) -> float:
+    """The mean ``loss`` over the step rows of the last iteration that has one (the ranks'
+    minibatch losses of that step); NaN when no row has a loss."""
+    losses = steps[steps["loss"].notna()]
+    if losses.empty:
+        return math.nan
+    return float(losses.loc[losses["iteration"] == losses["iteration"].max(), "loss"].mean())
 
 
 def _summary_row(
@@ -106,6 +133,7 @@ def _summary_row(
     iterations: int,
     ranks: int | None,
     target_accuracy: float | None,
+    target_loss: float | None = None,
 ) -> dict:
     if ranks is None:
         ranks = int(steps["rank"].nunique())
@@ -132,9 +160,12 @@ def _summary_row(
         "final_accuracy": _last(average, "test_accuracy"),
         "final_accuracy_rank0": _last(rank0, "test_accuracy"),
         "final_test_loss": _last(average, "test_loss"),
+        "final_train_loss": final_train_loss(steps),
         "final_consensus_distance": _last(evals, "consensus_distance"),
         "target_accuracy": math.nan if target_accuracy is None else float(target_accuracy),
         "time_to_target_s": time_to_target(steps, average, target_accuracy),
+        "target_loss": math.nan if target_loss is None else float(target_loss),
+        "time_to_target_loss_s": time_to_target_loss(steps, average, target_loss),
         "complete": _complete(steps, ranks, iterations),
     }
 
@@ -147,6 +178,7 @@ def summarize(
     ranks: int | Mapping[str, int] | None = None,
     *,
     target_accuracy: float | None = None,
+    target_loss: float | None = None,
 ) -> pd.DataFrame:
     """One row per algorithm (order of first appearance) with :data:`SUMMARY_COLUMNS`.
 
@@ -154,10 +186,13 @@ def summarize(
     algorithm; ``ranks`` defaults to the number of distinct ranks in that algorithm's steps
     (pass it explicitly so that a rank that recorded nothing makes the run incomplete).
     ``target_accuracy`` (fraction) is what ``time_to_target_s`` measures; None leaves it and
-    ``target_accuracy`` NaN (callers that only want throughput).
+    ``target_accuracy`` NaN (callers that only want throughput). ``target_loss`` (a test loss)
+    is what ``time_to_target_loss_s`` measures; None (the default) leaves both NaN.
     """
     if target_accuracy is not None and not 0.0 < target_accuracy <= 1.0:
         raise ValueError(f"target_accuracy must be a fraction in (0, 1], got {target_accuracy!r}")
+    if target_loss is not None and not math.isfinite(target_loss):
+        raise ValueError(f"target_loss must be a finite number, got {target_loss!r}")
     steps = to_frame(steps_df, STEP_COLUMNS)
     evals = to_frame(evals_df if evals_df is not None else [], EVAL_COLUMNS)
     algorithms = list(dict.fromkeys([*steps["algorithm"], *evals["algorithm"]]))
@@ -176,6 +211,7 @@ def summarize(
                 int(iters),
                 _per_algorithm(ranks, algorithm),
                 target_accuracy,
+                target_loss,
             )
         )
     baseline = BASELINE_ALGORITHM if BASELINE_ALGORITHM in algorithms else next(iter(algorithms), "")
@@ -218,6 +254,40 @@ def _table_labels(summary_df: pd.DataFrame) -> tuple[str, str, str]:
     return f"vs {baseline}", f"to {target} s", target
 
 
+def loss_columns(summary_df: pd.DataFrame) -> tuple[list[tuple[str, str, str]], list[tuple[str, str, str]]]:
+    """The loss columns a table of ``summary_df`` shows, as (header, column, format): those
+    before the accuracy columns (the final training and test loss) and those after the time to
+    the target accuracy (the time to the target loss). Shown when the summary has a target loss
+    (``results.target_loss``), or has a loss but no accuracy (a script that records only its
+    loss); other tables stay as they were."""
+    def has(column: str) -> bool:
+        return column in summary_df and bool(summary_df[column].notna().any())
+
+    target = has("target_loss")
+    if not (target or ((has("final_train_loss") or has("final_test_loss")) and not has("final_accuracy"))):
+        return [], []
+    losses = [("train loss", "final_train_loss", ".4g"), ("test loss", "final_test_loss", ".4g")]
+    if not target:
+        return losses, []
+    target_loss = float(summary_df["target_loss"].dropna().iloc[0])
+    return losses, [(f"to loss {target_loss:g} s", "time_to_target_loss_s", ".3f")]
+
+
+def loss_footnotes(summary_df: pd.DataFrame) -> list[str]:
+    """Footnotes for the columns of :func:`loss_columns` that a table shows."""
+    before, after = loss_columns(summary_df)
+    notes = []
+    if before:
+        notes.append("train loss: mean over the ranks of the training loss of the last step that recorded one; test "
+                     "loss: of the last evaluation of the averaged model (a torch.distributed script's: the mean over "
+                     "the ranks that recorded it).")
+    for header, _, _ in after:
+        target = header.removeprefix("to loss ").removesuffix(" s")
+        notes.append(f"{header}: training time from the first step until an evaluation of the averaged model first had"
+                     f" a test loss of {target} or less, evaluation time excluded; '-': never (or not evaluated).")
+    return notes
+
+
 FOOTNOTE_WIDTH = 100  # characters: the footnotes wrap, the (wider) table does not
 
 
@@ -240,6 +310,7 @@ def format_table(summary_df: pd.DataFrame) -> str:
     """A fixed-width text table of a summary frame for terminals and logs, then footnotes
     that define the relative, accuracy and consensus columns."""
     vs, to_target, target = _table_labels(summary_df)
+    before, after = loss_columns(summary_df)
     headers = (
         "algorithm",
         "ranks",
@@ -249,9 +320,11 @@ def format_table(summary_df: pd.DataFrame) -> str:
         "iter p95 ms",
         "waiting %",
         "injected %",
+        *(h for h, _, _ in before),
         "acc avg %",
         "acc r0 %",
         to_target,
+        *(h for h, _, _ in after),
         "consensus",
         "complete",
     )
@@ -265,9 +338,11 @@ def format_table(summary_df: pd.DataFrame) -> str:
             _fmt(row.iter_time_p95_s, ".2f", 1e3),
             _fmt(row.wait_fraction, ".1f", 100.0),
             _fmt(row.injected_fraction, ".1f", 100.0),
+            *(_fmt(getattr(row, column), spec) for _, column, spec in before),
             _fmt(row.final_accuracy, ".2f", 100.0),
             _fmt(row.final_accuracy_rank0, ".2f", 100.0),
             _fmt(row.time_to_target_s, ".3f"),
+            *(_fmt(getattr(row, column), spec) for _, column, spec in after),
             _fmt(row.final_consensus_distance, ".3g"),
             "yes" if row.complete else "no",
         )
@@ -280,5 +355,6 @@ def format_table(summary_df: pd.DataFrame) -> str:
         disable_numparse=True,
         colalign=("left",) + ("right",) * (len(headers) - 2) + ("left",),
     )
-    notes = [textwrap.fill(note, FOOTNOTE_WIDTH, subsequent_indent="  ") for note in _footnotes(vs, to_target, target)]
+    notes = [textwrap.fill(note, FOOTNOTE_WIDTH, subsequent_indent="  ")
+             for note in [*_footnotes(vs, to_target, target), *loss_footnotes(summary_df)]]
     return "\n".join([table, "", *notes])

@@ -158,8 +158,9 @@ class Iterations:
         kept = [CommOpRecord(name, rank, r.op, r.post_s - t0, r.start_s - t0, r.end_s - t0, r.bytes)
                 for r in self.ops] if self.keep_ops else []
         make = StepRecord._make  # the tuple's own constructor: thousands of simulated ranks make millions
-        sent = self.sent
-        steps = [make((name, rank, t, start - t0, end - t0, compute, delay, blocked, loss, sent[t], staleness))
+        sent, accuracy = self.sent, float("nan")  # no training accuracy: only a script records one (harness.dist)
+        steps = [make((name, rank, t, start - t0, end - t0, compute, delay, blocked, loss, sent[t], staleness,
+                       accuracy))
                  for t, (start, end, compute, delay, blocked, loss, staleness) in enumerate(self.rows)]
         return steps, kept
 

@@ -34,4 +34,5 @@ def write_summary(run, scenario):
     """summary.csv and summary.txt of everything the run directory holds; returns the frame."""
     w = scenario.workload
     return run.write_summary(w.batch_size, w.iterations, ranks=scenario.ranks,
-                             target_accuracy=scenario.results.target_accuracy)
+                             target_accuracy=scenario.results.target_accuracy,
+                             target_loss=scenario.results.target_loss)

@@ -864,6 +864,11 @@ class ResultsSettings(StrictModel):
     target_accuracy: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9
     """A test accuracy (a fraction): summary.csv's ``time_to_target_s`` is the training time
     (evaluations excluded) until an evaluation of the averaged model first reached it."""
+    target_loss: Annotated[float, Field(allow_inf_nan=False)] | None = None
+    """A test loss: summary.csv's ``time_to_target_loss_s`` is the training time (evaluations
+    excluded) until an evaluation of the averaged model first had a test loss at or below it (a
+    ``torch.distributed`` script's evaluations: ``harness.dist.record(..., evaluation=True)``);
+    null: no loss target."""
     comm_calls: bool = False
     """Also write ``comm_calls.csv``: every call each rank's algorithm made to its communicator,
     per iteration (real and simulated runs alike)."""

@@ -296,6 +296,7 @@ def write_simulated_run(path: Path, scenario: Scenario, frames: dict[str, pd.Dat
     w = scenario.workload
     run.write_summary(w.batch_size, w.iterations, ranks=scenario.ranks,
                       target_accuracy=scenario.results.target_accuracy,  # evaluations only with values
+                      target_loss=scenario.results.target_loss,
                       header=f"simulated ({mode}), {describe_reading(reading)}" if reading else None)
     run.write_trace(include_comm_ops=False, max_ranks=trace_ranks)
     run.write_run_json("complete", list(frames), ranks=scenario.ranks, extra={

@@ -1,5 +1,6 @@
 """A sweep's ``report.html``: what was swept, the sweep plot, and every point with its status,
-its throughput per algorithm and a link to its own report (``points/pNNN/report.html``).
+its throughput per algorithm (and its time to the target accuracy and to the target loss where
+some point reached one) and a link to its own report (``points/pNNN/report.html``).
 
 Self-contained like a run's report (``harness.report.page``: its style and Content-Security-
 Policy, the plot inline); the links to the points' pages are relative, followed only on a click.
@@ -50,7 +51,7 @@ def sweep_html(sweep: SweepDirectory, table: pd.DataFrame, png: bytes | None) ->
     statuses = {p["index"]: sweep.status(p["index"]) for p in sweep.points}
     done = sum(s.status == "done" for s in statuses.values())
     failed = sum(s.status == "failed" for s in statuses.values())
-    kind = "simulations" if sweep.command == "simulate" else "real runs"
+    kind = {"simulate": "simulations", "launch": "launches of a script"}.get(sweep.command, "real runs")
     name = sweep.spec.get("scenario_name", "sweep")
     values = {key: list(dict.fromkeys(str(p["values"][key]) for p in sweep.points)) for key in sweep.keys}
     facts = [("scenario", f"{name} ({html.escape(str(sweep.spec['arguments'].get('scenario', '')))})"),
@@ -65,7 +66,8 @@ def sweep_html(sweep: SweepDirectory, table: pd.DataFrame, png: bytes | None) ->
               f"<p class=\"sub\">A sweep of {kind} (<code>python -m harness {sweep.command} --sweep</code>).</p>"
               "<dl class=\"facts\">" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>")
     figure = (f'<figure><img src="{page.image_uri(png)}" alt="the sweep"><figcaption>Throughput (and time to the '
-              f"target accuracy where evaluated) against {html.escape(sweep.keys[0])}, a line per algorithm; "
+              "target accuracy, and to the target loss, where evaluated) against "
+              f"{html.escape(sweep.keys[0])}, a line per algorithm; "
               "a column per value of the other swept keys. Also beside this page as "
               f"{PLOT_FILE}; every point's summary rows in {TABLE_FILE}.</figcaption></figure>"
               if png is not None else '<p class="absent">No point finished: nothing to plot.</p>')
@@ -83,7 +85,12 @@ def sweep_html(sweep: SweepDirectory, table: pd.DataFrame, png: bytes | None) ->
 
 def _points_table(sweep: SweepDirectory, table: pd.DataFrame, statuses, algorithms: list[str],
                   palette: look.Palette) -> str:
-    head = ["point", *sweep.keys, "status", *(f"{palette.label(a)} samples/s" for a in algorithms), "report"]
+    metrics = [("samples/s", "samples_per_s", ",.0f")]  # (header, summary column, format) per algorithm
+    metrics += [(header, column, ".3f") for header, column in (("to target s", "time_to_target_s"),
+                                                              ("to target loss s", "time_to_target_loss_s"))
+                if column in table and table[column].notna().any()]
+    head = ["point", *sweep.keys, "status",
+            *(f"{palette.label(a)} {header}" for a in algorithms for header, _, _ in metrics), "report"]
     rows = []
     for point in sweep.points:
         index, status = point["index"], statuses[point["index"]]
@@ -94,8 +101,9 @@ def _points_table(sweep: SweepDirectory, table: pd.DataFrame, statuses, algorith
         cells.append(state)
         mine = table[table["point"] == index] if "point" in table else table.iloc[0:0]
         for algorithm in algorithms:
-            value = mine.loc[mine["algorithm"] == algorithm, "samples_per_s"]
-            cells.append(f"{value.iloc[0]:,.0f}" if len(value) and pd.notna(value.iloc[0]) else "")
+            for _, column, spec in metrics:
+                value = mine.loc[mine["algorithm"] == algorithm, column]
+                cells.append(format(value.iloc[0], spec) if len(value) and pd.notna(value.iloc[0]) else "")
         report = sweep.point_dir(index) / REPORT_FILE
         link = f"points/{report.parent.name}/{REPORT_FILE}"
         cells.append(f'<a href="{html.escape(link)}">page</a>' if report.is_file() else "")

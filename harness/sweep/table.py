@@ -2,8 +2,9 @@
 
 ``sweep.csv``: every finished point's ``summary.csv`` rows (one per algorithm label), after a
 ``point`` column and one column per swept key holding the point's value. ``sweep.png``:
-throughput (samples/s) and time to the target accuracy against the first swept key, a line
-per algorithm label, a column of panels per combination of the other keys' values.
+throughput (samples/s), time to the target accuracy and time to the target loss (with a
+``results.target_loss``) against the first swept key, a line per algorithm label, a column of
+panels per combination of the other keys' values.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from harness.sweep.store import SweepDirectory
 
 TABLE_FILE = "sweep.csv"
 PLOT_FILE = "sweep.png"
-METRICS = (("samples_per_s", "samples/s"), ("time_to_target_s", "time to target accuracy (s)"))
+METRICS = (("samples_per_s", "samples/s"), ("time_to_target_s", "time to target accuracy (s)"),
+           ("time_to_target_loss_s", "time to target loss (s)"))
 ABSENT = {"samples_per_s": "no throughput recorded",
           "time_to_target_s": "no time to target accuracy: not reached, or not evaluated (simulations evaluate none "
-                              "unless they train: --train)"}
+                              "unless they train: --train)",
+          "time_to_target_loss_s": "no time to target loss: not reached, or not evaluated"}
 
 
 def sweep_table(sweep: SweepDirectory) -> pd.DataFrame:
@@ -45,6 +48,17 @@ def sweep_table(sweep: SweepDirectory) -> pd.DataFrame:
 def _cell(value):
     """A swept value as one CSV cell: lists and mappings as JSON."""
     return json.dumps(value) if isinstance(value, (list, dict)) else value
+
+
+def _missed(table: pd.DataFrame, metric: str, shown: list[tuple[str, str]]) -> bool:
+    """Whether the plot says that ``metric`` has no value: the time to a target loss only when
+    the points set one; the time to the target accuracy not when the time to a target loss is
+    drawn (a script that records its loss, not its accuracy)."""
+    if metric == "time_to_target_loss_s":
+        return "target_loss" in table and bool(table["target_loss"].notna().any())
+    if metric == "time_to_target_s":
+        return not any(m == "time_to_target_loss_s" for m, _ in shown)
+    return True
 
 
 def write_table_and_plot(sweep: SweepDirectory) -> list[Path]:
@@ -71,7 +85,7 @@ def sweep_figure(table: pd.DataFrame, keys: list[str]):
 
     x_key, others = keys[0], keys[1:]
     metrics = [(m, label) for m, label in METRICS if m in table and table[m].notna().any()]
-    absent = [ABSENT[m] for m, _ in METRICS if (m, dict(METRICS)[m]) not in metrics]
+    absent = [ABSENT[m] for m, _ in METRICS if (m, dict(METRICS)[m]) not in metrics and _missed(table, m, metrics)]
     groups = list(table.groupby(others, sort=False)) if others else [((), table)]
     algorithms = list(dict.fromkeys(table["algorithm"]))
     colours = palette(algorithms)

@@ -20,7 +20,7 @@ import sys
 from harness.config import HarnessError
 
 COMMANDS = ("run", "launch", "validate", "sbatch", "bench", "calibrate", "simulate", "compare", "report", "figures",
-            "schema")
+            "schema", "chakra")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -31,9 +31,14 @@ _observer: Any = None
 
 
 def observe(fn: Any) -> None:
-    """Have ``fn(group, work)`` called for every work any harness process group makes (None: stop)."""
+    """Have ``fn(group, work)`` called for every work any harness process group makes (None: stop;
+    ``launch``'s session stops once the script returned, which the mismatch watch notes: the
+    script posts nothing more)."""
     global _observer
     _observer = fn
+    watch = mismatch.current()
+    if fn is None and watch is not None:
+        watch.finished("returned")
 
 
 def _opt(opts: Any, name: str, default: Any) -> Any:
@@ -102,6 +107,14 @@ class HarnessProcessGroup(dist.ProcessGroup):
 
     def getGroupDesc(self) -> str:
         return getattr(self, "_group_desc", "")
+
+    def shutdown(self) -> None:
+        """torch's ``destroy_process_group``: the mismatch watch notes that this rank posts on the
+        group no more."""
+        watch = mismatch.current()
+        if watch is not None:
+            watch.destroyed(self)
+        super().shutdown()
 
     @property
     def native(self) -> Any:

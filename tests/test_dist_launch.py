@@ -211,7 +211,7 @@ def test_operations_that_disagree_are_named_under_bare_mpiexec(tmp_path, case, r
 
 
 def test_fingerprints_differ_in_what_must_agree():
-    from harness.dist.mismatch import difference, fingerprint
+    from harness.dist.fingerprints import difference, fingerprint
 
     t = torch.ones(4)
     a = fingerprint("all_reduce", "g", [0, 1], (3,), [t])

@@ -16,7 +16,10 @@ import time
 
 import pytest
 
-from harness.dist.mismatch import AFTER_S, DEFER_TICKS, TICK_S, MismatchWatch
+from harness.dist.mismatch import AFTER_S, TICK_S
+from harness.dist.missing import verdict, why
+from harness.dist.missing_look import DEFER_TICKS, NOTE_AFTER_S, MissingLook
+from harness.dist.watch_store import WatchStore
 from harness.launch import run_ranks
 
 # The watch's worst case: a collective pending for AFTER_S, a tick to notice it, a tick for the
@@ -167,9 +170,12 @@ def _state(rank: int, counts: dict, blocked: dict | None = None, end: str | None
 
 
 def _why(states: dict, q: int, x: dict):
-    watch = MismatchWatch(0, lambda message: None)
-    chain = watch._why(states.get, q, x, [], set())
-    return chain, (watch._verdict(states.get, chain) if chain else None)
+    chain = why(states.get, q, x, AFTER_S, [], set())
+    return chain, (verdict(states.get, chain) if chain else None)
+
+
+def _look(rank: int) -> MissingLook:
+    return MissingLook(rank, WatchStore(), lambda message: None, AFTER_S, TICK_S)
 
 
 def test_only_evidence_names_a_rank():
@@ -233,15 +239,13 @@ def test_a_receive_waits_for_its_send():
 
 
 def test_a_long_wait_for_a_rank_that_is_not_waiting_is_a_note(capsys):
-    from harness.dist.mismatch import _NOTE_AFTER_S
-
-    x = _collective(7, age=_NOTE_AFTER_S + 1)
+    x = _collective(7, age=NOTE_AFTER_S + 1)
     states = {0: _state(0, {"g [0 1 2]": 8}, blocked=x, stuck=[x]), 2: _state(2, {"g [0 1 2]": 8}, stuck=[x]),
               1: _state(1, {"g [0 1 2]": 7})}
-    MismatchWatch(2, lambda message: None)._note(states.get, 1, x)  # by the lowest rank that waits ...
-    watch = MismatchWatch(0, lambda message: None)  # ... once
-    watch._note(states.get, 1, x)
-    watch._note(states.get, 1, x)
+    _look(2)._note(states.get, 1, x)  # by the lowest rank that waits ...
+    look = _look(0)  # ... once
+    look._note(states.get, 1, x)
+    look._note(states.get, 1, x)
     err = capsys.readouterr().err
     assert err.count("note: ") == 1 and "error" not in err
     assert err.startswith("note: rank 0 has waited 61 s in collective #7 of group g [0 1 2] (all_reduce on 4 float32 "

@@ -180,6 +180,7 @@ class ScriptSession:
         self.comm.drain_records()  # the session's own set-up
         self._start = time.monotonic()
         self._cpu_start = self._cpu_pre = time.thread_time()
+        self._waited_start = 0.0
         self._installed: list[Any] = []
         self.mismatch = install(MismatchWatch(self.rank, lambda message: fail(message, self.beat)))
         observe(self._observe)
@@ -205,11 +206,14 @@ class ScriptSession:
         self._begin()
 
     def _begin(self) -> None:
+        from harness.dist import work
+
         t = self.t
         self._began = True
         if t == 0:
             self._start = time.monotonic()  # iteration 0 starts at the first training forward pass
             self._cpu_start = time.thread_time()
+            self._waited_start = work.main_thread_wait_s
         self.beat.iteration(t)
         self.faults.at_iteration(self.label, t)
         delays, factors = self.plan.at(t)
@@ -236,6 +240,7 @@ class ScriptSession:
         self._end()
 
     def _end(self) -> None:
+        from harness.dist import work
         from harness.dist.sequence import StepMarks
 
         now = time.monotonic()
@@ -254,13 +259,16 @@ class ScriptSession:
         self.rows.append([self._start, now, compute, self._delay, blocked, 0])
         self.marks.append(StepMarks(self._start, self._forward, self._pre, now))
         cpu = time.thread_time()
-        self.structure.step_window(self._pre, now, cpu - self._cpu_start, cpu - self._cpu_pre)
+        waited = work.main_thread_wait_s - self._waited_start
+        self.structure.step_window(self._pre, now, cpu - self._cpu_start, cpu - self._cpu_pre,
+                                   max(0.0, compute - max(0.0, waited - blocked)))
         self._collect(records)
         self.beat.iteration_done(now - self._start)
         self.t += 1
         self._began = False
         self._start = now  # the next iteration begins here (see the module doc)
         self._cpu_start = time.thread_time()
+        self._waited_start = work.main_thread_wait_s
 
     def _collect(self, records: list) -> None:
         """Keep the records; count each one's bytes in the step that posted it (iterations follow

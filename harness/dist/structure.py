@@ -20,7 +20,9 @@ hooks and notes:
   optimizer's own work, which FSDP2 does on the shard), and the CPU time the script's thread
   used (``time.thread_time``) in the step and in that window: the local work without the time
   the thread waited, which the wall-clock split cannot tell apart where torch waits inside the
-  forward pass (FSDP2's all-gathers). The notes keep each one's median over the steps after the
+  forward pass (FSDP2's all-gathers); and the step's local work on the wall clock without the
+  time the main thread spent in the backend's ``wait()`` (those waits, beyond what
+  ``comm_blocked_s`` already counts). The notes keep each one's median over the steps after the
   first.
 
 The session gathers every rank's notes and rank 0 writes them as ``script_structure.json``.
@@ -46,6 +48,7 @@ class StructureNotes:
         self.zero: list[dict] = []
         self.groups: set[tuple[int, ...]] = set()
         self.after_s: list[float] = []
+        self.local_s: list[float] = []  # per step: the local work without the main thread's waits
         self.cpu_s: list[float] = []  # per step: the CPU time of the script's thread (time.thread_time)
         self.after_cpu_s: list[float] = []  # of it, from the optimizer step's pre-hook on
         self._seen_modules = False
@@ -103,9 +106,11 @@ class StructureNotes:
             "group_ranks": [int(r) for r in dist.get_process_group_ranks(optimizer.process_group)],
         })
 
-    def step_window(self, pre_s: float, end_s: float, cpu_s: float, after_cpu_s: float) -> None:
+    def step_window(self, pre_s: float, end_s: float, cpu_s: float, after_cpu_s: float, local_s: float) -> None:
         """A step ended: its optimizer window (``pre_s`` to ``end_s``), the CPU time the script's
-        thread used in the step and in that window."""
+        thread used in the step and in that window, and its local work: ``compute_s`` less the
+        time the main thread waited in the backend's ``wait()`` beyond ``comm_blocked_s``."""
+        self.local_s.append(max(0.0, local_s))
         self.after_s.append(max(0.0, end_s - pre_s))
         self.cpu_s.append(max(0.0, cpu_s))
         self.after_cpu_s.append(max(0.0, after_cpu_s))
@@ -117,4 +122,4 @@ class StructureNotes:
 
         return {"fsdp": self.fsdp, "zero": self.zero, "groups": sorted(list(g) for g in self.groups),
                 "after_step_s": steady(self.after_s), "cpu_s": steady(self.cpu_s),
-                "after_step_cpu_s": steady(self.after_cpu_s)}
+                "after_step_cpu_s": steady(self.after_cpu_s), "local_s": steady(self.local_s)}

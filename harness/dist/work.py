@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,9 @@ from harness import _core
 from harness.dist.lineage import LineageFuture, inside
 
 _JOIN_AT_EXIT_S = 5.0
+# Seconds the main thread has spent in wait() on the backend's works (FSDP2 waits for its
+# all-gathers there, inside the forward pass): the session takes it apart from the local work.
+main_thread_wait_s = 0.0
 
 
 class _Completer:
@@ -130,7 +134,15 @@ class HarnessWork(dist.Work):
             raise self._error
 
     def wait(self, timeout: Any = None) -> bool:
-        self._complete(_timeout_s(timeout))
+        global main_thread_wait_s
+        if threading.current_thread() is not threading.main_thread() or self._completed:
+            self._complete(_timeout_s(timeout))
+            return True
+        began = time.monotonic()
+        try:
+            self._complete(_timeout_s(timeout))
+        finally:
+            main_thread_wait_s += time.monotonic() - began
         return True
 
     def is_completed(self) -> bool:

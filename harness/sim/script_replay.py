@@ -316,7 +316,7 @@ def replay_script(scenario: Any, label: str, real_steps: pd.DataFrame, trace: Sc
 
     def make(r: int, ctx: AlgorithmContext) -> ScriptReplay:
         return ScriptReplay(params, ctx, trace.ops[r], delay_of[r], lambda t, r=r: timing.compute(t, r),
-                            stalls=mode != "trace" and len(structure.cpu_s) == recorded_ranks)
+                            stalls=mode != "trace" and structure.waits_apart)
 
     try:
         return simulate_algorithm(replayed, params, timing, network, delays, factors, hosts=hosts,

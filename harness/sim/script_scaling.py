@@ -84,6 +84,13 @@ class ScriptStructure:
     after_step_s: tuple[float, ...] = ()
     cpu_s: tuple[float, ...] = ()  # per recorded rank: the script thread's CPU time per step (empty: not noted)
     after_step_cpu_s: tuple[float, ...] = ()  # of it, in the optimizer step's window
+    local_s: tuple[float, ...] = ()  # per recorded rank: local work without the main thread's waits (empty: not noted)
+
+    @property
+    def waits_apart(self) -> bool:
+        """Whether the notes give every rank's local work without its waits (which the
+        simulation then makes itself)."""
+        return bool(self.local_s or self.cpu_s)
 
     @classmethod
     def read(cls, run_dir: Path) -> ScriptStructure:
@@ -102,6 +109,7 @@ class ScriptStructure:
                 after_step_s=tuple(float(r.get("after_step_s", 0.0)) for r in ranks),
                 cpu_s=tuple(float(r["cpu_s"]) for r in ranks) if all("cpu_s" in r for r in ranks) else (),
                 after_step_cpu_s=tuple(float(r.get("after_step_cpu_s", 0.0)) for r in ranks),
+                local_s=tuple(float(r["local_s"]) for r in ranks) if all("local_s" in r for r in ranks) else (),
             )
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise ScalingError(f"{path}: not the notes of a script run ({exc})") from exc

@@ -5,17 +5,23 @@ measured the harness's own workloads. A script's model and data are its own, so 
 made from its run (``steps.csv`` and ``script_structure.json``), per recorded rank:
 
 - the local work of a step: the median over the steps after the first (the first holds the
-  lazy set-ups) of end - start - injected delay - blocked time, divided by the injected compute
-  factor of that step (the simulation applies the scenario's factors again);
+  lazy set-ups) of its local work without the time the script's main thread waited for the
+  backend's operations (``local_s`` of ``script_structure.json``: ``compute_s`` less the waits in
+  ``wait()``, such as FSDP2's for its all-gathers inside the forward pass, that
+  ``comm_blocked_s`` does not count), divided by the injected compute factor (the simulation
+  applies the scenario's factors again). The simulation then makes those waits itself: an
+  operation the script waited for before posting its next holds the computation up until it
+  ends. (Runs noted before ``local_s``: the script thread's CPU time, or else end - start -
+  injected delay - blocked time per step, which keeps the waits inside the work.)
 - the time between two steps (loading data, logging): the median gap;
 - the optimizer step's window (its pre-hook to the step's end). With FSDP2 the optimizer works
   on the rank's shard, so that part scales with the shard: ``ScriptStructure.shard_ratio``.
 
 Simulated rank r takes recorded rank r mod R's model (as the collective sequence does,
-:mod:`harness.sim.script_scaling`), times ``scale``: the machine reading at another rank count
-shares this machine's cores among more ranks (``Calibration.core_share_factor``); the cluster
-reading gives every rank cores of its own (the run's compute, measured with R ranks on C cores,
-divided by max(1, R / C)).
+:mod:`harness.sim.script_scaling`), times the reading's factor (:func:`reading_scales`): the
+machine reading at another rank count shares this machine's C cores among more ranks
+(``max(1, N / C) / max(1, R / C)``; CPU time: ``max(1, N / C)``); the cluster reading gives every
+rank cores of its own (the run's wall-clock work divided by max(1, R / C); CPU time as it is).
 """
 
 from __future__ import annotations
@@ -59,6 +65,8 @@ class ScriptComputeModel:
                               "local": local.to_numpy(float)[known] / recorded_factors[t[known], r[known]]})
         steady = frame[frame["iteration"] >= 1] if frame["iteration"].max() >= 1 else frame
         per_rank = steady.groupby("rank")["local"].median()
+        stretch = pd.Series(recorded_factors[steady["iteration"], steady["rank"]]).groupby(
+            steady["rank"].to_numpy()).median()  # the injected factors the noted medians hold
         ends = steps.sort_values(["rank", "iteration"])
         gaps = (ends.groupby("rank")["start_s"].shift(-1) - ends["end_s"]).clip(lower=0.0)
         gap = gaps.groupby(ends["rank"]).median().fillna(0.0)
@@ -67,7 +75,10 @@ class ScriptComputeModel:
         for b in range(recorded_ranks):
             if b not in per_rank.index:
                 raise TimingError(f"the script run recorded no steps of rank {b}: nothing to model its compute on")
-            if len(structure.cpu_s) == recorded_ranks:  # CPU time: the local work without the waits
+            if len(structure.local_s) == recorded_ranks:  # the wall-clock local work without the waits
+                work, optimizer, scale = structure.local_s[b] / float(stretch.get(b, 1.0)), structure.after_step_s[b], \
+                    wall_scale
+            elif len(structure.cpu_s) == recorded_ranks:  # CPU time: the local work without the waits
                 work, optimizer, scale = structure.cpu_s[b], structure.after_step_cpu_s[b], cpu_scale
             else:  # a run from before CPU time was noted: the wall-clock split
                 work, scale = float(per_rank[b]), wall_scale

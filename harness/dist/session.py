@@ -360,8 +360,7 @@ class ScriptSession:
 
         from harness.results import atomic
         from harness.dist.metrics import evaluation_records
-        from harness.dist.structure import STRUCTURE_FILE
-        from harness.results.columns import COLLECTIVE_COLUMNS, COLLECTIVE_FILE, to_frame
+        from harness.results.columns import COLLECTIVE_COLUMNS, COLLECTIVE_FILE, STRUCTURE_FILE, to_frame
         from harness.results.records import RunDirectory
         from harness.runner.report import write_summary
 

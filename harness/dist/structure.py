@@ -33,8 +33,6 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-STRUCTURE_FILE = "script_structure.json"
-
 
 def _element_bytes(t: Any) -> int:
     return int(t.element_size())

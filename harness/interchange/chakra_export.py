@@ -167,7 +167,7 @@ def export_run(run_dir: Path, out_dir: Path | None = None, name: str | None = No
     from harness.results.layout import RUN_FILE, STEPS_FILE, read_run_json
     from harness.results import atomic
     from harness.sim.script_replay import script_label
-    from harness.sim.script_scaling import STRUCTURE_FILE
+    from harness.results.columns import STRUCTURE_FILE
 
     run_dir = Path(run_dir)
     if not (run_dir / RUN_FILE).is_file():

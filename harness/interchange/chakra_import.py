@@ -274,7 +274,7 @@ def import_traces(spec: Path, scenario_file: Path, out: Path | None = None, labe
     from harness.runner.report import write_summary
     from harness.scenario import load_scenario
     from harness.sim.script_replay import ReplayError, ScriptTrace
-    from harness.sim.script_scaling import STRUCTURE_FILE
+    from harness.results.columns import STRUCTURE_FILE
 
     prefix, files = trace_files(spec)
     world = len(files)

@@ -73,6 +73,7 @@ COMM_OP_NAMES = (
 COLLECTIVE_COLUMNS = ("rank", "iteration", "seq", "op", "group_ranks", "payload_bytes", "peer", "phase", "at",
                       "waited")
 COLLECTIVE_FILE = "collectives.csv"
+STRUCTURE_FILE = "script_structure.json"  # a script run's notes of what makes its collectives scale
 # comm_calls.csv (only when the scenario sets results.comm_calls): every call an algorithm made
 # to its communicator, logged by harness.comm.call_log.CallLog, whose CALL_NAMES are the ops.
 COMM_CALL_COLUMNS = ("algorithm", "rank", "iteration", "seq", "op", "peers", "floats", "detail", "result")

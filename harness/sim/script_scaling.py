@@ -37,7 +37,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-STRUCTURE_FILE = "script_structure.json"  # written by harness.dist.structure (the same name)
+from harness.results.columns import STRUCTURE_FILE
+
 ELEMENT_BYTES = (1, 2, 4, 8)
 GROUP_SIZED = frozenset({"allgather", "reduce_scatter"})  # sizes follow the group's size
 FIXED = frozenset({"allreduce", "broadcast", "reduce", "barrier"})

@@ -83,10 +83,11 @@ def test_torch_ddp_example_under_its_scenario(tmp_path):
     assert list(table["mode"]) == ["trace", "predictive"] and set(table["algorithm"]) == {"train"}
     assert (table["predicted_samples_per_s"] > 0).all()
     # ... and simulate replays it at another (odd) rank count: DDP's buckets do not depend on it.
-    proc = harness_cli("simulate", str(run / "scenario.resolved.yaml"), "--ranks", "7", "--out", str(tmp_path / "sim"),
-                       "--calibration", str(calibration))
+    proc = harness_cli("simulate", str(run / "scenario.resolved.yaml"), "workload.batch_size=64", "--ranks", "7",
+                       "--out", str(tmp_path / "sim"), "--calibration", str(calibration))
     assert proc.returncode == 0, proc.stderr[-3000:]
     (sim,) = (tmp_path / "sim" / "torch_ddp").iterdir()
+    assert yaml.safe_load((sim / "scenario.resolved.yaml").read_text())["workload"]["batch_size"] == 64  # kept
     simulated = pd.read_csv(sim / "steps.csv")
     assert sorted(simulated.groupby("rank").size().items()) == [(r, STEPS) for r in range(7)]
     # The straggler (rank 2 of the scenario, 30 ms per step) holds every rank back there too.

@@ -540,3 +540,15 @@ def test_recording_ranks_do_not_load_pandas():
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False", "True"]
+
+
+def test_an_empty_cell_of_a_float_column_reads_as_missing(tmp_path):
+    """pandas' to_csv writes NaN as an empty cell: a steps.csv edited so still reads."""
+    import math
+
+    from harness.results.columns import STEP_COLUMNS, read_frame
+
+    row = ["a", 0, 0, 0.0, 1.0, 0.5, 0.0, 0.5, 2.3, 100, -1, ""]
+    (tmp_path / "steps.csv").write_text(",".join(STEP_COLUMNS) + "\n" + ",".join(map(str, row)) + "\n")
+    frame = read_frame(tmp_path / "steps.csv", STEP_COLUMNS)
+    assert math.isnan(frame["accuracy"].iloc[0]) and frame["loss"].iloc[0] == 2.3

@@ -213,6 +213,8 @@ class CommCallRecord:
 
 def _typed(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
     """Reorder to ``columns`` and coerce dtypes: ints int64, text str, everything else float64."""
+    import pandas as pd  # noqa: PLC0415  (see the imports)
+
     missing = [c for c in columns if c not in frame.columns]
     if any(c in _ADDED_LATER for c in missing):
         frame = frame.assign(**{c: _ADDED_LATER[c] for c in missing if c in _ADDED_LATER})
@@ -224,7 +226,10 @@ def _typed(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
         if name in _TEXT:
             frame[name] = frame[name].astype(str)
         else:
-            frame[name] = frame[name].astype(_DTYPES.get(name, _FLOAT))
+            column = frame[name]
+            if name not in _DTYPES and not pd.api.types.is_numeric_dtype(column):  # text: an empty cell
+                column = column.replace("", math.nan)  # (pandas' to_csv writes NaN so) is a missing float
+            frame[name] = column.astype(_DTYPES.get(name, _FLOAT))
     return frame.reset_index(drop=True)
 
 

@@ -29,8 +29,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.report import write_report
+    from harness.sweep.store import SWEEP_FILE
 
+    if (args.run_dir / SWEEP_FILE).is_file():  # a sweep's page: its table, plot and points
+        from harness.sweep.page import write_sweep_report as write_report
+    else:
+        from harness.report import write_report
     written = write_report(args.run_dir)  # NotResultsError (a HarnessError): harness.cli says why, exit 2
     print(f"report: {written.html}")
     for problem in written.failed:

@@ -23,14 +23,9 @@ REPORT_FILE = "report.html"
 
 
 def write_report(path: str | Path):
-    """Write the report of the run directory ``path`` (:func:`harness.report.build.write_report`),
-    or of the sweep directory ``path`` (``harness.sweep.page``: with its sweep.csv and sweep.png)."""
-    from harness.sweep.store import SWEEP_FILE
-
-    if (Path(path) / SWEEP_FILE).is_file():
-        from harness.sweep.page import write_sweep_report
-
-        return write_sweep_report(path)
+    """Write the report of the run directory ``path`` (:func:`harness.report.build.write_report`).
+    A sweep directory's page is ``harness.sweep.page``'s (which builds on this package; the
+    ``report`` command picks between the two)."""
     from harness.report.build import write_report as write
 
     return write(path)

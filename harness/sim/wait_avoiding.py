@@ -1,21 +1,23 @@
 """The wait-avoiding group allreduce of WAGMA-SGD and eager-SGD in simulated time: every
 rank's side of one op (``kernels/wait_avoiding.hpp``'s rules), its round handles and the face
-``harness.sim.comm.SimCommunicator.wait_avoiding`` returns."""
+``harness.sim.comm.SimCommunicator.wait_avoiding`` returns.
+
+The communicator and its fabric are passed in (``harness.sim.comm`` imports this module, never
+the other way round): what is used of them is ``ranks``, ``engine``, ``network``, ``payload`` and
+``collective()`` of the fabric, and ``rank``, ``engine``, ``fabric`` and ``_posted()`` of the
+communicator."""
 
 from __future__ import annotations
 
 import bisect
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from harness.schedules import is_sync_round
 from harness.sim.handles import Handle, SimCommError
 from harness.sim.payload import Published
 from harness.sim.primitives import Collective
-
-if TYPE_CHECKING:
-    from harness.sim.comm import SimCommunicator, SimFabric
 
 ACTIVATION_BYTES = 8  # one int64 round number (the native op does not count them in its bytes)
 
@@ -49,7 +51,7 @@ class WaitAvoidingState:
     message time before it).
     """
 
-    def __init__(self, fabric: SimFabric, count: int, sync_every: int, quorum: int = 1,
+    def __init__(self, fabric: Any, count: int, sync_every: int, quorum: int = 1,
                  accumulate: bool = False) -> None:
         self.fabric = fabric
         # Values: every rank's published buffer (None: the simulation carries no values).
@@ -274,7 +276,7 @@ class RoundHandle(Handle):
 class SimWaitAvoidingAllreduce:
     """``Communicator.wait_avoiding`` in simulated time (see :class:`WaitAvoidingState`)."""
 
-    def __init__(self, comm: SimCommunicator, state: WaitAvoidingState) -> None:
+    def __init__(self, comm: Any, state: WaitAvoidingState) -> None:
         self._comm = comm
         self._state = state
         self._next = 0  # this rank's caller's next round

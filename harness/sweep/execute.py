@@ -202,9 +202,9 @@ def _report(sweep: SweepDirectory) -> None:
     for path in write_table_and_plot(sweep):
         print(f"wrote {path}", file=sys.stderr)
     try:
-        from harness.report import write_report
+        from harness.sweep.page import write_sweep_page
 
-        written = write_report(sweep.path)
+        written = write_sweep_page(sweep)
         print(f"report: {written.html}")
     except Exception as exc:  # noqa: BLE001 - the sweep's results stand without their page
         print(f"warning: report.html not written: {type(exc).__name__}: {exc}".splitlines()[0], file=sys.stderr)

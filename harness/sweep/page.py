@@ -25,6 +25,12 @@ def write_sweep_report(path: str | Path) -> Written:
     sweep = SweepDirectory.open(path)
     _register_labels(sweep)
     write_table_and_plot(sweep)
+    return write_sweep_page(sweep)
+
+
+def write_sweep_page(sweep: SweepDirectory) -> Written:
+    """Write report.html of ``sweep`` from its sweep.csv and sweep.png, as written."""
+    _register_labels(sweep)
     table = pd.read_csv(sweep.path / TABLE_FILE)
     plot = sweep.path / PLOT_FILE
     written = Written(sweep.path / REPORT_FILE, images=[plot] if plot.is_file() else [])

@@ -4,7 +4,7 @@ A fault is part of the experiment, like a straggler: ``kill`` ends the process w
 (nothing is flushed or cleaned up, as after an out-of-memory kill or a node failure),
 ``hang`` stops the training loop while the process and its progress thread stay alive, and
 ``slow_start`` makes the rank report in late. A ``kill`` or ``hang`` strikes where its
-``during`` says (``harness.scenario.schema.IterationFault``): at the start of an iteration, just
+``during`` says (``harness.scenario.fault_fields.IterationFault``): at the start of an iteration, just
 after the rank posted a communication operation (through :meth:`FaultPlan.striking`, a
 communicator that strikes there), at an evaluation, or in ``finish()``.
 
@@ -25,7 +25,8 @@ from typing import Any
 
 from harness.runner.heartbeat import Heartbeat
 from harness.runner.heartbeat_row import Cause
-from harness.scenario.schema import HangFault, KillFault, Scenario, SlowStartFault
+from harness.scenario.fault_fields import HangFault, KillFault, SlowStartFault
+from harness.scenario.schema import Scenario
 
 Strike = KillFault | HangFault
 

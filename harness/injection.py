@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 from pydantic import TypeAdapter
 
-from harness.scenario.schema import AnyInjectorSpec, InjectorSpec, Scenario
+from harness.scenario.imbalance_fields import AnyInjectorSpec, InjectorSpec
+from harness.scenario.schema import Scenario
 
 _SPEC = TypeAdapter(AnyInjectorSpec)
 

@@ -155,7 +155,7 @@ IMBALANCE_SERIES: dict[str, Any] = {
     "wagma": {"name": "wagma", "group_size": 8, "period": 11},
 }
 
-# The SGP paper's two networks as topology presets (harness.scenario.schema.TOPOLOGY_PRESETS:
+# The SGP paper's two networks as topology presets (harness.scenario.network_fields.TOPOLOGY_PRESETS:
 # 10 Gb/s Ethernet at 20 us and 100 Gb/s InfiniBand at 2 us per node NIC, NVLink-class inside
 # the node). The topology is the whole network: the base point-to-point cost is taken as free.
 SGP_NETWORKS: dict[str, str] = {"10 GbE": "ethernet_10g", "100 Gb InfiniBand": "infiniband_100g"}

@@ -15,7 +15,7 @@ import pytest
 
 from harness.injection import InjectionPlan
 from harness.scenario import load_scenario
-from harness.scenario.schema import AnyInjectorSpec, InjectorSpec
+from harness.scenario.imbalance_fields import AnyInjectorSpec, InjectorSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 EVERYTHING = [

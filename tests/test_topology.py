@@ -13,7 +13,7 @@ from harness.bench.agreement import NIC_RUN_COMPUTE, NIC_RUN_LEAST_S, NIC_RUN_SC
 from harness.scenario import scenario_from_dict
 from harness.scenario.network import Link, NodeTopology, node_topology
 from harness.schedules import RING_THRESHOLD_BYTES
-from harness.scenario.schema import LinkSettings
+from harness.scenario.network_fields import LinkSettings
 from harness.sim.calibration import NetworkModel
 from harness.sim.hosts import hosts_topology
 from harness.sim.network import SimNetwork, hierarchical_schedule, run_schedule

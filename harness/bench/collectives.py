@@ -47,7 +47,7 @@ import numpy as np
 from harness.arguments import argtype, int_at_least, split_list
 from harness.bench.arguments import job_size_matches, say, worker_main
 from harness.config import HarnessError
-from harness.scenario.schema import TOPOLOGY_PRESETS, Topology
+from harness.scenario.network_fields import TOPOLOGY_PRESETS, Topology
 
 _PRESET_NAME = "ethernet_1g"  # the emulated nodes' defaults: a slow NIC, NVLink-class inside the node
 _PRESET = TOPOLOGY_PRESETS[_PRESET_NAME]

@@ -233,7 +233,7 @@ class Communicator:
 
     def set_allreduce(self, algorithm: str) -> None:
         """The allreduce algorithm of every later allreduce, wait-avoiding group rounds included
-        (``harness.scenario.schema.AllreduceAlgorithm``; ``hierarchical`` needs
+        (``harness.scenario.network_fields.AllreduceAlgorithm``; ``hierarchical`` needs
         :meth:`set_topology` first). Every rank sets the same."""
         self._native.set_allreduce(str(algorithm))
 

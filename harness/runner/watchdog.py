@@ -56,7 +56,8 @@ import numpy as np
 from harness.launch import abort_mpi_job, descends_from
 from harness.runner.heartbeat import ENV_VAR, Heartbeat
 from harness.runner.heartbeat_row import Cause, Field, Phase
-from harness.scenario.schema import HangFault, KillFault, Scenario, SlowStartFault
+from harness.scenario.fault_fields import HangFault, KillFault, SlowStartFault
+from harness.scenario.schema import Scenario
 from harness.scenario.schema import Watchdog as WatchdogSettings
 
 POLL_S = 0.5  # how often the table is read when no process ends: cheap, and bounds the delay

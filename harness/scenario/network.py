@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.scenario.schema import Scenario, Topology
+from harness.scenario.network_fields import Topology
+from harness.scenario.schema import Scenario
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.scenario.network import NodeTopology
-from harness.scenario.schema import LinkSettings, Scenario, Topology
+from harness.scenario.network_fields import LinkSettings, Topology
+from harness.scenario.schema import Scenario
 from harness.sim.calibration import CalibrationEntry, NetworkModel
 
 

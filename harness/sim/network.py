@@ -448,7 +448,7 @@ def _ring_steps(p: int, count: int) -> list[tuple[list[int], list[int], list[int
 
 
 ALLREDUCE_ALGORITHMS = ("auto", "ring", "recursive_doubling", "reduce_broadcast", "hierarchical")
-"""The names of ``harness.scenario.schema.AllreduceAlgorithm``, as the native layer knows them."""
+"""The names of ``harness.scenario.network_fields.AllreduceAlgorithm``, as the native layer knows them."""
 
 
 @lru_cache(maxsize=256)

@@ -14,7 +14,7 @@ from harness.bench.agreement import (ALLREDUCE_RUN_COMPUTE, ALLREDUCE_RUN_HOP_S,
 from harness.local_costs import iteration_overhead_s
 from harness.scenario import scenario_from_dict
 from harness.schedules import RING_THRESHOLD_BYTES
-from harness.sim.network import allreduce_schedule
+from harness.sim.collective_schedules import allreduce_schedule
 
 
 @pytest.mark.mpi

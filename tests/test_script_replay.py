@@ -18,7 +18,7 @@ from harness.dist.sequence import Shape, StepMarks, sequence_rows
 from harness.results.columns import COLLECTIVE_COLUMNS, STEP_COLUMNS
 from harness.scenario import scenario_from_dict
 from harness.sim.calibration import NetworkModel
-from harness.sim.network import GROUP_KINDS, group_schedule
+from harness.sim.collective_schedules import GROUP_KINDS, group_schedule
 from harness.sim.script_replay import ReplayError, ScriptTrace, replay_script
 
 

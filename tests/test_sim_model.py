@@ -19,7 +19,8 @@ from harness.scenario.loader import scenario_from_dict
 from harness.scenario.network import Link
 from harness.sim.calibration import CalibrationEntry, NetworkModel
 from harness.schedules import RING_THRESHOLD_BYTES
-from harness.sim.network import FLOAT_BYTES, RingSchedule, SimNetwork, allreduce_schedule, run_schedule
+from harness.sim.collective_schedules import FLOAT_BYTES, RingSchedule, allreduce_schedule
+from harness.sim.network import SimNetwork, run_schedule
 from harness.sim.runs import predict
 
 ALPHA, BANDWIDTH = 1e-3, 1e6

@@ -16,7 +16,8 @@ from harness.schedules import RING_THRESHOLD_BYTES
 from harness.scenario.network_fields import LinkSettings
 from harness.sim.calibration import NetworkModel
 from harness.sim.hosts import hosts_topology
-from harness.sim.network import SimNetwork, hierarchical_schedule, run_schedule
+from harness.sim.collective_schedules import hierarchical_schedule
+from harness.sim.network import SimNetwork, run_schedule
 
 core = pytest.importorskip("harness._core")
 

@@ -20,15 +20,8 @@ from collections.abc import Sequence
 import simpy
 
 from harness.sim.engine import SimEngine
-from harness.sim.network import (
-    FLOAT_BYTES,
-    GROUP_KINDS,
-    SimNetwork,
-    barrier_schedule,
-    broadcast_times,
-    group_schedule,
-    run_schedule,
-)
+from harness.sim.collective_schedules import FLOAT_BYTES, GROUP_KINDS, barrier_schedule, group_schedule
+from harness.sim.network import SimNetwork, broadcast_times, run_schedule
 from harness.sim.payload import Deferred, Payload
 
 
@@ -37,7 +30,7 @@ class Collective:
 
     ``kind``: ``"allreduce"`` of ``count`` floats, ``"barrier"``, ``"broadcast"`` of
     ``count`` floats from member index ``root``, or one of the torch.distributed backend's group
-    operations (:data:`harness.sim.network.GROUP_KINDS`, sized as :func:`group_schedule` says).
+    operations (:data:`harness.sim.collective_schedules.GROUP_KINDS`, sized as :func:`group_schedule` says).
     """
 
     __slots__ = ("engine", "network", "kind", "members", "index", "count", "root", "join_at", "joined", "done_at",

@@ -46,7 +46,7 @@ from harness.config import HarnessError
 from harness.results.columns import COLLECTIVE_COLUMNS, COLLECTIVE_FILE, read_frame
 from harness.sim.engine import SimDeadlock
 from harness.sim.handles import SimCommError
-from harness.sim.network import FLOAT_BYTES
+from harness.sim.collective_schedules import FLOAT_BYTES
 from harness.sim.script_scaling import ScalingError, ScriptStructure, scale_step
 
 

@@ -133,7 +133,7 @@ def native_sum(buffers: Sequence[torch.Tensor], schedule: Any) -> torch.Tensor:
     (``schedule``: the collective's, :mod:`harness.sim.network`): a ring or recursive doubling,
     so a simulation ends with the real run's numbers bit for bit; the hierarchical schedules
     (node-local reduce, leaders' allreduce) are summed in plain order, within rounding of them."""
-    from harness.sim.network import RingSchedule
+    from harness.sim.collective_schedules import RingSchedule
 
     if len(buffers) == 1:
         return buffers[0].clone()

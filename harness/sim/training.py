@@ -182,7 +182,7 @@ def evaluation_average(models: list) -> torch.Tensor:
     """The average of the ranks' deployable models as a real run's evaluation averages them: an
     allreduce (mean) on its evaluation communicator, which has no emulated network, so the
     default allreduce schedule's order of additions."""
-    from harness.sim.network import allreduce_schedule
+    from harness.sim.collective_schedules import allreduce_schedule
     from harness.sim.sums import native_sum
 
     return native_sum(models, allreduce_schedule(len(models), models[0].numel())).div_(len(models))

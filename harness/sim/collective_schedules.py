@@ -1,0 +1,280 @@
+"""The collective schedules of the native layer, as the simulator runs them: which member sends
+how many bytes to which in every step (``kernels/schedule.cpp`` for the allreduces and the
+barrier, ``kernels/group.cpp`` for the torch.distributed backend's group operations). Pure:
+no time here; :func:`harness.sim.network.run_schedule` times a schedule on a simulated network.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from harness.schedules import RING_THRESHOLD_BYTES
+
+FLOAT_BYTES = 4
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A collective as aligned steps over its members (indices 0..p-1 into the member list).
+
+    ``send_to[i, m]`` is the member that m sends to in step i (-1: none), ``send_bytes[i, m]``
+    its size, ``recv_from[i, m]`` the member m receives from (-1: none). Each member sends and
+    receives at most one message per step; the message m receives in step i is the one its
+    source sends in step i. ``bytes_sent[m]``: what m sends over the whole collective.
+    """
+
+    send_to: np.ndarray
+    send_bytes: np.ndarray
+    recv_from: np.ndarray
+    recursive_doubling: bool = False  # the native recursive-doubling allreduce (its order of additions)
+    bytes_sent: np.ndarray = field(init=False)
+    compiled: tuple = field(init=False, repr=False)  # per step: senders, their dst and bytes, receivers, their src
+    compiled_lists: tuple = field(init=False, repr=False)  # per step, as lists: receivers, sources, source bytes
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bytes_sent", np.where(self.send_to >= 0, self.send_bytes, 0).sum(axis=0))
+        steps = []
+        for i in range(self.send_to.shape[0]):
+            senders = np.flatnonzero(self.send_to[i] >= 0)
+            receivers = np.flatnonzero(self.recv_from[i] >= 0)
+            sources = self.recv_from[i, receivers]
+            steps.append((senders, self.send_to[i, senders], self.send_bytes[i, senders], receivers, sources,
+                          self.send_bytes[i, sources]))
+        object.__setattr__(self, "compiled", tuple(steps))
+        object.__setattr__(self, "compiled_lists", tuple((r.tolist(), s.tolist(), b.tolist()) for _, _, _, r, s, b in steps))
+
+    @property
+    def steps(self) -> int:
+        return self.send_to.shape[0]
+
+
+def _schedule(steps: list[tuple[list[int], list[int], list[int]]], p: int, recursive_doubling: bool = False) -> Schedule:
+    if not steps:
+        empty = np.zeros((0, p), dtype=np.int64)
+        return Schedule(empty, empty.astype(float), empty)
+    send_to = np.array([s[0] for s in steps], dtype=np.int64)
+    send_bytes = np.array([s[1] for s in steps], dtype=float)
+    recv_from = np.array([s[2] for s in steps], dtype=np.int64)
+    for array in (send_to, send_bytes, recv_from):
+        array.setflags(write=False)
+    return Schedule(send_to, send_bytes, recv_from, recursive_doubling)
+
+
+def _rd_steps(p: int, count: int) -> list[tuple[list[int], list[int], list[int]]]:
+    """Recursive doubling as ``rd_allreduce`` in kernels/schedule.cpp (fold, exchanges, unfold)."""
+    nbytes = count * FLOAT_BYTES
+    pow2 = 1 << (p.bit_length() - 1)
+    rem = p - pow2
+    steps = []
+    if rem:
+        send = [m + 1 if m < 2 * rem and m % 2 == 0 else -1 for m in range(p)]
+        recv = [m - 1 if m < 2 * rem and m % 2 == 1 else -1 for m in range(p)]
+        steps.append((send, [nbytes] * p, recv))
+
+    def real(v: int) -> int:
+        return 2 * v + 1 if v < rem else v + rem
+
+    virtual = [(-1 if m % 2 == 0 else m // 2) if m < 2 * rem else m - rem for m in range(p)]
+    mask = 1
+    while mask < pow2:
+        partner = [real(v ^ mask) if v >= 0 else -1 for v in virtual]
+        steps.append((partner, [nbytes] * p, partner))
+        mask <<= 1
+    if rem:
+        send = [m - 1 if m < 2 * rem and m % 2 == 1 else -1 for m in range(p)]
+        recv = [m + 1 if m < 2 * rem and m % 2 == 0 else -1 for m in range(p)]
+        steps.append((send, [nbytes] * p, recv))
+    return steps
+
+
+def _ring_chunk_bytes(p: int, count: int) -> list[int]:
+    """Bytes of each of the ring's p chunks (the first ``count % p`` one float longer)."""
+    base, extra = divmod(count, p)
+    return [(base + (1 if k < extra else 0)) * FLOAT_BYTES for k in range(p)]
+
+
+def _ring_steps(p: int, count: int) -> list[tuple[list[int], list[int], list[int]]]:
+    """Ring reduce-scatter then allgather as ``ring_allreduce`` in kernels/schedule.cpp."""
+    sizes = _ring_chunk_bytes(p, count)
+    right = [(m + 1) % p for m in range(p)]
+    left = [(m - 1) % p for m in range(p)]
+    steps = []
+    for st in range(p - 1):  # reduce-scatter: send chunk (me - st)
+        steps.append((right, [sizes[(m - st) % p] for m in range(p)], left))
+    for st in range(p - 1):  # allgather: send chunk (me + 1 - st)
+        steps.append((right, [sizes[(m + 1 - st) % p] for m in range(p)], left))
+    return steps
+
+
+ALLREDUCE_ALGORITHMS = ("auto", "ring", "recursive_doubling", "reduce_broadcast", "hierarchical")
+"""The names of ``harness.scenario.network_fields.AllreduceAlgorithm``, as the native layer knows them."""
+
+
+@lru_cache(maxsize=256)
+def allreduce_schedule(p: int, count: int, ring_threshold_bytes: int = RING_THRESHOLD_BYTES,
+                       algorithm: str = "auto", member_nodes: tuple[int, ...] = ()) -> Schedule:
+    """The native ``allreduce_schedule`` (kernels/schedule.cpp) for ``algorithm``: ``auto`` is a
+    ring for p > 2, count >= p and at least ``ring_threshold_bytes``, recursive doubling
+    otherwise; ``ring`` is a ring whenever p > 2 and count >= p; ``reduce_broadcast`` is the
+    hierarchical allreduce on one node; ``hierarchical`` goes by ``member_nodes``. Nothing for
+    p == 1. ``tests/test_sim_model.py`` compares it, member by member, with the native builder
+    (``harness._core.allreduce_steps``)."""
+    if p < 1 or count < 0:
+        raise ValueError(f"allreduce of {count} floats over {p} members")
+    if algorithm not in ALLREDUCE_ALGORITHMS:
+        raise ValueError(f"unknown allreduce algorithm {algorithm!r}")
+    if p == 1:
+        return _schedule([], 1)
+    if algorithm == "hierarchical":
+        return hierarchical_schedule(tuple(member_nodes), count, ring_threshold_bytes)
+    if algorithm == "reduce_broadcast":
+        return hierarchical_schedule((0,) * p, count, ring_threshold_bytes)
+    ring_fits = p > 2 and count >= p
+    if algorithm == "ring" and ring_fits:
+        return RingSchedule(p, count)
+    if algorithm == "auto" and ring_fits and count * FLOAT_BYTES >= ring_threshold_bytes:
+        return RingSchedule(p, count)
+    return _schedule(_rd_steps(p, count), p, recursive_doubling=True)
+
+
+@lru_cache(maxsize=256)
+def hierarchical_schedule(member_nodes: tuple[int, ...], count: int,
+                          ring_threshold_bytes: int = RING_THRESHOLD_BYTES) -> Schedule:
+    """The native ``hierarchical_allreduce`` (kernels/schedule.cpp) as aligned steps: a binomial
+    reduce inside every node to its first member, the leaders' allreduce (ring or recursive
+    doubling, as :func:`allreduce_schedule` picks for them), a binomial broadcast inside every
+    node. ``member_nodes[m]``: the node of member m."""
+    p = len(member_nodes)
+    if p == 1:
+        return _schedule([], 1)
+    nbytes = count * FLOAT_BYTES
+    local: dict[int, list[int]] = {}
+    for m, node in enumerate(member_nodes):
+        local.setdefault(node, []).append(m)
+    leaders = [members[0] for members in local.values()]  # in order of first appearance
+    widest = max(len(members) for members in local.values())
+    steps = []
+
+    def step(pairs: list[tuple[int, int]]) -> None:  # (sender, receiver) member pairs of one step
+        send, recv = [-1] * p, [-1] * p
+        for a, b in pairs:
+            send[a], recv[b] = b, a
+        steps.append((send, [nbytes] * p, recv))
+
+    mask = 1
+    while mask < widest:  # reduce: local index li with bit `mask` sends to li - mask
+        step([(ms[li], ms[li - mask]) for ms in local.values() for li in range(len(ms))
+              if li & mask and li % mask == 0])
+        mask <<= 1
+    if len(leaders) > 1:
+        for send_l, sizes, recv_l in _allreduce_steps(len(leaders), count, ring_threshold_bytes):
+            send, recv = [-1] * p, [-1] * p
+            size = [nbytes] * p
+            for i, leader in enumerate(leaders):
+                send[leader] = leaders[send_l[i]] if send_l[i] >= 0 else -1
+                recv[leader] = leaders[recv_l[i]] if recv_l[i] >= 0 else -1
+                size[leader] = sizes[i]
+            steps.append((send, size, recv))
+    top = 1
+    while top * 2 < widest:
+        top *= 2
+    mask = top
+    while mask >= 1 and widest > 1:  # broadcast: li with li % 2mask == 0 sends to li + mask
+        step([(ms[li], ms[li + mask]) for ms in local.values() for li in range(0, len(ms), 2 * mask)
+              if li + mask < len(ms)])
+        mask >>= 1
+    return _schedule(steps, p)
+
+
+def _allreduce_steps(p: int, count: int, ring_threshold_bytes: int) -> list[tuple[list[int], list[int], list[int]]]:
+    """The flat allreduce's steps (send_to, bytes, recv_from), as :func:`allreduce_schedule` picks."""
+    if p > 2 and count >= p and count * FLOAT_BYTES >= ring_threshold_bytes:
+        return _ring_steps(p, count)
+    return _rd_steps(p, count)
+
+
+class RingSchedule:
+    """The ring allreduce of ``count`` floats over ``p`` members, without its 2(p-1) x p step
+    table unless someone asks for it (``steps_schedule``): at 16,384 members the table would
+    hold half a billion entries.
+
+    Member m sends every chunk but chunk m+1 in the reduce-scatter and every chunk but m+2 in
+    the allgather (``_ring_steps``), which gives ``bytes_sent`` directly; on the base network
+    :func:`run_schedule` uses the closed form of the ring's max-plus recurrence
+    (:func:`_ring_completion`) instead of walking the steps.
+    """
+
+    def __init__(self, p: int, count: int) -> None:
+        self.p = p
+        self.count = count
+        sizes = np.array(_ring_chunk_bytes(p, count), dtype=float)
+        self.sizes = sizes  # bytes of each chunk
+        members = np.arange(p)
+        self.bytes_sent = 2 * sizes.sum() - sizes[(members + 1) % p] - sizes[(members + 2) % p]
+        self.chunk_bytes = float(sizes.max())  # chunks differ by at most one float
+        self.steps = 2 * (p - 1)
+
+    @functools.cached_property
+    def steps_schedule(self) -> Schedule:
+        return _schedule(_ring_steps(self.p, self.count), self.p)
+
+
+@lru_cache(maxsize=64)
+def barrier_schedule(p: int) -> Schedule:
+    """The native dissemination barrier (``dissemination_barrier`` in kernels/schedule.cpp):
+    in step d = 1, 2, 4, ... < p member m sends an empty message to m + d and receives one from m - d."""
+    steps = []
+    d = 1
+    while d < p:
+        steps.append(([(m + d) % p for m in range(p)], [0] * p, [(m - d) % p for m in range(p)]))
+        d <<= 1
+    return _schedule(steps, p)
+
+
+# The native group operations of the torch.distributed backend (kernels/group.cpp), by name.
+GROUP_KINDS = ("allgather", "reduce_scatter", "reduce", "gather", "scatter", "alltoall")
+
+
+@lru_cache(maxsize=64)  # a script posts the same few operations every step, at up to thousands of members
+def group_schedule(kind: str, p: int, count: int, root: int = 0) -> Schedule:
+    """The native layer's schedule of a group operation of the torch.distributed backend over p
+    members (``kernels/group.cpp``), ``count`` floats as collectives.csv sizes it
+    (``harness.dist.sequence``): allgather and reduce_scatter in a ring, reduce down a binomial
+    tree, gather, scatter and alltoall as direct messages. The native layer posts a gather's,
+    scatter's or alltoall's messages at once; here they take p - 1 steps (the root's, or each
+    member's, link carries them one after another), which a schedule of one message per member
+    and step needs."""
+    if kind not in GROUP_KINDS:
+        raise ValueError(f"unknown group operation {kind!r} (known: {', '.join(GROUP_KINDS)})")
+    nbytes = count * FLOAT_BYTES
+    none = [-1] * p
+    steps: list[tuple[list[int], list[int], list[int]]] = []
+    if kind in ("allgather", "reduce_scatter"):
+        piece = nbytes if kind == "allgather" else -(-count // p) * FLOAT_BYTES
+        for _ in range(p - 1):
+            steps.append(([(m + 1) % p for m in range(p)], [piece] * p, [(m - 1) % p for m in range(p)]))
+    elif kind == "reduce":
+        mask = 1
+        while mask < p:  # virtual rank v = (m - root) mod p sends to v - mask when its lowest set bit is mask
+            send, recv = none[:], none[:]
+            for v in range(p):
+                if v & mask and not v & (mask - 1):
+                    src, dst = (v + root) % p, (v - mask + root) % p
+                    send[src], recv[dst] = dst, src
+            steps.append((send, [nbytes] * p, recv))
+            mask <<= 1
+    elif kind in ("gather", "scatter"):
+        for other in (m for m in range(p) if m != root):
+            send, recv = none[:], none[:]
+            src, dst = (other, root) if kind == "gather" else (root, other)
+            send[src], recv[dst] = dst, src
+            steps.append((send, [nbytes] * p, recv))
+    else:  # alltoall: in step k member m sends its piece for m + k and receives m - k's piece for it
+        piece = -(-count // p) * FLOAT_BYTES
+        for k in range(1, p):
+            steps.append(([(m + k) % p for m in range(p)], [piece] * p, [(m - k) % p for m in range(p)]))
+    return _schedule(steps, p)

@@ -19,8 +19,8 @@ A send completes (its buffer may be reused, the next schedule step may start) at
 the native layer hands it to MPI then, and MPI's shared-memory sends complete locally.
 
 Collectives are decomposed into the point-to-point steps the native layer performs
-(``kernels/schedule.cpp``; the steps are :mod:`harness.sim.collective_schedules`) for the scenario's ``network.allreduce``: with ``auto``, recursive
-doubling below ``ring_threshold_bytes`` (with the same fold/unfold of the ranks beyond the
+(``kernels/schedule.cpp``; the steps are :mod:`harness.sim.collective_schedules`) for the
+scenario's ``network.allreduce``: with ``auto``, recursive doubling below ``ring_threshold_bytes`` (with the same fold/unfold of the ranks beyond the
 largest power of two), ring reduce-scatter + allgather above it; or the one it names (ring,
 recursive doubling, binomial reduce + broadcast, hierarchical). :func:`run_schedule` computes every member's completion time from the members' join
 times, step by step, as max-plus algebra over numpy vectors: a member starts step i when it

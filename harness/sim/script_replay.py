@@ -283,7 +283,7 @@ def replay_script(scenario: Any, label: str, real_steps: pd.DataFrame, trace: Sc
     :class:`harness.sim.script_timing.ScriptComputeModel` in ``reading`` (``machine``: the
     run's, with ``cpus`` cores, default this machine's; ``cluster``: a core per rank).
     ReplayError where the sequence cannot be replayed so."""
-    from harness.sim.script_timing import ScriptComputeModel, reading_scales
+    from harness.sim.script_timing import ScriptComputeModel, reading_scale
     from harness.sim.simulate import injection_arrays, simulate_algorithm
     from harness.sim.timing import TraceTiming
 
@@ -310,8 +310,8 @@ def replay_script(scenario: Any, label: str, real_steps: pd.DataFrame, trace: Sc
         _, recorded_factors = injection_arrays(recorded.model_copy(update={
             "algorithms": [params], "workload": recorded.workload.model_copy(update={"iterations": iterations})}))
         shard = structure.shard_ratio(recorded_ranks, n)
-        scales = reading_scales(recorded_ranks, n, cpus or os.cpu_count() or 1, reading)
-        timing = ScriptComputeModel(mine, recorded_ranks, recorded_factors, factors, structure, scales, shard)
+        scale = reading_scale(recorded_ranks, n, cpus or os.cpu_count() or 1, reading)
+        timing = ScriptComputeModel(mine, recorded_ranks, recorded_factors, factors, structure, scale, shard)
     delay_of = delays.T.tolist()
 
     def make(r: int, ctx: AlgorithmContext) -> ScriptReplay:

@@ -78,20 +78,18 @@ class ZeroSpec:
 class ScriptStructure:
     """``script_structure.json``: FSDP2 parameter groups (each a tuple of (dim 0, elements per
     row) per parameter), ZeRO optimizers, per recorded rank the medians of the optimizer-step
-    window and of the CPU time (``harness.dist.structure``)."""
+    window and of the local work without the main thread's waits (``harness.dist.structure``)."""
 
     fsdp: tuple[tuple[tuple[int, int], ...], ...] = ()
     zero: tuple[ZeroSpec, ...] = ()
     after_step_s: tuple[float, ...] = ()
-    cpu_s: tuple[float, ...] = ()  # per recorded rank: the script thread's CPU time per step (empty: not noted)
-    after_step_cpu_s: tuple[float, ...] = ()  # of it, in the optimizer step's window
     local_s: tuple[float, ...] = ()  # per recorded rank: local work without the main thread's waits (empty: not noted)
 
     @property
     def waits_apart(self) -> bool:
         """Whether the notes give every rank's local work without its waits (which the
         simulation then makes itself)."""
-        return bool(self.local_s or self.cpu_s)
+        return bool(self.local_s)
 
     @classmethod
     def read(cls, run_dir: Path) -> ScriptStructure:
@@ -108,8 +106,6 @@ class ScriptStructure:
                                     int(z["element_bytes"]), bool(z["bucket_view"]),
                                     tuple(int(r) for r in z["group_ranks"])) for z in first["zero"]),
                 after_step_s=tuple(float(r.get("after_step_s", 0.0)) for r in ranks),
-                cpu_s=tuple(float(r["cpu_s"]) for r in ranks) if all("cpu_s" in r for r in ranks) else (),
-                after_step_cpu_s=tuple(float(r.get("after_step_cpu_s", 0.0)) for r in ranks),
                 local_s=tuple(float(r["local_s"]) for r in ranks) if all("local_s" in r for r in ranks) else (),
             )
         except (ValueError, KeyError, TypeError, IndexError) as exc:

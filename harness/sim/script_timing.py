@@ -11,8 +11,8 @@ made from its run (``steps.csv`` and ``script_structure.json``), per recorded ra
   ``comm_blocked_s`` does not count), divided by the injected compute factor (the simulation
   applies the scenario's factors again). The simulation then makes those waits itself: an
   operation the script waited for before posting its next holds the computation up until it
-  ends. (Runs noted before ``local_s``: the script thread's CPU time, or else end - start -
-  injected delay - blocked time per step, which keeps the waits inside the work.)
+  ends. (Runs noted before ``local_s``: end - start - injected delay - blocked time per step,
+  which keeps the waits inside the work.)
 - the time between two steps (loading data, logging): the median gap;
 - the optimizer step's window (its pre-hook to the step's end). With FSDP2 the optimizer works
   on the rank's shard, so that part scales with the shard: ``ScriptStructure.shard_ratio``.
@@ -20,8 +20,8 @@ made from its run (``steps.csv`` and ``script_structure.json``), per recorded ra
 Simulated rank r takes recorded rank r mod R's model (as the collective sequence does,
 :mod:`harness.sim.script_scaling`), times the reading's factor (:func:`reading_scales`): the
 machine reading at another rank count shares this machine's C cores among more ranks
-(``max(1, N / C) / max(1, R / C)``; CPU time: ``max(1, N / C)``); the cluster reading gives every
-rank cores of its own (the run's wall-clock work divided by max(1, R / C); CPU time as it is).
+(``max(1, N / C) / max(1, R / C)``); the cluster reading gives every rank cores of its own (the
+run's work divided by max(1, R / C)).
 """
 
 from __future__ import annotations
@@ -33,13 +33,12 @@ from harness.sim.script_scaling import ScriptStructure
 from harness.sim.timing import TimingError
 
 
-def reading_scales(recorded_ranks: int, ranks: int, cpus: int, reading: str) -> tuple[float, float]:
-    """(factor on the CPU time, factor on the wall-clock times) of a script's modelled local work
-    at ``ranks`` ranks in ``reading``, its run having had ``recorded_ranks`` ranks on this
+def reading_scale(recorded_ranks: int, ranks: int, cpus: int, reading: str) -> float:
+    """The factor on a script's modelled local work at ``ranks`` ranks in ``reading``, its run having had ``recorded_ranks`` ranks on this
     machine's ``cpus`` (module doc)."""
     if reading == "machine":
-        return max(1.0, ranks / cpus), max(1.0, ranks / cpus) / max(1.0, recorded_ranks / cpus)
-    return 1.0, 1.0 / max(1.0, recorded_ranks / cpus)
+        return max(1.0, ranks / cpus) / max(1.0, recorded_ranks / cpus)
+    return 1.0 / max(1.0, recorded_ranks / cpus)
 
 
 class ScriptComputeModel:
@@ -48,12 +47,11 @@ class ScriptComputeModel:
     trace_driven = False
 
     def __init__(self, steps: pd.DataFrame, recorded_ranks: int, recorded_factors: np.ndarray,
-                 factors: np.ndarray, structure: ScriptStructure, scales: tuple[float, float] = (1.0, 1.0),
+                 factors: np.ndarray, structure: ScriptStructure, scale: float = 1.0,
                  shard_ratio: float = 1.0) -> None:
         """``steps``: the script's rows of the run's steps.csv; ``recorded_factors``
         [iterations, R]: the compute factors the run injected; ``factors`` [iterations, n]: those
-        of the simulation; ``scales``: :func:`reading_scales`."""
-        cpu_scale, wall_scale = scales
+        of the simulation; ``scale``: :func:`reading_scale`."""
         if steps.empty:
             raise TimingError("the script run recorded no steps: nothing to model its compute on")
         local = np.maximum(steps["end_s"] - steps["start_s"] - steps["injected_delay_s"] - steps["comm_blocked_s"], 0.0)
@@ -75,17 +73,13 @@ class ScriptComputeModel:
         for b in range(recorded_ranks):
             if b not in per_rank.index:
                 raise TimingError(f"the script run recorded no steps of rank {b}: nothing to model its compute on")
-            if len(structure.local_s) == recorded_ranks:  # the wall-clock local work without the waits
-                work, optimizer, scale = structure.local_s[b] / float(stretch.get(b, 1.0)), structure.after_step_s[b], \
-                    wall_scale
-            elif len(structure.cpu_s) == recorded_ranks:  # CPU time: the local work without the waits
-                work, optimizer, scale = structure.cpu_s[b], structure.after_step_cpu_s[b], cpu_scale
-            else:  # a run from before CPU time was noted: the wall-clock split
-                work, scale = float(per_rank[b]), wall_scale
-                optimizer = structure.after_step_s[b] if b < len(structure.after_step_s) else 0.0
-            optimizer = min(work, optimizer)
+            if len(structure.local_s) == recorded_ranks:  # the local work without the waits
+                work = structure.local_s[b] / float(stretch.get(b, 1.0))
+            else:  # a run from before it was noted: the wall-clock split, which keeps the waits
+                work = float(per_rank[b])
+            optimizer = min(work, structure.after_step_s[b] if b < len(structure.after_step_s) else 0.0)
             self._local.append((work - optimizer + optimizer * shard_ratio) * scale)
-        self._gap = [float(gap.get(b, 0.0)) * wall_scale for b in range(recorded_ranks)]
+        self._gap = [float(gap.get(b, 0.0)) * scale for b in range(recorded_ranks)]
         self._factors = factors.tolist()
 
     def start_offset(self, r: int) -> float:

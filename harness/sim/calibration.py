@@ -176,6 +176,13 @@ class CalibrationEntry(_Strict):
         return None
 
 
+def core_share_factor(measured_ranks: int, ranks: int, cpus: int) -> float:
+    """How much longer CPU-bound local work takes at ``ranks`` ranks than at ``measured_ranks``
+    on ``cpus`` cores: every rank computes with one thread, so while P > C ranks compute on C
+    cores each gets C / P of a core; 1 while the ranks do not outnumber the cores."""
+    return max(1.0, ranks / cpus) / max(1.0, measured_ranks / cpus)
+
+
 class Calibration(_Strict):
     format: Annotated[int, Field(ge=1, le=FORMAT_VERSION)] = FORMAT_VERSION
     created_at: str
@@ -219,10 +226,8 @@ class Calibration(_Strict):
         return EntryChoice(entry, note)
 
     def core_share_factor(self, measured_ranks: int, ranks: int) -> float:
-        """How much longer CPU-bound local work takes at ``ranks`` ranks than at ``measured_ranks``
-        on this machine's cores: every rank computes with one thread, so while P > C ranks compute
-        on C cores each gets C / P of a core; 1 while the ranks do not outnumber the cores."""
-        return max(1.0, ranks / self.cpus) / max(1.0, measured_ranks / self.cpus)
+        """:func:`core_share_factor` on this machine's cores."""
+        return core_share_factor(measured_ranks, ranks, self.cpus)
 
     def with_entry(self, entry: CalibrationEntry) -> Calibration:
         """A copy with ``entry`` replacing any entry of the same rank count (sorted by ranks).

@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from harness.sim.calibration import core_share_factor
 from harness.sim.script_scaling import ScriptStructure
 from harness.sim.timing import TimingError
 
@@ -37,8 +38,8 @@ def reading_scale(recorded_ranks: int, ranks: int, cpus: int, reading: str) -> f
     """The factor on a script's modelled local work at ``ranks`` ranks in ``reading``, its run having had ``recorded_ranks`` ranks on this
     machine's ``cpus`` (module doc)."""
     if reading == "machine":
-        return max(1.0, ranks / cpus) / max(1.0, recorded_ranks / cpus)
-    return 1.0 / max(1.0, recorded_ranks / cpus)
+        return core_share_factor(recorded_ranks, ranks, cpus)
+    return core_share_factor(recorded_ranks, 1, cpus)  # every rank a core of its own: as one alone
 
 
 class ScriptComputeModel:

@@ -268,7 +268,7 @@ def _nic_run(out: Path, args: argparse.Namespace) -> list[Item]:
     from harness.sim.calibration import save_fixed_calibration
 
     cal = save_fixed_calibration(out / "calibration.json", NIC_RUN_SCENARIO["ranks"], NIC_RUN_COMPUTE)
-    return compared_items(run_and_compare(NIC_RUN_SCENARIO, out, cal, mode="trace").table)
+    return compared_items(run_and_compare(NIC_RUN_SCENARIO, out, cal).table)
 
 
 # -- messages through shared NICs, under mpiexec (tests/mpi/topology_checks.py) ------------------
@@ -336,28 +336,50 @@ def exchange_through_nics(world: Any, nic_gbps: float = NIC_GBPS, count: int = N
     return NicExchange(gathered["nics"], gathered["control"], world.allgather(right))
 
 
-def simulated_exchange_ends(spans: Sequence[tuple[float, float]], nic_gbps: float = NIC_GBPS,
+def simulated_exchange_ends(posts: Sequence[float], base: Any = None, nic_gbps: float = NIC_GBPS,
                             count: int = NIC_FLOATS) -> list[float]:
     """When the simulator's network says each rank's exchange of :func:`exchange_through_nics`
-    ends: the same messages, posted when they started, in that order, through the same NICs
-    (a quiet base network: only the NICs cost time)."""
+    ends: the same messages, posted at ``posts``, in that order, through the same NICs, each
+    then paying ``base`` (a ``NetworkModel``: what MPI and the machine add to a message once the
+    emulated NIC releases it; None: nothing)."""
     from harness.sim.calibration import NetworkModel
     from harness.sim.network import SimNetwork
 
-    size = len(spans)
+    size = len(posts)
     half = size // 2
     node_of = [r // half for r in range(size)]
-    net = SimNetwork(size, NetworkModel(latency_s=0.0, bandwidth_bytes_per_s=1e15), topology=nic_topology(node_of, nic_gbps))
+    base = base or NetworkModel(latency_s=0.0, bandwidth_bytes_per_s=1e15)
+    net = SimNetwork(size, base, topology=nic_topology(node_of, nic_gbps))
     release, arrival = {}, {}
-    for r in sorted(range(size), key=lambda r: spans[r][0]):
-        release[r], arrival[(r + half) % size] = net.message(r, (r + half) % size, count * 4, spans[r][0])
+    for r in sorted(range(size), key=lambda r: posts[r]):
+        release[r], arrival[(r + half) % size] = net.message(r, (r + half) % size, count * 4, posts[r])
     return [max(release[r], arrival[r]) for r in range(size)]
 
 
 def nic_items(exchange: NicExchange) -> list[Item]:
-    predicted = simulated_exchange_ends(exchange.spans)
-    return [Item(f"rank {r} exchange", end - start, predicted[r] - start)
-            for r, (start, end) in enumerate(exchange.spans)]
+    """Each rank's exchange against the simulator, in two modes:
+
+    - ``trace``: posted when it was, each message paying after its release what an exchange of
+      the same size cost the same ranks just before without the NICs (the median of the control
+      exchanges: MPI's own copy of 1 MiB on shared cores and the progress threads' wake-ups);
+    - ``predictive``: posted when the worker meant to post it (``k * NIC_GAP_S`` after the first
+      rank of its node), each paying the fixed calibration's message cost
+      (``save_fixed_calibration``: 0.3 ms + bytes at 1 GB/s), nothing taken from the run.
+    """
+    from harness.sim.calibration import FIXED_NETWORK, NetworkModel
+
+    control = statistics.median(end - start for start, end in exchange.control)
+    half = exchange.ranks // 2
+    first = min(start for start, _ in exchange.spans)
+    planned = [first + (r % half) * NIC_GAP_S for r in range(exchange.ranks)]
+    modes = (("trace", [s for s, _ in exchange.spans], NetworkModel(latency_s=control, bandwidth_bytes_per_s=1e15)),
+             ("predictive", planned, FIXED_NETWORK))
+    items = []
+    for mode, posts, base in modes:
+        predicted = simulated_exchange_ends(posts, base)
+        items += [Item(f"rank {r} exchange ({mode})", end - start, predicted[r] - start, mode)
+                  for r, (start, end) in enumerate(exchange.spans)]
+    return items
 
 
 def _nic_worker(out_path: str) -> int:

@@ -313,6 +313,10 @@ def save_calibration(calibration: Calibration, path: Path) -> None:
     atomic.write_text(path, calibration.model_dump_json(indent=2) + "\n")
 
 
+#: The network of :func:`save_fixed_calibration`'s entry (measured on no machine).
+FIXED_NETWORK = NetworkModel(latency_s=3e-4, bandwidth_bytes_per_s=1e9)
+
+
 def save_fixed_calibration(path: Path, ranks: int, compute: Sequence[tuple[str, str, int, float]] = ()) -> Path:
     """A calibration file with one entry for ``ranks`` ranks, measured on no machine: 0.3 ms and
     1 GB/s links, and a compute median per ``(model, dataset, batch_size, seconds)`` (p95 a
@@ -322,6 +326,5 @@ def save_fixed_calibration(path: Path, ranks: int, compute: Sequence[tuple[str, 
     points = [ComputePoint(model=m, dataset=d, batch_size=b, median_s=s, p95_s=s * 1.25, samples=10, alone_s=s)
               for m, d, b, s in compute]
     save_calibration(Calibration(created_at="2026-01-01T00:00:00+00:00", harness_version="test", cpus=2, entries=[
-        CalibrationEntry(ranks=ranks, network=NetworkModel(latency_s=3e-4, bandwidth_bytes_per_s=1e9),
-                         compute=points)]), path)
+        CalibrationEntry(ranks=ranks, network=FIXED_NETWORK, compute=points)]), path)
     return path

@@ -46,75 +46,26 @@ import yaml
 
 from harness.results.summary import summarize
 from harness.scenario.loader import scenario_from_dict
-from harness.sim.calibration import CalibrationEntry, ComputePoint, EvalPoint, NetworkModel
+from harness.sim.calibration import CalibrationEntry, ComputePoint, EvalPoint
 from harness.sim.runs import DEFAULT_NETWORK, TrainedRun, predict
+from harness.validation.simulated import FREE_NETWORK, simulate_one, simulate_series
+from harness.validation.systems import (
+    ARIES,
+    PCIE3_X16_GBPS,
+    SGP_PAPER_COMPUTE_MS,
+    SGP_PAPER_GPUS_PER_NODE,
+    SGP_PAPER_NODE_BATCH,
+    SGP_PAPER_SERIES,
+    WAGMA_REPO_BATCH,
+    WAGMA_REPO_COMPUTE_MS,
+    WAGMA_REPO_RANKS,
+    WAGMA_REPO_STRAGGLERS,
+)
 
-RESNET50_PARAMS = 25_557_032  # ResNet-50's parameter count: the buffer every algorithm communicates
-SEED = 1234
 # The SGP figure's workers: ResNet-50 at batch 32 per GPU, 200 ms of compute, 8 GPUs per node.
 SGP_COMPUTE_MS = 200.0
 SGP_BATCH_SIZE = 32
 SGP_WORKERS_PER_NODE = 8
-
-# -- the SGP paper's cluster as it ran (setup "paper" of the SGP figure) ---------------------------
-# facebookresearch/stochastic_gradient_push at tag sgp_pytorch0.5: job_scripts/submit_*.sh
-# (`--nodes=N --gres=gpu:8`, one task per node, `--batch_size 256`, "per-agent batch size" in
-# gossip_sgd.py): one process per node drives its 8 GPUs, batch 256 per node (32 per GPU).
-SGP_PAPER_GPUS_PER_NODE = 8
-SGP_PAPER_NODE_BATCH = 256
-# A V100's ResNet-50 training throughput: 363.1 images/s, FP32, PyTorch, one V100 16 GB of a
-# DGX-1 (NVIDIA DeepLearningExamples, PyTorch/Classification/RN50v1.5/README.md, October 2018,
-# container pytorch-18.09; measured at a larger batch per GPU than the paper's 32, so it is
-# an upper bound on the paper's throughput). A node's 256 images on 8 GPUs: 32 / 363.1 s.
-V100_RESNET50_IMAGES_PER_S = 363.1
-SGP_PAPER_COMPUTE_MS = 1000.0 * SGP_PAPER_NODE_BATCH / SGP_PAPER_GPUS_PER_NODE / V100_RESNET50_IMAGES_PER_S
-# Host <-> GPU copies over PCIe 3.0 x16 with pinned memory: 12.15 GB/s host to device (CUDA
-# bandwidthTest on a PCIe 3.0 host, mpicbg-scicomp/gearshifft pull request 82; device to host
-# was 12.89 GB/s, the slower direction is used both ways). The SGP code copies the model into
-# pinned host buffers when it communicates from the CPU (`cpu_comm`, set for the TCP backend).
-PCIE3_X16_GBPS = 12.15 * 8
-# What each series ran. README at the tag: "TCP for all methods (gossip-based and AllReduce) over
-# Ethernet", MPI for the gossip methods and Gloo for AllReduce on InfiniBand; gossip_sgd.py sets
-# `cpu_comm` (copy the model to pinned host buffers and communicate from there) for the TCP
-# backend only.
-# - 10 GbE, every method staged through the host. AllReduce: PyTorch 0.5.0a0+ec42a11's THD TCP
-#   backend implements allReduce as recursive doubling (DataChannelTCP.cpp: log2(p) exchanges of
-#   the whole tensor, MPICH's algorithm).
-# - InfiniBand, nothing staged. AllReduce: THD's Gloo channel runs CUDA tensors through
-#   gloo::CudaAllreduceHalvingDoublingPipelined (GlooCache.hpp), bandwidth-optimal like a ring
-#   (2 (p-1)/p of the buffer each way) with log2(p) steps instead of p-1: `ring` stands in for
-#   it (the latency terms differ by microseconds here). The plot tags (AR-DPSGD-CPUCOMM-*IB in
-#   visualization/plotting.py) say CPU; on CPU tensors THD's Gloo would have run
-#   gloo::AllreduceRing, which passes the whole buffer around the ring p - 1 times and would
-#   grow linearly with the nodes, against the paper's own InfiniBand result and its note that
-#   Gloo and NCCL performed alike; the code's reading is used.
-SGP_PAPER_SERIES: dict[str, list[tuple[str, Any, str, bool]]] = {  # network -> (series, algorithm, allreduce, staged)
-    "10 GbE": [("allreduce_sgd", "allreduce_sgd", "recursive_doubling", True),
-               ("dpsgd", "dpsgd", "auto", True),
-               ("sgp", "sgp", "auto", True)],
-    "100 Gb InfiniBand": [("allreduce_sgd", "allreduce_sgd", "ring", False),
-                          ("sgp", "sgp", "auto", False)],
-}
-
-# -- the WAGMA-SGD repository's ResNet-50 runs (the WAGMA figure) --------------------------------
-# Shigangli/WAGMA-SGD, test-models/tf-models-r1.11/official/resnet: test_imagenet_scripts/
-# daint_imagenet_wagma_sgd.sh (`--nodes=64 --ntasks-per-node=1`, `-bs 128`; the batch is per
-# worker, resnet_run_loop_wagma_sgd.py) on Piz Daint: one P100 per worker, 128 images each.
-WAGMA_REPO_RANKS = 64
-WAGMA_REPO_BATCH = 128
-# A P100's ResNet-50 training throughput: 219 images/s (tensorflow.org Benchmarks, "Training
-# with NVIDIA Tesla P100", batch 64 per GPU, synthetic data, tf_cnn_benchmarks' default fp32,
-# May 2017). 128 images: 128 / 219 s. No compute jitter: the repository adds none, and the
-# injected stragglers are the imbalance it studies.
-P100_RESNET50_IMAGES_PER_S = 219.0
-WAGMA_REPO_COMPUTE_MS = 1000.0 * WAGMA_REPO_BATCH / P100_RESNET50_IMAGES_PER_S
-# Piz Daint's Aries network between two GPU nodes, measured with the OSU benchmarks over Cray MPI
-# (eth-cscs/sarus, doc/cookbook/osu_mb/osu_mb.rst): 1.11 us for an empty message, 431.85 us for
-# 4 MiB (9.7 GB/s).
-ARIES = NetworkModel(latency_s=1.11e-6, bandwidth_bytes_per_s=4 * 1024 * 1024 / 431.85e-6)
-# The injection (resnet_run_loop_wagma_sgd.py): every step two `randint(P)` draws, the ranks
-# drawn sleep 320 ms before the forward pass (one rank when the draws coincide).
-WAGMA_REPO_STRAGGLERS = [{"kind": "random_ranks", "count": 2, "delay_ms": 320.0, "replace": True}]
 
 # Series key -> algorithm entry of a scenario. Keys are the names paper_figs.style knows.
 # The WAGMA figure's, as the repository runs them (test-models/.../official/utils): WAGMA-SGD
@@ -159,7 +110,6 @@ IMBALANCE_SERIES: dict[str, Any] = {
 # 10 Gb/s Ethernet at 20 us and 100 Gb/s InfiniBand at 2 us per node NIC, NVLink-class inside
 # the node). The topology is the whole network: the base point-to-point cost is taken as free.
 SGP_NETWORKS: dict[str, str] = {"10 GbE": "ethernet_10g", "100 Gb InfiniBand": "infiniband_100g"}
-FREE_NETWORK = NetworkModel(latency_s=0.0, bandwidth_bytes_per_s=1e15)
 
 # The low-communication figure's methods and stragglers are those of this scenario (one definition).
 LOW_COMMUNICATION_SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "low_communication.yaml"
@@ -195,58 +145,6 @@ TIME_TO_ACCURACY_EVAL_EVERY = 25
 SWEEP_WORKERS = max(1, min(2, os.cpu_count() or 1))
 
 
-def _scenario(name: str, ranks: int, algorithms: list[Any], iterations: int, batch_size: int, compute_ms: float,
-              imbalance: list[dict], topology: dict[str, Any] | None = None,
-              workload: dict[str, Any] | None = None, network_fields: dict[str, Any] | None = None,
-              jitter: float = 0.1) -> dict:
-    """A scenario of these algorithm entries; ``workload`` and ``network_fields`` add fields to
-    those sections; ``jitter``: the emulated compute's lognormal sigma."""
-    return {
-        "name": name,
-        "ranks": ranks,
-        "seed": SEED,
-        "workload": {
-            "model": "resnet20",  # placeholder: the communicated size is `params`
-            "dataset": "synthetic",
-            "batch_size": batch_size,
-            "iterations": iterations,
-            "eval_every": iterations,
-            "compute": {"emulate_ms": compute_ms, "jitter": jitter},
-            "params": RESNET50_PARAMS,
-            **(workload or {}),
-        },
-        "algorithms": algorithms,
-        "imbalance": imbalance,
-        "network": ({"topology": topology} if topology else {}) | (network_fields or {}),
-    }
-
-
-def _simulate_series(name: str, ranks: int, series: dict[str, Any], iterations: int, batch_size: int,
-                     compute_ms: float, imbalance: list[dict], network: NetworkModel,
-                     topology: dict[str, Any] | None = None, **sections: Any) -> dict[str, dict]:
-    """One scenario listing every entry of ``series`` (series key -> algorithm entry, whose name
-    is the key), simulated: each series' summary row (samples_per_s, wall_s, ...)."""
-    scenario = scenario_from_dict(_scenario(name, ranks, list(series.values()), iterations, batch_size, compute_ms,
-                                            imbalance, topology, **sections))
-    frames, _ = predict(scenario, CalibrationEntry(ranks=ranks, network=network))
-    rows = {}
-    for key, algorithm in series.items():
-        row = summarize(frames[key], None, batch_size, iterations, ranks=ranks).iloc[0].to_dict()
-        if not row["complete"]:
-            raise RuntimeError(f"{name}: simulation of {algorithm!r} on {ranks} ranks is incomplete")
-        rows[key] = row
-    return rows
-
-
-def _simulate(name: str, ranks: int, algorithm: Any, iterations: int, batch_size: int, compute_ms: float,
-              imbalance: list[dict], network: NetworkModel, topology: dict[str, Any] | None = None,
-              **sections: Any) -> dict:
-    """One single-algorithm scenario, simulated: its summary row (samples_per_s, wall_s, ...)."""
-    key = algorithm if isinstance(algorithm, str) else algorithm["name"]
-    return _simulate_series(name, ranks, {key: algorithm}, iterations, batch_size, compute_ms, imbalance, network,
-                            topology, **sections)[key]
-
-
 def wagma_scaling(quick: bool, ranks: Sequence[int] | None = None, iterations: int | None = None,
                   compute_ms: float = WAGMA_REPO_COMPUTE_MS, batch_size: int = WAGMA_REPO_BATCH) -> pd.DataFrame:
     """WAGMA-SGD paper: throughput vs number of workers under injected stragglers, from the
@@ -262,7 +160,7 @@ def wagma_scaling(quick: bool, ranks: Sequence[int] | None = None, iterations: i
     iterations = iterations or (22 if quick else 100)
     rows = []
     for p in ranks:
-        simulated = _simulate_series("wagma_scaling", p, WAGMA_SERIES, iterations, batch_size, compute_ms,
+        simulated = simulate_series("wagma_scaling", p, WAGMA_SERIES, iterations, batch_size, compute_ms,
                                      WAGMA_REPO_STRAGGLERS, ARIES, jitter=0.0)
         for key, row in simulated.items():
             rows.append({"algorithm": key, "ranks": p, "iterations": iterations,
@@ -301,7 +199,7 @@ def sgp_scaling(quick: bool, nodes: Sequence[int] | None = None, iterations: int
                 if topology.get("placement") == "round_robin":
                     topology = {**topology, "placement": [r % n for r in range(p)]}
                     del topology["ranks_per_node"]
-                row = _simulate("sgp_scaling", p, algorithm, iterations, batch_size, compute_ms, [], FREE_NETWORK,
+                row = simulate_one("sgp_scaling", p, algorithm, iterations, batch_size, compute_ms, [], FREE_NETWORK,
                                 topology, network_fields=network_fields)
                 rows.append({"setup": "per_worker", "algorithm": key, "network": network_name, "nodes": n, "ranks": p,
                              "iterations": iterations, "iter_time_s": row["wall_s"] / iterations,
@@ -324,7 +222,7 @@ def sgp_paper_rows(nodes: Sequence[int], iterations: int) -> list[dict]:
                 workload = {"node": {"gpus": SGP_PAPER_GPUS_PER_NODE}}
                 if staged:
                     workload["staging"] = {"bandwidth_gbps": PCIE3_X16_GBPS}
-                row = _simulate("sgp_paper", n, algorithm, iterations, SGP_PAPER_NODE_BATCH, SGP_PAPER_COMPUTE_MS, [],
+                row = simulate_one("sgp_paper", n, algorithm, iterations, SGP_PAPER_NODE_BATCH, SGP_PAPER_COMPUTE_MS, [],
                                 FREE_NETWORK, topology, workload=workload, network_fields={"allreduce": allreduce})
                 rows.append({"setup": "paper", "algorithm": key, "network": network_name, "nodes": n, "ranks": n,
                              "iterations": iterations, "iter_time_s": row["wall_s"] / iterations,
@@ -348,7 +246,7 @@ def imbalance_sweep(quick: bool, delays_ms: Sequence[float] | None = None, ranks
     rows = []
     for delay in delays:
         imbalance = [{"kind": "random_ranks", "count": 2, "delay_ms": float(delay)}] if delay > 0 else []
-        simulated = _simulate_series("imbalance_sweep", ranks, IMBALANCE_SERIES, iterations, batch_size, compute_ms,
+        simulated = simulate_series("imbalance_sweep", ranks, IMBALANCE_SERIES, iterations, batch_size, compute_ms,
                                      imbalance, DEFAULT_NETWORK)
         for key, row in simulated.items():
             rows.append({"algorithm": key, "delay_ms": float(delay), "ranks": ranks, "iterations": iterations,
@@ -392,7 +290,7 @@ def low_communication_scaling(quick: bool, ranks: Sequence[int] | None = None, i
     topology = {"preset": SGP_NETWORKS[LOW_COMMUNICATION_NETWORK], "ranks_per_node": workers_per_node}
     rows = []
     for p in ranks:
-        simulated = _simulate_series("low_communication_scaling", p, series, iterations, batch_size, compute_ms,
+        simulated = simulate_series("low_communication_scaling", p, series, iterations, batch_size, compute_ms,
                                      imbalance, FREE_NETWORK, topology, network_fields={"allreduce": "hierarchical"})
         for key, row in simulated.items():
             rows.append({"algorithm": key, "network": LOW_COMMUNICATION_NETWORK, "ranks": p,

@@ -1,7 +1,7 @@
 """``python -m harness bench BENCHMARK``: benchmarks of the native collective layer and the simulator.
 
-``collectives``, ``dist``, ``simulator``, ``stress``, ``faults``, ``training``, ``agreement`` and
-``scripts`` are described in their modules.
+``collectives``, ``dist``, ``simulator``, ``stress``, ``faults``, ``training``, ``agreement``,
+``scripts`` and ``validation`` are described in their modules.
 
 Run from a plain shell, a benchmark launches its own job under the venv's mpiexec
 (``--ranks``, default 4) and exits with the job's status; run inside an MPI job
@@ -19,6 +19,7 @@ Example::
     python -m harness bench agreement --only small_run,nic_messages --repeats 5
     python -m harness bench training --ranks 256 --iterations 1000
     python -m harness bench scripts --modes fsdp,zero --ranks 2,3,8 --simulate 64,1024
+    python -m harness bench validation --json validation.json
 """
 
 from __future__ import annotations
@@ -91,6 +92,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     agreement.add_arguments(agree)
     agree.set_defaults(func=agreement.run)
+    from harness.bench import validation  # noqa: PLC0415  simulations of published clusters
+
+    valid = benchmarks.add_parser(
+        "validation", help="the simulator against published measurements of other clusters, with the error",
+        description=validation.__doc__.splitlines()[0],
+    )
+    validation.add_arguments(valid)
+    valid.set_defaults(func=validation.run)
 
 
 def run_collectives(args: argparse.Namespace) -> int:

@@ -1,0 +1,83 @@
+"""Validation cases of collectives alone: published nccl-tests bus bandwidths of 8-GPU nodes, one
+node against four, and a two-node ring against a tree (:mod:`harness.validation.collectives`
+simulates them).
+
+Two efficiencies are fitted, each on one published row that is then not scored: NCCL's ring
+over NVLink reaches a fraction of NVLink's line rate (fitted on the 8x H200 node's ring), and
+over EFA a fraction of the node's 3,200 Gb/s (fitted on the 4-node B200 cluster at 16 GiB, the
+largest payload, where the NICs bound it). Every other row is predicted with them.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from harness.validation import collectives, systems
+from harness.validation.model import Case, Prediction, Published
+from harness.validation.systems import GPUS_PER_NODE, Link, Measured
+
+UNLIMITED = 1e6  # GB/s: a link that never binds
+
+
+def busbw(m: Measured, nvlink: float, nic: float, nvlink_us: float = 1.0, nic_us: float = 15.0,
+          algorithm: str = "ring") -> float:
+    """Simulated bus bandwidth (GB/s) of ``m``'s allreduce with NVLink at ``nvlink`` and the NICs
+    at ``nic`` GB/s each way."""
+    t = collectives.allreduce_s(m.nodes, GPUS_PER_NODE, m.payload, nic, nic_us, nvlink, nvlink_us, algorithm)
+    return collectives.bus_bandwidth(m.payload, t, m.nodes * GPUS_PER_NODE) / 1e9
+
+
+@cache
+def nvlink_efficiency() -> float:
+    """NCCL's ring over NVLink 4 as a fraction of the line rate: the H200 node's ring."""
+    m = systems.H200_1NODE_RING
+    return m.busbw / busbw(m, systems.NVLINK4.gbytes_per_s, UNLIMITED)
+
+
+@cache
+def efa_efficiency() -> float:
+    """NCCL over EFA as a fraction of the node's 400 GB/s: the 4-node B200 cluster at 16 GiB,
+    with NVLink 5 at the fitted NVLink efficiency (it does not bind there)."""
+    m = systems.B200_4NODE[16]
+    return m.busbw / busbw(m, nvlink_efficiency() * systems.NVLINK5.gbytes_per_s, systems.EFA_3200.gbytes_per_s)
+
+
+FITS = (f"NVLink efficiency: fitted on {systems.H200_1NODE_RING.where} (not scored)",
+        f"EFA efficiency: fitted on {systems.B200_4NODE[16].where} (not scored)")
+
+
+def _bus_case(name: str, claim: str, m: Measured, nvlink: Link, setup: str, gap: str = "") -> Case:
+    def predict() -> Prediction:
+        nv = nvlink_efficiency() * nvlink.gbytes_per_s
+        nic = efa_efficiency() * systems.EFA_3200.gbytes_per_s if m.nodes > 1 else UNLIMITED
+        value = busbw(m, nv, nic, nvlink.latency_us, systems.EFA_3200.latency_us)
+        return Prediction(value, note=f"flat ring over {m.nodes * GPUS_PER_NODE} GPUs, NVLink at {nv:.0f} GB/s"
+                                      + (f", each node's NICs at {nic:.0f} GB/s" if m.nodes > 1 else ""))
+
+    published = Published(m.busbw, "GB/s", "table", m.where.split(", section")[0].split(", table")[0].split(", footnote")[0],
+                          m.where)
+    constants = (nvlink.source, systems.EFA_3200.source, *FITS)
+    return Case(name, claim, published, setup, constants, predict, gap=gap)
+
+
+NVLS_GAP = ("NCCL's default on a full node is NVLS (NVLink SHARP): the NVSwitch adds the GPUs' data itself, "
+            "so the bus bandwidth exceeds what a ring over the links can carry (the same source measures 1.23x "
+            "over the ring on this node). The harness has no in-switch reduction, so it predicts the ring.")
+
+B200_SETUP = ("8x B200 per node (AWS p6-b200.48xlarge), NVLink 5 through NVSwitch inside, 8 x 400 Gb/s EFA v4 "
+              "between nodes; torch 2.9.1+cu130 all_reduce_bench.py / nccl-tests, NCCL 2.27.7; one rank per GPU")
+H200_SETUP = ("8x H200 per node (AWS p5en.48xlarge), NVLink 4 through NVSwitch inside, 16 x 200 Gb/s EFAv3 between "
+              "nodes; nccl-tests, NCCL 2.27.7, the ring (NCCL's choice there); one rank per GPU")
+
+COLLECTIVE_CASES: list[Case] = [
+    _bus_case("nccl_h200_4node_ring", "allreduce bus bandwidth, 4 nodes of 8 H200 over EFA, 4 GiB, ring",
+              systems.H200_4NODE_RING, systems.NVLINK4, H200_SETUP),
+    _bus_case("nccl_b200_1node_ring", "allreduce bus bandwidth, one node of 8 B200, 8 GiB, ring (NVLS off)",
+              systems.B200_1NODE_RING, systems.NVLINK5, B200_SETUP),
+    _bus_case("nccl_b200_4node_1gib", "allreduce bus bandwidth, 4 nodes of 8 B200 over EFA, 1 GiB",
+              systems.B200_4NODE[1], systems.NVLINK5, B200_SETUP),
+    _bus_case("nccl_b200_4node_4gib", "allreduce bus bandwidth, 4 nodes of 8 B200 over EFA, 4 GiB",
+              systems.B200_4NODE[4], systems.NVLINK5, B200_SETUP),
+    _bus_case("nccl_b200_1node_default", "allreduce bus bandwidth, one node of 8 B200, 16 GiB, NCCL's default",
+              systems.B200_1NODE_DEFAULT, systems.NVLINK5, B200_SETUP, gap=NVLS_GAP),
+]

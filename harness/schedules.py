@@ -19,6 +19,11 @@ RING_THRESHOLD_BYTES = 64 * 1024
 doubling (with more than 2 ranks and at least one float per rank; ``kernels/schedule.cpp``).
 The communicator's default and the simulator's decomposition both take it from here."""
 
+TREE_CHUNK_BYTES = 1024 * 1024
+"""The ``tree`` allreduce pipelines its buffer in ``max(1, ceil(bytes / TREE_CHUNK_BYTES))`` chunks
+(at most one per element; ``kernels/schedule.cpp``). The communicator hands it to the native layer
+(as ``RING_THRESHOLD_BYTES``) and the simulator's decomposition takes it from here."""
+
 
 @lru_cache(maxsize=None)
 def wagma_radices(ranks: int, group_size: int) -> list[int]:

@@ -1,7 +1,8 @@
 // Which allreduce algorithm a communicator runs, shared by the schedule builders and the link
-// emulator (which knows the emulated nodes a hierarchical allreduce needs).
+// emulator (which knows the emulated nodes a hierarchical or tree allreduce needs).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -12,21 +13,26 @@ namespace harness {
 // force one (a ring needs p > 2 and at least one float per member, else recursive doubling);
 // kReduceBroadcast is a binomial reduce to member 0 and a binomial broadcast from it, both
 // moving the whole buffer at every step (the TCP backend of early PyTorch did this);
-// kHierarchical goes through the nodes of the emulated topology.
+// kHierarchical goes through the nodes of the emulated topology; kTree is NCCL's pipelined tree
+// (a chain inside each node, a binary tree across nodes; tree_allreduce in schedule.hpp).
 enum class AllreduceAlgorithm : int {
   kAuto = 0,
   kRing = 1,
   kRecursiveDoubling = 2,
   kReduceBroadcast = 3,
   kHierarchical = 4,
+  kTree = 5,
 };
 AllreduceAlgorithm allreduce_algorithm_named(const std::string& name);  // throws CommError (schedule.cpp)
 
-// What an allreduce over some members runs: the algorithm and, for kHierarchical, the node of
-// every member.
+// What an allreduce over some members runs: the algorithm and, for kHierarchical and kTree, the
+// node of every member (kTree: empty when there is no topology, every member a node of its own);
+// for kTree the size of its pipeline's chunks (harness.schedules.TREE_CHUNK_BYTES, which the
+// communicator is built with).
 struct AllreducePlan {
   AllreduceAlgorithm algorithm = AllreduceAlgorithm::kAuto;
   std::vector<int> member_nodes;
+  int64_t tree_chunk_bytes = 0;  // > 0 for kTree
 };
 
 }  // namespace harness

@@ -139,15 +139,17 @@ ReduceOp reduce_op_code(int code) {
 }
 
 // The allreduce's steps as member `me` of `p` runs them for `count` floats with `algorithm`
-// (member_nodes: the node of every member, for "hierarchical"): per step, its sends and
-// receives as (member, floats). The simulator's decomposition is tested against it.
+// (member_nodes: the node of every member, for "hierarchical" and "tree"; tree_chunk_bytes: the
+// tree's chunk size, harness.schedules.TREE_CHUNK_BYTES): per step, its sends and receives as
+// (member, floats). The simulator's decomposition is tested against it.
 py::list allreduce_steps(int p, int me, int64_t count, int64_t ring_threshold_bytes,
-                         const std::vector<int>& member_nodes, const std::string& algorithm) {
+                         const std::vector<int>& member_nodes, const std::string& algorithm,
+                         int64_t tree_chunk_bytes) {
   if (p < 1 || me < 0 || me >= p || count < 0)
     throw CommError("allreduce_steps: need 0 <= me < p and count >= 0 (p=" + std::to_string(p) +
                     ", me=" + std::to_string(me) + ", count=" + std::to_string(count) + ")");
   std::vector<float> buf(static_cast<size_t>(count > 0 ? count : 1));
-  AllreducePlan plan{allreduce_algorithm_named(algorithm), member_nodes};
+  AllreducePlan plan{allreduce_algorithm_named(algorithm), member_nodes, tree_chunk_bytes};
   Schedule s = allreduce_schedule(p, me, buf.data(), count, ring_threshold_bytes, plan);
   py::list steps;
   for (const Step& step : s.steps) {
@@ -207,7 +209,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("is_sync_round", &wa_is_sync_round, py::arg("round"), py::arg("sync_every"));
   m.def("allreduce_steps", &allreduce_steps, py::arg("p"), py::arg("me"), py::arg("count"),
         py::arg("ring_threshold_bytes"), py::arg("member_nodes") = std::vector<int>{},
-        py::arg("algorithm") = std::string("auto"));
+        py::arg("algorithm") = std::string("auto"), py::arg("tree_chunk_bytes") = 0);
   m.def("emulated_releases", &emulated_releases, py::arg("ranks"), py::arg("pair_links"), py::arg("node_of"),
         py::arg("intra"), py::arg("nic"), py::arg("fabric_Bps"), py::arg("messages"));
 
@@ -374,16 +376,19 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<PyComm>(m, "Comm")
       // No defaults here: harness.comm.Communicator holds them, in one place.
-      .def(py::init([](uintptr_t handle, double spin_us, double max_sleep_us, int64_t ring_threshold_bytes) {
+      .def(py::init([](uintptr_t handle, double spin_us, double max_sleep_us, int64_t ring_threshold_bytes,
+                       int64_t tree_chunk_bytes) {
              EngineOptions opt;
              opt.spin_s = spin_us * 1e-6;
              opt.max_sleep_s = max_sleep_us * 1e-6;
              auto native = without_gil([&] {
-               return std::make_unique<Communicator>(static_cast<MPI_Comm>(handle), opt, ring_threshold_bytes);
+               return std::make_unique<Communicator>(static_cast<MPI_Comm>(handle), opt, ring_threshold_bytes,
+                                                     tree_chunk_bytes);
              });
              return PyComm{std::make_shared<Graveyard>(), std::move(native)};
            }),
-           py::arg("handle"), py::arg("spin_us"), py::arg("max_sleep_us"), py::arg("ring_threshold_bytes"))
+           py::arg("handle"), py::arg("spin_us"), py::arg("max_sleep_us"), py::arg("ring_threshold_bytes"),
+           py::arg("tree_chunk_bytes"))
       .def_property_readonly("rank", [](PyComm& c) { return c.native->rank(); })
       .def_property_readonly("size", [](PyComm& c) { return c.native->size(); })
       .def_property_readonly("closed", [](PyComm& c) { return c.native->closed(); })

@@ -5,8 +5,13 @@
 
 namespace harness {
 
-Communicator::Communicator(MPI_Comm parent, EngineOptions options, int64_t ring_threshold_bytes)
+Communicator::Communicator(MPI_Comm parent, EngineOptions options, int64_t ring_threshold_bytes,
+                           int64_t tree_chunk_bytes)
     : engine_(std::make_shared<Engine>(parent, options)), ring_threshold_(ring_threshold_bytes) {
+  if (tree_chunk_bytes <= 0)
+    throw CommError("tree_chunk_bytes must be > 0 (got " + std::to_string(tree_chunk_bytes) + ")");
+  // Every allreduce takes it from its plan (the link emulator hands out the plans).
+  engine_->links().set_tree_chunk_bytes(tree_chunk_bytes);
   exchange_comm_ = engine_->dup_comm();
 }
 

@@ -23,8 +23,10 @@ namespace harness {
 
 class Communicator {
  public:
-  // Collective over `parent`, which the engine duplicates for its own traffic.
-  Communicator(MPI_Comm parent, EngineOptions options, int64_t ring_threshold_bytes);
+  // Collective over `parent`, which the engine duplicates for its own traffic. Allreduces of at
+  // least `ring_threshold_bytes` are rings (auto); the tree allreduce's pipeline has chunks of
+  // about `tree_chunk_bytes` (> 0).
+  Communicator(MPI_Comm parent, EngineOptions options, int64_t ring_threshold_bytes, int64_t tree_chunk_bytes);
 
   int rank() const { return engine_->rank(); }
   int size() const { return engine_->size(); }
@@ -53,7 +55,8 @@ class Communicator {
   void set_topology(const std::vector<int>& node_of, std::tuple<double, double> intra,
                     std::tuple<double, double> nic, double fabric_Bps);
   // The allreduce algorithm (allreduce_plan.hpp) by name: auto, ring, recursive_doubling,
-  // reduce_broadcast or hierarchical (the last needs set_topology). Every rank sets the same.
+  // reduce_broadcast, hierarchical (needs set_topology) or tree (through the topology's nodes
+  // when there is one). Every rank sets the same.
   void set_allreduce(const std::string& algorithm);
   std::vector<OpRecord> drain_records() { return engine_->drain_records(); }
 

@@ -99,13 +99,22 @@ class LinkEmulator {
     allreduce_ = algorithm;
   }
 
-  // What an allreduce over `world_members` runs: the algorithm and, when it is hierarchical, the
-  // node of every member.
+  // The chunk size of the tree allreduce's pipeline (the communicator's, set once).
+  void set_tree_chunk_bytes(int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    tree_chunk_bytes_ = bytes;
+  }
+
+  // What an allreduce over `world_members` runs: the algorithm and, when it is hierarchical or a
+  // tree, the node of every member (a tree without a topology: none, every member its own node).
   AllreducePlan allreduce_plan(const std::vector<int>& world_members) const {
     std::lock_guard<std::mutex> lock(mu_);
-    AllreducePlan plan{allreduce_, {}};
-    if (allreduce_ != AllreduceAlgorithm::kHierarchical) return plan;
-    if (topo_.node_of.empty()) throw CommError("a hierarchical allreduce needs the emulated topology of nodes");
+    AllreducePlan plan{allreduce_, {}, tree_chunk_bytes_};
+    if (allreduce_ != AllreduceAlgorithm::kHierarchical && allreduce_ != AllreduceAlgorithm::kTree) return plan;
+    if (topo_.node_of.empty()) {
+      if (allreduce_ == AllreduceAlgorithm::kTree) return plan;
+      throw CommError("a hierarchical allreduce needs the emulated topology of nodes");
+    }
     for (int r : world_members) plan.member_nodes.push_back(topo_.node_of.at(static_cast<size_t>(r)));
     return plan;
   }
@@ -149,6 +158,7 @@ class LinkEmulator {
   std::unordered_map<int, LinkParams> links_;
   std::unordered_map<int, double> pair_free_, intra_free_;
   AllreduceAlgorithm allreduce_ = AllreduceAlgorithm::kAuto;
+  int64_t tree_chunk_bytes_ = 0;
   Topology topo_;
   std::shared_ptr<SharedNics> nics_;
 };

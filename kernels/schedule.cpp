@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <string>
+#include <unordered_map>
 
 namespace harness {
 
@@ -12,9 +13,61 @@ void add_into(float* __restrict dst, const float* __restrict src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
-int64_t chunk_begin(int64_t n, int p, int k) {
+int64_t chunk_begin(int64_t n, int64_t p, int64_t k) {
   int64_t base = n / p, extra = n % p;
   return k * base + (k < extra ? k : extra);
+}
+
+// The tree allreduce's tree (tree_allreduce in schedule.hpp), which harness/sim/
+// collective_schedules.py builds alike: every member's parent (-1: the root, member 0) and
+// children in order, and the colour of every member's edge to its parent.
+struct TreeShape {
+  std::vector<int> parent;
+  std::vector<std::vector<int>> children;  // chain successor first, then tree children in heap order
+  std::vector<int> colour;                 // -1: the root
+  int colours = 0;
+};
+
+TreeShape tree_shape(int p, const std::vector<int>& member_nodes) {
+  TreeShape t;
+  t.parent.assign(static_cast<size_t>(p), -1);
+  t.children.assign(static_cast<size_t>(p), {});
+  t.colour.assign(static_cast<size_t>(p), -1);
+  std::unordered_map<int, int> index;  // node id -> its place in order of first appearance
+  std::vector<std::vector<int>> local;
+  for (int m = 0; m < p; ++m) {
+    auto it = index.emplace(member_nodes.empty() ? m : member_nodes[m], static_cast<int>(local.size())).first;
+    if (it->second == static_cast<int>(local.size())) local.emplace_back();
+    local[static_cast<size_t>(it->second)].push_back(m);
+  }
+  for (const auto& ms : local)  // chains first: a head's chain successor is its first child
+    for (size_t i = 1; i < ms.size(); ++i) {
+      t.parent[ms[i]] = ms[i - 1];
+      t.children[ms[i - 1]].push_back(ms[i]);
+    }
+  for (size_t j = 1; j < local.size(); ++j) {
+    const int head = local[j][0], up = local[(j - 1) / 2][0];
+    t.parent[head] = up;
+    t.children[up].push_back(head);
+  }
+  // Greedy edge colouring in BFS order from the root: each edge to a child takes the smallest
+  // colour that no coloured edge at the parent has (the child has none yet), which on a tree
+  // uses as many colours as the largest degree.
+  std::vector<int> queue{0};
+  for (size_t q = 0; q < queue.size(); ++q) {
+    const int u = queue[q];
+    std::vector<int> used;
+    if (t.colour[u] >= 0) used.push_back(t.colour[u]);
+    for (int v : t.children[u]) {
+      int c = 0;
+      while (std::find(used.begin(), used.end(), c) != used.end()) ++c;
+      t.colour[v] = c;
+      used.push_back(c);
+      t.colours = std::max(t.colours, c + 1);
+      queue.push_back(v);
+    }
+  }
+  return t;
 }
 
 }  // namespace
@@ -160,14 +213,94 @@ Schedule hierarchical_allreduce(int p, int me, const std::vector<int>& member_no
   return s;
 }
 
+Schedule tree_allreduce(int p, int me, const std::vector<int>& member_nodes, void* buf, int64_t n,
+                        int64_t chunk_bytes, int esz) {
+  if (!member_nodes.empty() && static_cast<int>(member_nodes.size()) != p)
+    throw CommError("tree allreduce: " + std::to_string(member_nodes.size()) + " node ids for " + std::to_string(p) +
+                    " members");
+  if (chunk_bytes <= 0) throw CommError("tree allreduce: chunks of " + std::to_string(chunk_bytes) + " bytes");
+  Schedule s;
+  s.result = buf;
+  s.count = n;
+  if (p == 1) return s;
+  const int64_t K = std::max<int64_t>(1, std::min<int64_t>(n, (n * esz + chunk_bytes - 1) / chunk_bytes));
+  const TreeShape t = tree_shape(p, member_nodes);
+  char* tmp = alloc_scratch(s, (n / K + 1) * esz);  // the largest chunk
+  auto chunk = [&](int64_t c) {
+    const int64_t b = chunk_begin(n, K, c);
+    return std::make_pair(static_cast<void*>(static_cast<char*>(buf) + b * esz), chunk_begin(n, K, c + 1) - b);
+  };
+  // Every member derives the whole pipeline from counters: up[m], the chunks m has sent to its
+  // parent; down[m], the final chunks it has received from it. Member m has reduced chunk c once
+  // its last child sent c (a later child sends c only after the earlier ones did), a leaf has
+  // all; the root's reduced chunks are final.
+  std::vector<int64_t> up(static_cast<size_t>(p), 0), down(static_cast<size_t>(p), 0);
+  std::vector<int> last_child(static_cast<size_t>(p), -1), prev_sibling(static_cast<size_t>(p), -1);
+  std::vector<std::vector<int>> by_colour(static_cast<size_t>(t.colours));
+  for (int m = 0; m < p; ++m) {
+    const auto& ch = t.children[m];
+    if (!ch.empty()) last_child[m] = ch.back();
+    for (size_t i = 1; i < ch.size(); ++i) prev_sibling[ch[i]] = ch[i - 1];
+    if (m != 0) by_colour[t.colour[m]].push_back(m);
+  }
+  auto reduced = [&](int m) { return last_child[m] < 0 ? K : up[last_child[m]]; };
+  int unfinished = p - 1;  // members short of a final chunk (the root has all once they do)
+  std::vector<char> go_up, go_down;
+  for (int64_t r = 0, idle = 0; unfinished > 0; ++r) {
+    const auto& edges = by_colour[static_cast<size_t>(r % t.colours)];
+    go_up.assign(edges.size(), 0);
+    go_down.assign(edges.size(), 0);
+    bool any = false;
+    for (size_t i = 0; i < edges.size(); ++i) {  // on the round's starting counters
+      const int v = edges[i], a = t.parent[v], before = prev_sibling[v];
+      go_up[i] = up[v] < reduced(v) && (before < 0 || up[v] < up[before]);
+      go_down[i] = down[v] < (a == 0 ? reduced(a) : down[a]);
+      any = any || go_up[i] || go_down[i];
+      if (v == me && (go_up[i] || go_down[i])) {  // my edge to my parent
+        Step st;
+        if (go_up[i]) {
+          auto c = chunk(up[v]);
+          st.sends.push_back({a, c.first, c.second});
+        }
+        if (go_down[i]) {
+          auto c = chunk(down[v]);
+          st.recvs.push_back({a, c.first, c.second});
+        }
+        s.steps.push_back(std::move(st));
+      } else if (a == me && (go_up[i] || go_down[i])) {  // my edge to child v
+        Step st;
+        if (go_up[i]) {
+          auto c = chunk(up[v]);
+          st.recvs.push_back({v, tmp, c.second});
+          st.reduces.push_back({c.first, tmp, c.second});
+        }
+        if (go_down[i]) {
+          auto c = chunk(down[v]);
+          st.sends.push_back({v, c.first, c.second});
+        }
+        s.steps.push_back(std::move(st));
+      }
+    }
+    for (size_t i = 0; i < edges.size(); ++i) {
+      const int v = edges[i];
+      if (go_up[i]) ++up[v];
+      if (go_down[i] && ++down[v] == K) --unfinished;
+    }
+    idle = any ? 0 : idle + 1;
+    if (idle >= t.colours) throw CommError("tree allreduce: the pipeline stalled (a bug)");
+  }
+  return s;
+}
+
 AllreduceAlgorithm allreduce_algorithm_named(const std::string& name) {
   if (name == "auto") return AllreduceAlgorithm::kAuto;
   if (name == "ring") return AllreduceAlgorithm::kRing;
   if (name == "recursive_doubling") return AllreduceAlgorithm::kRecursiveDoubling;
   if (name == "reduce_broadcast") return AllreduceAlgorithm::kReduceBroadcast;
   if (name == "hierarchical") return AllreduceAlgorithm::kHierarchical;
+  if (name == "tree") return AllreduceAlgorithm::kTree;
   throw CommError("unknown allreduce algorithm '" + name +
-                  "' (auto, ring, recursive_doubling, reduce_broadcast or hierarchical)");
+                  "' (auto, ring, recursive_doubling, reduce_broadcast, hierarchical or tree)");
 }
 
 Schedule allreduce_schedule(int p, int me, void* buf, int64_t n, int64_t ring_threshold_bytes,
@@ -176,6 +309,8 @@ Schedule allreduce_schedule(int p, int me, void* buf, int64_t n, int64_t ring_th
   switch (plan.algorithm) {
     case AllreduceAlgorithm::kHierarchical:
       return hierarchical_allreduce(p, me, plan.member_nodes, buf, n, ring_threshold_bytes, esz);
+    case AllreduceAlgorithm::kTree:
+      return tree_allreduce(p, me, plan.member_nodes, buf, n, plan.tree_chunk_bytes, esz);
     case AllreduceAlgorithm::kReduceBroadcast:
       // A hierarchical allreduce on one node is exactly that: reduce to member 0, broadcast.
       return hierarchical_allreduce(p, me, std::vector<int>(static_cast<size_t>(p), 0), buf, n, ring_threshold_bytes,

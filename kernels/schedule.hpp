@@ -84,6 +84,22 @@ Schedule dissemination_barrier(int p, int me);
 // broadcast inside each node. Results are bitwise equal on all members.
 Schedule hierarchical_allreduce(int p, int me, const std::vector<int>& member_nodes, void* buf, int64_t n,
                                 int64_t ring_threshold_bytes, int esz = 4);
+// NCCL's tree allreduce, pipelined (member_nodes[i]: node of member i; empty: every member a node
+// of its own). Inside each node a chain of its members in member order (the node's first member
+// heads it: local member i's parent is local member i-1); across nodes a binary tree over the
+// heads in order of first appearance (head j's parent is head (j-1)/2); member 0 is the root.
+// A member's children are its chain successor, then its tree children in heap order. The buffer
+// goes in K = max(1, min(n, ceil(n * esz / chunk_bytes))) chunks (split as the ring's) up the
+// tree, each member adding its children's partial sums in child order (own + first child +
+// second ...), and the root's sums come back down, so every member ends with bitwise the same
+// result. The steps are rounds over a proper edge colouring of the tree (greedy in BFS order;
+// a chain needs 2 colours, a tree of chains at most 4): in round r each edge of colour r mod C
+// carries the child's next reduced chunk up, if it has one (a later child only after the earlier
+// children's same chunk: the order of additions), and the parent's next final chunk down, if it
+// has one, both at once (full duplex). Every link then carries the buffer once each way. Unlike
+// NCCL, one tree carries all of it (NCCL runs two complementary trees with half each).
+Schedule tree_allreduce(int p, int me, const std::vector<int>& member_nodes, void* buf, int64_t n,
+                        int64_t chunk_bytes, int esz = 4);
 // The schedule `plan` names for member `me` of `p`.
 Schedule allreduce_schedule(int p, int me, void* buf, int64_t n, int64_t ring_threshold_bytes,
                             const AllreducePlan& plan = {}, int esz = 4);

@@ -201,7 +201,7 @@ MORE_BAD = [
     (_topology(ranks_per_node=2, preset="ethernet_100g"), "network.topology.preset: must be 'ethernet_1g', 'ethernet_10g' or 'infiniband_100g'"),
     (_topology(ranks_per_node=2, nic={"bandwidth_gbps": 0}), "network.topology.nic.bandwidth_gbps: must be > 0"),
     (_topology(ranks_per_node=2, allreduce="hierarchical"), "network.topology.allreduce: moved: write `network.allreduce: hierarchical`"),
-    ({"network": {"allreduce": "tree"}}, "network.allreduce: must be 'auto', 'ring', 'recursive_doubling', 'reduce_broadcast' or 'hierarchical' (got 'tree')"),
+    ({"network": {"allreduce": "butterfly"}}, "network.allreduce: must be 'auto', 'ring', 'recursive_doubling', 'reduce_broadcast', 'hierarchical' or 'tree' (got 'butterfly')"),
     ({"network": {"allreduce": "hierarchical"}}, "network.allreduce: hierarchical needs network.topology"),
     (_injector(count=1), "imbalance[0].kind: required field missing"),
     (_injector(kind="slowdown", ranks=[1, 1], factor=2.0), "imbalance[0].ranks[1]: rank listed twice (got 1)"),
@@ -230,6 +230,14 @@ def test_more_bad_values(change: dict[str, Any], message: str) -> None:
         scenario_from_dict(_doc(**change), source="x.yaml")
     assert str(info.value).startswith("x.yaml: ")
     assert message in str(info.value)
+
+
+def test_tree_allreduce_needs_no_topology() -> None:
+    """``network.allreduce: tree`` goes through the nodes of a topology when there is one, and
+    over every rank as a node of its own when not; hierarchical needs one (MORE_BAD)."""
+    assert scenario_from_dict(_doc(network={"allreduce": "tree"})).network.allreduce == "tree"
+    with_nodes = scenario_from_dict(_doc(network={"allreduce": "tree", "topology": {"ranks_per_node": 2}}))
+    assert (with_nodes.network.allreduce, with_nodes.network.topology.ranks_per_node) == ("tree", 2)
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 
 import harness.algorithms.sgp
@@ -18,8 +19,9 @@ import harness.sim
 from harness.scenario.loader import scenario_from_dict
 from harness.scenario.network import Link
 from harness.sim.calibration import CalibrationEntry, NetworkModel
-from harness.schedules import RING_THRESHOLD_BYTES
-from harness.sim.collective_schedules import FLOAT_BYTES, RingSchedule, allreduce_schedule
+from harness.schedules import RING_THRESHOLD_BYTES, TREE_CHUNK_BYTES
+from harness.sim.collective_schedules import (FLOAT_BYTES, RingSchedule, allreduce_schedule, tree_chunks,
+                                              tree_shape)
 from harness.sim.network import SimNetwork, run_schedule
 from harness.sim.runs import predict
 
@@ -123,18 +125,20 @@ def _member_steps(schedule, me: int) -> list[tuple[list, list]]:
 _COUNTS = (0, 1, 3, 100, 16_383, 16_384, 16_385, 50_001)
 
 
-@pytest.mark.parametrize("algorithm", ["auto", "ring", "recursive_doubling", "reduce_broadcast"])
+@pytest.mark.parametrize("algorithm", ["auto", "ring", "recursive_doubling", "reduce_broadcast", "tree"])
 @pytest.mark.parametrize("p", [*range(1, 18), 31, 64])
 def test_allreduce_schedule_is_the_native_layers(p: int, algorithm: str) -> None:
     """The simulator's decomposition against the native layer's own step builder (exported from
-    _core), member by member, for every network.allreduce but hierarchical (tests/test_topology.py):
+    _core), member by member, for every network.allreduce but hierarchical (tests/test_topology.py;
+    the tree through nodes: test_tree_schedule_is_the_native_layers):
     same peers, same sizes, same order, odd p and the fold included."""
     core = pytest.importorskip("harness._core")
     for count in _COUNTS:
         schedule = allreduce_schedule(p, count, RING_THRESHOLD_BYTES, algorithm)
         for me in range(p):
             native = [([tuple(x) for x in sends], [tuple(x) for x in recvs])
-                      for sends, recvs in core.allreduce_steps(p, me, count, RING_THRESHOLD_BYTES, [], algorithm)]
+                      for sends, recvs in core.allreduce_steps(p, me, count, RING_THRESHOLD_BYTES, [], algorithm,
+                                                               tree_chunk_bytes=TREE_CHUNK_BYTES)]
             assert _member_steps(schedule, me) == native, (p, count, me)
 
 
@@ -155,7 +159,67 @@ def test_whole_buffer_algorithms_take_log_steps_of_the_whole_buffer() -> None:
     assert allreduce_schedule(6, count, RING_THRESHOLD_BYTES, "reduce_broadcast").steps == 6
     assert allreduce_schedule(2, count, RING_THRESHOLD_BYTES, "ring").steps == 1  # no ring of 2: an exchange
     with pytest.raises(ValueError, match="unknown allreduce algorithm"):
-        allreduce_schedule(4, count, RING_THRESHOLD_BYTES, "tree")
+        allreduce_schedule(4, count, RING_THRESHOLD_BYTES, "butterfly")
+
+
+# Trees: every member its own node (a binary tree), nodes of 4, uneven and interleaved nodes, one node.
+_TREES = [(p, ()) for p in (1, 2, 3, 5, 8, 16)] + [
+    (len(nodes), nodes) for nodes in [(0, 0, 0, 0, 1, 1, 1, 1), tuple(r // 4 for r in range(16)),
+                                      (0, 0, 0, 1, 1, 2, 2, 2, 2, 3), (3, 3, 1, 0, 0, 1, 2, 2, 2), (0, 1, 0, 1, 0),
+                                      (0, 0, 0, 0, 0)]]
+
+
+@pytest.mark.parametrize("p,nodes", _TREES)
+def test_tree_schedule_is_the_native_layers(p: int, nodes: tuple[int, ...]) -> None:
+    """The simulator's tree allreduce against the native builder, member by member: below one
+    chunk, several chunks (small chunks, and the default's 1 MiB with a remainder), fewer floats
+    than members and than chunks."""
+    core = pytest.importorskip("harness._core")
+    for count, chunk in [(0, TREE_CHUNK_BYTES), (1, TREE_CHUNK_BYTES), (3, TREE_CHUNK_BYTES), (100, TREE_CHUNK_BYTES),
+                         (100, 64), (1001, 400), (7, 4), (3, 8), (600_001, TREE_CHUNK_BYTES)]:
+        schedule = allreduce_schedule(p, count, RING_THRESHOLD_BYTES, "tree", nodes, chunk)
+        for me in range(p):
+            native = [([tuple(x) for x in sends], [tuple(x) for x in recvs])
+                      for sends, recvs in core.allreduce_steps(p, me, count, RING_THRESHOLD_BYTES, list(nodes), "tree",
+                                                               tree_chunk_bytes=chunk)]
+            assert _member_steps(schedule, me) == native, (nodes, count, chunk, me)
+
+
+def test_tree_crosses_between_nodes_with_the_buffer_once_each_way() -> None:
+    """2 nodes of 8, 10 MB in 1 MiB chunks: the tree's messages between the nodes carry the
+    buffer exactly once each way (up the tree, then down), where the ring's carry 2(p-1)/p of it
+    each way; every member sends and receives at most one message per step, and ends with every
+    chunk (the broadcast's chunks reach every member but the root once)."""
+    p, count = 16, 2_500_000
+    nodes = tuple(r // 8 for r in range(p))
+    tree = allreduce_schedule(p, count, RING_THRESHOLD_BYTES, "tree", nodes)
+    k = tree_chunks(count)
+    assert k == 10
+
+    def crossing(schedule, src_node: int) -> float:
+        total = 0.0
+        for i in range(schedule.steps):
+            for m in range(p):
+                to = schedule.send_to[i, m]
+                if to >= 0 and nodes[m] == src_node and nodes[to] != src_node:
+                    total += schedule.send_bytes[i, m]
+        return total
+
+    nbytes = count * FLOAT_BYTES
+    assert crossing(tree, 0) == crossing(tree, 1) == nbytes
+    ring = allreduce_schedule(p, count, RING_THRESHOLD_BYTES, "ring").steps_schedule
+    assert crossing(ring, 0) == crossing(ring, 1) == 2 * (p - 1) * nbytes // p
+    for i in range(tree.steps):  # receivers name their senders, and a member talks to one peer per step
+        for m in range(p):
+            src = tree.recv_from[i, m]
+            if src >= 0:
+                assert tree.send_to[i, src] == m
+                assert tree.send_to[i, m] in (-1, src)
+    # Every member but the root receives K chunks down and, but the leaves, K chunks from each child.
+    received = np.where(tree.recv_from >= 0, 1, 0).sum(axis=0)
+    shape = tree_shape(nodes)
+    assert list(received) == [k * (len(shape.children[m]) + (m != 0)) for m in range(p)]
+    assert tree.steps < 2 * (k + 2 * 8) + 4  # pipelined: 2 colours, K chunks plus the depth up and down
 
 
 @pytest.mark.parametrize("p,count", [(5, 10), (6, 70_000), (40, 100), (40, 70_000)])

@@ -2,9 +2,9 @@
 
 Three kinds of proof:
 
-* The numerics of the simulated network: an allreduce adds in the order of the native ring and
-  recursive-doubling schedules (kernels/schedule.cpp), checked against a literal step-by-step
-  replay of those schedules written here.
+* The numerics of the simulated network: an allreduce adds in the order of the native ring,
+  recursive-doubling and tree schedules (kernels/schedule.cpp), checked against a literal
+  step-by-step replay of those schedules written here.
 * Equal to the real run: real runs under mpiexec (3 ranks on a ring allreduce, 4 on recursive
   doubling, a straggler injected), then ``compare --train --mode trace``: every algorithm whose
   numerics do not depend on arrival order, and the wait-avoiding ones (replayed from the
@@ -27,7 +27,8 @@ import torch
 
 from conftest import harness_cli as harness, run_scenario, write_scenario_file
 from harness.sim.calibration import save_fixed_calibration
-from harness.sim.sums import doubling_sum, ring_sum
+from harness.sim.collective_schedules import FLOAT_BYTES, allreduce_schedule, tree_chunks, tree_shape
+from harness.sim.sums import doubling_sum, native_sum, ring_sum, tree_sum
 
 # A trace-driven simulation with values ends with the real run's models (docs/algorithms/index.md,
 # "In the simulator"): the algorithms whose numerics do not depend on the order messages arrive
@@ -99,6 +100,54 @@ def test_doubling_sum_adds_in_the_native_recursive_doubling_order(p: int) -> Non
     xs = [torch.randn(33, generator=torch.Generator().manual_seed(p + i)) * 1e3 ** (i % 3) for i in range(p)]
     total = doubling_sum(xs)
     assert all(torch.equal(b, total) for b in literal_doubling(xs))
+
+
+def literal_tree(xs: list[torch.Tensor], nodes: tuple[int, ...], chunk_bytes: int) -> list[torch.Tensor]:
+    """kernels/schedule.cpp's tree_allreduce, step by step from the simulator's schedule: the
+    k-th message a member sends its parent carries its chunk k, which the parent adds into its
+    own; the k-th message a parent sends a child carries its chunk k, which replaces the child's.
+    Every message of a step leaves before any arrives; sizes are checked against the chunks."""
+    p, n = len(xs), xs[0].numel()
+    schedule = allreduce_schedule(p, n, 0, "tree", nodes, chunk_bytes)
+    parent = tree_shape(nodes).parent
+    k = tree_chunks(n, chunk_bytes)
+    base, extra = divmod(n, k)
+    chunks = [slice(c * base + min(c, extra), (c + 1) * base + min(c + 1, extra)) for c in range(k)]
+    buf = [x.clone() for x in xs]
+    sent_on: dict[tuple[int, int], int] = {}  # messages so far per (sender, receiver)
+    for i in range(schedule.steps):
+        messages = []
+        for m in range(p):
+            to = int(schedule.send_to[i, m])
+            if to < 0:
+                continue
+            c = sent_on.get((m, to), 0)
+            sent_on[(m, to)] = c + 1
+            assert schedule.send_bytes[i, m] == (chunks[c].stop - chunks[c].start) * FLOAT_BYTES
+            messages.append((m, to, c, buf[m][chunks[c]].clone()))
+        for m, to, c, data in messages:
+            if parent[m] == to:
+                buf[to][chunks[c]] += data
+            else:
+                assert parent[to] == m
+                buf[to][chunks[c]] = data
+    return buf
+
+
+@pytest.mark.parametrize("nodes", [(0, 1), (0, 1, 2), tuple(range(7)), (0, 0, 0, 1, 1, 2, 2, 2, 2),
+                                   (1, 0, 1, 0, 2), tuple(r // 4 for r in range(12)), (0,) * 5])
+@pytest.mark.parametrize("chunk_bytes", [8, 52, 1 << 20])
+def test_tree_sum_adds_in_the_native_tree_order(nodes: tuple[int, ...], chunk_bytes: int) -> None:
+    """Every member of the replayed tree ends with bitwise tree_sum (whatever the chunks), which
+    native_sum picks for a tree schedule; a plain sum differs (the order matters)."""
+    p = len(nodes)
+    xs = [torch.randn(37, generator=torch.Generator().manual_seed(p + i)) * 1e3 ** (i % 3) for i in range(p)]
+    total = tree_sum(xs, nodes)
+    assert all(torch.equal(b, total) for b in literal_tree(xs, nodes, chunk_bytes))
+    assert torch.equal(native_sum(xs, allreduce_schedule(p, 37, 0, "tree", nodes, chunk_bytes)), total)
+    rows = torch.stack(xs)
+    assert torch.equal(tree_sum(list(rows), nodes), total)  # rows of one tensor: the strided path
+    assert not torch.equal(total, rows.sum(0)) or p < 4
 
 
 # -- equal to the real run --------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -111,6 +112,30 @@ def test_hierarchical_allreduce_wins_on_a_slow_nic() -> None:
     assert allreduce_time(one_node, False) < allreduce_time(one_node, True)
 
 
+def test_tree_allreduce_crosses_a_nic_once_each_way_where_the_ring_does_almost_twice() -> None:
+    """NCCL's measurement on two AWS p3dn nodes (8 V100 each behind one 100 Gb/s NIC; 1 GB: ring
+    268 ms, tree 134 ms), at 100 MB on the simulated NICs: the ring puts 2(p-1)/p of the buffer
+    through each NIC direction (15.6 ms), the tree the buffer once (its bound: 8 ms), pipelined in
+    1 MiB chunks, both directions at once: 11.1 ms, the rest being each chunk's steps waiting for
+    the NIC's 20 us and the hop inside the node."""
+    from harness.sim.collective_schedules import allreduce_schedule
+
+    p, count = 16, 25_000_000
+    node_of = tuple(r // 8 for r in range(p))
+    topo = _topology(node_of, nic=(20e-6, 1.25e10), intra=(3e-6, 1.5e11))
+
+    def allreduce_time(algorithm: str) -> float:
+        schedule = allreduce_schedule(p, count, RING_THRESHOLD_BYTES, algorithm, node_of if algorithm == "tree" else ())
+        net = SimNetwork(p, FREE_BASE, topology=topo)
+        return max(run_schedule(schedule, range(p), [0.0] * p, net))
+
+    once = count * 4 / 1.25e10  # the buffer through one NIC direction
+    ring, tree = allreduce_time("ring"), allreduce_time("tree")
+    assert ring > 2 * (p - 1) / p * once
+    assert once < tree < 1.5 * once, (tree, once)
+    assert tree < 0.8 * ring, (tree, ring)
+
+
 def test_scenario_topology_reaches_both_sides() -> None:
     doc = {"name": "t", "ranks": 6, "workload": {"model": "tiny_cnn", "dataset": "synthetic", "batch_size": 8,
                                                  "iterations": 2},
@@ -207,3 +232,47 @@ def reports(tmp_path_factory):
 @pytest.mark.parametrize("check", check_names("topology_checks.py"))
 def test_topology_under_mpi(reports, ranks: int, check: str) -> None:
     assert_check(reports(ranks), check)
+
+
+def _tree_input(rank: int, n: int, dtype) -> np.ndarray:
+    """tests/mpi/topology_checks.py's tree_input: what ``rank`` contributes."""
+    return (np.random.default_rng([rank, n]).standard_normal(n) * 10.0 ** (rank % 3)).astype(dtype)
+
+
+def _uneven_nodes(size: int) -> tuple[int, ...]:
+    """tests/mpi/topology_checks.py's uneven_nodes: nodes of 3, 2, 3, 2, ... ranks."""
+    return tuple(j for j in range(size) for _ in range(3 if j % 2 == 0 else 2))[:size]
+
+
+@pytest.mark.mpi
+@pytest.mark.timing  # shares test_topology_under_mpi's launches
+@pytest.mark.parametrize("ranks", RANK_COUNTS)
+def test_tree_allreduce_under_mpi_is_the_simulated_sum(reports, ranks: int) -> None:
+    """The native tree allreduce's sums under mpiexec (topology_checks.py's tree_allreduce_matches_mpi,
+    which also checks them against MPI's and across ranks) are bit for bit the simulator's:
+    harness.sim.sums.native_sum of the tree schedule over the same inputs and nodes, for every
+    rank's float32 sums and a group's float64 ones (its sum does not depend on the chunks)."""
+    import hashlib
+
+    import torch
+
+    from harness.sim.collective_schedules import allreduce_schedule
+    from harness.sim.sums import native_sum
+
+    result = reports(ranks)["tree_allreduce_matches_mpi"]
+    assert result["status"] == "pass", result["detail"]
+    placements = {"none": None, "uneven": _uneven_nodes(ranks), "round_robin": tuple(r % 2 for r in range(ranks))}
+    lines = result["detail"].splitlines()
+    assert len(lines) == 3 * 2 * (4 + (2 if ranks >= 3 else 0)), lines  # placements x chunks x (sums, group sums)
+    plain_differs = 0  # lines whose plain sum differs: the comparison can tell orders apart
+    for line in lines:
+        kind, name, chunk, n, digest = line.split()
+        members = list(range(ranks)) if kind == "sum" else [r for r in range(ranks) if r != 1]
+        dtype = np.float32 if kind == "sum" else np.float64
+        xs = [torch.from_numpy(_tree_input(r, int(n), dtype)) for r in members]
+        nodes = () if placements[name] is None else tuple(placements[name][r] for r in members)
+        schedule = allreduce_schedule(len(members), int(n), RING_THRESHOLD_BYTES, "tree", nodes, int(chunk))
+        total = native_sum(xs, schedule).numpy()
+        assert hashlib.sha1(total.tobytes()).hexdigest() == digest, line
+        plain_differs += hashlib.sha1(torch.stack(xs).sum(0).numpy().tobytes()).hexdigest() != digest
+    assert plain_differs > 0

@@ -29,7 +29,7 @@ from harness import _core
 from harness._core import CommError
 from harness.comm.buffers import as_float32_buffer
 from harness.comm.op_record import OpRecord
-from harness.schedules import RING_THRESHOLD_BYTES, checked_quorum
+from harness.schedules import RING_THRESHOLD_BYTES, TREE_CHUNK_BYTES, checked_quorum
 
 if TYPE_CHECKING:
     from harness.scenario.network import NodeTopology
@@ -69,6 +69,8 @@ class Communicator:
         max_sleep_us: longest sleep between polls while an operation waits for remote data.
         ring_threshold_bytes: allreduces of at least this many bytes use the ring algorithm,
             smaller ones recursive doubling.
+        tree_chunk_bytes: the ``tree`` allreduce (``network.allreduce: tree``) pipelines its
+            buffer in chunks of about this many bytes.
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class Communicator:
         spin_us: float = 500.0,
         max_sleep_us: float = 200.0,
         ring_threshold_bytes: int = RING_THRESHOLD_BYTES,
+        tree_chunk_bytes: int = TREE_CHUNK_BYTES,
     ) -> None:
         from mpi4py import MPI  # noqa: PLC0415  (keeps import of this module cheap)
 
@@ -89,6 +92,7 @@ class Communicator:
             spin_us=spin_us,
             max_sleep_us=max_sleep_us,
             ring_threshold_bytes=ring_threshold_bytes,
+            tree_chunk_bytes=tree_chunk_bytes,
         )
         _live.add(self)
 
@@ -234,7 +238,8 @@ class Communicator:
     def set_allreduce(self, algorithm: str) -> None:
         """The allreduce algorithm of every later allreduce, wait-avoiding group rounds included
         (``harness.scenario.network_fields.AllreduceAlgorithm``; ``hierarchical`` needs
-        :meth:`set_topology` first). Every rank sets the same."""
+        :meth:`set_topology` first, ``tree`` goes through its nodes when there is one). Every rank
+        sets the same."""
         self._native.set_allreduce(str(algorithm))
 
     def emulate_network(self, scenario: "Scenario") -> None:

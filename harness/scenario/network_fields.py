@@ -299,7 +299,7 @@ class Topology(StrictModel):
         return [r // self.ranks_per_node for r in range(ranks)]
 
 
-AllreduceAlgorithm = Literal["auto", "ring", "recursive_doubling", "reduce_broadcast", "hierarchical"]
+AllreduceAlgorithm = Literal["auto", "ring", "recursive_doubling", "reduce_broadcast", "hierarchical", "tree"]
 """How allreduces run (``network.allreduce``), in the native layer and the simulator alike:
 
 - ``auto``: ring above ``harness.schedules.RING_THRESHOLD_BYTES`` per rank (and more than 2
@@ -311,7 +311,11 @@ AllreduceAlgorithm = Literal["auto", "ring", "recursive_doubling", "reduce_broad
 - ``reduce_broadcast``: a binomial reduce to rank 0 then a binomial broadcast from it,
   2 ceil(log2 p) steps of the whole buffer (THD's TCP backend before it had recursive doubling);
 - ``hierarchical``: inside each node of ``network.topology`` to its first rank, among those
-  leaders (``auto``), back inside each node.
+  leaders (``auto``), back inside each node;
+- ``tree``: NCCL's pipelined tree: a chain through each node's ranks, a binary tree across the
+  nodes' first ranks (without a topology every rank is a node), the buffer in chunks of
+  ``harness.schedules.TREE_CHUNK_BYTES`` reduced up and broadcast down at once, so every link
+  carries it once each way (one tree, where NCCL splits it over two complementary ones).
 """
 
 
@@ -333,7 +337,9 @@ class Network(StrictModel):
     per rank with more than 2 ranks, ``recursive_doubling`` below); ``ring`` (reduce-scatter and
     allgather, 2(p-1) steps of 1/p of the buffer); ``recursive_doubling`` (log2 p exchanges of the
     whole buffer); ``reduce_broadcast`` (binomial reduce to rank 0, then broadcast); ``hierarchical``
-    (inside each node to its first rank, ``auto`` among those, back inside; needs ``topology``)."""
+    (inside each node to its first rank, ``auto`` among those, back inside; needs ``topology``);
+    ``tree`` (NCCL's pipelined tree: a chain inside each node, a binary tree across nodes, 1 MiB
+    chunks reduced up and broadcast down at once; every rank its own node without ``topology``)."""
 
     def check(self, ranks: int) -> None:
         if self.allreduce == "hierarchical" and self.topology is None:

@@ -12,7 +12,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from harness.schedules import RING_THRESHOLD_BYTES
+from harness.schedules import RING_THRESHOLD_BYTES, TREE_CHUNK_BYTES
 
 FLOAT_BYTES = 4
 
@@ -31,6 +31,7 @@ class Schedule:
     send_bytes: np.ndarray
     recv_from: np.ndarray
     recursive_doubling: bool = False  # the native recursive-doubling allreduce (its order of additions)
+    tree: tuple[int, ...] | None = None  # the native tree allreduce over members on these nodes (its additions)
     bytes_sent: np.ndarray = field(init=False)
     compiled: tuple = field(init=False, repr=False)  # per step: senders, their dst and bytes, receivers, their src
     compiled_lists: tuple = field(init=False, repr=False)  # per step, as lists: receivers, sources, source bytes
@@ -52,16 +53,17 @@ class Schedule:
         return self.send_to.shape[0]
 
 
-def _schedule(steps: list[tuple[list[int], list[int], list[int]]], p: int, recursive_doubling: bool = False) -> Schedule:
+def _schedule(steps: list[tuple[list[int], list[int], list[int]]], p: int, recursive_doubling: bool = False,
+              tree: tuple[int, ...] | None = None) -> Schedule:
     if not steps:
         empty = np.zeros((0, p), dtype=np.int64)
-        return Schedule(empty, empty.astype(float), empty)
+        return Schedule(empty, empty.astype(float), empty, recursive_doubling, tree)
     send_to = np.array([s[0] for s in steps], dtype=np.int64)
     send_bytes = np.array([s[1] for s in steps], dtype=float)
     recv_from = np.array([s[2] for s in steps], dtype=np.int64)
     for array in (send_to, send_bytes, recv_from):
         array.setflags(write=False)
-    return Schedule(send_to, send_bytes, recv_from, recursive_doubling)
+    return Schedule(send_to, send_bytes, recv_from, recursive_doubling, tree)
 
 
 def _rd_steps(p: int, count: int) -> list[tuple[list[int], list[int], list[int]]]:
@@ -110,25 +112,32 @@ def _ring_steps(p: int, count: int) -> list[tuple[list[int], list[int], list[int
     return steps
 
 
-ALLREDUCE_ALGORITHMS = ("auto", "ring", "recursive_doubling", "reduce_broadcast", "hierarchical")
+ALLREDUCE_ALGORITHMS = ("auto", "ring", "recursive_doubling", "reduce_broadcast", "hierarchical", "tree")
 """The names of ``harness.scenario.network_fields.AllreduceAlgorithm``, as the native layer knows them."""
 
 
 @lru_cache(maxsize=256)
 def allreduce_schedule(p: int, count: int, ring_threshold_bytes: int = RING_THRESHOLD_BYTES,
-                       algorithm: str = "auto", member_nodes: tuple[int, ...] = ()) -> Schedule:
+                       algorithm: str = "auto", member_nodes: tuple[int, ...] = (),
+                       tree_chunk_bytes: int = TREE_CHUNK_BYTES) -> Schedule:
     """The native ``allreduce_schedule`` (kernels/schedule.cpp) for ``algorithm``: ``auto`` is a
     ring for p > 2, count >= p and at least ``ring_threshold_bytes``, recursive doubling
     otherwise; ``ring`` is a ring whenever p > 2 and count >= p; ``reduce_broadcast`` is the
-    hierarchical allreduce on one node; ``hierarchical`` goes by ``member_nodes``. Nothing for
-    p == 1. ``tests/test_sim_model.py`` compares it, member by member, with the native builder
-    (``harness._core.allreduce_steps``)."""
+    hierarchical allreduce on one node; ``hierarchical`` goes by ``member_nodes``; ``tree`` is
+    :func:`tree_schedule` by ``member_nodes`` (empty: every member a node of its own) in chunks of
+    ``tree_chunk_bytes``. Nothing for p == 1. ``tests/test_sim_model.py`` compares it, member by
+    member, with the native builder (``harness._core.allreduce_steps``)."""
     if p < 1 or count < 0:
         raise ValueError(f"allreduce of {count} floats over {p} members")
     if algorithm not in ALLREDUCE_ALGORITHMS:
         raise ValueError(f"unknown allreduce algorithm {algorithm!r}")
     if p == 1:
         return _schedule([], 1)
+    if algorithm == "tree":
+        nodes = tuple(member_nodes) or tuple(range(p))
+        if len(nodes) != p:
+            raise ValueError(f"tree allreduce: {len(nodes)} node ids for {p} members")
+        return tree_schedule(nodes, count, tree_chunk_bytes)
     if algorithm == "hierarchical":
         return hierarchical_schedule(tuple(member_nodes), count, ring_threshold_bytes)
     if algorithm == "reduce_broadcast":
@@ -188,6 +197,122 @@ def hierarchical_schedule(member_nodes: tuple[int, ...], count: int,
               if li + mask < len(ms)])
         mask >>= 1
     return _schedule(steps, p)
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """The tree of the tree allreduce (``tree_shape`` in kernels/schedule.cpp): every member's
+    ``parent`` (-1: the root, member 0), its ``children`` in order (its chain successor, then its
+    tree children in heap order) and the ``colour`` of its edge to its parent (-1: the root),
+    ``colours`` of them."""
+
+    parent: tuple[int, ...]
+    children: tuple[tuple[int, ...], ...]
+    colour: tuple[int, ...]
+    colours: int
+
+
+def tree_shape(member_nodes: tuple[int, ...]) -> TreeShape:
+    """The tree allreduce's tree over members on ``member_nodes``: inside each node a chain of its
+    members in member order (local member i's parent is local member i - 1), across nodes a
+    binary tree over the nodes' first members in order of first appearance (head j's parent is
+    head (j - 1) // 2); colours by greedy edge colouring in BFS order from the root (each edge to
+    a child takes the smallest colour no coloured edge at the parent has)."""
+    p = len(member_nodes)
+    local: dict[int, list[int]] = {}
+    for m, node in enumerate(member_nodes):
+        local.setdefault(node, []).append(m)
+    chains = list(local.values())  # in order of first appearance
+    parent = [-1] * p
+    children: list[list[int]] = [[] for _ in range(p)]
+    for ms in chains:
+        for a, b in zip(ms, ms[1:]):
+            parent[b] = a
+            children[a].append(b)
+    for j in range(1, len(chains)):
+        head, up = chains[j][0], chains[(j - 1) // 2][0]
+        parent[head] = up
+        children[up].append(head)
+    colour = [-1] * p
+    queue = [0]
+    for u in queue:  # grows as it goes: BFS
+        used = {colour[u]} if colour[u] >= 0 else set()
+        for v in children[u]:
+            c = 0
+            while c in used:
+                c += 1
+            colour[v] = c
+            used.add(c)
+            queue.append(v)
+    return TreeShape(tuple(parent), tuple(tuple(c) for c in children), tuple(colour), max(colour) + 1 if p > 1 else 0)
+
+
+def tree_chunks(count: int, tree_chunk_bytes: int = TREE_CHUNK_BYTES) -> int:
+    """How many chunks the tree allreduce pipelines ``count`` floats in:
+    ``max(1, min(count, ceil(bytes / tree_chunk_bytes)))``."""
+    if tree_chunk_bytes <= 0:
+        raise ValueError(f"tree allreduce: chunks of {tree_chunk_bytes} bytes")
+    return max(1, min(count, -(-count * FLOAT_BYTES // tree_chunk_bytes)))
+
+
+@lru_cache(maxsize=64)
+def tree_schedule(member_nodes: tuple[int, ...], count: int, tree_chunk_bytes: int = TREE_CHUNK_BYTES) -> Schedule:
+    """The native ``tree_allreduce`` (kernels/schedule.cpp) as aligned steps: NCCL's pipelined
+    tree (:func:`tree_shape`: a chain inside each node, a binary tree across nodes), ``count``
+    floats in :func:`tree_chunks` chunks (split as the ring's), reduced up the tree and
+    broadcast back down, each edge carrying the buffer once each way.
+
+    Rounds over the edge colouring: in round r every edge of colour r mod C carries, at once,
+    the child's next reduced chunk up (once the child has it from all its children; a child
+    sends chunk c only after its earlier siblings did, so the parent adds in child order) and the
+    parent's next final chunk down (the root's once reduced, the others' once received), both
+    decided on the round's starting counters. Rounds in which nothing moves are left out; a
+    member's native steps are its rounds that move something. One tree carries everything
+    (NCCL runs two complementary binary trees, each with half of the buffer)."""
+    p = len(member_nodes)
+    if p == 1:
+        return _schedule([], 1, tree=member_nodes)
+    shape = tree_shape(member_nodes)
+    k = tree_chunks(count, tree_chunk_bytes)
+    sizes = np.array(_ring_chunk_bytes(k, count), dtype=float)
+    parent = np.array(shape.parent)
+    # Counters, with two sentinels: up[p] = k (what a leaf has reduced), up[p + 1] = k + 1 (the
+    # "earlier sibling" of a first child, never waited for).
+    up = np.zeros(p + 2, dtype=np.int64)
+    up[p], up[p + 1] = k, k + 1
+    down = np.zeros(p, dtype=np.int64)
+    last_child = np.array([c[-1] if c else p for c in shape.children])
+    before = np.full(p, p + 1)
+    for c in shape.children:
+        before[list(c[1:])] = c[:-1]
+    by_colour = []
+    for col in range(shape.colours):
+        v = np.array([m for m in range(1, p) if shape.colour[m] == col], dtype=np.int64)
+        a = parent[v]
+        by_colour.append((v, a, last_child[v], before[v], a == 0, last_child[a]))
+    steps = []
+    unfinished, r, idle = p - 1, 0, 0
+    while unfinished:
+        v, a, lc, bf, to_root, a_lc = by_colour[r % shape.colours]
+        r += 1
+        go_up = (up[v] < up[lc]) & (up[v] < up[bf])
+        go_down = down[v] < np.where(to_root, up[a_lc], down[a])
+        if not (go_up.any() or go_down.any()):
+            idle += 1
+            if idle >= shape.colours:
+                raise RuntimeError("tree allreduce: the pipeline stalled (a bug)")
+            continue
+        idle = 0
+        send, size, recv = np.full(p, -1), np.zeros(p), np.full(p, -1)
+        vu, au = v[go_up], a[go_up]
+        send[vu], size[vu], recv[au] = au, sizes[up[vu]], vu
+        vd, ad = v[go_down], a[go_down]
+        send[ad], size[ad], recv[vd] = vd, sizes[down[vd]], ad
+        steps.append((send, size, recv))
+        up[vu] += 1
+        down[vd] += 1
+        unfinished -= int(np.count_nonzero(down[vd] == k))
+    return _schedule(steps, p, tree=member_nodes)
 
 
 def _allreduce_steps(p: int, count: int, ring_threshold_bytes: int) -> list[tuple[list[int], list[int], list[int]]]:

@@ -22,7 +22,7 @@ Collectives are decomposed into the point-to-point steps the native layer perfor
 (``kernels/schedule.cpp``; the steps are :mod:`harness.sim.collective_schedules`) for the
 scenario's ``network.allreduce``: with ``auto``, recursive doubling below ``ring_threshold_bytes`` (with the same fold/unfold of the ranks beyond the
 largest power of two), ring reduce-scatter + allgather above it; or the one it names (ring,
-recursive doubling, binomial reduce + broadcast, hierarchical). :func:`run_schedule` computes every member's completion time from the members' join
+recursive doubling, binomial reduce + broadcast, hierarchical, tree). :func:`run_schedule` computes every member's completion time from the members' join
 times, step by step, as max-plus algebra over numpy vectors: a member starts step i when it
 finished step i-1, posts its send then, and finishes step i when its send is released and the
 message it receives in step i has arrived.
@@ -165,7 +165,7 @@ class SimNetwork:
                  clock: Callable[[], float] | None = None, hosts: NodeTopology | None = None,
                  allreduce: str = "auto") -> None:
         """``allreduce``: the algorithm of every allreduce (``network.allreduce``; ``hierarchical``
-        goes through the nodes of ``topology``).
+        and ``tree`` go through the nodes of ``topology``).
 
         ``clock``: the simulated time now, before which no message is posted any more (lets the
         network forget old reservations); without one it keeps the last 10 s before each post.
@@ -353,7 +353,11 @@ class SimNetwork:
     def allreduce_schedule(self, members: Sequence[int], count: int) -> "Schedule | RingSchedule":
         """The native layer's allreduce schedule over ``members`` (ranks) for ``count`` floats with
         this network's algorithm (hierarchical: by the members' nodes)."""
-        nodes = tuple(self._node_list[m] for m in members) if self.allreduce == "hierarchical" else ()
+        # The native layer knows only the emulated nodes: the hierarchical allreduce and the tree
+        # follow them, never the hosts a real multi-host run was on.
+        by_node = self.allreduce == "hierarchical" or (
+            self.allreduce == "tree" and self.topology is not None and self._wake_on_topology)
+        nodes = tuple(self._node_list[m] for m in members) if by_node else ()
         return allreduce_schedule(len(members), count, self.ring_threshold_bytes, self.allreduce, nodes)
 
 

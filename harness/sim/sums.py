@@ -4,8 +4,9 @@ A simulation with values (:mod:`harness.sim.payload`) must add what an allreduce
 order the native schedule adds it (``kernels/schedule.cpp``): float addition is commutative
 but not associative, so only the same order gives the real run's numbers bit for bit. The ring
 accumulates every chunk along the ring from its own member; recursive doubling folds the
-members beyond a power of two and then adds partners' sums. ``tests/test_sim_training.py``
-checks both against a literal step-by-step replay of the native schedules.
+members beyond a power of two and then adds partners' sums; the tree adds children's partial
+sums up a tree. ``tests/test_sim_training.py`` checks them against a literal step-by-step
+replay of the native schedules.
 
 Buffers that are equally spaced rows of one tensor (every simulated rank's ``ctx.params`` or
 ``ctx.grads``: rows of the replicas' stacked tensors) are read and written as one strided view.
@@ -128,11 +129,69 @@ def doubling_sum(buffers: Sequence[torch.Tensor]) -> torch.Tensor:
     return level[0]
 
 
+def tree_sum(buffers: Sequence[torch.Tensor], member_nodes: Sequence[int]) -> torch.Tensor:
+    """The sum the native tree allreduce computes (``tree_allreduce`` in kernels/schedule.cpp),
+    rounding for rounding, over members on ``member_nodes``: every member adds to its own buffer
+    its children's partial sums in child order, ``((x[m] + s[c1]) + s[c2]) + ...``, and the
+    root's sum comes back down unchanged. Its chunks all add alike, so the sum does not depend on
+    the chunk size. The tree (:func:`harness.sim.collective_schedules.tree_shape`): a chain
+    inside each node, so a chain's partial sum is ``x[l1] + (x[l2] + (... + x[tail]))``, and a
+    binary heap over the nodes' heads, whose head j adds its chain, then heads 2j + 1 and 2j + 2.
+    Computed a chain position at a time and a heap level at a time, over all nodes at once."""
+    p = len(buffers)
+    if p == 1:
+        return buffers[0].clone()
+    local: dict[int, list[int]] = {}
+    for m, node in enumerate(member_nodes):
+        local.setdefault(node, []).append(m)
+    chains = list(local.values())  # in order of first appearance: heap order of the heads
+    rows = _rows(buffers)
+    device = rows.device
+
+    def index(members: list[int]) -> torch.Tensor:
+        return torch.tensor(members, dtype=torch.long, device=device)
+
+    # chain[j]: the partial sum node j's second member sends its head (nodes of one member: none).
+    widest = max(len(ms) for ms in chains)
+    chain = torch.empty((len(chains), rows.shape[1]), dtype=rows.dtype, device=device) if widest > 1 else None
+    for i in range(widest - 1, 0, -1):  # chain position i, from the tails up
+        tails = [j for j, ms in enumerate(chains) if len(ms) == i + 1]
+        inner = [j for j, ms in enumerate(chains) if len(ms) > i + 1]
+        if tails:
+            chain[index(tails)] = rows[index([chains[j][i] for j in tails])]
+        if inner:
+            at = index(inner)
+            chain[at] = rows[index([chains[j][i] for j in inner])] + chain[at]
+    # The heads a heap level at a time, from the deepest: level d holds heads [2^d - 1, 2^(d+1) - 1).
+    heads = len(chains)
+    levels = []
+    first = 0
+    while first < heads:
+        levels.append((first, min(heads, 2 * first + 1)))
+        first = 2 * first + 1
+    below = None  # the partial sums of the level under the current one
+    for lo, hi in reversed(levels):
+        level = rows[index([chains[j][0] for j in range(lo, hi)])]  # a copy: gathered rows
+        if chain is not None:
+            with_chain = [j - lo for j in range(lo, hi) if len(chains[j]) > 1]
+            if with_chain:
+                at = index(with_chain)
+                level[at] = level[at] + chain[at + lo]
+        if below is not None:  # head lo + i's tree children are below's 2i and 2i + 1
+            left = below[0::2]
+            level[:left.shape[0]] += left
+            right = below[1::2]
+            level[:right.shape[0]] += right
+        below = level
+    return below[0]
+
+
 def native_sum(buffers: Sequence[torch.Tensor], schedule: Any) -> torch.Tensor:
     """The allreduce sum of ``buffers`` (member order) in the order the native schedule adds
-    (``schedule``: the collective's, :mod:`harness.sim.network`): a ring or recursive doubling,
-    so a simulation ends with the real run's numbers bit for bit; the hierarchical schedules
-    (node-local reduce, leaders' allreduce) are summed in plain order, within rounding of them."""
+    (``schedule``: the collective's, :mod:`harness.sim.network`): a ring, recursive doubling or
+    the tree, so a simulation ends with the real run's numbers bit for bit; the hierarchical
+    schedules (node-local reduce, leaders' allreduce) are summed in plain order, within rounding
+    of them."""
     from harness.sim.collective_schedules import RingSchedule
 
     if len(buffers) == 1:
@@ -141,6 +200,9 @@ def native_sum(buffers: Sequence[torch.Tensor], schedule: Any) -> torch.Tensor:
         return ring_sum(buffers)
     if getattr(schedule, "recursive_doubling", False):
         return doubling_sum(buffers)
+    tree = getattr(schedule, "tree", None)
+    if tree is not None:
+        return tree_sum(buffers, tree)
     return reduce_sum(buffers)
 
 

@@ -1,5 +1,5 @@
 """Multi-rank checks of the emulated topology (nodes sharing NICs) and the allreduce algorithms
-of ``network.allreduce`` (hierarchical through the nodes, and the flat ones).
+of ``network.allreduce`` (hierarchical and tree through the nodes, and the flat ones).
 
 Run once per rank count under mpiexec (tests/test_topology.py); rank 0 writes the JSON report
 of checklib. torch is not imported: it costs seconds per launch.
@@ -75,6 +75,82 @@ def every_allreduce_algorithm_matches_mpi() -> None:
             assert_allreduces_match_mpi(comm, algorithm)
         finally:
             comm.close()
+
+
+def uneven_nodes(size: int) -> list[int]:
+    """Nodes of 3, 2, 3, 2, ... ranks in rank order (the last one short)."""
+    node_of, node = [], 0
+    while len(node_of) < size:
+        node_of += [node] * (3 if node % 2 == 0 else 2)
+        node += 1
+    return node_of[:size]
+
+
+# The tree's nodes: none (a binary tree over the ranks), uneven ones, and ranks dealt round-robin
+# over 2 nodes. tests/test_topology.py names the same.
+TREE_PLACEMENTS = {"none": None, "uneven": uneven_nodes(SIZE), "round_robin": PLACEMENTS["round_robin"]}
+TREE_SIZES = (1, 7, 1000, 100_003)
+TREE_CHUNKS = (1 << 20, 4096)  # the default's one chunk, and up to 98 chunks in the pipeline
+
+
+def tree_input(rank: int, n: int, dtype=np.float32) -> np.ndarray:
+    """What ``rank`` contributes to the tree checks: magnitudes 1, 10, 100 by rank, so that the
+    order of additions shows in the sum's bits (tests/test_topology.py makes the same)."""
+    return (np.random.default_rng([rank, n]).standard_normal(n) * 10.0 ** (rank % 3)).astype(dtype)
+
+
+def sha1(a: np.ndarray) -> str:
+    return hashlib.sha1(np.ascontiguousarray(a).tobytes()).hexdigest()
+
+
+@check
+def tree_allreduce_matches_mpi() -> str:
+    """``network.allreduce: tree`` without a topology, on uneven nodes and on interleaved ones,
+    in one chunk and pipelined in 4 KiB chunks: sums and means like MPI's, bitwise equal on every
+    rank; and a float64 group of every rank but rank 1 (a group's plan: its members' nodes).
+    Returns the sums' digests, which tests/test_topology.py compares, bit for bit, with the
+    simulator's sum (harness.sim.sums.native_sum of the tree schedule)."""
+    lines = []
+    for name, node_of in TREE_PLACEMENTS.items():
+        for chunk in TREE_CHUNKS:
+            comm = Communicator(WORLD, tree_chunk_bytes=chunk)
+            try:
+                if node_of is not None:
+                    comm.set_topology(nic_topology(node_of))
+                comm.set_allreduce("tree")
+                label = f"{name} {chunk}"
+                for n in TREE_SIZES:
+                    x = tree_input(RANK, n)
+                    ref = np.empty_like(x)
+                    WORLD.Allreduce(x, ref, op=MPI.SUM)
+                    got = x.copy()
+                    comm.allreduce(got, op="sum")
+                    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-3 * SIZE, err_msg=f"{label}, n={n}")
+                    agree_that(digest_everywhere(got) == 1, f"{label}, n={n}: sums differ across ranks")
+                    mean = x.copy()
+                    comm.allreduce(mean, op="mean")
+                    np.testing.assert_allclose(mean, ref / SIZE, rtol=1e-5, atol=1e-3, err_msg=f"{label}, mean")
+                    agree_that(digest_everywhere(mean) == 1, f"{label}, n={n}: means differ across ranks")
+                    lines.append(f"sum {name} {chunk} {n} {sha1(got)}")
+                members = [r for r in range(SIZE) if r != 1]
+                if SIZE >= 3 and RANK in members:  # a group of the others (collective over them only)
+                    group = comm._native.group(members)
+                    for n in (7, 100_003):
+                        x64 = tree_input(RANK, n, np.float64)
+                        total = x64.copy()
+                        group.allreduce(total, total.ctypes.data, n, 1, 0, 1).wait()  # float64, sum, tag 1
+                        np.testing.assert_allclose(total, sum(tree_input(r, n, np.float64) for r in members),
+                                                   rtol=1e-12, atol=1e-9, err_msg=f"{label}, group, n={n}")
+                        lines.append(f"group {name} {chunk} {n} {sha1(total)}")
+                WORLD.Barrier()
+                if SIZE >= 3:  # the group's sums are equal on its members (rank 0 reports them)
+                    group_lines = [line for line in lines if line.startswith(f"group {name} {chunk} ")]
+                    seen = WORLD.allgather(group_lines if RANK in members else None)
+                    agree_that(len({tuple(g) for g in seen if g is not None}) == 1,
+                               f"{label}: group sums differ across members")
+            finally:
+                comm.close()
+    return "\n".join(lines)
 
 
 @check

@@ -20,7 +20,8 @@ int64_t chunk_begin(int64_t n, int64_t p, int64_t k) {
 
 // The tree allreduce's tree (tree_allreduce in schedule.hpp), which harness/sim/
 // collective_schedules.py builds alike: every member's parent (-1: the root, member 0) and
-// children in order, and the colour of every member's edge to its parent.
+// children in order, and the colour of every member's edge to its parent (a round lists a
+// member's messages in colour order; the simulator stores a round as one step per colour).
 struct TreeShape {
   std::vector<int> parent;
   std::vector<std::vector<int>> children;  // chain successor first, then tree children in heap order
@@ -225,7 +226,10 @@ Schedule tree_allreduce(int p, int me, const std::vector<int>& member_nodes, voi
   if (p == 1) return s;
   const int64_t K = std::max<int64_t>(1, std::min<int64_t>(n, (n * esz + chunk_bytes - 1) / chunk_bytes));
   const TreeShape t = tree_shape(p, member_nodes);
-  char* tmp = alloc_scratch(s, (n / K + 1) * esz);  // the largest chunk
+  // One receive slot per child of mine (the largest chunk each): a round may bring a chunk from
+  // every child at once.
+  const int64_t slot = (n / K + 1) * esz;
+  char* tmp = alloc_scratch(s, slot * static_cast<int64_t>(std::max<size_t>(1, t.children[me].size())));
   auto chunk = [&](int64_t c) {
     const int64_t b = chunk_begin(n, K, c);
     return std::make_pair(static_cast<void*>(static_cast<char*>(buf) + b * esz), chunk_begin(n, K, c + 1) - b);
@@ -236,28 +240,32 @@ Schedule tree_allreduce(int p, int me, const std::vector<int>& member_nodes, voi
   // all; the root's reduced chunks are final.
   std::vector<int64_t> up(static_cast<size_t>(p), 0), down(static_cast<size_t>(p), 0);
   std::vector<int> last_child(static_cast<size_t>(p), -1), prev_sibling(static_cast<size_t>(p), -1);
-  std::vector<std::vector<int>> by_colour(static_cast<size_t>(t.colours));
   for (int m = 0; m < p; ++m) {
     const auto& ch = t.children[m];
     if (!ch.empty()) last_child[m] = ch.back();
     for (size_t i = 1; i < ch.size(); ++i) prev_sibling[ch[i]] = ch[i - 1];
-    if (m != 0) by_colour[t.colour[m]].push_back(m);
   }
+  // Every edge (by its child), in colour order (then member order): a member has at most one
+  // edge of a colour, so its sends and receives of a round come in colour order, as the
+  // simulator's steps of a round (harness/sim/collective_schedules.py) list them.
+  std::vector<int> edges;
+  for (int m = 1; m < p; ++m) edges.push_back(m);
+  std::stable_sort(edges.begin(), edges.end(), [&](int x, int y) { return t.colour[x] < t.colour[y]; });
   auto reduced = [&](int m) { return last_child[m] < 0 ? K : up[last_child[m]]; };
   int unfinished = p - 1;  // members short of a final chunk (the root has all once they do)
-  std::vector<char> go_up, go_down;
-  for (int64_t r = 0, idle = 0; unfinished > 0; ++r) {
-    const auto& edges = by_colour[static_cast<size_t>(r % t.colours)];
-    go_up.assign(edges.size(), 0);
-    go_down.assign(edges.size(), 0);
+  std::vector<char> go_up(edges.size()), go_down(edges.size());
+  std::vector<int64_t> from_child(t.children[me].size());  // the chunk each child of mine sends up (-1: none)
+  while (unfinished > 0) {
+    // One round: every edge at once, decided on the round's starting counters.
+    Step st;
     bool any = false;
-    for (size_t i = 0; i < edges.size(); ++i) {  // on the round's starting counters
+    std::fill(from_child.begin(), from_child.end(), -1);
+    for (size_t i = 0; i < edges.size(); ++i) {
       const int v = edges[i], a = t.parent[v], before = prev_sibling[v];
       go_up[i] = up[v] < reduced(v) && (before < 0 || up[v] < up[before]);
       go_down[i] = down[v] < (a == 0 ? reduced(a) : down[a]);
       any = any || go_up[i] || go_down[i];
-      if (v == me && (go_up[i] || go_down[i])) {  // my edge to my parent
-        Step st;
+      if (v == me) {  // my edge to my parent
         if (go_up[i]) {
           auto c = chunk(up[v]);
           st.sends.push_back({a, c.first, c.second});
@@ -266,28 +274,34 @@ Schedule tree_allreduce(int p, int me, const std::vector<int>& member_nodes, voi
           auto c = chunk(down[v]);
           st.recvs.push_back({a, c.first, c.second});
         }
-        s.steps.push_back(std::move(st));
-      } else if (a == me && (go_up[i] || go_down[i])) {  // my edge to child v
-        Step st;
+      } else if (a == me) {  // my edge to child v
+        const auto& ch = t.children[me];
+        const size_t j = static_cast<size_t>(std::find(ch.begin(), ch.end(), v) - ch.begin());
         if (go_up[i]) {
           auto c = chunk(up[v]);
-          st.recvs.push_back({v, tmp, c.second});
-          st.reduces.push_back({c.first, tmp, c.second});
+          st.recvs.push_back({v, tmp + static_cast<int64_t>(j) * slot, c.second});
+          from_child[j] = up[v];
         }
         if (go_down[i]) {
           auto c = chunk(down[v]);
           st.sends.push_back({v, c.first, c.second});
         }
-        s.steps.push_back(std::move(st));
       }
     }
+    if (!any) throw CommError("tree allreduce: the pipeline stalled (a bug)");
+    // The round's chunks from my children (distinct chunks: a later child lags the earlier
+    // ones) are added once all its messages are done, in child order.
+    for (size_t j = 0; j < from_child.size(); ++j)
+      if (from_child[j] >= 0) {
+        auto c = chunk(from_child[j]);
+        st.reduces.push_back({c.first, tmp + static_cast<int64_t>(j) * slot, c.second});
+      }
+    if (!st.sends.empty() || !st.recvs.empty()) s.steps.push_back(std::move(st));
     for (size_t i = 0; i < edges.size(); ++i) {
       const int v = edges[i];
       if (go_up[i]) ++up[v];
       if (go_down[i] && ++down[v] == K) --unfinished;
     }
-    idle = any ? 0 : idle + 1;
-    if (idle >= t.colours) throw CommError("tree allreduce: the pipeline stalled (a bug)");
   }
   return s;
 }

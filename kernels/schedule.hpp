@@ -92,12 +92,15 @@ Schedule hierarchical_allreduce(int p, int me, const std::vector<int>& member_no
 // goes in K = max(1, min(n, ceil(n * esz / chunk_bytes))) chunks (split as the ring's) up the
 // tree, each member adding its children's partial sums in child order (own + first child +
 // second ...), and the root's sums come back down, so every member ends with bitwise the same
-// result. The steps are rounds over a proper edge colouring of the tree (greedy in BFS order;
-// a chain needs 2 colours, a tree of chains at most 4): in round r each edge of colour r mod C
-// carries the child's next reduced chunk up, if it has one (a later child only after the earlier
-// children's same chunk: the order of additions), and the parent's next final chunk down, if it
-// has one, both at once (full duplex). Every link then carries the buffer once each way. Unlike
-// NCCL, one tree carries all of it (NCCL runs two complementary trees with half each).
+// result. Every step is a round in which every edge of the tree is active at once, as in NCCL:
+// the child sends its next reduced chunk up, if it has one at the round's start (a later child
+// only after the earlier children sent the same chunk: the order of additions), and the parent
+// its next final chunk down, if it has one; a member posts the sends and receives on all its
+// edges together (in the colour order of the tree's edge colouring, which the simulator's steps
+// of a round follow) and adds the chunks its children sent once all are done, in child order.
+// Every link then carries the buffer once each way, both ways at once. Unlike NCCL, one tree
+// carries all of it (NCCL runs two complementary trees with half each), and a round waits for
+// all of its messages (NCCL keeps several chunks in flight per edge).
 Schedule tree_allreduce(int p, int me, const std::vector<int>& member_nodes, void* buf, int64_t n,
                         int64_t chunk_bytes, int esz = 4);
 // The schedule `plan` names for member `me` of `p`.

@@ -108,13 +108,18 @@ def test_ring_is_chosen_and_sends_what_the_native_ring_sends() -> None:
 
 def _member_steps(schedule, me: int) -> list[tuple[list, list]]:
     """Member ``me``'s part of the simulator's aligned schedule, as the native layer lists it:
-    its non-empty steps, each as (sends, receives) of (member, floats)."""
+    its non-empty rounds (one native step each; a round of several steps, as the tree's, lists
+    their messages in step order), each as (sends, receives) of (member, floats)."""
     schedule = getattr(schedule, "steps_schedule", schedule)  # a ring keeps its table for whoever asks
     out = []
-    for i in range(schedule.steps):
-        to, frm = int(schedule.send_to[i, me]), int(schedule.recv_from[i, me])
-        sends = [(to, int(schedule.send_bytes[i, me]) // FLOAT_BYTES)] if to >= 0 else []
-        recvs = [(frm, int(schedule.send_bytes[i, frm]) // FLOAT_BYTES)] if frm >= 0 else []
+    for steps in schedule.rounds:
+        sends, recvs = [], []
+        for i in steps:
+            to, frm = int(schedule.send_to[i, me]), int(schedule.recv_from[i, me])
+            if to >= 0:
+                sends.append((to, int(schedule.send_bytes[i, me]) // FLOAT_BYTES))
+            if frm >= 0:
+                recvs.append((frm, int(schedule.send_bytes[i, frm]) // FLOAT_BYTES))
         if sends or recvs:
             out.append((sends, recvs))
     return out
@@ -188,8 +193,9 @@ def test_tree_schedule_is_the_native_layers(p: int, nodes: tuple[int, ...]) -> N
 def test_tree_crosses_between_nodes_with_the_buffer_once_each_way() -> None:
     """2 nodes of 8, 10 MB in 1 MiB chunks: the tree's messages between the nodes carry the
     buffer exactly once each way (up the tree, then down), where the ring's carry 2(p-1)/p of it
-    each way; every member sends and receives at most one message per step, and ends with every
-    chunk (the broadcast's chunks reach every member but the root once)."""
+    each way; every member sends and receives at most one message per step (a round of several
+    steps moves chunks on all of a member's edges at once), and ends with every chunk (the
+    broadcast's chunks reach every member but the root once)."""
     p, count = 16, 2_500_000
     nodes = tuple(r // 8 for r in range(p))
     tree = allreduce_schedule(p, count, RING_THRESHOLD_BYTES, "tree", nodes)
@@ -219,7 +225,37 @@ def test_tree_crosses_between_nodes_with_the_buffer_once_each_way() -> None:
     received = np.where(tree.recv_from >= 0, 1, 0).sum(axis=0)
     shape = tree_shape(nodes)
     assert list(received) == [k * (len(shape.children[m]) + (m != 0)) for m in range(p)]
-    assert tree.steps < 2 * (k + 2 * 8) + 4  # pipelined: 2 colours, K chunks plus the depth up and down
+    # Pipelined, every edge busy in every round: the last chunk leaves the far chain's tail in
+    # round K - 1, then climbs 8 edges and comes down 8, one a round; a round is a step per colour.
+    assert len(tree.rounds) == k + 2 * 8 - 1
+    assert tree.steps <= 2 * len(tree.rounds)
+    mid = tree.rounds[k]  # the second node's head, mid-pipeline: both edges, both ways, in one round
+    assert sorted(int(tree.send_to[i, 8]) for i in mid) == sorted(int(tree.recv_from[i, 8]) for i in mid) == [0, 9]
+
+
+def test_a_tree_round_posts_on_all_of_a_members_edges_at_once() -> None:
+    """3 members, no nodes: the root's children 1 and 2 on edges of two colours, 100 floats in
+    one chunk, every pair's link taking 1 ms for it (the base network free). Round 0: 1 sends
+    up; round 1: 2 (after its earlier sibling); round 2: the root sends down to both at once,
+    on both links together (by colours, one after the other, the second would end at 3 ms)."""
+    free = NetworkModel(latency_s=0.0, bandwidth_bytes_per_s=1e30)
+    links = [Link(a, b, 0.0, 400 / 1e-3) for a in range(3) for b in range(3) if a != b]
+    schedule = allreduce_schedule(3, 100, RING_THRESHOLD_BYTES, "tree")
+    assert [list(r) for r in schedule.rounds] == [[0], [1], [2, 3]]
+    assert run_schedule(schedule, [0, 1, 2], [0.0] * 3, SimNetwork(3, free, links)) == pytest.approx([2e-3] * 3)
+
+
+@pytest.mark.parametrize("p", [5, 9, 16])
+def test_tree_rounds_time_alike_in_python_and_numpy(p: int) -> None:
+    """The tree's rounds of several steps through both paths of run_schedule (the vectorised one
+    by an emulated link that adds nothing), 11 chunks, members joining at different times."""
+    rng = random.Random(p)
+    joins = [rng.uniform(0, 0.01) for _ in range(p)]
+    schedule = allreduce_schedule(p, 1001, RING_THRESHOLD_BYTES, "tree", (), 400)
+    assert schedule.continues_round is not None
+    fast = run_schedule(schedule, list(range(p)), joins, SimNetwork(p, NET))
+    slow = run_schedule(schedule, list(range(p)), joins, SimNetwork(p, NET, [Link(0, 1, 0.0, 1e30)]))
+    assert fast == pytest.approx(slow, rel=1e-12, abs=1e-12)
 
 
 @pytest.mark.parametrize("p,count", [(5, 10), (6, 70_000), (40, 100), (40, 70_000)])

@@ -103,28 +103,33 @@ def test_doubling_sum_adds_in_the_native_recursive_doubling_order(p: int) -> Non
 
 
 def literal_tree(xs: list[torch.Tensor], nodes: tuple[int, ...], chunk_bytes: int) -> list[torch.Tensor]:
-    """kernels/schedule.cpp's tree_allreduce, step by step from the simulator's schedule: the
+    """kernels/schedule.cpp's tree_allreduce, round by round from the simulator's schedule: the
     k-th message a member sends its parent carries its chunk k, which the parent adds into its
     own; the k-th message a parent sends a child carries its chunk k, which replaces the child's.
-    Every message of a step leaves before any arrives; sizes are checked against the chunks."""
+    Every message of a round (all of its steps) leaves before any arrives, and a member adds its
+    children's chunks in child order; sizes are checked against the chunks."""
     p, n = len(xs), xs[0].numel()
     schedule = allreduce_schedule(p, n, 0, "tree", nodes, chunk_bytes)
-    parent = tree_shape(nodes).parent
+    shape = tree_shape(nodes)
+    parent, children = shape.parent, shape.children
     k = tree_chunks(n, chunk_bytes)
     base, extra = divmod(n, k)
     chunks = [slice(c * base + min(c, extra), (c + 1) * base + min(c + 1, extra)) for c in range(k)]
     buf = [x.clone() for x in xs]
     sent_on: dict[tuple[int, int], int] = {}  # messages so far per (sender, receiver)
-    for i in range(schedule.steps):
+    for steps in schedule.rounds:
         messages = []
-        for m in range(p):
-            to = int(schedule.send_to[i, m])
-            if to < 0:
-                continue
-            c = sent_on.get((m, to), 0)
-            sent_on[(m, to)] = c + 1
-            assert schedule.send_bytes[i, m] == (chunks[c].stop - chunks[c].start) * FLOAT_BYTES
-            messages.append((m, to, c, buf[m][chunks[c]].clone()))
+        for i in steps:
+            for m in range(p):
+                to = int(schedule.send_to[i, m])
+                if to < 0:
+                    continue
+                c = sent_on.get((m, to), 0)
+                sent_on[(m, to)] = c + 1
+                assert schedule.send_bytes[i, m] == (chunks[c].stop - chunks[c].start) * FLOAT_BYTES
+                messages.append((m, to, c, buf[m][chunks[c]].clone()))
+        # Arrivals in child order at every parent (the native step's reduces); broadcasts as they come.
+        messages.sort(key=lambda msg: children[msg[1]].index(msg[0]) if parent[msg[0]] == msg[1] else -1)
         for m, to, c, data in messages:
             if parent[m] == to:
                 buf[to][chunks[c]] += data

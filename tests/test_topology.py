@@ -116,8 +116,8 @@ def test_tree_allreduce_crosses_a_nic_once_each_way_where_the_ring_does_almost_t
     """NCCL's measurement on two AWS p3dn nodes (8 V100 each behind one 100 Gb/s NIC; 1 GB: ring
     268 ms, tree 134 ms), at 100 MB on the simulated NICs: the ring puts 2(p-1)/p of the buffer
     through each NIC direction (15.6 ms), the tree the buffer once (its bound: 8 ms), pipelined in
-    1 MiB chunks, both directions at once: 11.1 ms, the rest being each chunk's steps waiting for
-    the NIC's 20 us and the hop inside the node."""
+    1 MiB chunks, all edges and both directions at once: 10.2 ms, the rest being each round
+    waiting for the NIC's 20 us (96 rounds of a chunk) and the pipeline filling and draining."""
     from harness.sim.collective_schedules import allreduce_schedule
 
     p, count = 16, 25_000_000

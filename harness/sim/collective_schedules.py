@@ -25,6 +25,14 @@ class Schedule:
     its size, ``recv_from[i, m]`` the member m receives from (-1: none). Each member sends and
     receives at most one message per step; the message m receives in step i is the one its
     source sends in step i. ``bytes_sent[m]``: what m sends over the whole collective.
+
+    A member runs the steps one after another: it posts a step's send when it finished the
+    previous step, and finishes the step when its send is released and its message has arrived.
+    ``continues_round`` (None: every step a round of its own) joins steps into rounds in which a
+    member sends and receives several messages at once, as a native step that posts several:
+    ``continues_round[i]`` says that step i belongs to the round of step i - 1. A member posts
+    the sends of all of a round's steps when it finished the previous round, and finishes the
+    round when all of them are released and all its messages of the round have arrived.
     """
 
     send_to: np.ndarray
@@ -32,6 +40,7 @@ class Schedule:
     recv_from: np.ndarray
     recursive_doubling: bool = False  # the native recursive-doubling allreduce (its order of additions)
     tree: tuple[int, ...] | None = None  # the native tree allreduce over members on these nodes (its additions)
+    continues_round: tuple[bool, ...] | None = None  # per step: it joins the previous step's round
     bytes_sent: np.ndarray = field(init=False)
     compiled: tuple = field(init=False, repr=False)  # per step: senders, their dst and bytes, receivers, their src
     compiled_lists: tuple = field(init=False, repr=False)  # per step, as lists: receivers, sources, source bytes
@@ -52,9 +61,16 @@ class Schedule:
     def steps(self) -> int:
         return self.send_to.shape[0]
 
+    @property
+    def rounds(self) -> list[range]:
+        """The steps of every round, in order (a step of its own each without ``continues_round``)."""
+        joined = self.continues_round or (False,) * self.steps
+        starts = [i for i in range(self.steps) if not joined[i]]
+        return [range(a, b) for a, b in zip(starts, starts[1:] + [self.steps])]
+
 
 def _schedule(steps: list[tuple[list[int], list[int], list[int]]], p: int, recursive_doubling: bool = False,
-              tree: tuple[int, ...] | None = None) -> Schedule:
+              tree: tuple[int, ...] | None = None, continues_round: list[bool] | None = None) -> Schedule:
     if not steps:
         empty = np.zeros((0, p), dtype=np.int64)
         return Schedule(empty, empty.astype(float), empty, recursive_doubling, tree)
@@ -63,7 +79,11 @@ def _schedule(steps: list[tuple[list[int], list[int], list[int]]], p: int, recur
     recv_from = np.array([s[2] for s in steps], dtype=np.int64)
     for array in (send_to, send_bytes, recv_from):
         array.setflags(write=False)
-    return Schedule(send_to, send_bytes, recv_from, recursive_doubling, tree)
+    if continues_round is not None:
+        if len(continues_round) != len(steps) or continues_round[0]:
+            raise ValueError("continues_round: one flag per step, the first step starting a round")
+        continues_round = tuple(bool(c) for c in continues_round) if any(continues_round) else None
+    return Schedule(send_to, send_bytes, recv_from, recursive_doubling, tree, continues_round)
 
 
 def _rd_steps(p: int, count: int) -> list[tuple[list[int], list[int], list[int]]]:
@@ -257,18 +277,21 @@ def tree_chunks(count: int, tree_chunk_bytes: int = TREE_CHUNK_BYTES) -> int:
 
 @lru_cache(maxsize=64)
 def tree_schedule(member_nodes: tuple[int, ...], count: int, tree_chunk_bytes: int = TREE_CHUNK_BYTES) -> Schedule:
-    """The native ``tree_allreduce`` (kernels/schedule.cpp) as aligned steps: NCCL's pipelined
-    tree (:func:`tree_shape`: a chain inside each node, a binary tree across nodes), ``count``
-    floats in :func:`tree_chunks` chunks (split as the ring's), reduced up the tree and
+    """The native ``tree_allreduce`` (kernels/schedule.cpp) as rounds of aligned steps: NCCL's
+    pipelined tree (:func:`tree_shape`: a chain inside each node, a binary tree across nodes),
+    ``count`` floats in :func:`tree_chunks` chunks (split as the ring's), reduced up the tree and
     broadcast back down, each edge carrying the buffer once each way.
 
-    Rounds over the edge colouring: in round r every edge of colour r mod C carries, at once,
-    the child's next reduced chunk up (once the child has it from all its children; a child
-    sends chunk c only after its earlier siblings did, so the parent adds in child order) and the
-    parent's next final chunk down (the root's once reduced, the others' once received), both
-    decided on the round's starting counters. Rounds in which nothing moves are left out; a
-    member's native steps are its rounds that move something. One tree carries everything
-    (NCCL runs two complementary binary trees, each with half of the buffer)."""
+    In every round every edge of the tree carries, at once, the child's next reduced chunk up
+    (once the child has it from all its children; a child sends chunk c only after its earlier
+    siblings did, so the parent adds in child order) and the parent's next final chunk down (the
+    root's once reduced, the others' once received), all decided on the round's starting
+    counters: a member sends and receives on all its edges together, as NCCL's tree does. A round
+    is stored as one step per colour of :func:`tree_shape`'s edge colouring (each member has at
+    most one edge of a colour: one send and one receive per step), joined by ``continues_round``;
+    steps in which nothing moves are left out. A member's native steps are its rounds that move
+    something, each with the sends and receives of its steps in colour order. One tree carries
+    everything (NCCL runs two complementary binary trees, each with half of the buffer)."""
     p = len(member_nodes)
     if p == 1:
         return _schedule([], 1, tree=member_nodes)
@@ -285,34 +308,38 @@ def tree_schedule(member_nodes: tuple[int, ...], count: int, tree_chunk_bytes: i
     before = np.full(p, p + 1)
     for c in shape.children:
         before[list(c[1:])] = c[:-1]
-    by_colour = []
-    for col in range(shape.colours):
-        v = np.array([m for m in range(1, p) if shape.colour[m] == col], dtype=np.int64)
-        a = parent[v]
-        by_colour.append((v, a, last_child[v], before[v], a == 0, last_child[a]))
-    steps = []
-    unfinished, r, idle = p - 1, 0, 0
+    # Every edge (by its child v), in colour order: colour col's are v[lanes[col]].
+    v = np.array(sorted(range(1, p), key=lambda m: shape.colour[m]), dtype=np.int64)
+    colour = np.array([shape.colour[m] for m in v])
+    lanes = [slice(int(np.searchsorted(colour, col)), int(np.searchsorted(colour, col, side="right")))
+             for col in range(shape.colours)]
+    a = parent[v]
+    lc, bf, to_root, a_lc = last_child[v], before[v], a == 0, last_child[a]
+    steps, joined = [], []
+    unfinished = p - 1
     while unfinished:
-        v, a, lc, bf, to_root, a_lc = by_colour[r % shape.colours]
-        r += 1
         go_up = (up[v] < up[lc]) & (up[v] < up[bf])
         go_down = down[v] < np.where(to_root, up[a_lc], down[a])
         if not (go_up.any() or go_down.any()):
-            idle += 1
-            if idle >= shape.colours:
-                raise RuntimeError("tree allreduce: the pipeline stalled (a bug)")
-            continue
-        idle = 0
-        send, size, recv = np.full(p, -1), np.zeros(p), np.full(p, -1)
-        vu, au = v[go_up], a[go_up]
-        send[vu], size[vu], recv[au] = au, sizes[up[vu]], vu
-        vd, ad = v[go_down], a[go_down]
-        send[ad], size[ad], recv[vd] = vd, sizes[down[vd]], ad
-        steps.append((send, size, recv))
+            raise RuntimeError("tree allreduce: the pipeline stalled (a bug)")
+        first = True
+        for lane in lanes:
+            gu, gd = go_up[lane], go_down[lane]
+            if not (gu.any() or gd.any()):
+                continue
+            send, size, recv = np.full(p, -1), np.zeros(p), np.full(p, -1)
+            vu, au = v[lane][gu], a[lane][gu]
+            send[vu], size[vu], recv[au] = au, sizes[up[vu]], vu
+            vd, ad = v[lane][gd], a[lane][gd]
+            send[ad], size[ad], recv[vd] = vd, sizes[down[vd]], ad
+            steps.append((send, size, recv))
+            joined.append(not first)
+            first = False
+        vu, vd = v[go_up], v[go_down]
         up[vu] += 1
         down[vd] += 1
         unfinished -= int(np.count_nonzero(down[vd] == k))
-    return _schedule(steps, p, tree=member_nodes)
+    return _schedule(steps, p, tree=member_nodes, continues_round=joined)
 
 
 def _allreduce_steps(p: int, count: int, ring_threshold_bytes: int) -> list[tuple[list[int], list[int], list[int]]]:

@@ -423,8 +423,10 @@ def run_schedule(schedule: "Schedule | RingSchedule", world: Sequence[int], join
     """Completion time of every member of a collective that member m joined at ``join[m]``.
 
     ``world[m]`` is member m's rank (for link lookup). Max-plus over the aligned steps; see the
-    module docstring. Small collectives on the base network run in plain Python (the common
-    case of WAGMA groups), everything else vectorised; both compute the same times.
+    module docstring. The steps of a round (``Schedule.continues_round``: the tree's) are posted
+    together, when the member finished its previous round. Small collectives on the base network
+    run in plain Python (the common case of WAGMA groups), everything else vectorised; both
+    compute the same times.
     """
     emulated = network.held_among(world)  # none of its messages held: the base network's fast paths
     if isinstance(schedule, RingSchedule):
@@ -442,14 +444,18 @@ def run_schedule(schedule: "Schedule | RingSchedule", world: Sequence[int], join
     world = np.asarray(world)
     load = network.load_factor()  # the load when the collective is computed holds for all its steps
     alpha, inv_bw = network.alpha * load, network.inv_bandwidth * load
-    for senders, dst, nbytes, receivers, sources, source_bytes in schedule.compiled:
+    rounds = schedule.continues_round
+    start = t  # the posts: when each member finished its previous round (a step of its own: t)
+    for i, (senders, dst, nbytes, receivers, sources, source_bytes) in enumerate(schedule.compiled):
+        if rounds is not None and not rounds[i]:  # a round of several steps starts
+            start = t.copy()
         if not emulated:  # releases are the posts: only arrivals move the receivers
-            arrival = t[sources] + (alpha + source_bytes * inv_bw)
+            arrival = start[sources] + (alpha + source_bytes * inv_bw)
             t[receivers] = np.maximum(t[receivers], arrival)
             continue
         arrival_at = np.full(len(t), -np.inf)
         if len(senders):
-            release, arrival = network.messages(world[senders], world[dst], nbytes, t[senders])
+            release, arrival = network.messages(world[senders], world[dst], nbytes, start[senders])
             arrival_at[dst] = arrival
             t[senders] = np.maximum(t[senders], release)
         t[receivers] = np.maximum(t[receivers], arrival_at[receivers])
@@ -459,8 +465,10 @@ def run_schedule(schedule: "Schedule | RingSchedule", world: Sequence[int], join
 def _run_small(schedule: Schedule, t: list[float], network: SimNetwork) -> list[float]:
     load = network.load_factor()
     alpha, inv_bw = network.alpha * load, network.inv_bandwidth * load
-    for receivers, sources, source_bytes in schedule.compiled_lists:
-        before = t[:]
+    rounds = schedule.continues_round
+    for i, (receivers, sources, source_bytes) in enumerate(schedule.compiled_lists):
+        if rounds is None or not rounds[i]:  # a round starts: its sends leave when it does
+            before = t[:]
         for m, src, nbytes in zip(receivers, sources, source_bytes):
             arrival = before[src] + alpha + nbytes * inv_bw
             if arrival > t[m]:

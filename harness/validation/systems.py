@@ -133,3 +133,13 @@ B200_1NODE_DEFAULT = Measured(1, 16 * GIB, 845.67, f"{STAS_SOURCE}, table in 'In
 B200_4NODE = {size: Measured(4, size * GIB, busbw, f"{STAS_SOURCE}, table in 'Inter-node speed depends on intra-node "
                                                    f"speed': {size}GiB, 4 nodes = {busbw}GBps")
               for size, busbw in ((1, 361.99), (4, 377.34), (16, 381.80))}
+
+# -- two AWS p3dn.24xlarge nodes, NCCL ring against tree (NVIDIA/nccl-tests issue 22) -------------
+# p3dn.24xlarge: 8 V100 (NVLink 2, 6 links of 25 GB/s each way per GPU: 150 GB/s each way, NVIDIA
+# Tesla V100 datasheet: 300 GB/s of NVLink both ways) and one 100 Gb/s EFA NIC (AWS EC2 P3
+# instance types page).
+NVLINK2 = Link(150.0, 1.0, "NVLink 2: 150 GB/s each way per GPU, NCCL's channels together (NVIDIA V100 datasheet: "
+                           "300 GB/s of NVLink both ways)")
+P3DN_EFA = Link(12.5, 15.0, "EFA on p3dn.24xlarge: 100 Gb/s (AWS EC2 P3 instance types); its small-message latency "
+                            "is not in the source: 15 us is assumed (it only weighs on the tree, once per 1 MiB "
+                            "chunk: 954 chunks x 15 us = 14 ms of a 1 GB allreduce)")

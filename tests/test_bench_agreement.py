@@ -106,20 +106,23 @@ def test_the_vhost_case_says_why_it_cannot_run(monkeypatch):
 
 @pytest.mark.mpi
 def test_nic_messages_measures_every_rank(tmp_path):
-    """The cheapest real case (8 ranks, one exchange each, a few seconds): a row per rank with
-    positive real and simulated times, in the table and in the JSON."""
+    """The cheapest real case (8 ranks, one exchange each, a few seconds): a row per rank and
+    mode (trace-driven, predictive) with positive real and simulated times, in the table and in
+    the JSON."""
     report = tmp_path / "agreement.json"
     proc = harness_cli("bench", "agreement", "--only", "nic_messages", "--repeats", "1", "--json", str(report),
                        timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "nic_messages: repeat 1/1" in proc.stdout and "nic_messages: median |error|" in proc.stdout
+    assert "nic_messages: repeat 1/1" in proc.stdout and "nic_messages: trace: median |error|" in proc.stdout
     rows = [line for line in proc.stdout.splitlines() if line.startswith("nic_messages  rank ")]
-    assert len(rows) == agreement.NIC_RANKS, proc.stdout
+    assert len(rows) == 2 * agreement.NIC_RANKS, proc.stdout
     (repeat,) = json.loads(report.read_text())["cases"]["nic_messages"]["repeats"]
-    assert [it["item"] for it in repeat] == [f"rank {r} exchange" for r in range(agreement.NIC_RANKS)]
+    assert [it["item"] for it in repeat] == [f"rank {r} exchange ({mode})" for mode in ("trace", "predictive")
+                                             for r in range(agreement.NIC_RANKS)]
     for it in repeat:
         assert it["real_s"] > 0 and it["simulated_s"] > 0 and math.isfinite(it["error"])
     # The simulator holds the later-posted messages behind the earlier ones on a NIC: the last
     # rank of a node waits longest (what the contention rule says, not a measurement).
-    simulated = [it["simulated_s"] for it in repeat]
-    assert simulated[3] > simulated[0] and simulated[7] > simulated[4], simulated
+    for mode in ("trace", "predictive"):
+        simulated = [it["simulated_s"] for it in repeat if it["group"] == mode]
+        assert simulated[3] > simulated[0] and simulated[7] > simulated[4], (mode, simulated)

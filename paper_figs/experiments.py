@@ -55,11 +55,13 @@ from harness.validation.systems import (
     SGP_PAPER_COMPUTE_MS,
     SGP_PAPER_GPUS_PER_NODE,
     SGP_PAPER_NODE_BATCH,
+    SGP_NETWORKS,
     SGP_PAPER_SERIES,
     WAGMA_REPO_BATCH,
     WAGMA_REPO_COMPUTE_MS,
     WAGMA_REPO_RANKS,
     WAGMA_REPO_STRAGGLERS,
+    WAGMA_SERIES,
 )
 
 # The SGP figure's workers: ResNet-50 at batch 32 per GPU, 200 ms of compute, 8 GPUs per node.
@@ -68,21 +70,6 @@ SGP_BATCH_SIZE = 32
 SGP_WORKERS_PER_NODE = 8
 
 # Series key -> algorithm entry of a scenario. Keys are the names paper_figs.style knows.
-# The WAGMA figure's, as the repository runs them (test-models/.../official/utils): WAGMA-SGD
-# with groups of 8 and a global average every 11th step (opt_wagma_sgd_imagenet.py: groupsize 8,
-# LIMITER 10); Local SGD averaging every step (optimizer_localsgd_imagenet.py has no period);
-# D-PSGD with ring neighbours; SGP pushing to 2 peers a step (optimizer_sgp_imagenet.py); AD-PSGD
-# (optimizer_adpsgd_imagenet.py; its passive side serves one request at a time); and the
-# authors' eager-SGD (majority), which this repository does not include.
-WAGMA_SERIES: dict[str, Any] = {
-    "allreduce_sgd": "allreduce_sgd",
-    "local_sgd": {"name": "local_sgd", "period": 1},
-    "dpsgd": {"name": "dpsgd", "graph": "ring"},
-    "adpsgd": "adpsgd",
-    "sgp": {"name": "sgp", "peers": 2},
-    "eager_sgd": {"name": "eager_sgd", "mode": "majority"},
-    "wagma": {"name": "wagma", "group_size": 8, "period": 11},
-}
 SGP_SERIES: dict[str, Any] = {
     "allreduce_sgd": "allreduce_sgd",
     "dpsgd": "dpsgd",
@@ -106,10 +93,6 @@ IMBALANCE_SERIES: dict[str, Any] = {
     "wagma": {"name": "wagma", "group_size": 8, "period": 11},
 }
 
-# The SGP paper's two networks as topology presets (harness.scenario.network_fields.TOPOLOGY_PRESETS:
-# 10 Gb/s Ethernet at 20 us and 100 Gb/s InfiniBand at 2 us per node NIC, NVLink-class inside
-# the node). The topology is the whole network: the base point-to-point cost is taken as free.
-SGP_NETWORKS: dict[str, str] = {"10 GbE": "ethernet_10g", "100 Gb InfiniBand": "infiniband_100g"}
 
 # The low-communication figure's methods and stragglers are those of this scenario (one definition).
 LOW_COMMUNICATION_SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "low_communication.yaml"

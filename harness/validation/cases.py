@@ -18,5 +18,6 @@ from __future__ import annotations
 
 from harness.validation.collective_cases import COLLECTIVE_CASES
 from harness.validation.model import Case
+from harness.validation.training_cases import TRAINING_CASES
 
-CASES: dict[str, Case] = {case.name: case for case in COLLECTIVE_CASES}
+CASES: dict[str, Case] = {case.name: case for case in COLLECTIVE_CASES + TRAINING_CASES}

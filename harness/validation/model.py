@@ -21,7 +21,8 @@ BARS: dict[str, float] = {"text": 0.10, "table": 0.10, "plot": 0.15}
 class Published:
     """A number as its source gives it."""
 
-    value: float
+    value: float | None
+    """None where the source ranks methods without a number this case can score."""
     unit: str
     read_from: ReadFrom
     source: str
@@ -35,7 +36,7 @@ class Prediction:
     """The simulator's value for a case, and (where the case ranks methods) the simulated order
     of the methods, best first."""
 
-    value: float
+    value: float | None
     order: tuple[str, ...] | None = None
     note: str = ""
 
@@ -66,11 +67,13 @@ class Outcome:
 
     case: Case
     prediction: Prediction
-    error: float = field(init=False)
+    error: float | None = field(init=False)
     order_matches: bool | None = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "error", self.prediction.value / self.case.published.value - 1)
+        published, predicted = self.case.published.value, self.prediction.value
+        error = None if published is None or predicted is None else predicted / published - 1
+        object.__setattr__(self, "error", error)
         order = None if self.case.order is None else self.prediction.order == self.case.order
         object.__setattr__(self, "order_matches", order)
 
@@ -80,7 +83,8 @@ class Outcome:
 
     @property
     def meets(self) -> bool:
-        return abs(self.error) <= self.bar + 1e-12 and self.order_matches is not False  # 10.0% is within 10%
+        within = self.error is None or abs(self.error) <= self.bar + 1e-12  # 10.0% is within 10%
+        return within and self.order_matches is not False
 
     def row(self) -> dict:
         """The case as ``bench validation --json`` writes it."""
@@ -95,7 +99,7 @@ class Outcome:
 
 def median_abs_error(outcomes: list[Outcome], read_from: tuple[str, ...]) -> float | None:
     """The median |error| over the outcomes whose number is read from one of ``read_from``."""
-    errors = sorted(abs(o.error) for o in outcomes if o.case.published.read_from in read_from)
+    errors = sorted(abs(o.error) for o in outcomes if o.case.published.read_from in read_from and o.error is not None)
     if not errors:
         return None
     mid = len(errors) // 2

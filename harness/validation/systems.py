@@ -51,6 +51,11 @@ SGP_PAPER_SERIES: dict[str, list[tuple[str, Any, str, bool]]] = {  # network -> 
                           ("sgp", "sgp", "auto", False)],
 }
 
+# The SGP paper's two networks as topology presets (harness.scenario.network_fields.TOPOLOGY_PRESETS:
+# 10 Gb/s Ethernet at 20 us and 100 Gb/s InfiniBand at 2 us per node NIC, NVLink-class inside
+# the node). The topology is the whole network: the base point-to-point cost is taken as free.
+SGP_NETWORKS: dict[str, str] = {"10 GbE": "ethernet_10g", "100 Gb InfiniBand": "infiniband_100g"}
+
 # -- the WAGMA-SGD repository's ResNet-50 runs (the WAGMA figure) --------------------------------
 # Shigangli/WAGMA-SGD, test-models/tf-models-r1.11/official/resnet: test_imagenet_scripts/
 # daint_imagenet_wagma_sgd.sh (`--nodes=64 --ntasks-per-node=1`, `-bs 128`; the batch is per
@@ -71,6 +76,23 @@ ARIES = NetworkModel(latency_s=1.11e-6, bandwidth_bytes_per_s=4 * 1024 * 1024 / 
 # drawn sleep 320 ms before the forward pass (one rank when the draws coincide).
 WAGMA_REPO_STRAGGLERS = [{"kind": "random_ranks", "count": 2, "delay_ms": 320.0, "replace": True}]
 
+
+# The WAGMA-SGD repository's methods (series key -> algorithm entry; the keys are the names
+# paper_figs.style knows), as the repository runs them (test-models/.../official/utils): WAGMA-SGD
+# with groups of 8 and a global average every 11th step (opt_wagma_sgd_imagenet.py: groupsize 8,
+# LIMITER 10); Local SGD averaging every step (optimizer_localsgd_imagenet.py has no period);
+# D-PSGD with ring neighbours; SGP pushing to 2 peers a step (optimizer_sgp_imagenet.py); AD-PSGD
+# (optimizer_adpsgd_imagenet.py; its passive side serves one request at a time); and the
+# authors' eager-SGD (majority), which this repository does not include.
+WAGMA_SERIES: dict[str, Any] = {
+    "allreduce_sgd": "allreduce_sgd",
+    "local_sgd": {"name": "local_sgd", "period": 1},
+    "dpsgd": {"name": "dpsgd", "graph": "ring"},
+    "adpsgd": "adpsgd",
+    "sgp": {"name": "sgp", "peers": 2},
+    "eager_sgd": {"name": "eager_sgd", "mode": "majority"},
+    "wagma": {"name": "wagma", "group_size": 8, "period": 11},
+}
 
 # -- GPU nodes and their fabrics, for the nccl-tests cases ---------------------------------------
 
@@ -143,3 +165,16 @@ NVLINK2 = Link(150.0, 1.0, "NVLink 2: 150 GB/s each way per GPU, NCCL's channels
 P3DN_EFA = Link(12.5, 15.0, "EFA on p3dn.24xlarge: 100 Gb/s (AWS EC2 P3 instance types); its small-message latency "
                             "is not in the source: 15 us is assumed (it only weighs on the tree, once per 1 MiB "
                             "chunk: 954 chunks x 15 us = 14 ms of a 1 GB allreduce)")
+
+# -- Goyal et al. 2017 (arXiv 1706.02677): ResNet-50 on 256 P100s in one hour ---------------------
+# Big Basin servers of 8 P100s (NVLink), one 50 Gb/s Ethernet NIC each; Caffe2 with Gloo, NCCL
+# inside a server, recursive halving and doubling between servers (the paper's sections 4-5).
+# Batch 32 per GPU, 90 epochs. The 8-GPU baseline took 29 hours (NVIDIA's blog on the paper,
+# developer.nvidia.com/facebook-trains-imagenet-1-hour: "reduced the training time of a ResNet-50
+# deep learning model on ImageNet from 29 hours to one").
+GOYAL_SERVERS = 32
+GOYAL_GPUS_PER_SERVER = 8
+GOYAL_BATCH_PER_GPU = 32
+GOYAL_BASELINE_HOURS = 29.0
+GOYAL_NIC = Link(50 / 8, 20.0, "50 Gb/s Ethernet per Big Basin server (Goyal et al., section 5); latency: the "
+                               "ethernet_10g preset's 20 us (not in the source; a few ms of a 0.26 s iteration)")

@@ -48,13 +48,10 @@ from harness.results.summary import summarize
 from harness.scenario.loader import scenario_from_dict
 from harness.sim.calibration import CalibrationEntry, ComputePoint, EvalPoint
 from harness.sim.runs import DEFAULT_NETWORK, TrainedRun, predict
+from harness.validation import sgp_stack
 from harness.validation.simulated import FREE_NETWORK, simulate_one, simulate_series
 from harness.validation.systems import (
     ARIES,
-    PCIE3_X16_GBPS,
-    SGP_PAPER_COMPUTE_MS,
-    SGP_PAPER_GPUS_PER_NODE,
-    SGP_PAPER_NODE_BATCH,
     SGP_NETWORKS,
     SGP_PAPER_SERIES,
     WAGMA_REPO_BATCH,
@@ -191,23 +188,19 @@ def sgp_scaling(quick: bool, nodes: Sequence[int] | None = None, iterations: int
 
 
 def sgp_paper_rows(nodes: Sequence[int], iterations: int) -> list[dict]:
-    """The SGP paper's runs as they ran (``setup: paper``): every rank a node agent of 8 V100s
-    (``workload.node``) computing 256 images in :data:`SGP_PAPER_COMPUTE_MS` (+- 10%), one NIC
-    per node (``ranks_per_node: 1`` of the preset), and per series (:data:`SGP_PAPER_SERIES`)
-    the allreduce algorithm of its stack and the staging of the model through PCIe at
-    :data:`PCIE3_X16_GBPS` when it communicated from the CPU (``workload.staging``). Every
-    constant's source is at its definition."""
+    """The SGP paper's runs as they ran (``setup: paper``, ``harness.validation.sgp_stack``):
+    every rank a node agent of 8 V100s, one NIC per node, per series (:data:`SGP_PAPER_SERIES`)
+    the allreduce algorithm of its stack and the staging of the model through PCIe when it
+    communicated from the host; the local work per iteration is the stack's, fitted on SGP's
+    published times (``sgp_stack.stack_fit``: forward and backward, DataParallel, the data
+    loader), +- 10%. Every constant's source is at its definition."""
+    local_ms = 1e3 * sgp_stack.stack_fit().local_s
     rows = []
     for network_name, runs in SGP_PAPER_SERIES.items():
-        topology = {"preset": SGP_NETWORKS[network_name], "ranks_per_node": 1}
         for n in nodes:
-            for key, algorithm, allreduce, staged in runs:
-                workload = {"node": {"gpus": SGP_PAPER_GPUS_PER_NODE}}
-                if staged:
-                    workload["staging"] = {"bandwidth_gbps": PCIE3_X16_GBPS}
-                row = simulate_one("sgp_paper", n, algorithm, iterations, SGP_PAPER_NODE_BATCH, SGP_PAPER_COMPUTE_MS, [],
-                                FREE_NETWORK, topology, workload=workload, network_fields={"allreduce": allreduce})
-                rows.append({"setup": "paper", "algorithm": key, "network": network_name, "nodes": n, "ranks": n,
+            for run in runs:
+                row = sgp_stack.simulate_run(network_name, run, n, iterations, local_ms, jitter=0.1)
+                rows.append({"setup": "paper", "algorithm": run[0], "network": network_name, "nodes": n, "ranks": n,
                              "iterations": iterations, "iter_time_s": row["wall_s"] / iterations,
                              "samples_per_s": row["samples_per_s"]})
     return rows

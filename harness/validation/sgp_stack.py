@@ -49,23 +49,27 @@ class StackFit:
     eval_s: float
 
 
-def iteration_s_of(series: str, nodes: int, local_ms: float, network: str = NETWORK) -> float:
-    """Simulated time per iteration of a ``systems.SGP_PAPER_SERIES`` series on ``nodes`` nodes
-    with ``local_ms`` of local work per iteration (no jitter: the fit needs the means)."""
-    (entry,) = [run for run in systems.SGP_PAPER_SERIES[network] if run[0] == series]
-    return _iteration_s(series, nodes, round(local_ms, 6), network, entry[1], entry[2], entry[3])
-
-
-@cache
-def _iteration_s(series: str, nodes: int, local_ms: float, network: str, algorithm: str, allreduce: str,
-                 staged: bool) -> float:
+def simulate_run(network: str, run: tuple, nodes: int, iterations: int, local_ms: float, jitter: float = 0.0) -> dict:
+    """The summary row of one ``systems.SGP_PAPER_SERIES[network]`` run ``(series, algorithm,
+    allreduce, staged)`` on ``nodes`` nodes with ``local_ms`` of local work per iteration: one
+    node agent of 8 V100s per rank (``workload.node``), one NIC per node, the model staged through
+    PCIe when the stack communicated from the host (``workload.staging``)."""
+    _, algorithm, allreduce, staged = run
     workload = {"node": {"gpus": systems.SGP_PAPER_GPUS_PER_NODE}}
     if staged:
         workload["staging"] = {"bandwidth_gbps": systems.PCIE3_X16_GBPS}
     topology = {"preset": systems.SGP_NETWORKS[network], "ranks_per_node": 1}
-    row = simulate_one("sgp_paper", nodes, algorithm, SIM_ITERATIONS, systems.SGP_PAPER_NODE_BATCH, local_ms, [],
-                       FREE_NETWORK, topology, workload=workload, network_fields={"allreduce": allreduce}, jitter=0.0)
-    return iteration_s(row)
+    return simulate_one("sgp_paper", nodes, algorithm, iterations, systems.SGP_PAPER_NODE_BATCH, local_ms, [],
+                        FREE_NETWORK, topology, workload=workload, network_fields={"allreduce": allreduce},
+                        jitter=jitter)
+
+
+@cache
+def iteration_s_of(series: str, nodes: int, local_ms: float, network: str = NETWORK) -> float:
+    """Simulated time per iteration of a series on ``nodes`` nodes with ``local_ms`` of local
+    work per iteration (no jitter: the fit needs the means)."""
+    (run,) = [run for run in systems.SGP_PAPER_SERIES[network] if run[0] == series]
+    return iteration_s(simulate_run(network, run, nodes, SIM_ITERATIONS, local_ms))
 
 
 def comm_s(series: str, nodes: int) -> float:

@@ -5,7 +5,7 @@ Inputs: ``sgp_scaling`` (the simulated sweep's CSV, ``experiments.sgp_scaling``)
 ``slow_link`` (a real run directory of ``scenarios/slow_link.yaml``).
 
 - Panels 0 and 1 (``setup == "paper"``): the paper's cluster as it ran, simulated: one rank per
-  node of 8 V100s, each series with its stack (``experiments.SGP_PAPER_SERIES``: THD's
+  node of 8 V100s, each series with its stack (``harness.validation.systems.SGP_PAPER_SERIES``: THD's
   recursive-doubling allreduce over TCP from the host on 10 GbE; Gloo's bandwidth-optimal
   allreduce and MPI gossip from the GPU on InfiniBand); AR-SGD, D-PSGD and SGP on "10 GbE",
   AR-SGD and SGP on "100 Gb InfiniBand" (shared y range). The titles give the paper's targets

@@ -89,3 +89,12 @@ def test_an_unknown_case_is_refused_with_the_known_ones(tmp_path):
     assert "unknown case(s) nope" in proc.stderr and "nccl_h200_4node_ring" in proc.stderr
     proc = harness_cli("bench", "validation", "--json", str(tmp_path / "missing" / "v.json"))
     assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+def test_the_sgp_stack_fit_reproduces_the_two_numbers_it_is_fitted_on():
+    fit = sgp_stack.stack_fit()
+    assert 0.1 < fit.local_s < 1.0 and 0 < fit.eval_s < 60
+    hours32 = sgp_stack.training_hours("sgp", 32)
+    assert hours32 == pytest.approx(sgp_stack.SGP_32_HOURS, rel=1e-6)
+    efficiency = sgp_stack.training_hours("sgp", 4) / (8 * hours32)
+    assert efficiency == pytest.approx(sgp_stack.SGP_EFFICIENCY, rel=1e-6)

@@ -37,10 +37,11 @@ def test_every_only_option_takes_a_comma_list() -> None:
     commands = {path: _option(p, "--only") for path, p in _parsers(build_parser())}
     commands = {" ".join(path): action for path, action in commands.items() if action is not None}
     assert set(commands) == {"run", "launch", "validate", "sbatch", "simulate", "figures", "bench faults",
-                             "bench agreement", "bench simulator", "bench training"}
-    picks = {"bench agreement": ("small_run", "nic_messages"), "bench simulator": ("wagma_g3_p6", "slow_link")}
+                             "bench agreement", "bench simulator", "bench training", "bench validation"}
+    picks = {"bench agreement": ("small_run", "nic_messages"), "bench simulator": ("wagma_g3_p6", "slow_link"),
+             "bench validation": ("nccl_h200_4node_ring", "goyal_256_hours")}
     for name, action in commands.items():
-        # bench agreement's --only picks its cases, bench simulator's its shapes; every other one algorithms.
+        # bench agreement's and bench validation's --only pick cases, bench simulator's shapes; the rest algorithms.
         a, b = picks.get(name, ("sgp", "wagma"))
         assert action.nargs is None, f"{name} --only must be one comma-separated argument"
         assert action.type(f"{a},{b}") == [a, b], name

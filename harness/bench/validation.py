@@ -28,22 +28,22 @@ import sys
 import textwrap
 from pathlib import Path
 
-from harness.arguments import split_list
+from harness.arguments import argtype, split_list
 from harness.validation.model import BARS, Outcome, median_abs_error
 
 
 def _case_names(text: str) -> list[str]:
     from harness.validation.cases import CASES
 
-    names = list(dict.fromkeys(split_list(text, "case", "sgp_10gbe_sgp_hours")))
+    names = list(dict.fromkeys(split_list(text, "case", "nccl_h200_4node_ring")))
     unknown = [n for n in names if n not in CASES]
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown case(s) {', '.join(unknown)} (known: {', '.join(CASES)})")
+        raise ValueError(f"unknown case(s) {', '.join(unknown)} (known: {', '.join(CASES)})")
     return names
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--only", type=_case_names, default=None, metavar="NAMES",
+    parser.add_argument("--only", type=argtype(_case_names), default=None, metavar="NAMES",
                         help="comma-separated case names (default: all)")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write one object per case here")
     parser.add_argument("--verbose", action="store_true", help="print every case's setup, constants and source")

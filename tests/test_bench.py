@@ -199,7 +199,9 @@ def test_simulator_benchmark_runs_every_registered_algorithm() -> None:
                        timeout=180)
     assert proc.returncode == 0, proc.stderr
     table = proc.stdout.split("simulated s", 1)[1]
-    for name in registry.names():
+    # The built-in ones: a test that loaded a scenario with a user's class in this worker has
+    # registered that class here too, and the benchmark's own process does not know it.
+    for name in (r.name for r in registry.BUILT_IN if r.variant_of is None):
         assert f"\n{name} " in table, name
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.bench.agreement import CaseFailed, run_command
+from harness.bench.real_runs import CaseFailed, run_command
 from harness.bench.faults import processes_mentioning  # noqa: F401  (the tests import it from here)
 from harness.launch import run_ranks
 from harness.sim.calibration import save_fixed_calibration

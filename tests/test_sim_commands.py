@@ -11,7 +11,8 @@ import sys
 import pandas as pd
 import pytest
 
-from harness.bench.agreement import SMALL_COMPUTE, SMALL_SCENARIO, run_and_compare
+from harness.bench.agreement import SMALL_COMPUTE, SMALL_SCENARIO
+from harness.bench.real_runs import run_and_compare
 from harness.results.columns import STEP_COLUMNS, SUMMARY_COLUMNS
 from harness.scenario.loader import scenario_from_dict
 from harness.sim.calibration import (

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from conftest import assert_check, check_names, report_cache, save_test_calibration
-from harness.bench.agreement import NIC_RUN_COMPUTE, NIC_RUN_LEAST_S, NIC_RUN_SCENARIO, run_and_compare
+from harness.bench.agreement import NIC_RUN_COMPUTE, NIC_RUN_LEAST_S, NIC_RUN_SCENARIO
+from harness.bench.real_runs import run_and_compare
 from harness.scenario import scenario_from_dict
 from harness.scenario.network import Link, NodeTopology, node_topology
 from harness.schedules import RING_THRESHOLD_BYTES

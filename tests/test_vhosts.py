@@ -45,7 +45,8 @@ import pytest
 import yaml
 
 from conftest import kill_rank_mid_run
-from harness.bench.agreement import SHAPED_LEAST_S, SHAPED_MBIT, CaseFailed, kernel_shaping_times, run_command, vhost_scenario
+from harness.bench.real_runs import CaseFailed, run_command
+from harness.bench.vhost_shaping import SHAPED_LEAST_S, SHAPED_MBIT, kernel_shaping_times, vhost_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 BED = Path(__file__).resolve().parent / "vhosts"
@@ -158,7 +159,7 @@ def host_file(tmp_path: Path, slots: dict[str, int]) -> Path:
 
 
 def scenario(tmp_path: Path, ranks: int, name: str = "vhosts", iterations: int = 30, **extra) -> Path:
-    """A small scenario (``harness.bench.agreement.vhost_scenario``): emulated compute (5 ms), a
+    """A small scenario (``harness.bench.vhost_shaping.vhost_scenario``): emulated compute (5 ms), a
     100,000-parameter model (400 kB messages)."""
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(vhost_scenario(ranks, name=name, iterations=iterations, **extra), sort_keys=False))

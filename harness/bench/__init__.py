@@ -8,5 +8,8 @@ the launching parent (``harness.commands.bench``) never loads mpi4py.
 - ``stress``: wait-avoiding allreduce (WAGMA, eager-SGD) and push-sum under random delays,
   every round checked exactly against the rule.
 - ``agreement``: the simulator against real runs, case by case (real and simulated times, the
-  error, medians over repeats); the worker of its ``nic_messages`` case runs under ``mpiexec``.
+  error, medians over repeats); its real runs through ``real_runs``, its ``nic_messages``
+  worker (``nic_exchange``) under ``mpiexec``, its ``kernel_shaping`` case on the virtual-host
+  test bed (``vhost_shaping``).
+- ``validation``: the simulator against published measurements (``harness.validation``).
 """

@@ -58,15 +58,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,10 +72,11 @@ from typing import Any
 import yaml
 
 from harness.arguments import argtype, int_at_least, split_list
+from harness.bench.nic_exchange import NIC_RANKS, NicExchange, nic_comparisons
+from harness.bench.real_runs import REPO, RUN_TIMEOUT_S, CaseFailed, CaseSkipped, run_and_compare
+from harness.bench.vhost_shaping import kernel_shaping_times, vhost_bed_missing
 
-REPO = Path(__file__).resolve().parents[2]
 DEFAULT_REPEATS = 3
-RUN_TIMEOUT_S = 600
 
 # -- the scenarios (tests/test_sim_commands.py, tests/test_topology.py) --------------------------
 
@@ -146,80 +145,6 @@ def cpu_steal() -> tuple[int, int]:
     return fields[7] if len(fields) > 7 else 0, sum(fields[:8])
 
 
-class CaseFailed(Exception):
-    """A command of a case failed; the message says which and what it printed."""
-
-
-class CaseSkipped(Exception):
-    """A case cannot run here; the message says why."""
-
-
-def run_command(cmd: Sequence[str], timeout: float = RUN_TIMEOUT_S, cwd: Path | None = None,
-                env: dict | None = None) -> subprocess.CompletedProcess:
-    """``cmd`` with its output captured; on timeout it is interrupted like Ctrl+C (a launcher
-    then stops its ranks instead of orphaning them) and CaseFailed is raised."""
-    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
-                            env=dict(os.environ if env is None else env, PYTHONUNBUFFERED="1"))
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
-        raise CaseFailed(f"{' '.join(map(str, cmd))} did not finish in {timeout} s\n{err[-3000:]}") from None
-    return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
-
-
-def harness_here(*args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
-    """``python -m harness ARGS`` on this host."""
-    return run_command([sys.executable, "-m", "harness", *map(str, args)], timeout=timeout)
-
-
-def _succeeded(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    if proc.returncode != 0:
-        raise CaseFailed(f"{' '.join(map(str, proc.args[-6:]))} exited {proc.returncode}\n{proc.stderr[-3000:]}")
-    return proc
-
-
-@dataclass
-class Compared:
-    """A real run and its ``compare``: the run directory, ``compare.csv`` and what compare printed."""
-
-    run: Path
-    table: Any  # pandas.DataFrame, columns harness.sim.compare.COMPARE_COLUMNS
-    output: str
-
-
-def _run_dirs(root: Path) -> set[Path]:
-    return {p for p in root.iterdir() if p.is_dir()} if root.is_dir() else set()
-
-
-def run_and_compare(scenario: dict | Path, out: Path, calibration: Path, mode: str = "both",
-                    harness: Callable[..., subprocess.CompletedProcess] = harness_here) -> Compared:
-    """Run ``scenario`` (a scenario dict, written to ``out``, or a scenario file) for real with
-    ``python -m harness run`` into ``out``, then ``python -m harness compare`` it with
-    ``calibration`` in ``mode`` (trace, predictive or both), each through ``harness``."""
-    import pandas as pd
-
-    out.mkdir(parents=True, exist_ok=True)
-    if isinstance(scenario, dict):
-        path = out / f"{scenario['name']}.yaml"
-        path.write_text(yaml.safe_dump(scenario, sort_keys=False))
-        name = scenario["name"]
-    else:
-        path = scenario
-        name = yaml.safe_load(path.read_text())["name"]
-    before = _run_dirs(out / "runs" / name)
-    _succeeded(harness("run", str(path), "--out", str(out / "runs")))
-    runs = sorted(_run_dirs(out / "runs" / name) - before)
-    if len(runs) != 1:
-        raise CaseFailed(f"expected one new run directory in {out / 'runs' / name}, found {runs}")
-    proc = harness("compare", str(runs[0]), "--calibration", str(calibration), "--mode", mode)
-    if proc.returncode == 2:  # the calibration lacks what the run needs: the message says what to do
-        raise CaseSkipped(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "compare exited 2")
-    _succeeded(proc)
-    return Compared(runs[0], pd.read_csv(runs[0] / "compare.csv"), proc.stdout + proc.stderr)
-
-
 # -- what a case measures -----------------------------------------------------------------------
 
 
@@ -271,140 +196,13 @@ def _nic_run(out: Path, args: argparse.Namespace) -> list[Item]:
     return compared_items(run_and_compare(NIC_RUN_SCENARIO, out, cal).table)
 
 
-# -- messages through shared NICs, under mpiexec (tests/mpi/topology_checks.py) ------------------
-
-NIC_RANKS = 8
-NIC_GBPS = 1.0
-NIC_FLOATS = 256 * 1024  # 1 MiB
-NIC_GAP_S = 3e-3  # between the posts of one node's ranks
-
-
-def nic_topology(node_of: Sequence[int], nic_gbps: float | None = None):
-    """Nodes ``node_of`` whose NICs (if ``nic_gbps``) are the only emulated resource."""
-    from harness.scenario.network import NodeTopology
-
-    nic = None if nic_gbps is None else nic_gbps * 1e9 / 8
-    return NodeTopology(tuple(node_of), 0.0, None, 0.0, nic, None)
-
-
-@dataclass
-class NicExchange:
-    """Every rank's exchange with its partner on the other node, as (start, end) on the shared
-    CLOCK_MONOTONIC: ``spans`` through the NICs, ``control`` the same exchanges posted the same
-    way without any emulated resource (what MPI and the machine add by themselves)."""
-
-    spans: list[tuple[float, float]]
-    control: list[tuple[float, float]]
-    received_right: list[bool] = field(default_factory=list)
-
-    @property
-    def ranks(self) -> int:
-        return len(self.spans)
-
-
-def exchange_through_nics(world: Any, nic_gbps: float = NIC_GBPS, count: int = NIC_FLOATS,
-                          gap_s: float = NIC_GAP_S) -> NicExchange:
-    """On every rank of ``world`` (mpi4py; an even size >= 4, all on one host): the two halves of
-    the ranks are two nodes; rank r of node 0 and its partner r + P/2 exchange ``count`` floats,
-    the k-th rank of a node posting ``k * gap_s`` after the first. Every rank gets every span."""
-    import numpy as np
-
-    from harness.comm import Communicator
-
-    size, rank = world.Get_size(), world.Get_rank()
-    half = size // 2
-    node_of = [r // half for r in range(size)]
-    send = np.full(count, rank, dtype=np.float32)
-    peer = (rank + half) % size
-    gathered, right = {}, True
-    for label, topology in (("control", None), ("nics", nic_topology(node_of, nic_gbps))):
-        recv = np.zeros(count, dtype=np.float32)
-        comm = Communicator(world)
-        try:
-            if topology is not None:
-                comm.set_topology(topology)
-            world.Barrier()
-            t0 = world.bcast(time.monotonic() + 0.05, root=0)  # the ranks share CLOCK_MONOTONIC
-            time.sleep(max(0.0, t0 + (rank % half) * gap_s - time.monotonic()))
-            comm.drain_records()
-            comm.exchange(send, recv, peer)
-            (record,) = [r for r in comm.drain_records() if r.op == "exchange"]
-        finally:
-            comm.close()
-        right = right and bool(recv[0] == peer and recv[-1] == peer)
-        gathered[label] = world.allgather((record.start_s, record.end_s))
-    return NicExchange(gathered["nics"], gathered["control"], world.allgather(right))
-
-
-def simulated_exchange_ends(posts: Sequence[float], base: Any = None, nic_gbps: float = NIC_GBPS,
-                            count: int = NIC_FLOATS) -> list[float]:
-    """When the simulator's network says each rank's exchange of :func:`exchange_through_nics`
-    ends: the same messages, posted at ``posts``, in that order, through the same NICs, each
-    then paying ``base`` (a ``NetworkModel``: what MPI and the machine add to a message once the
-    emulated NIC releases it; None: nothing)."""
-    from harness.sim.calibration import NetworkModel
-    from harness.sim.network import SimNetwork
-
-    size = len(posts)
-    half = size // 2
-    node_of = [r // half for r in range(size)]
-    base = base or NetworkModel(latency_s=0.0, bandwidth_bytes_per_s=1e15)
-    net = SimNetwork(size, base, topology=nic_topology(node_of, nic_gbps))
-    release, arrival = {}, {}
-    for r in sorted(range(size), key=lambda r: posts[r]):
-        release[r], arrival[(r + half) % size] = net.message(r, (r + half) % size, count * 4, posts[r])
-    return [max(release[r], arrival[r]) for r in range(size)]
-
-
-def nic_items(exchange: NicExchange) -> list[Item]:
-    """Each rank's exchange against the simulator, in two modes:
-
-    - ``trace``: posted when it was, each message paying after its release what an exchange of
-      the same size cost the same ranks just before without the NICs (the median of the control
-      exchanges: MPI's own copy of 1 MiB on shared cores and the progress threads' wake-ups);
-    - ``predictive``: posted when the worker meant to post it (``k * NIC_GAP_S`` after the first
-      rank of its node), each paying the fixed calibration's message cost
-      (``save_fixed_calibration``: 0.3 ms + bytes at 1 GB/s), nothing taken from the run.
-    """
-    from harness.sim.calibration import FIXED_NETWORK, NetworkModel
-
-    control = statistics.median(end - start for start, end in exchange.control)
-    half = exchange.ranks // 2
-    first = min(start for start, _ in exchange.spans)
-    planned = [first + (r % half) * NIC_GAP_S for r in range(exchange.ranks)]
-    modes = (("trace", [s for s, _ in exchange.spans], NetworkModel(latency_s=control, bandwidth_bytes_per_s=1e15)),
-             ("predictive", planned, FIXED_NETWORK))
-    items = []
-    for mode, posts, base in modes:
-        predicted = simulated_exchange_ends(posts, base)
-        items += [Item(f"rank {r} exchange ({mode})", end - start, predicted[r] - start, mode)
-                  for r, (start, end) in enumerate(exchange.spans)]
-    return items
-
-
-def _nic_worker(out_path: str) -> int:
-    """Under mpiexec: one :func:`exchange_through_nics`; rank 0 writes it as JSON."""
-    try:
-        from mpi4py import MPI
-
-        exchange = exchange_through_nics(MPI.COMM_WORLD)
-        if MPI.COMM_WORLD.Get_rank() == 0:
-            Path(out_path).write_text(json.dumps({"spans": exchange.spans, "control": exchange.control,
-                                                  "received_right": exchange.received_right}))
-        return 0
-    except BaseException:  # abort the whole job: no rank waits for a dead one
-        from harness.launch import abort_job_after_error
-
-        return abort_job_after_error()
-
-
 def _nic_messages(out: Path, args: argparse.Namespace) -> list[Item]:
     from harness.launch import run_ranks
 
     out.mkdir(parents=True, exist_ok=True)
     report = out / "nic_messages.json"
     try:
-        proc = run_ranks(NIC_RANKS, [sys.executable, "-m", "harness.bench.agreement", "nic-worker", str(report)],
+        proc = run_ranks(NIC_RANKS, [sys.executable, "-m", "harness.bench.nic_exchange", str(report)],
                          timeout=RUN_TIMEOUT_S, capture=True)
     except subprocess.TimeoutExpired:
         raise CaseFailed(f"the exchange on {NIC_RANKS} ranks did not finish in {RUN_TIMEOUT_S} s") from None
@@ -415,128 +213,7 @@ def _nic_messages(out: Path, args: argparse.Namespace) -> list[Item]:
                            data["received_right"])
     if not all(exchange.received_right):
         raise CaseFailed(f"wrong data received: {exchange.received_right}")
-    return nic_items(exchange)
-
-
-# -- the kernel's shaping of a link on the virtual-host test bed (tests/test_vhosts.py) -----------
-
-VHOSTS = REPO / "tests" / "vhosts"
-SHAPED_MBIT = 100  # one virtual host's link, both ways: 400 kB messages take 32 ms each way
-#: The least time per iteration at SHAPED_MBIT: one 400 kB message each way (the ranks' exchange).
-SHAPED_LEAST_S = 100_000 * 4 * 8 / (SHAPED_MBIT * 1e6)
-
-
-def vhost_scenario(ranks: int, name: str = "vhosts", iterations: int = 30, **extra: Any) -> dict:
-    """The test bed's small scenario: emulated compute (5 ms), a 100,000-parameter model (400 kB
-    messages), Allreduce-SGD; ``extra`` top-level fields added."""
-    return {
-        "name": name,
-        "ranks": ranks,
-        "seed": 1,
-        "workload": {"model": "logreg", "dataset": "synthetic", "batch_size": 8, "iterations": iterations,
-                     "eval_every": iterations, "compute": {"emulate_ms": 5}, "params": 100_000},
-        "algorithms": ["allreduce_sgd"],
-        "results": {"comm_calls": False},
-        **extra,
-    }
-
-
-def vhost_bed_missing() -> str | None:
-    """Why the virtual-host test bed cannot be used now (None: it runs, and we are root)."""
-    if sys.platform != "linux":
-        return f"the virtual hosts need Linux namespaces (this is {sys.platform})"
-    if os.geteuid() != 0:
-        return "the virtual hosts need root (network namespaces, tc)"
-    if not (VHOSTS / "vhost_exec.sh").is_file():
-        return f"no virtual-host test bed in this installation ({VHOSTS} is missing)"
-    try:
-        namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"cannot list network namespaces: {exc}"
-    if "harness-vh1" not in namespaces or "harness-vh2" not in namespaces:
-        return "the virtual-host test bed is not running (start it as root: bash tests/vhosts/start_vhosts.sh)"
-    return None
-
-
-def harness_on_vh1(*args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
-    """``python -m harness ARGS`` on virtual host vh1, in the repository."""
-    return run_command(["bash", str(VHOSTS / "vhost_exec.sh"), "vh1", sys.executable, "-m", "harness",
-                        *map(str, args)], timeout=timeout, cwd=REPO)
-
-
-def shape_link(rate_mbit: int | None) -> None:
-    """tbf on vh2's link, both directions (its eth0, and the switch port towards it); None: off.
-    The bucket holds 16 kB, little more than the 12.5 kB one timer tick sends at 100 Mb/s: a
-    bucket that fills up while the ranks compute lets the next message's first bytes through at
-    the full speed of the veth pair (64 kB took 5 ms off every 35 ms iteration), which no link
-    of the emulator or the simulator does."""
-    for ns, dev in (("harness-vh2", "eth0"), ("harness-vswitch", "vh2-port")):
-        subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], capture_output=True)
-        if rate_mbit is not None:
-            subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{rate_mbit}mbit",
-                            "burst", "16kb", "latency", "200ms"], check=True, capture_output=True)
-
-
-@dataclass
-class ShapingTimes:
-    """Median time per iteration (s) of one 2-host run with vh2's link shaped by the kernel, of
-    the same run with the link emulated by the native layer, and of compare's trace-driven
-    simulation of the emulated run; the calibration (of the two hosts) and compare's output."""
-
-    kernel_s: float
-    native_s: float
-    simulated_s: float
-    calibration: Path
-    compare_output: str
-
-
-def _iteration_s(run: Path) -> float:
-    import csv
-
-    with open(run / "summary.csv", newline="") as f:
-        return float(next(csv.DictReader(f))["iter_time_median_s"])
-
-
-def kernel_shaping_times(out: Path, harness: Callable[..., subprocess.CompletedProcess] = harness_on_vh1,
-                         iterations: int = 40) -> ShapingTimes:
-    """Calibrate vh1 and vh2 (``calibrate --hosts --quick``), run 2 ranks on them with vh2's link
-    shaped by the kernel (``tbf``, :data:`SHAPED_MBIT`) and again emulated by the native layer,
-    and compare the emulated run (trace-driven); every command through ``harness`` on vh1."""
-    out.mkdir(parents=True, exist_ok=True)
-    if any((out / d).exists() for d in ("shaped", "emulated")):
-        raise CaseFailed(f"{out} holds the runs of an earlier measurement: give an empty directory")
-    hosts = out / "hosts"
-    hosts.write_text("vh1:1\nvh2:1\n")
-
-    def scenario_file(name: str, **extra: Any) -> Path:
-        path = out / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(vhost_scenario(2, name=name, iterations=iterations, **extra), sort_keys=False))
-        return path
-
-    def only_run(root: Path, name: str) -> Path:
-        runs = sorted(_run_dirs(root / name))
-        if len(runs) != 1:
-            raise CaseFailed(f"expected one run directory in {root / name}, found {runs}")
-        return runs[0]
-
-    calibration = out / "calibration.json"
-    _succeeded(harness("calibrate", "--hosts", str(hosts), "--ranks", "2", "--quick", "--output", str(calibration),
-                       "--scenario", str(scenario_file("vhcal"))))
-    shape_link(SHAPED_MBIT)
-    try:
-        _succeeded(harness("run", str(scenario_file("vhshaped")), "--hosts", str(hosts), "--out", str(out / "shaped")))
-    finally:
-        shape_link(None)
-    emulated = scenario_file("vhemulated", network={"links": [{"rank": 1, "bandwidth_gbps": SHAPED_MBIT / 1000}]})
-    _succeeded(harness("run", str(emulated), "--hosts", str(hosts), "--out", str(out / "emulated")))
-    emulated_run = only_run(out / "emulated", "vhemulated")
-    proc = _succeeded(harness("compare", str(emulated_run), "--calibration", str(calibration), "--mode", "trace"))
-    import pandas as pd
-
-    table = pd.read_csv(emulated_run / "compare.csv")
-    simulated = float(table[table["mode"] == "trace"]["predicted_iter_s"].iloc[0])
-    return ShapingTimes(_iteration_s(only_run(out / "shaped", "vhshaped")), _iteration_s(emulated_run), simulated,
-                        calibration, proc.stdout + proc.stderr)
+    return [Item(*compared) for compared in nic_comparisons(exchange)]
 
 
 def _kernel_shaping(out: Path, args: argparse.Namespace) -> list[Item]:
@@ -741,10 +418,3 @@ def run(args: argparse.Namespace) -> int:
         if args.out is None:
             shutil.rmtree(out, ignore_errors=True)
     return 1 if any(r.failed for r in results) else 0
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "nic-worker":  # under mpiexec, started by _nic_messages
-        sys.exit(_nic_worker(sys.argv[2]))
-    print("usage: python -m harness bench agreement [--only CASES] [--repeats N] [--json FILE]", file=sys.stderr)
-    sys.exit(2)

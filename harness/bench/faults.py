@@ -43,7 +43,7 @@ from pathlib import Path
 import yaml
 
 from harness.arguments import argtype, int_at_least, name_list
-from harness.bench.agreement import CaseFailed, run_command
+from harness.bench.real_runs import CaseFailed, run_command
 from harness.calibrate.measure import parse_ranks
 
 KINDS = ("kill", "hang")

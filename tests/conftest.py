@@ -23,6 +23,23 @@ from harness.sim.calibration import save_fixed_calibration
 MPI_DIR = Path(__file__).parent / "mpi"
 
 
+# -- algorithm registrations stay in their test file ---------------------------------------------
+# Loading a scenario that names a class of the user's (or a variant) registers it process-wide
+# (harness.algorithms.user_class), and xdist runs many test files in one worker: a registration
+# one file leaves behind shows up in another's list of names. Each file starts from the registry
+# the previous one found.
+
+@pytest.fixture(autouse=True, scope="module")
+def _registrations_stay_in_their_file():
+    from harness.algorithms import registry
+
+    before = set(registry.names()) | set(registry.variants())
+    yield
+    for name in [*registry.variants(), *registry.names()]:
+        if name not in before:
+            registry.unregister(name)
+
+
 # -- timing tests run alone ----------------------------------------------------------------------
 # Under pytest-xdist two test files run at once (pyproject: -n 2), which halves the suite's time
 # on two cores; but a test marked `timing` compares times it measured side by side (a ratio

@@ -3,7 +3,13 @@
 Each command lives in its own module under ``harness/commands/`` and exposes
 ``register(subparsers)``, which adds its parser and sets ``func`` to a callable taking the
 parsed arguments and returning an exit status. Commands import their heavy dependencies
-(torch, mpi4py) lazily, so ``validate`` and ``--help`` stay fast.
+(torch, mpi4py, matplotlib) lazily, so ``validate`` and ``--help`` stay fast.
+
+Commands from outside the library are found through the ``harness.commands`` entry point group
+(:data:`PLUGIN_GROUP`): each entry names a module of the same shape (``figures`` is
+``paper_figs.command``, declared in ``pyproject.toml``), so a package adds a command without
+the library importing it. ``KEY=VALUE`` overrides may come anywhere on a command's line
+(``harness.commands.overrides``).
 
 A command reports bad input by raising a :class:`~harness.config.HarnessError` (a scenario
 file that does not load, a calibration file that lacks what is needed, a launcher that cannot
@@ -16,11 +22,19 @@ import argparse
 import importlib
 import os
 import sys
+from importlib.metadata import entry_points
+from types import ModuleType
 
+from harness.commands.overrides import parse_command_line
 from harness.config import HarnessError
 
-COMMANDS = ("run", "launch", "validate", "sbatch", "bench", "calibrate", "simulate", "compare", "report", "figures",
-            "schema", "chakra")
+COMMANDS = ("run", "launch", "validate", "sbatch", "bench", "calibrate", "simulate", "compare", "report", "schema",
+            "chakra")
+"""The library's own commands, modules of ``harness.commands``, in the order ``--help`` lists them."""
+
+PLUGIN_GROUP = "harness.commands"
+"""The entry point group of commands from other packages: ``NAME = "package.module"``, the
+module with ``register(subparsers)`` adding the command ``NAME`` (listed after the library's)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,11 +47,22 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMANDS:
-        module = importlib.import_module(f"harness.commands.{name}")
+    for name, module in command_modules():
         module.register(sub)
+        if name not in sub.choices:
+            raise HarnessError(f"command {name}: {module.__name__}.register added no command named {name}")
         add_examples(sub.choices[name], f"python -m harness {name}", docstring_examples(module.__doc__ or ""))
     return parser
+
+
+def command_modules() -> list[tuple[str, ModuleType]]:
+    """(name, module) of every command: the library's (:data:`COMMANDS`), then those other
+    installed packages declare in the :data:`PLUGIN_GROUP` entry point group, by name."""
+    modules = [(name, importlib.import_module(f"harness.commands.{name}")) for name in COMMANDS]
+    for entry in sorted(entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
+        if entry.name not in COMMANDS:  # a plugin does not replace a command of the library
+            modules.append((entry.name, entry.load()))
+    return modules
 
 
 def docstring_examples(doc: str) -> list[str]:
@@ -74,7 +99,7 @@ def add_examples(parser: argparse.ArgumentParser, prog: str, examples: list[str]
 def main(argv: list[str] | None = None) -> int:
     """Run the command ``argv`` names; its exit status. A user error (:class:`HarnessError`)
     from any command is printed without a traceback and exits 2."""
-    args = build_parser().parse_args(argv)
+    args = parse_command_line(build_parser(), argv)
     try:
         return int(args.func(args) or 0)
     except HarnessError as exc:  # a bad file or option, a machine that cannot do what was asked

@@ -55,12 +55,13 @@ def _section(prog: str, parser: argparse.ArgumentParser) -> list[str]:
 
 
 def _row(action: argparse.Action) -> str:
+    metavar = " ".join(action.metavar) if isinstance(action.metavar, tuple) else action.metavar
     if action.option_strings:
         name = ", ".join(action.option_strings)
         if action.nargs != 0:
-            name += f" {action.metavar or action.dest.upper()}"
+            name += f" {metavar or action.dest.upper()}"
     else:
-        name = action.metavar or action.dest
+        name = metavar or action.dest
         if action.nargs in ("*", "?"):
             name = f"[{name}]" + ("..." if action.nargs == "*" else "")
     default = "" if action.default in (None, argparse.SUPPRESS, False) or action.nargs == 0 else f"`{action.default}`"

@@ -16,10 +16,15 @@ tested without a GPU (a staged run must give bit-identical models).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 DEVICES = ("cpu", "cuda")
 STAGE_ON_CPU_VAR = "HARNESS_STAGE_ON_CPU"
@@ -29,7 +34,7 @@ def unavailable_reason(device: str) -> str | None:
     """Why this machine cannot train on ``device`` (None: it can). Imports torch only for cuda."""
     if device == "cpu":
         return None
-    import torch
+    import torch  # noqa: PLC0415  (lazy: only cuda needs torch; validate and run check without loading it)
 
     if not torch.cuda.is_available():
         build = f"a CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU-only build"
@@ -48,7 +53,7 @@ def scenario_device_problem(scenario) -> str | None:
 
 def torch_device(device: str, local_rank: int):
     """The torch device of a rank: the CPU, or the GPU of its local rank."""
-    import torch
+    import torch  # noqa: PLC0415  (lazy: this module is imported where torch is not loaded)
 
     if device == "cpu":
         return torch.device("cpu")
@@ -60,8 +65,6 @@ def torch_device(device: str, local_rank: int):
 
 def dataset_on(dataset, device):
     """``dataset`` with its tensors on ``device`` (the same object on the CPU)."""
-    import dataclasses
-
     if device.type == "cpu":
         return dataset
     fields = ("train_x", "train_y", "test_x", "test_y")
@@ -70,7 +73,7 @@ def dataset_on(dataset, device):
 
 def local_rank(world) -> int:
     """This rank's index among the ranks of its host (whatever launched them)."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # noqa: PLC0415  (lazy: importing mpi4py initializes MPI)
 
     node = world.Split_type(MPI.COMM_TYPE_SHARED)
     try:
@@ -105,16 +108,16 @@ class Staging:
     On the CPU both sides are the same tensors and every copy is a no-op.
     """
 
-    host_params: object
-    host_grads: object
-    device_params: object
-    device_grads: object
+    host_params: torch.Tensor
+    host_grads: torch.Tensor
+    device_params: torch.Tensor
+    device_grads: torch.Tensor
 
     @classmethod
     def of(cls, device_params, device_grads, stage_on_cpu: bool | None = None) -> Staging:
         """Host buffers for the model's flat device buffers: pinned on a GPU run, the same
         tensors on the CPU (unless ``stage_on_cpu``, default from ``HARNESS_STAGE_ON_CPU``)."""
-        import torch
+        import torch  # noqa: PLC0415  (lazy: this module is imported where torch is not loaded)
 
         if stage_on_cpu is None:
             stage_on_cpu = os.environ.get(STAGE_ON_CPU_VAR, "") not in ("", "0")

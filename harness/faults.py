@@ -11,7 +11,7 @@ communicator that strikes there), at an evaluation, or in ``finish()``.
 Before it strikes, the rank announces the fault to the watchdog (``Heartbeat.announce``, handed
 to the kernel before the SIGKILL): that announcement is the watchdog's evidence that this rank is
 the root cause of what follows, whatever order the other ranks then end in. What the user then
-sees is the watchdog's and the launcher's business (``harness.runner.watchdog``), not this
+sees is the watchdog's and the launcher's business (``harness.watchdog``), not this
 module's.
 """
 
@@ -23,10 +23,10 @@ import sys
 import time
 from typing import Any
 
-from harness.runner.heartbeat import Heartbeat
-from harness.runner.heartbeat_row import Cause
 from harness.scenario.fault_fields import HangFault, KillFault, SlowStartFault
 from harness.scenario.schema import Scenario
+from harness.watchdog.heartbeat import Heartbeat
+from harness.watchdog.heartbeat_row import Cause
 
 Strike = KillFault | HangFault
 

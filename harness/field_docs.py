@@ -12,6 +12,8 @@ json_schema``, the tests). An explicit ``Field(description=...)`` is kept as it 
 from __future__ import annotations
 
 import ast
+import inspect
+import itertools
 import sys
 from functools import cache
 
@@ -73,7 +75,7 @@ def _docstrings(module_name: str) -> dict[str, dict[str, str]]:
                 qualname = f"{prefix}{child.name}"
                 fields = out.setdefault(qualname, {})
                 body = child.body
-                for stmt, following in zip(body, body[1:]):
+                for stmt, following in itertools.pairwise(body):
                     if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
                             and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
                             and isinstance(following.value.value, str)):
@@ -86,6 +88,4 @@ def _docstrings(module_name: str) -> dict[str, dict[str, str]]:
 
 def _clean(text: str) -> str:
     """A docstring as pydantic's ``use_attribute_docstrings`` gives it: dedented, stripped."""
-    import inspect
-
     return inspect.cleandoc(text)

@@ -12,7 +12,7 @@ too, and the schema imports those.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Discriminator, Field, Tag, field_validator, model_validator
 
@@ -51,7 +51,7 @@ class AdamOptimizer(StrictModel):
     """``adam``."""
     lr: PositiveFloat = 1e-3
     """Learning rate; also the algorithms' own learning rate where they use one."""
-    betas: Annotated[list[Beta], Field(min_length=2, max_length=2)] = [0.9, 0.999]
+    betas: Annotated[list[Beta], Field(min_length=2, max_length=2)] = [0.9, 0.999]  # noqa: RUF012  (pydantic copies it)
     """Decay rates of the running averages of the gradient and of its square, each in [0, 1)."""
     eps: NonNegativeFloat = 1e-8
     """Added to the denominator for numerical stability."""
@@ -64,7 +64,9 @@ class AdamOptimizer(StrictModel):
 class AdamWOptimizer(AdamOptimizer):
     """``torch.optim.AdamW``: Adam's parameters, with decoupled weight decay (torch's default 0.01)."""
 
-    name: Literal["adamw"]
+    # The union's tag, narrowed to this class's own: a subclass on purpose (an AdamW spec is an
+    # Adam spec with another default; harness.runner.optimizers checks isinstance AdamOptimizer).
+    name: Literal["adamw"]  # type: ignore[assignment]
     """``adamw``."""
     weight_decay: NonNegativeFloat = 1e-2
     """Decoupled weight decay: the parameters shrink by lr * weight_decay each step."""
@@ -83,7 +85,7 @@ class ReferenceOptimizer(StrictModel):
     lr: PositiveFloat
     """Learning rate, passed to the callable as ``lr=`` (required); also the algorithms' own
     learning rate where they use one."""
-    args: dict[str, Any] = {}
+    args: dict[str, Any] = {}  # noqa: RUF012  (a pydantic field: each model copies its default)
     """Further keyword arguments of the callable (not ``params`` or ``lr``)."""
 
     @field_validator("name")
@@ -132,12 +134,10 @@ def _optimizer_form(value: Any) -> str | None:
 
 OptimizerSpec = Annotated[
     Annotated[
-        Union[
-            Annotated[SGDOptimizer, Tag("(sgd)")],
-            Annotated[AdamOptimizer, Tag("(adam)")],
-            Annotated[AdamWOptimizer, Tag("(adamw)")],
-            Annotated[ReferenceOptimizer, Tag("(reference)")],
-        ],
+        Annotated[SGDOptimizer, Tag("(sgd)")]
+        | Annotated[AdamOptimizer, Tag("(adam)")]
+        | Annotated[AdamWOptimizer, Tag("(adamw)")]
+        | Annotated[ReferenceOptimizer, Tag("(reference)")],
         Discriminator(
             _optimizer_form,
             custom_error_type="optimizer_form",

@@ -15,13 +15,22 @@ namespace harness {
 // moving the whole buffer at every step (the TCP backend of early PyTorch did this);
 // kHierarchical goes through the nodes of the emulated topology; kTree is NCCL's pipelined tree
 // (a chain inside each node, a binary tree across nodes; tree_allreduce in schedule.hpp).
-enum class AllreduceAlgorithm : int {
-  kAuto = 0,
-  kRing = 1,
-  kRecursiveDoubling = 2,
-  kReduceBroadcast = 3,
-  kHierarchical = 4,
-  kTree = 5,
+enum class AllreduceAlgorithm : int { kAuto, kRing, kRecursiveDoubling, kReduceBroadcast, kHierarchical, kTree };
+
+// Every algorithm by its name in scenarios: the one list of them. Python reads it from
+// harness._core.AllreduceAlgorithm (bindings.cpp); a test pins the scenario schema's and the
+// simulator's lists to it.
+struct NamedAllreduceAlgorithm {
+  const char* name;
+  AllreduceAlgorithm algorithm;
+};
+constexpr NamedAllreduceAlgorithm kAllreduceAlgorithms[] = {
+    {"auto", AllreduceAlgorithm::kAuto},
+    {"ring", AllreduceAlgorithm::kRing},
+    {"recursive_doubling", AllreduceAlgorithm::kRecursiveDoubling},
+    {"reduce_broadcast", AllreduceAlgorithm::kReduceBroadcast},
+    {"hierarchical", AllreduceAlgorithm::kHierarchical},
+    {"tree", AllreduceAlgorithm::kTree},
 };
 AllreduceAlgorithm allreduce_algorithm_named(const std::string& name);  // throws CommError (schedule.cpp)
 

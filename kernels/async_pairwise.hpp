@@ -17,8 +17,10 @@
 
 #include <deque>
 #include <memory>
+#include <optional>
 #include <vector>
 
+#include "listener.hpp"
 #include "schedule.hpp"
 
 namespace harness {
@@ -28,34 +30,30 @@ struct PairShared {
   std::vector<float> published;
   std::vector<float> correction;  // sum of pending (x_active - published) / 2
   int64_t answered = 0;           // requests answered since the last drain
-  std::string error;
+  std::optional<CommError> error;  // why the listener failed
   bool close_requested = false;
 };
 
 constexpr int kPairRequestTag = 21;
 constexpr int kPairReplyTag = 22;
 
-class PairListenerOp : public Op {
+class PairListenerOp : public ListenerOp {
  public:
-  PairListenerOp(std::shared_ptr<OpState> st, MPI_Comm comm, int64_t count, std::shared_ptr<PairShared> shared);
-  ~PairListenerOp() override;
+  PairListenerOp(std::shared_ptr<OpState> st, SharedComm comm, int64_t count, std::shared_ptr<PairShared> shared);
   bool progress(Engine& e) override;
   bool finished() const override { return finished_; }
-  bool passive() const override { return replies_.empty() && !closing_ && req_ != MPI_REQUEST_NULL; }
-  void abort(Engine& e, const std::string& reason) override;
-  bool traced() const override { return false; }
+  bool passive() const override { return replies_.empty() && !closing_ && listening(); }
 
  private:
   void post();
+  std::shared_ptr<void> surrender_staging() override { return std::move(staging_); }
+  void abort_rest(Engine& e, const CommError& error) override;
 
-  MPI_Comm comm_;
   int64_t count_;
   std::shared_ptr<PairShared> shared_;
-  std::unique_ptr<float[]> staging_;
-  MPI_Request req_ = MPI_REQUEST_NULL;
-  std::deque<std::pair<std::shared_ptr<SendReq>, std::unique_ptr<float[]>>> replies_;
+  std::shared_ptr<float[]> staging_;
+  std::deque<OwnedSend<float[]>> replies_;
   bool closing_ = false;
-  MPI_Request barrier_ = MPI_REQUEST_NULL;
   bool finished_ = false;
 };
 

@@ -43,7 +43,7 @@ std::shared_ptr<OpState> PairwiseAverager::request(FloatSpan buf, FloatSpan out,
 int64_t PairwiseAverager::drain(FloatSpan out) {
   check_length(out, "drain target");
   std::lock_guard<std::mutex> lock(shared_->mu);
-  if (!shared_->error.empty()) throw CommError("pairwise averaging failed: " + shared_->error);
+  if (shared_->error) throw shared_->error->in_context("pairwise averaging failed: ");
   float* corr = shared_->correction.data();
   for (int64_t i = 0; i < count_; ++i) {
     out.data[i] += corr[i];

@@ -33,7 +33,7 @@ class PairwiseAverager {
   std::shared_ptr<Engine> engine_;
   int64_t count_;
   std::shared_ptr<PairShared> shared_;
-  MPI_Comm comm_;
+  SharedComm comm_;
   std::shared_ptr<OpState> listener_;
   std::atomic<bool> closed_{false};
 };

@@ -47,13 +47,14 @@ auto without_gil(F&& f) {
   return f();
 }
 
-// Buffers of operations whose handle was dropped before the operation ended. The progress
-// thread may still touch that memory, so the buffer objects are parked here (touched only with
-// the GIL held) until their operation is done. One per communicator.
+// Buffers of operations whose handle was dropped before the operation ended, or while MPI may
+// still use them after it ended (a request of a failed op in the engine's quarantine). The
+// buffer objects are parked here (touched only with the GIL held) until the memory is free
+// (OpState::buffers_free). One per communicator.
 struct Graveyard {
   std::vector<std::pair<std::shared_ptr<OpState>, py::object>> items;
   void sweep() {
-    items.erase(std::remove_if(items.begin(), items.end(), [](auto& it) { return it.first->is_done(); }),
+    items.erase(std::remove_if(items.begin(), items.end(), [](auto& it) { return it.first->buffers_free(); }),
                 items.end());
   }
 };
@@ -66,12 +67,12 @@ class Handle {
   }
   ~Handle() {
     // Never block here (the op may wait for a peer that is gone); never free a buffer the
-    // op may still use.
-    if (st_ && !st_->is_done() && !keep_.is_none()) graveyard_->items.emplace_back(st_, std::move(keep_));
+    // op or MPI may still use.
+    if (st_ && !st_->buffers_free() && !keep_.is_none()) graveyard_->items.emplace_back(st_, std::move(keep_));
   }
   void wait(std::optional<double> timeout) {
     bool ok = without_gil([&] { return st_->wait(timeout ? *timeout : -1.0); });
-    if (!ok) throw CommError("operation did not complete within " + std::to_string(*timeout) + " s");
+    if (!ok) throw CommError("operation did not complete within " + std::to_string(*timeout) + " s", ErrorKind::kTimeout);
     st_->throw_if_failed();
   }
   bool done() { return st_->is_done(); }
@@ -129,14 +130,23 @@ using PyGroup = Held<Group>;
 // A tensor's memory as harness.dist lends it: its address and element count (the Python side
 // checked that it is contiguous host memory of the dtype it names and keeps it alive).
 TypedSpan span(uintptr_t ptr, int64_t count) { return {reinterpret_cast<void*>(ptr), count}; }
-DType dtype_code(int code) {
-  elem_type(static_cast<DType>(code));  // throws for an unknown code
-  return static_cast<DType>(code);
+
+// The Python exception class of each error kind (common.hpp); the kind itself rides along as
+// the exception's `kind` attribute.
+PyObject* exception_of(ErrorKind kind, const py::exception<CommError>& comm_error,
+                       const py::exception<CommError>& peer_lost_error) {
+  switch (kind) {
+    case ErrorKind::kPeerLost: return peer_lost_error.ptr();
+    case ErrorKind::kLocal:
+    case ErrorKind::kTimeout:
+    case ErrorKind::kInternal: return comm_error.ptr();
+  }
+  return comm_error.ptr();
 }
-ReduceOp reduce_op_code(int code) {
-  if (code < 0 || code > static_cast<int>(ReduceOp::kMax)) throw CommError("unknown reduce op code " + std::to_string(code));
-  return static_cast<ReduceOp>(code);
-}
+
+// Throws the CommError of `kind` with `message`: how the mapping of kinds to Python exceptions
+// is tested without making MPI fail.
+void raise_error(ErrorKind kind, const std::string& message) { throw CommError(message, kind); }
 
 // The allreduce's steps as member `me` of `p` runs them for `count` floats with `algorithm`
 // (member_nodes: the node of every member, for "hierarchical" and "tree"; tree_chunk_bytes: the
@@ -191,20 +201,35 @@ std::vector<double> emulated_releases(int ranks, const std::vector<std::tuple<in
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "Native collective layer of harness (private: use harness.comm)";
+  // The codes Python passes across: kept here only, Python reads them from the module.
+  py::enum_<ErrorKind>(m, "ErrorKind", "What kind of failure a CommError reports (its `kind`).")
+      .value("LOCAL", ErrorKind::kLocal)
+      .value("PEER_LOST", ErrorKind::kPeerLost)
+      .value("TIMEOUT", ErrorKind::kTimeout)
+      .value("INTERNAL", ErrorKind::kInternal);
+  py::enum_<DType> dtypes(m, "DType", "Element types of the typed collectives, by torch's dtype names.");
+  for (DType d : kAllDTypes) dtypes.value(elem_type(d).name, d);
+  py::enum_<ReduceOp> reduce_ops(m, "ReduceOp", "Reduction operators, by torch.distributed.ReduceOp's names.");
+  for (ReduceOp op : kAllReduceOps) reduce_ops.value(reduce_op_name(op), op);
+  py::enum_<AllreduceAlgorithm> algorithms(m, "AllreduceAlgorithm", "Allreduce algorithms, by their scenario names.");
+  for (const NamedAllreduceAlgorithm& a : kAllreduceAlgorithms) algorithms.value(a.name, a.algorithm);
+
   static py::exception<CommError> comm_error(m, "CommError");
-  // A CommError about another rank's death (common.hpp: kPeerLost), not this rank's own: the
+  // A CommError about another rank's death (ErrorKind::kPeerLost), not this rank's own: the
   // worker reports it to the watchdog as a consequence.
   static py::exception<CommError> peer_lost_error(m, "PeerLostError", comm_error.ptr());
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const CommError& e) {
-      if (is_peer_lost(e.what()))
-        peer_lost_error(e.what());
-      else
-        comm_error(e.what());
+      PyObject* type = exception_of(e.kind(), comm_error, peer_lost_error);
+      py::object exc = py::reinterpret_borrow<py::object>(type)(e.what());
+      exc.attr("kind") = py::cast(e.kind());
+      PyErr_SetObject(type, exc.ptr());
     }
   });
+  m.def("raise_error", &raise_error, py::arg("kind"), py::arg("message"),
+        "Raise the exception of a native CommError of `kind` (what the error translation is tested with).");
   m.def("now", &now, "Seconds on CLOCK_MONOTONIC (the clock of time.monotonic()).");
   m.def("is_sync_round", &wa_is_sync_round, py::arg("round"), py::arg("sync_every"));
   m.def("allreduce_steps", &allreduce_steps, py::arg("p"), py::arg("me"), py::arg("count"),
@@ -238,56 +263,56 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("world_ranks", [](PyGroup& g) { return g.native->world_ranks(); })
       .def_property_readonly("tag_ub", [](PyGroup& g) { return g.native->tag_ub(); })
       .def("allreduce",
-           [handle](PyGroup& g, py::object keep, uintptr_t ptr, int64_t count, int dtype, int op, int tag) {
-             auto st = without_gil([&] { return g.native->allreduce(span(ptr, count), dtype_code(dtype), reduce_op_code(op), tag); });
+           [handle](PyGroup& g, py::object keep, uintptr_t ptr, int64_t count, DType dtype, ReduceOp op, int tag) {
+             auto st = without_gil([&] { return g.native->allreduce(span(ptr, count), dtype, op, tag); });
              return handle(g, st, keep);
            })
       .def("broadcast",
-           [handle](PyGroup& g, py::object keep, uintptr_t ptr, int64_t count, int dtype, int root, int tag) {
-             auto st = without_gil([&] { return g.native->broadcast(span(ptr, count), dtype_code(dtype), root, tag); });
+           [handle](PyGroup& g, py::object keep, uintptr_t ptr, int64_t count, DType dtype, int root, int tag) {
+             auto st = without_gil([&] { return g.native->broadcast(span(ptr, count), dtype, root, tag); });
              return handle(g, st, keep);
            })
       .def("reduce",
-           [handle](PyGroup& g, py::object keep, uintptr_t ptr, int64_t count, int dtype, int op, int root, int tag) {
+           [handle](PyGroup& g, py::object keep, uintptr_t ptr, int64_t count, DType dtype, ReduceOp op, int root, int tag) {
              auto st = without_gil(
-                 [&] { return g.native->reduce(span(ptr, count), dtype_code(dtype), reduce_op_code(op), root, tag); });
+                 [&] { return g.native->reduce(span(ptr, count), dtype, op, root, tag); });
              return handle(g, st, keep);
            })
       .def("allgather",
            [handle](PyGroup& g, py::object keep, uintptr_t in, int64_t in_count, uintptr_t out, int64_t out_count,
-                    int dtype, int tag) {
+                    DType dtype, int tag) {
              auto st = without_gil(
-                 [&] { return g.native->allgather(span(in, in_count), span(out, out_count), dtype_code(dtype), tag); });
+                 [&] { return g.native->allgather(span(in, in_count), span(out, out_count), dtype, tag); });
              return handle(g, st, keep);
            })
       .def("reduce_scatter",
            [handle](PyGroup& g, py::object keep, uintptr_t in, int64_t in_count, uintptr_t out, int64_t out_count,
-                    int dtype, int op, int tag) {
+                    DType dtype, ReduceOp op, int tag) {
              auto st = without_gil([&] {
-               return g.native->reduce_scatter(span(in, in_count), span(out, out_count), dtype_code(dtype),
-                                               reduce_op_code(op), tag);
+               return g.native->reduce_scatter(span(in, in_count), span(out, out_count), dtype,
+                                               op, tag);
              });
              return handle(g, st, keep);
            })
       .def("gather",
            [handle](PyGroup& g, py::object keep, uintptr_t in, int64_t in_count, uintptr_t out, int64_t out_count,
-                    int dtype, int root, int tag) {
+                    DType dtype, int root, int tag) {
              auto st = without_gil(
-                 [&] { return g.native->gather(span(in, in_count), span(out, out_count), dtype_code(dtype), root, tag); });
+                 [&] { return g.native->gather(span(in, in_count), span(out, out_count), dtype, root, tag); });
              return handle(g, st, keep);
            })
       .def("scatter",
            [handle](PyGroup& g, py::object keep, uintptr_t in, int64_t in_count, uintptr_t out, int64_t out_count,
-                    int dtype, int root, int tag) {
+                    DType dtype, int root, int tag) {
              auto st = without_gil(
-                 [&] { return g.native->scatter(span(in, in_count), span(out, out_count), dtype_code(dtype), root, tag); });
+                 [&] { return g.native->scatter(span(in, in_count), span(out, out_count), dtype, root, tag); });
              return handle(g, st, keep);
            })
       .def("alltoall",
            [handle](PyGroup& g, py::object keep, uintptr_t in, int64_t in_count, uintptr_t out, int64_t out_count,
-                    int dtype, const std::vector<int64_t>& send_counts, const std::vector<int64_t>& recv_counts, int tag) {
+                    DType dtype, const std::vector<int64_t>& send_counts, const std::vector<int64_t>& recv_counts, int tag) {
              auto st = without_gil([&] {
-               return g.native->alltoall(span(in, in_count), span(out, out_count), dtype_code(dtype), send_counts,
+               return g.native->alltoall(span(in, in_count), span(out, out_count), dtype, send_counts,
                                          recv_counts, tag);
              });
              return handle(g, st, keep);
@@ -298,12 +323,12 @@ PYBIND11_MODULE(_core, m) {
              return handle(g, st, py::none());
            })
       .def("send",
-           [handle](PyGroup& g, py::object keep, uintptr_t ptr, int64_t count, int dtype, int dst, int tag) {
-             auto st = without_gil([&] { return g.native->send(span(ptr, count), dtype_code(dtype), dst, tag); });
+           [handle](PyGroup& g, py::object keep, uintptr_t ptr, int64_t count, DType dtype, int dst, int tag) {
+             auto st = without_gil([&] { return g.native->send(span(ptr, count), dtype, dst, tag); });
              return handle(g, st, keep);
            })
-      .def("recv", [handle](PyGroup& g, py::object keep, uintptr_t ptr, int64_t count, int dtype, int src, int tag) {
-        auto st = without_gil([&] { return g.native->recv(span(ptr, count), dtype_code(dtype), src, tag); });
+      .def("recv", [handle](PyGroup& g, py::object keep, uintptr_t ptr, int64_t count, DType dtype, int src, int tag) {
+        auto st = without_gil([&] { return g.native->recv(span(ptr, count), dtype, src, tag); });
         return handle(g, st, keep);
       });
 

@@ -1,4 +1,5 @@
-// Shared basics of the native collective layer: the one error type, the clock, op state.
+// Shared basics of the native collective layer: the one error type and its kinds, the clock, op
+// state.
 #pragma once
 
 #include <mpi.h>
@@ -10,15 +11,35 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
 namespace harness {
 
-// The single exception type of the native layer; bindings map it to harness.comm.CommError.
+// What kind of failure a CommError reports. The kind travels with the error from the progress
+// thread to the caller, and bindings.cpp raises the Python exception of its kind (harness.comm:
+// kPeerLost as PeerLostError, which the watchdog counts as a consequence of another rank's death,
+// not as this rank's own fault). Python reads the kinds from harness._core.ErrorKind.
+enum class ErrorKind : int {
+  kLocal = 0,     // this rank's own call or state: bad arguments, buffers that differ across ranks,
+                  // an operation on a closed communicator
+  kPeerLost = 1,  // another rank's process died or its connection was lost
+  kTimeout = 2,   // a wait gave up before the operation ended; the operation may still end
+  kInternal = 3,  // a failure inside the native layer itself (out of memory, a bug)
+};
+
+// The single exception type of the native layer: a message and its kind.
 class CommError : public std::runtime_error {
  public:
-  explicit CommError(const std::string& what) : std::runtime_error(what) {}
+  explicit CommError(const std::string& what, ErrorKind kind = ErrorKind::kLocal)
+      : std::runtime_error(what), kind_(kind) {}
+  ErrorKind kind() const { return kind_; }
+  // The same error, its message preceded by `context` (what the caller was doing).
+  CommError in_context(const std::string& context) const { return CommError(context + what(), kind_); }
+
+ private:
+  ErrorKind kind_;
 };
 
 // Seconds on CLOCK_MONOTONIC: the same clock as Python's time.monotonic(), common to all
@@ -28,15 +49,6 @@ inline double now() {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
-
-// What a surviving rank sees of another rank's death: MPI fails a receive from it, or a call
-// that waits on it, with an error that is not about the message itself (MPICH: a closed
-// connection, "Communication error with rank N", or MPIX_ERR_PROC_FAILED). Such an error's
-// message begins with kPeerLost, which survives being carried as an op's error string, so that
-// Python raises it as harness.comm.PeerLostError and the watchdog counts it as a consequence.
-constexpr const char kPeerLost[] = "peer lost: ";
-
-inline bool is_peer_lost(const std::string& what) { return what.rfind(kPeerLost, 0) == 0; }
 
 inline std::string mpi_error_string(int err) {
   char msg[MPI_MAX_ERROR_STRING];
@@ -60,13 +72,20 @@ inline bool is_local_mpi_error(int err) {
   }
 }
 
-// Throws CommError with the MPI error string when an MPI call fails; a failure that is not
-// about the call itself (is_local_mpi_error) is reported as a lost peer.
-inline void check_mpi(int rc, const char* what) {
-  if (rc == MPI_SUCCESS) return;
+// What a surviving rank sees of another rank's death: MPI fails a call that involves it (a send
+// to it, a receive from it, a wait on it) with an error that is not about the call itself
+// (MPICH: a closed connection, "Communication error with rank N", or MPIX_ERR_PROC_FAILED).
+// The CommError of MPI error `rc` of call `what`: kLocal when it is about the call
+// (is_local_mpi_error), else kPeerLost.
+inline CommError mpi_failure(int rc, const char* what) {
   const std::string msg = std::string(what) + " failed: " + mpi_error_string(rc);
-  if (is_local_mpi_error(rc)) throw CommError(msg);
-  throw CommError(kPeerLost + msg + " (a peer's process died or its connection was lost)");
+  if (is_local_mpi_error(rc)) return CommError(msg);
+  return CommError(msg + " (a peer's process died or its connection was lost)", ErrorKind::kPeerLost);
+}
+
+// Throws mpi_failure(rc, what) when an MPI call fails.
+inline void check_mpi(int rc, const char* what) {
+  if (rc != MPI_SUCCESS) throw mpi_failure(rc, what);
 }
 
 // The error of a receive of `count` floats from member `peer` (world rank `world_rank`) that
@@ -81,8 +100,9 @@ inline CommError failed_receive(int err, int peer, int world_rank, int64_t count
     return CommError("size mismatch: " + who + " sent more than the " + std::to_string(count) + " " +
                      (std::string(type) == "float32" ? std::string("floats") : std::string(type) + " elements") +
                      " this rank expects (buffer lengths differ across ranks)");
-  return CommError(std::string(kPeerLost) + "the receive from " + who + " failed: " + mpi_error_string(err) +
-                   " (its process died or its connection was lost)");
+  return CommError("the receive from " + who + " failed: " + mpi_error_string(err) +
+                       " (its process died or its connection was lost)",
+                   ErrorKind::kPeerLost);
 }
 
 // The same for a receive from any rank (a listener), which failed with `err`: `too_long` says
@@ -91,8 +111,9 @@ inline CommError failed_any_source_receive(int err, const std::string& too_long)
   int cls = MPI_ERR_OTHER;
   MPI_Error_class(err, &cls);
   if (cls == MPI_ERR_TRUNCATE) return CommError(too_long);
-  return CommError(std::string(kPeerLost) + "a listener's receive failed: " + mpi_error_string(err) +
-                   " (a peer's process died or its connection was lost)");
+  return CommError("a listener's receive failed: " + mpi_error_string(err) +
+                       " (a peer's process died or its connection was lost)",
+                   ErrorKind::kPeerLost);
 }
 
 // Completion state of one posted operation, shared by the caller's handle and the progress
@@ -101,22 +122,32 @@ struct OpState {
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
-  std::string error;  // empty on success
+  std::optional<CommError> error;  // none on success
   double t_post = 0, t_start = 0, t_end = 0;
   std::function<void()> on_done;  // see when_done
+  // Requests of this op that MPI may still use after it ended (Quarantine): until they are
+  // done, the memory the caller lent the op must stay alive (bindings.cpp keeps it).
+  int quarantined = 0;
 
-  void finish(const std::string& err = std::string()) {
+  // Ends the op: with `err`, or successfully without.
+  void finish(std::optional<CommError> err = std::nullopt) {
     std::function<void()> callback;
     {
       std::lock_guard<std::mutex> lock(mu);
       if (done) return;
       done = true;
-      error = err;
+      error = std::move(err);
       t_end = now();
       callback = std::move(on_done);
     }
     cv.notify_all();
     if (callback) callback();
+  }
+
+  // The progress thread took the op up (under the lock: a caller may read the times meanwhile).
+  void mark_started() {
+    std::lock_guard<std::mutex> lock(mu);
+    t_start = now();
   }
 
   // Calls `callback` once the op is done: at once (on this thread) if it is, else on the thread
@@ -137,6 +168,12 @@ struct OpState {
     return done;
   }
 
+  // Whether the op is done and MPI uses none of the memory the caller lent it any more.
+  bool buffers_free() {
+    std::lock_guard<std::mutex> lock(mu);
+    return done && quarantined == 0;
+  }
+
   // Waits until done or until timeout_s elapses (negative: no limit). Returns false on timeout.
   bool wait(double timeout_s) {
     std::unique_lock<std::mutex> lock(mu);
@@ -150,7 +187,7 @@ struct OpState {
   // Throws the error the op ended with, if any: a caller must learn why its op failed.
   void throw_if_failed() {
     std::lock_guard<std::mutex> lock(mu);
-    if (!error.empty()) throw CommError(error);
+    if (error) throw *error;
   }
 };
 

@@ -121,16 +121,7 @@ void Communicator::set_topology(const std::vector<int>& node_of, std::tuple<doub
   if (!(fabric_Bps > 0)) throw CommError("topology: fabric bandwidth must be > 0 B/s");
   // Collective: every rank maps the same table (or none does: the decision is the same everywhere).
   std::shared_ptr<SharedNics> nics;
-  if (topo.shares_resources()) {
-    MPI_Comm c = engine_->dup_comm();
-    try {
-      nics = SharedNics::create(c, nodes);
-    } catch (...) {
-      MPI_Comm_free(&c);
-      throw;
-    }
-    MPI_Comm_free(&c);
-  }
+  if (topo.shares_resources()) nics = SharedNics::create(engine_->dup_comm()->get(), nodes);
   engine_->links().set_topology(std::move(topo), std::move(nics));
 }
 
@@ -154,8 +145,8 @@ std::shared_ptr<OpState> Communicator::submit(const char* name, Schedule s) {
   auto st = std::make_shared<OpState>();
   // The engine's communicator duplicates the world: members are world ranks as well.
   const int tag = static_cast<int>(seq % engine_->tag_ub());
-  engine_->submit(
-      std::make_unique<ScheduleOp>(name, st, StepExecutor(engine_->comm(), members, members, tag, std::move(s))));
+  engine_->submit(std::make_unique<ScheduleOp>(
+      name, st, StepExecutor(engine_->shared_comm(), members, members, tag, std::move(s))));
   return st;
 }
 

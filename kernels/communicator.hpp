@@ -72,7 +72,7 @@ class Communicator {
   int64_t ring_threshold_;
   // Exchanges run on a communicator of their own, tagged by how many exchanges this rank had
   // with the peer so far (both sides count alike), so they never match collectives' messages.
-  MPI_Comm exchange_comm_ = MPI_COMM_NULL;
+  SharedComm exchange_comm_;
   std::mutex seq_mu_;  // guards the two counters below; callers may be several Python threads
   std::map<int, int64_t> exchange_seq_;
   int64_t collective_seq_ = 0;  // one tag per collective, in the order this rank posts them

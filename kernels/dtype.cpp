@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "common.hpp"
 
@@ -35,13 +36,26 @@ inline uint16_t float_to_bf16(float f) {  // round to nearest even, NaN stays Na
   return static_cast<uint16_t>(u >> 16);
 }
 
+// Integer sums and products wrap around, as torch's do: computed on the unsigned type of the
+// same width, since overflowing a signed type is undefined behaviour (floating point: plain).
+template <class T, bool = std::is_integral_v<T>>
+struct Wrapping {
+  using type = T;
+};
+template <class T>
+struct Wrapping<T, true> {
+  using type = std::make_unsigned_t<T>;
+};
+template <class T>
+using Wide = typename Wrapping<T>::type;
+
 struct Add {
   template <class T>
-  static T apply(T a, T b) { return a + b; }
+  static T apply(T a, T b) { return static_cast<T>(static_cast<Wide<T>>(a) + static_cast<Wide<T>>(b)); }
 };
 struct Mul {
   template <class T>
-  static T apply(T a, T b) { return a * b; }
+  static T apply(T a, T b) { return static_cast<T>(static_cast<Wide<T>>(a) * static_cast<Wide<T>>(b)); }
 };
 // torch's min/max propagate NaN.
 struct Min {

@@ -13,9 +13,13 @@
 
 namespace harness {
 
-// Codes shared with harness/dist/dtypes.py.
-enum class DType : int { kF32 = 0, kF64 = 1, kF16 = 2, kBF16 = 3, kI64 = 4, kI32 = 5, kU8 = 6, kI8 = 7, kBool = 8 };
-enum class ReduceOp : int { kSum = 0, kAvg = 1, kProduct = 2, kMin = 3, kMax = 4 };
+// Python takes both from harness._core (bindings.cpp exports them as DType and ReduceOp, with
+// the names elem_type() and reduce_op_name() give: torch's dtype names, torch's ReduceOp names).
+enum class DType : int { kF32, kF64, kF16, kBF16, kI64, kI32, kU8, kI8, kBool };
+enum class ReduceOp : int { kSum, kAvg, kProduct, kMin, kMax };
+constexpr DType kAllDTypes[] = {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kI64,
+                                DType::kI32, DType::kU8,  DType::kI8,  DType::kBool};
+constexpr ReduceOp kAllReduceOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax};
 
 // dst[i] = dst[i] (op) src[i] for n elements.
 using ReduceFn = void (*)(void* dst, const void* src, int64_t n);

@@ -17,6 +17,8 @@
 
 #include "common.hpp"
 #include "link_emulator.hpp"
+#include "mpi_comm.hpp"
+#include "quarantine.hpp"
 
 namespace harness {
 
@@ -28,6 +30,9 @@ struct SendReq {
   bool posted = false;
   bool complete = false;
   bool cancelled = false;  // owner gone: drop it if still deferred
+  // Why MPI refused it when the link emulator released it (the peer died meanwhile): the
+  // owner's next test_send throws it, so it becomes the owning op's error.
+  std::optional<CommError> error;
 };
 
 // Record of one finished operation, for traces and the simulator.
@@ -49,8 +54,9 @@ class Op {
   // Passive ops (listeners) wait for messages that may never come; they don't keep the
   // engine polling fast.
   virtual bool passive() const { return false; }
-  // Give up: cancel what can be cancelled. The engine then finishes the state with `reason`.
-  virtual void abort(Engine& engine, const std::string& reason) { (void)engine; (void)reason; }
+  // Give up: hand every request MPI may still use to the engine's quarantine (Engine::abandon_*)
+  // and fail the callers' states the op owns. The engine then finishes state() with `error`.
+  virtual void abort(Engine& engine, const CommError& error) { (void)engine; (void)error; }
   // Whether the engine should record this op in the trace when it finishes.
   virtual bool traced() const { return true; }
 
@@ -75,13 +81,16 @@ class Engine {
  public:
   // Duplicates `parent` for its own traffic. Collective over `parent`.
   Engine(MPI_Comm parent, EngineOptions options);
+  // Stops the progress thread; MPI must not be finalized yet (harness.comm closes every
+  // communicator at exit, before mpi4py finalizes).
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
   int rank() const { return rank_; }
   int size() const { return size_; }
-  MPI_Comm comm() const { return comm_; }
+  MPI_Comm comm() const { return comm_->get(); }
+  const SharedComm& shared_comm() const { return comm_; }
   int tag_ub() const { return tag_ub_; }
   bool running() const { return !stopped_.load(); }
 
@@ -95,15 +104,26 @@ class Engine {
   void add_record(OpRecord rec);
   // Duplicates the engine's communicator (collective); used by persistent ops that need a
   // private tag space.
-  MPI_Comm dup_comm();
+  SharedComm dup_comm();
 
   // Progress-thread side -----------------------------------------------------------------
   // Posts a send of `count` floats to `peer` of `comm`, whose world rank is `world_peer`
   // (for link emulation). `synchronous` uses MPI_Issend (completes when matched).
   std::shared_ptr<SendReq> isend(MPI_Comm comm, int peer, int world_peer, const void* buf, int count,
                                  MPI_Datatype type, int tag, bool synchronous, int64_t* bytes_counter);
-  // True once the send completed.
+  // True once the send completed; throws the error MPI failed it with.
   bool test_send(SendReq& s);
+
+  // The one policy for an aborting op's requests (see quarantine.hpp). `keep` owns the memory
+  // the request uses (null: the caller's only), `lender` is the op whose caller lent memory to
+  // it (null: none).
+  // A send: dropped while link emulation still holds it, else quarantined until it completes.
+  void abandon_send(SendReq& s, std::shared_ptr<void> keep, std::shared_ptr<OpState> lender = nullptr);
+  // A receive: cancelled and quarantined until the cancel (or a match) completes.
+  void abandon_recv(MPI_Request& req, std::shared_ptr<void> keep, std::shared_ptr<OpState> lender = nullptr);
+  // A nonblocking collective (MPI_Ibarrier): neither cancelled nor freed (erroneous for those),
+  // quarantined until it completes.
+  void abandon_collective(MPI_Request& req);
 
  private:
   struct Deferred {
@@ -121,11 +141,15 @@ class Engine {
   };
 
   void run();
+  void serve(std::string& reason);  // the loop of run(), until a shutdown
+  void fail_all(const CommError& error);
   bool release_due_sends(double t);
+  // Hands the send to MPI; a refusal is kept in the send (SendReq::error), never thrown: a
+  // deferred send is posted outside any op.
   void post_send(const Deferred& d);
-  void finish_op(Op& op, const std::string& error);
+  void finish_op(Op& op, std::optional<CommError> error);
 
-  MPI_Comm comm_ = MPI_COMM_NULL;
+  SharedComm comm_;
   int rank_ = 0, size_ = 1, tag_ub_ = 32767;
   EngineOptions opt_;
   LinkEmulator links_;
@@ -137,10 +161,12 @@ class Engine {
   bool woken_ = false;
   std::string stop_reason_;
   std::atomic<bool> stopped_{false};
+  std::mutex join_mu_;  // several callers may shut down at once; one joins
 
   std::vector<std::unique_ptr<Op>> active_;  // progress thread only
   std::priority_queue<Deferred, std::vector<Deferred>, std::greater<Deferred>> deferred_;
   uint64_t deferred_seq_ = 0;
+  Quarantine quarantine_;  // progress thread only
 
   std::mutex rec_mu_;
   std::vector<OpRecord> records_;

@@ -36,23 +36,16 @@ Group::Group(std::shared_ptr<Engine> engine, std::vector<int> world_ranks, int64
   for (size_t i = 0; i < world_.size(); ++i) members_[i] = static_cast<int>(i);
   MPI_Group world_group, group;
   check_mpi(MPI_Comm_group(engine_->comm(), &world_group), "MPI_Comm_group");
-  check_mpi(MPI_Group_incl(world_group, static_cast<int>(world_.size()), world_.data(), &group), "MPI_Group_incl");
-  int rc = MPI_Comm_create_group(engine_->comm(), group, kCreateGroupTag, &comm_);
-  MPI_Group_free(&group);
+  int rc = MPI_Group_incl(world_group, static_cast<int>(world_.size()), world_.data(), &group);
   MPI_Group_free(&world_group);
+  check_mpi(rc, "MPI_Group_incl");
+  MPI_Comm created = MPI_COMM_NULL;
+  rc = MPI_Comm_create_group(engine_->comm(), group, kCreateGroupTag, &created);
+  MPI_Group_free(&group);
   check_mpi(rc, "MPI_Comm_create_group");
-  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
-  check_mpi(MPI_Comm_dup(comm_, &p2p_comm_), "MPI_Comm_dup");
-  MPI_Comm_set_errhandler(p2p_comm_, MPI_ERRORS_RETURN);
-}
-
-Group::~Group() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) return;
-  // Operations still in flight keep working: MPI frees a communicator once its requests end.
-  if (p2p_comm_ != MPI_COMM_NULL) MPI_Comm_free(&p2p_comm_);
-  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  MpiComm owned(created);
+  p2p_comm_ = share(MpiComm::dup(owned.get()));
+  comm_ = share(std::move(owned));
 }
 
 void Group::check_open(const char* what) const {

@@ -31,7 +31,6 @@ class Group {
  public:
   // Collective over the members: world_ranks[i] is the world rank of group rank i.
   Group(std::shared_ptr<Engine> engine, std::vector<int> world_ranks, int64_t ring_threshold_bytes);
-  ~Group();
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
 
@@ -73,7 +72,7 @@ class Group {
   std::vector<int> members_;  // 0 .. size-1: ranks of comm_
   int rank_ = 0;
   int64_t ring_threshold_;
-  MPI_Comm comm_ = MPI_COMM_NULL, p2p_comm_ = MPI_COMM_NULL;
+  SharedComm comm_, p2p_comm_;  // held as well by the operations that run on them
   std::mutex seq_mu_;
   int64_t seq_ = 0;
 };

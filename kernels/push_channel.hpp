@@ -20,9 +20,11 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
+#include "listener.hpp"
 #include "schedule.hpp"
 
 namespace harness {
@@ -36,7 +38,7 @@ struct PushShared {
   int64_t messages = 0;  // received and not yet drained, all rounds
   int64_t total_received = 0;
   int64_t newest_round = 0;  // the newest round any arrival carried (restores rounds from tags)
-  std::string error;
+  std::optional<CommError> error;  // why the listener failed
   struct Command {
     bool close;
     std::shared_ptr<OpState> state;
@@ -44,27 +46,23 @@ struct PushShared {
   std::deque<Command> commands;
 };
 
-class PushListenerOp : public Op {
+class PushListenerOp : public ListenerOp {
  public:
-  PushListenerOp(std::shared_ptr<OpState> st, MPI_Comm comm, int64_t count, std::shared_ptr<PushShared> shared);
-  ~PushListenerOp() override;
+  PushListenerOp(std::shared_ptr<OpState> st, SharedComm comm, int64_t count, std::shared_ptr<PushShared> shared);
   bool progress(Engine& e) override;
   bool finished() const override { return finished_; }
   bool passive() const override { return !current_.state; }
-  void abort(Engine& e, const std::string& reason) override;
-  bool traced() const override { return false; }
 
  private:
   void post();
   void keep(const MPI_Status& status);
+  std::shared_ptr<void> surrender_staging() override { return std::shared_ptr<float[]>(std::move(staging_)); }
+  void abort_rest(Engine& e, const CommError& error) override;
 
-  MPI_Comm comm_;
   int64_t count_;
   std::shared_ptr<PushShared> shared_;
   std::unique_ptr<float[]> staging_;
-  MPI_Request req_ = MPI_REQUEST_NULL;
   PushShared::Command current_{false, nullptr};
-  MPI_Request barrier_ = MPI_REQUEST_NULL;
   bool finished_ = false;
 };
 

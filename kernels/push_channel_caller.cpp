@@ -47,17 +47,17 @@ int64_t PushChannel::drain(FloatSpan out, int64_t min_messages, std::optional<do
     throw CommError("drain target has " + std::to_string(out.count) + " floats, the channel carries " +
                     std::to_string(count_));
   int64_t got = 0;
-  std::string err;
+  std::optional<CommError> err;
   bool ok = true;
   {
     std::unique_lock<std::mutex> lock(shared_->mu);
-    auto ready = [&] { return arrived(round) >= min_messages || !shared_->error.empty(); };
+    auto ready = [&] { return arrived(round) >= min_messages || shared_->error.has_value(); };
     if (timeout)
       ok = shared_->cv.wait_for(lock, std::chrono::duration<double>(*timeout), ready);
     else
       shared_->cv.wait(lock, ready);
     err = shared_->error;
-    if (ok && err.empty()) {
+    if (ok && !err) {
       auto first = round ? shared_->rounds.lower_bound(*round) : shared_->rounds.begin();
       auto last = round ? shared_->rounds.upper_bound(*round) : shared_->rounds.end();
       for (auto it = first; it != last; ++it) {
@@ -71,11 +71,12 @@ int64_t PushChannel::drain(FloatSpan out, int64_t min_messages, std::optional<do
       shared_->messages -= got;
     }
   }
-  if (!err.empty()) throw CommError("push channel failed: " + err);
+  if (err) throw err->in_context("push channel failed: ");
   if (!ok)
     throw CommError("push channel: fewer than " + std::to_string(min_messages) + " messages" +
-                    (round ? " of round " + std::to_string(*round) : std::string()) + " arrived within " +
-                    std::to_string(*timeout) + " s");
+                        (round ? " of round " + std::to_string(*round) : std::string()) + " arrived within " +
+                        std::to_string(*timeout) + " s",
+                    ErrorKind::kTimeout);
   return got;
 }
 
@@ -90,6 +91,8 @@ void PushChannel::flush(bool close) {
   st->t_post = now();
   {
     std::lock_guard<std::mutex> lock(shared_->mu);
+    // A listener that failed takes no more commands: nothing would ever finish this one.
+    if (shared_->error) throw shared_->error->in_context("push channel failed: ");
     shared_->commands.push_back({close, st});
   }
   engine_->wake();

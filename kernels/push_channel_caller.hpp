@@ -43,7 +43,7 @@ class PushChannel {
 
   std::shared_ptr<Engine> engine_;
   int64_t count_;
-  MPI_Comm comm_;
+  SharedComm comm_;
   std::shared_ptr<PushShared> shared_;
   std::shared_ptr<OpState> listener_;
   std::atomic<bool> closed_{false};

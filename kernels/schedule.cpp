@@ -307,14 +307,12 @@ Schedule tree_allreduce(int p, int me, const std::vector<int>& member_nodes, voi
 }
 
 AllreduceAlgorithm allreduce_algorithm_named(const std::string& name) {
-  if (name == "auto") return AllreduceAlgorithm::kAuto;
-  if (name == "ring") return AllreduceAlgorithm::kRing;
-  if (name == "recursive_doubling") return AllreduceAlgorithm::kRecursiveDoubling;
-  if (name == "reduce_broadcast") return AllreduceAlgorithm::kReduceBroadcast;
-  if (name == "hierarchical") return AllreduceAlgorithm::kHierarchical;
-  if (name == "tree") return AllreduceAlgorithm::kTree;
-  throw CommError("unknown allreduce algorithm '" + name +
-                  "' (auto, ring, recursive_doubling, reduce_broadcast, hierarchical or tree)");
+  std::string known;
+  for (const NamedAllreduceAlgorithm& a : kAllreduceAlgorithms) {
+    if (name == a.name) return a.algorithm;
+    known += (known.empty() ? "" : ", ") + std::string(a.name);
+  }
+  throw CommError("unknown allreduce algorithm '" + name + "' (one of " + known + ")");
 }
 
 Schedule allreduce_schedule(int p, int me, void* buf, int64_t n, int64_t ring_threshold_bytes,
@@ -340,9 +338,9 @@ Schedule allreduce_schedule(int p, int me, void* buf, int64_t n, int64_t ring_th
   return rd_allreduce(p, me, buf, n, esz);
 }
 
-StepExecutor::StepExecutor(MPI_Comm comm, std::vector<int> members, std::vector<int> world, int tag,
+StepExecutor::StepExecutor(SharedComm comm, std::vector<int> members, std::vector<int> world, int tag,
                            Schedule schedule, bool synchronous_sends)
-    : comm_(comm),
+    : comm_(std::move(comm)),
       members_(std::move(members)),
       world_(std::move(world)),
       tag_(tag),
@@ -355,12 +353,12 @@ void StepExecutor::post(Engine& engine, int64_t* bytes_sent) {
   for (size_t k = 0; k < st.recvs.size(); ++k) {
     const Xfer& x = st.recvs[k];
     check_mpi(MPI_Irecv(x.buf, static_cast<int>(x.count), sched_.elem.mpi, members_[x.peer], x.tag < 0 ? tag_ : x.tag,
-                        comm_, &recvs_[k]),
+                        comm_->get(), &recvs_[k]),
               "MPI_Irecv");
   }
   sends_.clear();
   for (const Xfer& x : st.sends)
-    sends_.push_back(engine.isend(comm_, members_[x.peer], world_[x.peer], x.buf, static_cast<int>(x.count),
+    sends_.push_back(engine.isend(comm_->get(), members_[x.peer], world_[x.peer], x.buf, static_cast<int>(x.count),
                                   sched_.elem.mpi, x.tag < 0 ? tag_ : x.tag, sync_sends_, bytes_sent));
   posted_ = true;
 }
@@ -431,18 +429,19 @@ bool StepExecutor::progress(Engine& engine, int64_t* bytes_sent) {
   return any;
 }
 
-void StepExecutor::abort() {
-  for (auto& r : recvs_) {
-    if (r != MPI_REQUEST_NULL) {
-      MPI_Cancel(&r);
-      MPI_Request_free(&r);
-    }
-  }
+void StepExecutor::abort(Engine& engine, const std::shared_ptr<OpState>& lender, std::shared_ptr<void> op_memory) {
+  // The step's requests may use the scratch space (and the caller's buffers): the scratch goes
+  // with them, kept alive by the quarantine until MPI is done with every one.
+  struct Memory {
+    std::unique_ptr<float[]> scratch;
+    std::vector<std::unique_ptr<float[]>> more_scratch;
+    std::shared_ptr<void> op_memory;
+  };
+  std::shared_ptr<void> scratch =
+      std::make_shared<Memory>(Memory{std::move(sched_.scratch), std::move(sched_.more_scratch), std::move(op_memory)});
+  for (auto& r : recvs_) engine.abandon_recv(r, scratch, lender);
   recvs_.clear();
-  for (auto& s : sends_) {
-    s->cancelled = true;
-    if (s->posted && !s->complete && s->req != MPI_REQUEST_NULL) MPI_Request_free(&s->req);
-  }
+  for (auto& s : sends_) engine.abandon_send(*s, scratch, lender);
   sends_.clear();
 }
 

@@ -108,22 +108,25 @@ Schedule allreduce_schedule(int p, int me, void* buf, int64_t n, int64_t ring_th
                             const AllreducePlan& plan = {}, int esz = 4);
 
 // Runs a schedule on `comm`. members[i] is the comm rank of member i and world[i] its world
-// rank (link emulation is per world-rank link). Embeddable in ops.
+// rank (link emulation is per world-rank link). Embeddable in ops; holds `comm` while it runs.
 class StepExecutor {
  public:
-  StepExecutor(MPI_Comm comm, std::vector<int> members, std::vector<int> world, int tag, Schedule schedule,
+  StepExecutor(SharedComm comm, std::vector<int> members, std::vector<int> world, int tag, Schedule schedule,
                bool synchronous_sends = false);
   // Advances; true if anything happened. Throws CommError on MPI errors or size mismatch.
   bool progress(Engine& engine, int64_t* bytes_sent);
   bool done() const { return cur_ >= sched_.steps.size() && finalized_; }
-  void abort();
+  // Gives up: the step's requests go to the engine's quarantine with the schedule's scratch
+  // space and `op_memory` (memory of the embedding op the steps use, if any); `lender` is the op
+  // whose caller lent the buffers the steps use (null: none).
+  void abort(Engine& engine, const std::shared_ptr<OpState>& lender, std::shared_ptr<void> op_memory = nullptr);
 
  private:
   void post(Engine& engine, int64_t* bytes_sent);
   std::string elem_unit() const { return sched_.elem.dtype == DType::kF32 ? "floats" : std::string(sched_.elem.name) + " elements"; }
   bool complete(Engine& engine);
 
-  MPI_Comm comm_;
+  SharedComm comm_;
   std::vector<int> members_, world_;
   int tag_;
   Schedule sched_;
@@ -141,7 +144,7 @@ class ScheduleOp : public Op {
       : Op(std::move(name), std::move(st)), exec_(std::move(exec)) {}
   bool progress(Engine& e) override { return exec_.progress(e, &bytes_sent); }
   bool finished() const override { return exec_.done(); }
-  void abort(Engine&, const std::string&) override { exec_.abort(); }
+  void abort(Engine& e, const CommError&) override { exec_.abort(e, state()); }
 
  private:
   StepExecutor exec_;

@@ -44,14 +44,18 @@ class SharedNics {
   };
 
  private:
-  struct Table;  // header + 2 * nodes busy times, in the mapped memory
-  SharedNics(Table* table, size_t bytes, bool owned_heap);
+  // The table's memory: a Header, then (at times_offset()) 2 * nodes busy times.
+  struct Header;
+  SharedNics(void* memory, size_t bytes, bool owned_heap);
+  static size_t times_offset();
   static size_t bytes_for(int nodes);
-  static void init_table(Table* table, int nodes);
+  static void init_table(void* memory, int nodes);
 
-  Table* table_;
+  void* memory_;
   size_t bytes_;
   bool heap_;
+  Header* header_;
+  double* times_;
 };
 
 }  // namespace harness

@@ -9,27 +9,20 @@ namespace {
 constexpr int kActivationTag = 0;
 }
 
-WaitAvoidingOp::WaitAvoidingOp(std::shared_ptr<OpState> st, MPI_Comm comm, int rank, int size, int tag_ub,
+WaitAvoidingOp::WaitAvoidingOp(std::shared_ptr<OpState> st, SharedComm comm, int rank, int size, int tag_ub,
                                WaConfig cfg, std::shared_ptr<WaShared> shared)
-    : Op("wait_avoiding", std::move(st)),
-      comm_(comm),
+    : ListenerOp("wait_avoiding", std::move(st), std::move(comm)),
       rank_(rank),
       size_(size),
       tag_ub_(tag_ub),
       cfg_(std::move(cfg)),
-      shared_(std::move(shared)) {
+      shared_(std::move(shared)),
+      act_buf_(std::make_shared<int64_t>(0)) {
   post_listener();
 }
 
-WaitAvoidingOp::~WaitAvoidingOp() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
-}
-
 void WaitAvoidingOp::post_listener() {
-  check_mpi(MPI_Irecv(&act_buf_, 1, MPI_INT64_T, MPI_ANY_SOURCE, kActivationTag, comm_, &act_req_),
-            "MPI_Irecv(activation)");
+  listen(act_buf_.get(), 1, MPI_INT64_T, kActivationTag, "MPI_Irecv(activation)");
 }
 
 void WaitAvoidingOp::join(Engine& e, int64_t k) {
@@ -43,7 +36,7 @@ void WaitAvoidingOp::join(Engine& e, int64_t k) {
     members = cfg_.phases[static_cast<size_t>(k % static_cast<int64_t>(cfg_.phases.size()))];
   }
   const int me = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
-  slot.work.reset(new float[cfg_.count > 0 ? cfg_.count : 1]);
+  slot.work = std::shared_ptr<float[]>(new float[cfg_.count > 0 ? cfg_.count : 1]);
   {
     std::lock_guard<std::mutex> lock(shared_->mu);
     std::memcpy(slot.work.get(), shared_->published.data(), sizeof(float) * cfg_.count);
@@ -58,18 +51,18 @@ void WaitAvoidingOp::join(Engine& e, int64_t k) {
   Schedule s = allreduce_schedule(static_cast<int>(members.size()), me, slot.work.get(), cfg_.count,
                                   cfg_.ring_threshold_bytes, e.links().allreduce_plan(members));
   std::vector<int> world = members;  // the op's communicator is a duplicate of the world
-  slot.exec.emplace(comm_, members, world, tag_for(k), std::move(s));
+  slot.exec.emplace(shared_comm(), members, world, tag_for(k), std::move(s));
   next_join_ = k + 1;
 }
 
 void WaitAvoidingOp::send_to_all(Engine& e, int64_t value) {
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
-    auto payload = std::make_unique<int64_t>(value);
+    auto payload = std::make_shared<int64_t>(value);
     // Synchronous sends: when they complete the receiver has matched them, which lets close()
     // prove that no activation is left in flight.
-    auto send = e.isend(comm_, r, r, payload.get(), 1, MPI_INT64_T, kActivationTag, true, nullptr);
-    act_sends_.emplace_back(std::move(send), std::move(payload));
+    auto send = e.isend(comm(), r, r, payload.get(), 1, MPI_INT64_T, kActivationTag, true, nullptr);
+    act_sends_.push_back({std::move(send), std::move(payload)});
   }
 }
 
@@ -124,7 +117,7 @@ bool WaitAvoidingOp::progress(Engine& e) {
   }
   for (auto& a : arrivals) {
     any = true;
-    a.state->t_start = now();
+    a.state->mark_started();
     const int64_t k = a.round;
     if (k >= next_join_) {
       if (wa_is_sync_round(k, cfg_.sync_every)) {
@@ -149,13 +142,10 @@ bool WaitAvoidingOp::progress(Engine& e) {
 
   // Activations (k >= 0; possibly several, possibly duplicates) and, with a quorum, arrival
   // notices (-(k+1)) from other ranks.
-  for (;;) {
-    int flag = 0;
-    MPI_Status status;
-    check_mpi(MPI_Test(&act_req_, &flag, &status), "MPI_Test(activation)");
-    if (!flag) break;
+  MPI_Status status;
+  while (heard(status, "wait-avoiding allreduce: an activation message longer than one int64")) {
     any = true;
-    int64_t k = act_buf_;
+    const int64_t k = *act_buf_;
     post_listener();
     if (k < 0)
       count_arrival(e, -k - 1);
@@ -178,7 +168,7 @@ bool WaitAvoidingOp::progress(Engine& e) {
   }
 
   for (auto it = act_sends_.begin(); it != act_sends_.end();) {
-    if (e.test_send(*it->first)) {
+    if (e.test_send(*it->req)) {
       it = act_sends_.erase(it);
       any = true;
     } else {
@@ -189,20 +179,15 @@ bool WaitAvoidingOp::progress(Engine& e) {
   if (closing_) {
     bool idle = act_sends_.empty() &&
                 std::all_of(rounds_.begin(), rounds_.end(), [](const auto& kv) { return !kv.second.exec; });
-    if (idle && barrier_req_ == MPI_REQUEST_NULL) {
-      // Everyone's activations were matched before anyone enters the barrier, so after it no
-      // activation is in flight and the listener can be cancelled.
-      check_mpi(MPI_Ibarrier(comm_, &barrier_req_), "MPI_Ibarrier");
-      any = true;
-    }
-    if (barrier_req_ != MPI_REQUEST_NULL) {
-      int flag = 0;
-      check_mpi(MPI_Test(&barrier_req_, &flag, MPI_STATUS_IGNORE), "MPI_Test(barrier)");
-      if (flag) {
-        MPI_Cancel(&act_req_);
-        MPI_Wait(&act_req_, MPI_STATUS_IGNORE);
+    // Everyone's activations were matched before anyone enters the barrier, so after it no
+    // activation is in flight and the listener can be cancelled.
+    if (idle || closing_barrier_posted()) {
+      if (!closing_barrier_posted()) any = true;
+      if (closing_barrier_done("MPI_Ibarrier")) {
+        stop_listening(status, "MPI_Wait(activation)");
         for (auto& kv : rounds_)
-          if (kv.second.state) kv.second.state->finish("wait-avoiding allreduce closed before the round completed");
+          if (kv.second.state)
+            kv.second.state->finish(CommError("wait-avoiding allreduce closed before the round completed"));
         rounds_.clear();
         finished_ = true;
         any = true;
@@ -212,25 +197,20 @@ bool WaitAvoidingOp::progress(Engine& e) {
   return any;
 }
 
-void WaitAvoidingOp::abort(Engine& e, const std::string& reason) {
-  (void)e;
-  if (act_req_ != MPI_REQUEST_NULL) {
-    MPI_Cancel(&act_req_);
-    MPI_Request_free(&act_req_);
-  }
+void WaitAvoidingOp::abort_rest(Engine& e, const CommError& error) {
   for (auto& kv : rounds_) {
-    if (kv.second.exec) kv.second.exec->abort();
-    if (kv.second.state) kv.second.state->finish(reason);
+    Slot& slot = kv.second;
+    // A round's allreduce works in slot.work: it goes to the quarantine with the requests.
+    if (slot.exec) slot.exec->abort(e, nullptr, slot.work);
+    if (slot.state) slot.state->finish(error);
   }
   rounds_.clear();
-  for (auto& s : act_sends_) {
-    s.first->cancelled = true;
-    // MPI may still read a posted payload after we are gone: leak it rather than free it.
-    if (s.first->posted && !s.first->complete) s.second.release();
-  }
+  for (auto& s : act_sends_) e.abandon_send(*s.req, s.buf);
+  act_sends_.clear();
   std::lock_guard<std::mutex> lock(shared_->mu);
-  for (auto& a : shared_->arrivals) a.state->finish(reason);
+  for (auto& a : shared_->arrivals) a.state->finish(error);
   shared_->arrivals.clear();
+  shared_->error = error;
 }
 
 }  // namespace harness

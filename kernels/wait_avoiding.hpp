@@ -36,6 +36,7 @@
 #include <optional>
 #include <vector>
 
+#include "listener.hpp"
 #include "schedule.hpp"
 
 namespace harness {
@@ -71,26 +72,24 @@ struct WaShared {
   };
   std::deque<Arrival> arrivals;
   bool close_requested = false;
+  std::optional<CommError> error;  // why the op failed: later arrivals fail at once with it
 };
 
 inline bool wa_is_sync_round(int64_t k, int sync_every) {
   return sync_every > 0 && k % sync_every == sync_every - 1;
 }
 
-class WaitAvoidingOp : public Op {
+class WaitAvoidingOp : public ListenerOp {
  public:
-  WaitAvoidingOp(std::shared_ptr<OpState> st, MPI_Comm comm, int rank, int size, int tag_ub, WaConfig cfg,
+  WaitAvoidingOp(std::shared_ptr<OpState> st, SharedComm comm, int rank, int size, int tag_ub, WaConfig cfg,
                  std::shared_ptr<WaShared> shared);
-  ~WaitAvoidingOp() override;
   bool progress(Engine& e) override;
   bool finished() const override { return finished_; }
   bool passive() const override { return rounds_.empty() && act_sends_.empty() && !closing_; }
-  void abort(Engine& e, const std::string& reason) override;
-  bool traced() const override { return false; }
 
  private:
   struct Slot {
-    std::unique_ptr<float[]> work;
+    std::shared_ptr<float[]> work;
     std::optional<StepExecutor> exec;
     bool done = false;
     RoundInfo info;
@@ -110,19 +109,18 @@ class WaitAvoidingOp : public Op {
   bool deliver(Engine& e, int64_t k, Slot& slot);  // true if handed to the caller
   void post_listener();
   int tag_for(int64_t k) const { return 1 + static_cast<int>(k % (tag_ub_ - 1)); }
+  std::shared_ptr<void> surrender_staging() override { return std::move(act_buf_); }
+  void abort_rest(Engine& e, const CommError& error) override;
 
-  MPI_Comm comm_;
   int rank_, size_, tag_ub_;
   WaConfig cfg_;
   std::shared_ptr<WaShared> shared_;
   int64_t next_join_ = 0;
   std::map<int64_t, Slot> rounds_;
-  int64_t act_buf_ = 0;
-  MPI_Request act_req_ = MPI_REQUEST_NULL;
-  std::vector<std::pair<std::shared_ptr<SendReq>, std::unique_ptr<int64_t>>> act_sends_;
+  std::shared_ptr<int64_t> act_buf_;  // the listening receive's buffer
+  std::vector<OwnedSend<int64_t>> act_sends_;
   std::map<int64_t, int> arrived_;  // quorum > 1: arrivals counted per round >= next_join_
   bool closing_ = false;
-  MPI_Request barrier_req_ = MPI_REQUEST_NULL;
   bool finished_ = false;
 };
 

@@ -47,8 +47,7 @@ WaitAvoiding::WaitAvoiding(std::shared_ptr<Engine> engine, FloatSpan initial, in
   cfg.quorum = quorum;
   cfg.phases = std::move(phases);
   cfg.ring_threshold_bytes = ring_threshold_bytes;
-  MPI_Comm c = engine_->dup_comm();
-  op_state_ = engine_->submit(std::make_unique<WaitAvoidingOp>(std::make_shared<OpState>(), c, engine_->rank(),
+  op_state_ = engine_->submit(std::make_unique<WaitAvoidingOp>(std::make_shared<OpState>(), engine_->dup_comm(), engine_->rank(),
                                                                engine_->size(), engine_->tag_ub(), std::move(cfg),
                                                                shared_));
 }
@@ -62,6 +61,8 @@ WaitAvoiding::Round WaitAvoiding::iround(FloatSpan buf, FloatSpan out, bool may_
   Round r{std::make_shared<OpState>(), std::make_shared<RoundInfo>()};
   {
     std::lock_guard<std::mutex> lock(shared_->mu);
+    // An op that failed takes no more arrivals: nothing would ever finish this one.
+    if (shared_->error) throw shared_->error->in_context("wait-avoiding allreduce failed: ");
     float* pub = shared_->published.data();
     if (accumulate_)
       for (int64_t i = 0; i < count_; ++i) pub[i] += buf.data[i];

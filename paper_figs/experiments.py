@@ -34,20 +34,25 @@ Common choices:
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import yaml
 
+from harness.results.columns import EVAL_COLUMNS, to_frame
+from harness.results.summary import evaluation_ready_s as ready_s
 from harness.results.summary import summarize
 from harness.scenario.loader import scenario_from_dict
 from harness.sim.calibration import CalibrationEntry, ComputePoint, EvalPoint
 from harness.sim.runs import DEFAULT_NETWORK, TrainedRun, predict
+from harness.sim.training import training_problem
 from harness.validation import sgp_stack
 from harness.validation.simulated import FREE_NETWORK, simulate_one, simulate_series
 from harness.validation.systems import (
@@ -60,13 +65,14 @@ from harness.validation.systems import (
     WAGMA_REPO_STRAGGLERS,
     WAGMA_SERIES,
 )
+from harness.workload.names import workload_labels
 
 # The SGP figure's workers: ResNet-50 at batch 32 per GPU, 200 ms of compute, 8 GPUs per node.
 SGP_COMPUTE_MS = 200.0
 SGP_BATCH_SIZE = 32
 SGP_WORKERS_PER_NODE = 8
 
-# Series key -> algorithm entry of a scenario. Keys are the names paper_figs.style knows.
+# Series key -> algorithm entry of a scenario. Keys are the names harness.report.style knows.
 SGP_SERIES: dict[str, Any] = {
     "allreduce_sgd": "allreduce_sgd",
     "dpsgd": "dpsgd",
@@ -287,8 +293,6 @@ def at_scale_entry(scenario) -> CalibrationEntry:
     """The timing of the time-to-accuracy sweep: the default cluster network
     (:data:`~harness.sim.runs.DEFAULT_NETWORK`) and the scenario's workload computing for
     :data:`AT_SCALE_COMPUTE_S` per iteration (:data:`AT_SCALE_EVAL_S` per evaluation)."""
-    from harness.workload.names import workload_labels
-
     model, dataset = workload_labels(scenario.workload)
     compute = ComputePoint(model=model, dataset=dataset, batch_size=scenario.workload.batch_size,
                            median_s=AT_SCALE_COMPUTE_S, p95_s=AT_SCALE_COMPUTE_S, samples=1,
@@ -306,8 +310,6 @@ def evaluation_ready_s(steps: pd.DataFrame, evals: pd.DataFrame) -> pd.Series:
     Not the evaluation's ``time_s`` (evals.csv), which is rank 0's arrival: a method whose ranks
     drift apart (AD-PSGD, WAGMA-SGD, SGP, D-PSGD) evaluates an average of models that the slower
     ranks finish later, up to a straggler's sleeps later."""
-    from harness.results.summary import evaluation_ready_s as ready_s
-
     average = evals[evals["model"] == "average"]
     return pd.Series(ready_s(steps, average).to_numpy(), index=average["iteration"].astype(int).to_numpy(),
                      name="ready_s")
@@ -319,9 +321,6 @@ def time_to_accuracy_point(ranks: int, key: str, algorithm: Any, iterations: int
     simulated with values (``harness.sim.runs.predict`` with a ``TrainedRun``) on
     :func:`at_scale_entry`'s timing: one row per evaluation of the averaged model (columns of
     :func:`time_to_accuracy`). ``target_accuracy``: None, the scenario's."""
-    from harness.results.columns import EVAL_COLUMNS, to_frame
-    from harness.sim.training import training_problem
-
     data = yaml.safe_load(AT_SCALE_SCENARIO.read_text())
     data.update(ranks=ranks, algorithms=[algorithm])
     data["workload"] = {**data["workload"], "iterations": iterations, "eval_every": eval_every}
@@ -416,9 +415,6 @@ def time_to_accuracy(quick: bool, ranks: Sequence[int] | None = None,
     if workers <= 1 or len(points) == 1:
         results = [time_to_accuracy_point(*point) for point in points]
     else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
         # Spawned, not forked: torch's thread pools do not survive a fork. The largest points first.
         by_cost = sorted(range(len(points)), key=lambda i: -points[i][0] * points[i][3])
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:

@@ -5,8 +5,9 @@ Inputs: ``wagma_scaling`` (the simulated sweep's CSV, ``experiments.wagma_scalin
 ``straggler`` (a real run directory of ``scenarios/straggler.yaml``).
 
 - Panel 0: simulated throughput / Allreduce-SGD's throughput vs ranks (log2 axis), one line per
-  algorithm, from the repository's ResNet-50 configuration (``experiments.wagma_scaling``); the real straggler run's ratios (summary.csv) at its rank count overlaid as one
-  scatter series, each point in its algorithm's colour.
+  algorithm, from the repository's ResNet-50 configuration (``experiments.wagma_scaling``); the
+  real straggler run's ratios (summary.csv) at its rank count overlaid as one scatter series, each
+  point in its algorithm's colour.
 - Panel 1: test accuracy of the average model vs seconds since the algorithm's first iteration
   began, from the real run's evals.csv.
 
@@ -21,7 +22,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paper_figs import readers, style
+from harness.report import style
+from paper_figs import readers
 
 NAME = "fig1_wagma_throughput"
 PAPER_RATIO = 2.1  # WAGMA-SGD vs state-of-the-art decentralized SGD, 1,024 GPUs (TPDS'21)

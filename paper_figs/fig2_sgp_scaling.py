@@ -27,7 +27,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paper_figs import readers, style
+from harness.report import style
+from paper_figs import readers
 
 NAME = "fig2_sgp_scaling"
 NETWORKS = ("10 GbE", "100 Gb InfiniBand")
@@ -89,7 +90,8 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
         most, fewest = part["nodes"].max(), part["nodes"].min()
         facts = []
         if growth is not None:
-            facts.append(f"AR-SGD {most}/{fewest} nodes: {growth:.2f}x" + (" (paper: >= 1.5x)" if network == "10 GbE" else ""))
+            target = " (paper: >= 1.5x)" if network == "10 GbE" else ""
+            facts.append(f"AR-SGD {most}/{fewest} nodes: {growth:.2f}x{target}")
         if ratio is not None:
             facts.append(f"SGP / AR-SGD at {most}: {ratio:.2f}"
                          + (" (paper: about 0.33)" if network == "10 GbE" else " (paper: about 1)"))

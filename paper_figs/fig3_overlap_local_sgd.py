@@ -34,7 +34,8 @@ import numpy as np
 import pandas as pd
 
 from harness.algorithms import registry
-from paper_figs import readers, style
+from harness.report import style
+from paper_figs import readers
 
 NAME = "fig3_overlap_local_sgd"
 INPUT = "slow_link"

@@ -13,7 +13,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paper_figs import style
+from harness.report import style
 
 NAME = "fig4_imbalance_sweep"
 

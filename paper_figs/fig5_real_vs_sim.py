@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from paper_figs import style
+from harness.report import style
 
 NAME = "fig5_real_vs_sim"
 MODES = (("trace", "trace-driven"), ("predictive", "predictive"))
@@ -45,7 +45,7 @@ def draw(inputs: dict[str, Path]):
     values = data[["x", "y"]].to_numpy()
     low, high = float(np.nanmin(values)) / 1.3, float(np.nanmax(values)) * 1.3
     line = np.geomspace(low, high, 50)
-    for panel, (mode, title) in enumerate(MODES):
+    for panel, (_mode, title) in enumerate(MODES):
         ax = axes[panel]
         ax.plot(line, line, color="black", linewidth=1, label="_y = x")
         ax.fill_between(line, line * 0.9, line * 1.1, color="grey", alpha=0.2, label="_+-10%")

@@ -16,7 +16,7 @@ clipped at ``end_s``). Zero-length parts are not drawn; the gap up to ``end_s`` 
 (optimizer step, averaging arithmetic). Time axis: ms since the earliest ``start_s`` of the window
 in that panel (each algorithm ran at a different time of the run).
 
-Bars are not lines, so :func:`paper_figs.style.plotted` sees nothing labelled in this figure
+Bars are not lines, so :func:`harness.report.style.plotted` sees nothing labelled in this figure
 (iteration boundaries are drawn as ``_``-labelled reference lines); :func:`bars` reads the drawn
 bars back. The table has one row per bar: ``panel``, ``series`` (the kind: "injected delay",
 "compute", "waiting"), ``x`` (bar start, ms), ``y`` (rank), ``width`` (ms), ``algorithm``,
@@ -32,8 +32,8 @@ import pandas as pd
 from matplotlib.container import BarContainer
 from matplotlib.patches import Patch
 
+from harness.report import style
 from harness.results.records import RunDirectory
-from paper_figs import style
 
 NAME = "fig6_timeline"
 INPUT = "straggler"

@@ -24,7 +24,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paper_figs import readers, style
+from harness.report import style
+from paper_figs import readers
 
 NAME = "fig7_low_communication"
 REAL = "low_communication"

@@ -29,7 +29,7 @@ import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from paper_figs import style
+from harness.report import style
 
 NAME = "fig8_time_to_accuracy"
 SWEEP = "time_to_accuracy"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import _posixsubprocess
 import ast
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,10 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.bench.real_runs import CaseFailed, run_command
-from harness.bench.faults import processes_mentioning  # noqa: F401  (the tests import it from here)
 from harness.launch import run_ranks
 from harness.sim.calibration import save_fixed_calibration
+from harness.testing.real_runs import CaseFailed, run_command
 
 MPI_DIR = Path(__file__).parent / "mpi"
 
@@ -75,6 +76,87 @@ def pytest_runtest_protocol(item, nextitem):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+# -- the fast lane: `python -m pytest -m unit` -----------------------------------------------------
+# A test that starts a process of any kind (ranks under mpiexec, the harness CLI, a script, a
+# tool) is marked `mpi` (it launches ranks), `slow` (a long end-to-end run) or `subprocess` (other
+# processes, no ranks); every other test is marked `unit` here, and `-m unit` runs those alone.
+# Checked, not trusted: an audit hook sees every process a test starts (in its set-up or its
+# call), and a `unit` test that starts one fails at once, as does a test without `mpi` that runs
+# mpiexec itself. So a test added without its marker fails in the fast lane and in the full
+# suite alike, and the lane cannot slowly fill with process launches.
+
+PROCESS_MARKERS = ("mpi", "slow", "subprocess")
+_PROCESS_EVENTS = {"subprocess.Popen", "os.system", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
+                   "tests.fork_exec"}
+_LAUNCHERS = {"mpiexec", "mpirun", "mpiexec.hydra", "srun"}
+_watched: dict = {"item": None, "problems": []}  # the test in set-up or call, and what it did wrong
+
+
+def _process_problem(event: str, args: tuple) -> str | None:
+    item = _watched["item"]
+    if item is None or event not in _PROCESS_EVENTS:
+        return None
+    argv = {"subprocess.Popen": 1, "os.system": 0, "os.posix_spawn": 1, "os.spawn": 2, "tests.fork_exec": 0}.get(event)
+    argv = () if argv is None else args[argv]  # os.fork, os.forkpty: no command
+    words = argv.split() if isinstance(argv, (str, bytes)) else list(argv or ())
+    words = [os.fsdecode(w) if isinstance(w, (str, bytes, os.PathLike)) else str(w) for w in words]
+    command = " ".join(words)
+    marked = {m for m in PROCESS_MARKERS if item.get_closest_marker(m) is not None}
+    if not marked:
+        return (f"{item.nodeid} starts a process ({event}: {command[:200] or 'fork'}) but is marked neither mpi, "
+                "slow nor subprocess: mark it (the fast lane, -m unit, runs only tests that start none)")
+    if "mpi" not in marked and any(Path(w).name in _LAUNCHERS for w in words):
+        return f"{item.nodeid} launches ranks ({command[:200]}) but is not marked mpi"
+    return None
+
+
+def _audit_processes(event: str, args: tuple) -> None:
+    if event in _PROCESS_EVENTS and (problem := _process_problem(event, args)) is not None:
+        _watched["problems"].append(problem)
+        raise RuntimeError(problem)
+
+
+sys.addaudithook(_audit_processes)  # for good (an audit hook cannot be removed): it checks only while a test runs
+
+
+def _audited_fork_exec(*args, **kwargs):
+    """multiprocessing's spawn and forkserver start their processes with _posixsubprocess.fork_exec,
+    which raises no audit event of its own (subprocess, which does, holds its own reference)."""
+    sys.audit("tests.fork_exec", args[0] if args else ())
+    return _fork_exec(*args, **kwargs)
+
+
+_fork_exec, _posixsubprocess.fork_exec = _posixsubprocess.fork_exec, _audited_fork_exec
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not any(item.get_closest_marker(m) is not None for m in PROCESS_MARKERS):
+            item.add_marker(pytest.mark.unit)
+
+
+def _watching(item):
+    _watched["item"], _watched["problems"] = item, []
+    try:
+        result = yield
+    finally:
+        _watched["item"] = None
+    if _watched["problems"]:  # raised where the process was started; should that have been swallowed:
+        pytest.fail("\n".join(_watched["problems"]), pytrace=False)
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    return (yield from _watching(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    return (yield from _watching(item))
+
+
 def launch_checks(script: str, ranks: int, tmp_path: Path, timeout: float = 240) -> dict:
     """Run ``tests/mpi/<script>`` on ``ranks`` ranks; return rank 0's JSON report."""
     out = tmp_path / f"{Path(script).stem}-{ranks}.json"
@@ -124,25 +206,45 @@ def rank_pid(marker: str, rank: int) -> int | None:
     return None
 
 
-def kill_rank_mid_run(cmd: Sequence[str], out: Path, rank: int, sig: int, settle_s: float,
+def kill_rank_mid_run(cmd: Sequence[str], out: Path, rank: int, sig: int,
                       cwd: Path | None = None) -> tuple[int, subprocess.CompletedProcess]:
     """Start ``cmd`` (a ``harness run`` writing under ``out``), send ``sig`` to ``rank``'s process
-    ``settle_s`` after the run began (nothing injected: as the kernel's out-of-memory killer or a
-    crash would), and wait for the run; (that rank's pid, what the run printed). Should the rank
-    never start, the run's own watchdog ends it (start-up timeout), and the test fails."""
-    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+    in mid-run (nothing injected: as the kernel's out-of-memory killer or a crash would), and wait
+    for the run; (that rank's pid, what the run printed). Mid-run: once rank 0's progress bar
+    shows an iteration done (a first iteration ends with a collective: every rank is in the
+    training loop). The test fails when that never shows (the run ended, or not within 120 s)."""
+    import threading
+
+    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    printed: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+
+    def read(stream, into: bytearray) -> None:  # chunks: the progress bar rewrites its line with \r
+        while chunk := os.read(stream.fileno(), 65536):
+            into += chunk
+
+    readers = [threading.Thread(target=read, args=(getattr(proc, name), printed[name]), daemon=True)
+               for name in printed]
+    for reader in readers:
+        reader.start()
+    iteration_done = re.compile(rb" [1-9][0-9]*/[0-9]+ \[")  # tqdm's "  5%|5   | 200/4000 [00:01<..."
     try:
-        while (pid := rank_pid(str(out), rank)) is None or not list(out.glob("*/*/run.json")):
-            assert proc.poll() is None, f"rank {rank} never started: {proc.stderr.read()[-3000:]}"
-            time.sleep(0.2)
-        time.sleep(settle_s)
+        deadline = time.monotonic() + 120
+        while (pid := rank_pid(str(out), rank)) is None or not iteration_done.search(bytes(printed["stderr"])):
+            assert proc.poll() is None, f"the run ended before rank {rank} was killed: {printed['stderr'][-3000:]}"
+            assert time.monotonic() < deadline, f"no iteration done in 120 s: {printed['stderr'][-3000:]}"
+            time.sleep(0.05)  # polls for the rank and the progress bar, with a deadline
         os.kill(pid, sig)
-        out_text, err = proc.communicate()
+        proc.wait()
     finally:
         if proc.poll() is None:  # a failed assertion above: stop the run like Ctrl+C
             proc.send_signal(signal.SIGINT)
-            proc.communicate(timeout=30)
+            proc.wait(timeout=30)
+        for reader in readers:
+            reader.join(timeout=30)
+        proc.stdout.close()
+        proc.stderr.close()
+    out_text, err = (printed[name].decode(errors="replace") for name in ("stdout", "stderr"))
     return pid, subprocess.CompletedProcess(proc.args, proc.returncode, out_text, err)
 
 
@@ -171,17 +273,66 @@ def check_names(script: str) -> list[str]:
     ]
 
 
-def report_cache(script: str, tmp_path_factory, timeout: float = 240) -> Callable[[int], dict]:
-    """``get(ranks)``: the report of one launch of ``script`` per rank count, launched on first use."""
-    cache: dict[int, dict] = {}
+def mpi_check_suite(script: str, ranks: Sequence[int], *, checks: int, slow_ranks: Sequence[int] = (),
+                    timeout: float = 240, marks: Sequence[pytest.MarkDecorator] = (),
+                    launch: Callable[[int, Path], dict] | None = None, doc: str | None = None) -> type:
+    """The checks of ``tests/mpi/<script>`` as a test class; a test file assigns it to a ``Test...`` name::
 
-    def get(ranks: int) -> dict:
-        if ranks not in cache:
-            tmp = tmp_path_factory.mktemp(f"{Path(script).stem}{ranks}")
-            cache[ranks] = launch_checks(script, ranks, tmp, timeout=timeout)
-        return cache[ranks]
+        TestCommChecks = mpi_check_suite("comm_checks.py", ranks=(1, 2, 3), checks=12)
 
-    return get
+    * ``test_check[<check>-<n>ranks]``: each ``@check`` of the script at each rank count of
+      ``ranks`` (and of ``slow_ranks``, those marked ``slow``), marked ``mpi`` and ``marks``. One
+      launch per rank count runs every check (``launch(ranks, tmp_dir)``, by default
+      ``launch_checks`` with ``timeout``), started by the first test that needs it; when it fails or
+      skips, the tests after it fail or skip with its message instead of launching again.
+    * ``test_checks_found``: the script has exactly ``checks`` checks, none named twice (read
+      without launching anything: a check renamed, lost to a bad decorator or added without a
+      look at the suite shows here).
+    * ``reports(ranks, tmp_path_factory)``: that launch's report, for other tests of the file.
+    """
+    stem = Path(script).stem
+    names = check_names(script)
+    launched: dict[int, dict | BaseException] = {}  # a report, or how its launch ended (pytest's skip or fail)
+
+    def run(n: int, tmp: Path) -> dict:
+        return launch_checks(script, n, tmp, timeout=timeout)
+
+    def reports(n: int, tmp_path_factory) -> dict:
+        if n not in launched:
+            try:
+                launched[n] = (launch or run)(n, tmp_path_factory.mktemp(f"{stem}{n}"))
+            except (pytest.skip.Exception, pytest.fail.Exception) as exc:
+                launched[n] = exc
+                raise
+        got = launched[n]
+        if isinstance(got, pytest.skip.Exception):
+            pytest.skip(got.msg)
+        if isinstance(got, BaseException):
+            pytest.fail(f"(the launch on {n} ranks, in an earlier test) {got.msg}", pytrace=False)
+        return got
+
+    params = [pytest.param(name, n, id=f"{name}-{n}ranks", marks=[pytest.mark.slow] if n in slow_ranks else [])
+              for n in [*ranks, *slow_ranks] for name in names]
+
+    def test_check(self, tmp_path_factory, check: str, ranks: int) -> None:
+        report = reports(ranks, tmp_path_factory)
+        if check not in report:
+            pytest.fail(f"{script} on {ranks} ranks reported nothing for {check} (its report: {sorted(report)})")
+        assert_check(report, check)
+
+    test_check.__doc__ = doc
+    test_check = pytest.mark.parametrize(("check", "ranks"), params)(test_check)
+    for mark in [pytest.mark.mpi, *marks]:
+        test_check = mark(test_check)
+
+    def test_checks_found(self) -> None:
+        found = check_names(script)
+        assert len(found) == len(set(found)), f"{script} names a check twice: {found}"
+        assert len(found) == checks, f"{script} has {len(found)} checks, its suite declares {checks}: {found}"
+
+    name = "Test" + "".join(part.capitalize() for part in stem.split("_"))
+    return type(name, (), {"__doc__": f"tests/mpi/{script} under mpiexec.", "test_check": test_check,
+                           "test_checks_found": test_checks_found, "reports": staticmethod(reports)})
 
 
 REPO = Path(__file__).resolve().parent.parent

@@ -45,6 +45,7 @@ def test_adpsgd_reaches_allreduce_accuracy(tmp_path):
     assert final["adpsgd"] >= final["allreduce_sgd"] - 0.05, final
 
 
+@pytest.mark.subprocess
 def test_adpsgd_refuses_an_odd_rank_count(tmp_path):
     path = write_scenario(tmp_path, name="adodd", ranks=3, algorithms=["adpsgd"])
     proc = subprocess.run([sys.executable, "-m", "harness", "validate", str(path)], capture_output=True, text=True)

@@ -29,7 +29,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import assert_check, check_names, report_cache
+from conftest import mpi_check_suite
 from harness.schedules import mixing_row
 from harness.schedules import (
     bipartite_exponential_shift,
@@ -245,24 +245,7 @@ def test_unknown_graph_is_refused():
 RANK_COUNTS = (1, 2, 3, 4)
 
 
-def _check_names() -> list[str]:
-    return check_names("gossip_checks.py")
-
-
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory):
-    return report_cache("gossip_checks.py", tmp_path_factory)
-
-
-@pytest.mark.mpi
-@pytest.mark.parametrize("ranks", RANK_COUNTS)
-@pytest.mark.parametrize("check", _check_names())
-def test_gossip(reports, ranks, check):
-    assert_check(reports(ranks), check)
-
-
-def test_check_names_found():
-    assert len(_check_names()) >= 6
+TestGossipChecks = mpi_check_suite("gossip_checks.py", RANK_COUNTS, checks=7)
 
 
 # --------------------------------------------------------------------------------------------
@@ -434,6 +417,7 @@ def test_emulated_compute_runs(tmp_path):
         (4, {"name": "dpsgd", "graph": "star"}, "algorithms[0].graph"),
     ],
 )
+@pytest.mark.subprocess
 def test_bad_params_exit_2(tmp_path, ranks, entry, message):
     path = _scenario(tmp_path, "bad", ranks=ranks, algorithms=[entry],
                      workload={"model": "logreg", "dataset": "digits", "batch_size": 8, "iterations": 4})

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import assert_check, check_names, harness_cli, report_cache, run_scenario
+from conftest import harness_cli, mpi_check_suite, run_scenario
 from harness.algorithms.outer import OuterNesterov
 from harness.algorithms.streaming_diloco import fragment_bounds, round_to
 from harness.workload import batch_indices, build_model, flat_params, load_dataset
@@ -30,21 +30,7 @@ RANK_COUNTS = (3, 4)
 # -- hook-level checks under mpiexec --------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory):
-    return report_cache("low_communication_checks.py", tmp_path_factory, timeout=280)
-
-
-@pytest.mark.mpi
-@pytest.mark.parametrize("ranks", RANK_COUNTS)
-@pytest.mark.parametrize("check", check_names("low_communication_checks.py"))
-def test_low_communication(reports, ranks, check):
-    assert_check(reports(ranks), check)
-
-
-def test_check_names_found():
-    names = check_names("low_communication_checks.py")
-    assert len(names) >= 10 and "quorum_diloco_counts_every_pseudo_gradient_once_and_agrees" in names
+TestLowCommunicationChecks = mpi_check_suite("low_communication_checks.py", RANK_COUNTS, checks=10, timeout=280)
 
 
 # -- pieces ----------------------------------------------------------------------------------------

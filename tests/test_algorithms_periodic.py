@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 import yaml
 
-from conftest import assert_check, check_names, harness_cli as harness, report_cache, run_scenario
+from conftest import harness_cli as harness, mpi_check_suite, run_scenario
 from harness.schedules import periodic_sync
 
 RANK_COUNTS = (1, 3, 4)  # one rank, odd, even: 2 ranks checked nothing that 3 and 4 do not
@@ -53,7 +54,6 @@ EMULATED = {"name": "periodic_emulated", "ranks": 3, "seed": 7,
 
 
 def final_models(run: Path, algorithm: str):
-    torch = pytest.importorskip("torch")
     return torch.load(run / "provenance" / f"final_models_{algorithm}.pt")
 
 
@@ -89,25 +89,7 @@ def test_periodic_sync_after_exactly_period_steps():
 # -- hook-level checks under mpiexec --------------------------------------------------------------
 
 
-def _check_names() -> list[str]:
-    return check_names("periodic_checks.py")
-
-
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory):
-    return report_cache("periodic_checks.py", tmp_path_factory, timeout=280)
-
-
-@pytest.mark.mpi
-@pytest.mark.parametrize("ranks", RANK_COUNTS)
-@pytest.mark.parametrize("check", _check_names())
-def test_periodic(reports, ranks, check):
-    assert_check(reports(ranks), check)
-
-
-def test_check_names_found():
-    names = _check_names()
-    assert len(names) >= 10 and "easgd_overlap_matches_reference" in names
+TestPeriodicChecks = mpi_check_suite("periodic_checks.py", RANK_COUNTS, checks=11, timeout=280)
 
 
 # -- end to end -----------------------------------------------------------------------------------
@@ -115,7 +97,6 @@ def test_check_names_found():
 
 @pytest.mark.mpi
 def test_bmuf_without_block_momentum_is_local_sgd(equivalence):
-    torch = pytest.importorskip("torch")
     bmuf, local = final_models(equivalence, "bmuf"), final_models(equivalence, "local_sgd")
     assert bmuf.shape[0] == 3
     torch.testing.assert_close(bmuf, local, rtol=1e-5, atol=1e-5)
@@ -128,14 +109,12 @@ def test_bmuf_without_block_momentum_is_local_sgd(equivalence):
 ])
 def test_final_models_identical_across_ranks(request, which, algorithm):
     # Iterations are a multiple of the period: the last step ends with a global synchronization.
-    torch = pytest.importorskip("torch")
     finals = final_models(request.getfixturevalue(which), algorithm)
     assert all(torch.equal(finals[0], finals[r]) for r in range(1, finals.shape[0]))
 
 
 @pytest.mark.mpi
 def test_easgd_workers_stay_elastic(trained):
-    torch = pytest.importorskip("torch")
     finals = final_models(trained, "easgd")
     assert not torch.equal(finals[0], finals[1])
     evals = pd.read_csv(trained / "evals.csv")
@@ -144,7 +123,6 @@ def test_easgd_workers_stay_elastic(trained):
 
 @pytest.mark.mpi
 def test_overlapped_easgd_computes_the_blocking_iterates(trained, equivalence):
-    torch = pytest.importorskip("torch")
     torch.testing.assert_close(final_models(equivalence, "easgd"), final_models(trained, "easgd"),
                                rtol=1e-6, atol=1e-7)
 
@@ -185,7 +163,6 @@ def test_overlap_hides_a_slow_link(slow_link, algorithm):
 
 @pytest.mark.mpi
 def test_emulated_compute_without_optimizer(emulated):
-    torch = pytest.importorskip("torch")
     steps = pd.read_csv(emulated / "steps.csv")
     assert sorted(steps.algorithm.unique()) == sorted(PERIODIC)
     assert len(steps) == len(PERIODIC) * 3 * 12
@@ -205,6 +182,7 @@ def test_emulated_compute_without_optimizer(emulated):
     ({"name": "bmuf", "block_momentum": 1.0}, "block_momentum"),
     ({"name": "bmuf", "block_lr": 0.0}, "block_lr"),
 ])
+@pytest.mark.subprocess
 def test_bad_parameters_exit_2_from_validate(tmp_path, entry, field):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump({**EMULATED, "algorithms": [entry]}))

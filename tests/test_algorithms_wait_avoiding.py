@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import assert_check, check_names, harness_cli as harness, report_cache, run_scenario
+from conftest import harness_cli as harness, mpi_check_suite, run_scenario
 from conftest import write_scenario_file as write_scenario
 from harness.algorithms import algorithm_class, params_model
 from harness.algorithms.base import AlgorithmContext
@@ -142,24 +142,7 @@ def test_eager_wiring_publishes_g_over_p_and_applies_the_sum(mode):
 
 # -- exact rules under mpiexec --------------------------------------------------------------------
 
-def _check_names() -> list[str]:
-    return check_names(CHECKS_SCRIPT)
-
-
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory):
-    return report_cache(CHECKS_SCRIPT, tmp_path_factory, timeout=280)
-
-
-@pytest.mark.mpi
-@pytest.mark.parametrize("ranks", [4, 6, *(pytest.param(r, marks=pytest.mark.slow) for r in (2, 3))])
-@pytest.mark.parametrize("check", _check_names())
-def test_exact_rules(reports, ranks, check):
-    assert_check(reports(ranks), check)
-
-
-def test_check_names_found():
-    assert len(_check_names()) == 6
+TestWaitAvoidingAlgoChecks = mpi_check_suite(CHECKS_SCRIPT, (4, 6), slow_ranks=(2, 3), checks=6, timeout=280)
 
 
 # -- end to end ------------------------------------------------------------------------------------
@@ -249,6 +232,7 @@ def test_eager_models_stay_identical(training_run):
         ({"name": "eager_sgd", "sync_period": 0}, "algorithms[0].sync_period: must be an integer >= 1 (got 0)"),
     ],
 )
+@pytest.mark.subprocess
 def test_bad_params_exit_2(tmp_path, entry, message):
     path = write_scenario(tmp_path, {"name": "bad", "ranks": 4, "workload": {**WORKLOAD, "iterations": 4},
                                      "algorithms": [entry]})
@@ -257,6 +241,7 @@ def test_bad_params_exit_2(tmp_path, entry, message):
     assert message in proc.stderr and proc.stderr.startswith("error:")
 
 
+@pytest.mark.subprocess
 def test_good_params_validate(tmp_path):
     path = write_scenario(tmp_path, {"name": "good", "ranks": 6, "workload": {**WORKLOAD, "iterations": 4},
                                      "algorithms": [{"name": "wagma", "group_size": 4},
@@ -266,6 +251,7 @@ def test_good_params_validate(tmp_path):
     assert "wagma group_size=4 period=11" in proc.stdout
 
 
+@pytest.mark.subprocess
 def test_old_sync_period_spelling_validates_with_a_note(tmp_path):
     path = write_scenario(tmp_path, {"name": "old", "ranks": 4, "workload": {**WORKLOAD, "iterations": 4},
                                      "algorithms": [{"name": "wagma", "group_size": 2, "sync_period": 10},

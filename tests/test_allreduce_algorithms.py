@@ -9,8 +9,13 @@ import pandas as pd
 import pytest
 
 from conftest import save_test_calibration
-from harness.bench.agreement import ALLREDUCE_RUN_COMPUTE, ALLREDUCE_RUN_HOP_S, ALLREDUCE_RUNS, allreduce_run_scenario
-from harness.bench.real_runs import run_and_compare
+from harness.testing.real_runs import run_and_compare
+from harness.testing.scenarios import (
+    ALLREDUCE_RUN_COMPUTE,
+    ALLREDUCE_RUN_HOP_S,
+    ALLREDUCE_RUNS,
+    allreduce_run_scenario,
+)
 from harness.local_costs import iteration_overhead_s
 from harness.scenario import scenario_from_dict
 from harness.schedules import RING_THRESHOLD_BYTES

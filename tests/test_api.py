@@ -13,21 +13,13 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import REPO, assert_check, check_names, harness_cli, report_cache, save_test_calibration
+from conftest import REPO, harness_cli, mpi_check_suite, save_test_calibration
 
 SCRIPT = "api_checks.py"
 EXAMPLE = REPO / "examples" / "own_training_script"
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    return report_cache(SCRIPT, tmp_path_factory)
-
-
-@pytest.mark.parametrize("ranks", [1, 2, 3])
-@pytest.mark.parametrize("name", check_names(SCRIPT))
-def test_api_on_ranks(report, name, ranks):
-    assert_check(report(ranks), name)
+TestApiChecks = mpi_check_suite(SCRIPT, (1, 2, 3), checks=8)
 
 
 TINY_SCRIPT = '''
@@ -54,6 +46,7 @@ def scenario(tmp_path: Path, **extra) -> Path:
     return path
 
 
+@pytest.mark.mpi
 def test_plain_mpiexec_without_scenario_writes_its_own_results(tmp_path):
     from harness.launch import mpiexec_path
 
@@ -69,6 +62,7 @@ def test_plain_mpiexec_without_scenario_writes_its_own_results(tmp_path):
     assert json.loads((run / "run.json").read_text())["status"] == "complete"
 
 
+@pytest.mark.mpi
 def test_launch_names_a_killed_rank(tmp_path):
     # The fault strikes in the script's communication too: just after D-PSGD's exchange is posted.
     (tmp_path / "train.py").write_text(TINY_SCRIPT)
@@ -90,6 +84,7 @@ def test_launch_names_a_killed_rank(tmp_path):
     (["launch", "--scenario", "{bad}", "{script}"], "algorithms[0].name"),
     (["launch", "-n", "2", "--only", "sgp", "{script}"], "--scenario"),
 ])
+@pytest.mark.subprocess
 def test_launch_bad_input_starts_nothing(tmp_path, args, words):
     (tmp_path / "train.py").write_text(TINY_SCRIPT)
     bad = tmp_path / "bad.yaml"
@@ -102,12 +97,14 @@ def test_launch_bad_input_starts_nothing(tmp_path, args, words):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.subprocess
 def test_run_refuses_a_script_scenario(tmp_path):
     proc = harness_cli("run", str(scenario(tmp_path)), "--out", str(tmp_path / "out"))
     assert proc.returncode == 2 and "harness launch" in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.mpi
 def test_example_training_script_launches_and_compares(tmp_path):
     """Example 2 of the README as a user runs it (smaller): launched under its scenario, once per
     algorithm into one results directory, then compared with its simulation."""

@@ -12,7 +12,8 @@ import pytest
 
 from conftest import harness_cli
 
-from harness.bench.collectives import SizeError, format_size, iterations_for, parse_size, parse_sizes
+from harness.bench.collective_ops import iterations_for
+from harness.bench.sizes import SizeError, format_size, parse_size, parse_sizes
 
 # A child must not believe it already runs inside an MPI job (pytest may itself run under one).
 _JOB_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS", "SLURM_STEP_ID")
@@ -69,6 +70,7 @@ def test_format_size_and_iteration_cut():
      (["--iters", "0"], "argument --iters: must be >= 1"),
      (["--ops", "allreduce,reduce"], "unknown op 'reduce': choose from allreduce, broadcast")],
 )
+@pytest.mark.subprocess
 def test_bad_arguments_exit_2(args, message):
     proc = _harness("bench", "collectives", *args)
     assert proc.returncode == 2
@@ -76,6 +78,7 @@ def test_bad_arguments_exit_2(args, message):
     assert proc.stdout == ""
 
 
+@pytest.mark.subprocess
 def test_parent_launches_worker_without_importing_mpi4py():
     script = textwrap.dedent("""
         import json, subprocess, sys
@@ -96,7 +99,7 @@ def test_parent_launches_worker_without_importing_mpi4py():
     assert not out["mpi4py"]
     [[ranks, argv]] = out["calls"]
     assert ranks == 4
-    assert argv[:3] == [sys.executable, "-m", "harness.bench.collectives"]
+    assert argv[:3] == [sys.executable, "-m", "harness.bench.collectives_worker"]
     assert argv[3:] == ["--ranks", "4", "--sizes", "4096,1048576", "--iters", "20", "--warmup", "5",
                         "--ops", "broadcast", "--spin-us", "10.0"]
 
@@ -156,6 +159,7 @@ def test_collectives_on_emulated_nodes_run_auto_and_hierarchical(tmp_path):
     assert "--ranks-per-node 3 must divide the ranks (4)" in bad.stdout + bad.stderr
 
 
+@pytest.mark.subprocess
 def test_simulator_benchmark_prints_its_speed() -> None:
     proc = harness_cli("bench", "simulator", "--ranks", "16", "--iterations", "5", "--repeat", "2", timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -165,6 +169,7 @@ def test_simulator_benchmark_prints_its_speed() -> None:
     assert bad.returncode == 2 and "group_size" in bad.stderr
 
 
+@pytest.mark.subprocess
 def test_simulator_shapes_cover_the_targets_and_report_against_them(monkeypatch, capsys) -> None:
     """The --shapes matrix holds the issue's shapes (groups of 2 to 32, rounds every 2 to 50, a
     slow link, NICs with a flat ring, real compute, every built-in at two scales, four at 65,536)
@@ -192,6 +197,7 @@ def test_simulator_shapes_cover_the_targets_and_report_against_them(monkeypatch,
     assert simulator.run_shapes(["tiny_nics"]) == 0
 
 
+@pytest.mark.subprocess
 def test_simulator_benchmark_runs_every_registered_algorithm() -> None:
     from harness.algorithms import registry
 
@@ -205,6 +211,7 @@ def test_simulator_benchmark_runs_every_registered_algorithm() -> None:
         assert f"\n{name} " in table, name
 
 
+@pytest.mark.mpi
 def test_bench_dist_runs_both_backends_and_prints_the_table():
     """``bench dist`` at 2 ranks, the smallest model, few steps: the table's row (no speed check)."""
     proc = _harness("bench", "dist", "--ranks", "2", "--sizes", "50k", "--steps", "2", "--repeats", "2",
@@ -219,6 +226,7 @@ def test_bench_dist_runs_both_backends_and_prints_the_table():
     assert diff == 0  # 2 ranks: both backends sum in the same order
 
 
+@pytest.mark.subprocess
 def test_bench_dist_refuses_an_unknown_size():
     proc = _harness("bench", "dist", "--sizes", "50k,7M")
     assert proc.returncode == 2

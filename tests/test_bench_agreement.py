@@ -10,7 +10,9 @@ import pytest
 
 from conftest import harness_cli
 from harness.bench import agreement
-from harness.bench.agreement import Case, CaseFailed, CaseSkipped, Item
+from harness.bench.agreement import Case
+from harness.bench.agreement_report import Item
+from harness.testing.real_runs import CaseFailed, CaseSkipped
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -18,12 +20,14 @@ from harness.bench.agreement import Case, CaseFailed, CaseSkipped, Item
     (["--only", "small_run,,nic_run"], "argument --only: bad case list 'small_run,,nic_run': empty entry"),
     (["--repeats", "0"], "argument --repeats: must be >= 1 (got 0)"),
 ])
+@pytest.mark.subprocess
 def test_bad_arguments_exit_2(args, message):
     proc = harness_cli("bench", "agreement", *args, timeout=60)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert proc.stdout == ""
 
 
+@pytest.mark.subprocess
 def test_json_into_a_missing_directory_is_refused_before_anything_runs(tmp_path):
     proc = harness_cli("bench", "agreement", "--only", "small_run", "--json", str(tmp_path / "no" / "a.json"),
                        timeout=60)

@@ -103,17 +103,17 @@ def test_workload_key():
 
 
 # -- the command ----------------------------------------------------------------------------------
+@pytest.mark.subprocess
 def test_parent_never_imports_mpi4py_or_torch(tmp_path):
     scenario = write_scenario_file(tmp_path, TINY)
     script = textwrap.dedent(f"""
         import json, subprocess, sys
         import harness.commands.calibrate as cal
-        import harness.launch
         calls = []
         def fake_run_ranks(n, argv, **kw):
             calls.append([n, list(argv)])
             return subprocess.CompletedProcess(argv, 3)
-        harness.launch.run_ranks = fake_run_ranks
+        cal.run_ranks = fake_run_ranks
         from harness.cli import main
         rc = main(["calibrate", "--scenario", {str(scenario)!r}, "--ranks", "3,2",
                    "--output", {str(tmp_path / 'c.json')!r}])
@@ -136,6 +136,7 @@ def test_parent_never_imports_mpi4py_or_torch(tmp_path):
      (["--scenario", "no/such/file.yaml"], "no/such/file.yaml: cannot read"),
      (["--ranks", "2", "--output", "."], "--output .: is a directory")],
 )
+@pytest.mark.subprocess
 def test_bad_arguments_exit_2(tmp_path, args, message):
     proc = harness_cli("calibrate", "--quick", "--output", str(tmp_path / "c.json"), *args, timeout=60)
     assert proc.returncode == 2
@@ -143,6 +144,7 @@ def test_bad_arguments_exit_2(tmp_path, args, message):
     assert not (tmp_path / "c.json").exists()
 
 
+@pytest.mark.subprocess
 def test_invalid_scenario_and_existing_file_exit_2(tmp_path):
     bad = write_scenario_file(tmp_path, {**TINY, "name": "bad", "ranks": 0})
     proc = harness_cli("calibrate", "--scenario", str(bad), "--output", str(tmp_path / "c.json"), timeout=60)
@@ -273,6 +275,7 @@ def test_hosts_of_an_entry_must_agree_with_its_ranks(tmp_path):
             load_calibration(path)
 
 
+@pytest.mark.subprocess
 def test_calibrate_launches_across_the_hosts_of_a_host_file(tmp_path):
     """``--hosts FILE`` reaches the launcher, and the job's files go next to ``--output`` (rank 0
     may run on another host); the fake launcher only records what it was asked."""
@@ -327,7 +330,7 @@ def test_a_calibration_across_two_host_names_measures_both_pairs(tmp_path):
     """Three ranks of one in-place calibration job (MPMD), the last in a UTS namespace whose host
     name differs: to the calibration that is a second host (its MPI traffic still goes through
     shared memory, so the two links measure alike here; the test bed of virtual hosts,
-    tests/vhosts/, has real separate network stacks)."""
+    harness/testing/vhosts/, has real separate network stacks)."""
     from harness.launch import mpiexec_path
 
     data = {**TINY, "ranks": 3, "workload": {**TINY["workload"], "compute": {"emulate_ms": 2}, "params": 2000}}

@@ -445,6 +445,7 @@ def test_chakra_own_reader_reads_an_export(tmp_path):
         assert sum(n.type == pb2.COMM_SEND_NODE for n in nodes) == (3 if rank == 1 else 0)
 
 
+@pytest.mark.subprocess
 def test_a_collectives_column_added_later_travels_as_an_attribute(tmp_path, monkeypatch):
     """collectives.csv may gain columns (harness.results.columns): one this mapping does not know
     is carried as a ``harness_column:<name>`` attribute and comes back on import."""

@@ -81,11 +81,13 @@ def test_validate_takes_a_comma_list_and_names_the_valid_algorithms(tmp_path, ca
     assert "--only: 'nope' is not among the scenario's algorithms (available: allreduce_sgd, sgp, wagma)" in capsys.readouterr().err
 
 
+@pytest.mark.subprocess
 def test_validate_refuses_space_separated_names_with_a_usage_error(tmp_path) -> None:
     proc = harness_cli("validate", str(write_scenario_file(tmp_path, SCENARIO)), "--only", "sgp", "wagma")
     assert proc.returncode == 2 and "unrecognized arguments: wagma" in proc.stderr
 
 
+@pytest.mark.subprocess
 def test_run_applies_the_comma_list_before_launching(tmp_path) -> None:
     path = write_scenario_file(tmp_path, SCENARIO)
     proc = harness_cli("run", str(path), "--out", str(tmp_path / "out"), "--only", "sgp,nope", timeout=60)
@@ -93,6 +95,7 @@ def test_run_applies_the_comma_list_before_launching(tmp_path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.subprocess
 def test_simulate_keeps_the_listed_algorithms(tmp_path) -> None:
     path = write_scenario_file(tmp_path, SCENARIO)
     proc = harness_cli("simulate", str(path), "--out", str(tmp_path / "out"), "--only", "wagma,sgp", cwd=tmp_path)
@@ -108,6 +111,7 @@ def test_sbatch_writes_the_comma_list_into_its_script(tmp_path) -> None:
     assert "--only sgp,wagma" in script
 
 
+@pytest.mark.subprocess
 def test_figures_takes_a_comma_list_of_figures() -> None:
     proc = harness_cli("figures", "--only", "fig99_nothing,fig98_neither")
     assert proc.returncode == 2 and "unknown figures fig99_nothing, fig98_neither (known: " in proc.stderr

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import MPI_DIR, assert_check, check_names
+from conftest import MPI_DIR, mpi_check_suite
 from harness.runner.clock import REFERENCE, Clock, Estimate, best_exchange, drift, exchange_offsets, host_offsets
 
 SCRIPT = "clock_checks.py"
@@ -145,35 +145,25 @@ def _command(ranks: int, out: Path) -> list[str]:
     return cmd
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory):
+def _launch_on_shifted_clocks(ranks: int, tmp: Path) -> dict:
+    """One launch of the checks with LAYOUTS[ranks]; skips where clocks cannot be shifted."""
     reason = _why_clocks_cannot_be_shifted()
-    cache: dict[int, dict] = {}
+    if reason is not None:
+        pytest.skip(reason)
+    from harness.process_tree import stop_job
 
-    def get(ranks: int) -> dict:
-        if reason is not None:
-            pytest.skip(reason)
-        if ranks not in cache:
-            from harness.launch import stop_job
-
-            out = tmp_path_factory.mktemp(f"clock{ranks}") / "report.json"
-            proc = subprocess.Popen(_command(ranks, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    start_new_session=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-            try:
-                stdout, stderr = proc.communicate(timeout=180)
-            except subprocess.TimeoutExpired:
-                stop_job(proc)
-                pytest.fail(f"{SCRIPT} on {ranks} ranks did not finish in 180 s")
-            if proc.returncode != 0 or not out.exists():
-                pytest.fail(f"{SCRIPT} on {ranks} ranks exited {proc.returncode}\n{stdout[-3000:]}\n{stderr[-3000:]}")
-            cache[ranks] = json.loads(out.read_text())
-        return cache[ranks]
-
-    return get
+    out = tmp / "report.json"
+    proc = subprocess.Popen(_command(ranks, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        stdout, stderr = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        stop_job(proc)
+        pytest.fail(f"{SCRIPT} on {ranks} ranks did not finish in 180 s")
+    if proc.returncode != 0 or not out.exists():
+        pytest.fail(f"{SCRIPT} on {ranks} ranks exited {proc.returncode}\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    return json.loads(out.read_text())
 
 
-@pytest.mark.mpi
-@pytest.mark.parametrize("ranks", sorted(LAYOUTS))
-@pytest.mark.parametrize("name", check_names(SCRIPT))
-def test_clock_on_shifted_ranks(report, name, ranks):
-    assert_check(report(ranks), name)
+TestClockChecks = mpi_check_suite(SCRIPT, sorted(LAYOUTS), checks=5, launch=_launch_on_shifted_clocks,
+                                  doc="The clock checks on ranks whose clocks are seconds apart (LAYOUTS).")

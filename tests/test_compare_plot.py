@@ -9,8 +9,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from harness.report import style  # noqa: E402
 from harness.sim.compare import MODES, comparison_figure, plot_comparison  # noqa: E402
-from paper_figs import style  # noqa: E402
 
 ALGORITHMS = ("allreduce_sgd", "local_sgd", "overlap_local_sgd", "easgd", "cocod_sgd", "bmuf", "sgp", "osgp",
               "dpsgd", "adpsgd", "wagma", "eager_sgd")

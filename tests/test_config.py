@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 
 from harness.algorithms.params import AlgorithmParams, LocalSGDParams
-from harness.bench.collectives import SizeError
+from harness.bench.sizes import SizeError
 from harness.cli import error_text, main
-from harness.commands.figures import FiguresError
 from harness.config import HarnessError, ParamError, StrictModel
 from harness.launch import LaunchError
 from harness.scenario import Scenario, ScenarioError, scenario_from_dict
 from harness.scenario.schema import Workload
 from harness.sim.calibration import CalibrationError
 from harness.sim.timing import TimingError
+from paper_figs.command import FiguresError
 from conftest import harness_cli, write_scenario_file
 
 USER_ERRORS = (LaunchError, CalibrationError, TimingError, ScenarioError, ParamError, FiguresError, SizeError)
@@ -83,6 +83,7 @@ def test_run_reports_a_launch_error_before_writing_anything(tmp_path, capsys) ->
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.subprocess
 def test_python_m_harness_exits_2_without_a_traceback(tmp_path) -> None:
     path = write_scenario_file(tmp_path, TWO_PROBLEMS)
     proc = harness_cli("validate", str(path))

@@ -45,6 +45,7 @@ def test_device_field_takes_cpu_or_cuda():
 
 
 @pytest.mark.skipif(not NO_GPU, reason="this machine has a usable GPU")
+@pytest.mark.subprocess
 def test_cuda_without_a_gpu_is_refused_before_anything_runs(tmp_path):
     assert "no CUDA device is usable on this machine" in unavailable_reason("cuda")
     path = write_scenario_file(tmp_path, _scenario(device="cuda"))
@@ -86,6 +87,7 @@ def test_flat_buffers_live_on_the_models_device():
     assert flat_params(model).device.type == "meta" and flat_grads(model).device.type == "meta"
 
 
+@pytest.mark.subprocess
 def test_mpi_cuda_awareness_is_read_from_the_loaded_mpi_library():
     def probe(setup: str) -> str:
         code = f"{setup}; from harness.device import mpi_cuda_aware; print(mpi_cuda_aware())"
@@ -111,6 +113,7 @@ def _run(tmp_path: Path, name: str, env: dict[str, str], **workload) -> Path:
     return run
 
 
+@pytest.mark.mpi
 def test_staged_run_gives_bit_identical_models(tmp_path):
     plain = _run(tmp_path, "plain", {STAGE_ON_CPU_VAR: "0"})
     staged = _run(tmp_path, "staged", {STAGE_ON_CPU_VAR: "1"})
@@ -150,6 +153,7 @@ def _simulated_final_models(tmp_path: Path, label: str, **workload) -> dict[str,
 
 
 @pytest.mark.skipif(not NO_GPU, reason="this machine has a usable GPU")
+@pytest.mark.subprocess
 def test_simulated_training_on_cuda_without_a_gpu_is_refused(tmp_path):
     path = write_scenario_file(tmp_path, _scenario(device="cuda"))
     proc = harness_cli("simulate", str(path), "--train", "--out", str(tmp_path / "out"))

@@ -11,40 +11,23 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_check, check_names, report_cache
+from conftest import mpi_check_suite
 
 SCRIPT = "dist_checks.py"
 CUDA_SCRIPT = "dist_cuda_checks.py"
 NO_GPU = not torch.cuda.is_available()
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    return report_cache(SCRIPT, tmp_path_factory)
+TestDistChecks = mpi_check_suite(SCRIPT, (2, 3, 4), checks=16)
+
+TestDistCudaChecks = mpi_check_suite(
+    CUDA_SCRIPT, (2, 3), checks=5,
+    marks=[pytest.mark.skipif(NO_GPU, reason="needs a CUDA GPU (torch.cuda.is_available() is False here)")],
+    doc="""CUDA tensors are staged through the host: results equal the host's bitwise, and DDP and
+    FSDP2 on the GPU train as on the CPU.""")
 
 
-@pytest.mark.mpi
-@pytest.mark.parametrize("ranks", [2, 3, 4])
-@pytest.mark.parametrize("name", check_names(SCRIPT))
-def test_dist_on_ranks(report, name, ranks):
-    assert_check(report(ranks), name)
-
-
-@pytest.fixture(scope="module")
-def cuda_report(tmp_path_factory):
-    return report_cache(CUDA_SCRIPT, tmp_path_factory)
-
-
-@pytest.mark.mpi
-@pytest.mark.skipif(NO_GPU, reason="needs a CUDA GPU (torch.cuda.is_available() is False here)")
-@pytest.mark.parametrize("ranks", [2, 3])
-@pytest.mark.parametrize("name", check_names(CUDA_SCRIPT))
-def test_dist_with_cuda_tensors(cuda_report, name, ranks):
-    """CUDA tensors are staged through the host: results equal the host's bitwise, and DDP and
-    FSDP2 on the GPU train as on the CPU."""
-    assert_check(cuda_report(ranks), name)
-
-
+@pytest.mark.subprocess
 def test_import_registers_the_backend_without_mpi_launcher():
     """Outside an MPI job importing harness.dist only registers the backend (no env changes)."""
     import os

@@ -12,8 +12,9 @@ import yaml
 import paper_figs
 from conftest import harness_cli
 from harness.cli import main as harness_main
-from harness.commands import figures as figures_command
-from paper_figs import fig5_real_vs_sim, manifest, style
+from harness.report import style
+from paper_figs import command as figures_command
+from paper_figs import fig5_real_vs_sim, manifest
 
 
 def assert_draws_its_table(fig, table: pd.DataFrame) -> None:
@@ -25,6 +26,7 @@ def assert_draws_its_table(fig, table: pd.DataFrame) -> None:
     np.testing.assert_allclose(drawn[["x", "y"]].to_numpy(float), expected[["x", "y"]].to_numpy(float), rtol=1e-9)
 
 
+@pytest.mark.mpi
 def test_real_vs_sim_figure_plots_every_compared_algorithm(figure_results, tmp_path) -> None:
     fig, table = fig5_real_vs_sim.draw(figure_results)
     assert_draws_its_table(fig, table)
@@ -35,6 +37,7 @@ def test_real_vs_sim_figure_plots_every_compared_algorithm(figure_results, tmp_p
     pd.testing.assert_frame_equal(pd.read_csv(csv), table, check_dtype=False)
 
 
+@pytest.mark.mpi
 def test_real_vs_sim_figure_names_a_run_without_compare(figure_results, tmp_path) -> None:
     with pytest.raises(ValueError, match="no compare.csv"):
         fig5_real_vs_sim.draw({"empty": tmp_path})
@@ -49,11 +52,13 @@ def test_every_manifest_figure_has_a_module_and_known_inputs() -> None:
         assert set(figure.inputs) <= set(manifest.EXPERIMENTS)
 
 
+@pytest.mark.subprocess
 def test_figures_command_refuses_unknown_names() -> None:
     proc = harness_cli("figures", "--only", "fig99_nothing")
     assert proc.returncode == 2 and "fig99_nothing" in proc.stderr
 
 
+@pytest.mark.mpi
 def test_figures_command_runs_what_is_missing_then_reuses_it(figure_results, tmp_path, monkeypatch) -> None:
     # A tiny scenario stands in for the manifest's: the command must run it (real ranks), compare
     # it (with the calibration file it finds), draw, and reuse everything the second time.
@@ -106,6 +111,7 @@ def _listing(directory) -> dict[str, tuple[int, int]]:
     return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in directory.iterdir()}
 
 
+@pytest.mark.subprocess
 def test_figures_stay_out_of_the_checkout_unless_the_gallery_is_asked_for(tmp_path, monkeypatch, capsys) -> None:
     # fig4 needs only a simulated sweep: quick, and no ranks to launch.
     results, only = tmp_path / "results", ["--only", "fig4_imbalance_sweep"]

@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from harness.report import style
 from paper_figs import fig3_overlap_local_sgd as fig3
 from paper_figs import fig6_timeline as fig6
-from paper_figs import style
 
 
 def _sorted(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
@@ -40,6 +40,7 @@ def _assert_saved(fig, table: pd.DataFrame, tmp_path: Path, name: str) -> None:
                                   rtol=1e-12)
 
 
+@pytest.mark.mpi
 def test_fig3_draws_its_table(figure_results, tmp_path):
     fig, table = fig3.draw({"slow_link": figure_results["slow_link"]})
     assert {"panel", "series", "x", "y"} <= set(table.columns)
@@ -62,6 +63,7 @@ def test_fig3_draws_its_table(figure_results, tmp_path):
     _assert_saved(fig, table, tmp_path, fig3.NAME)
 
 
+@pytest.mark.mpi
 def test_fig3_without_shards_uses_samples(figure_results, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(figure_results["slow_link"], run, ignore=shutil.ignore_patterns("provenance", "sim-*"))
@@ -72,6 +74,7 @@ def test_fig3_without_shards_uses_samples(figure_results, tmp_path):
     _assert_same(style.plotted(fig), table, ["panel", "series", "x", "y"])
 
 
+@pytest.mark.mpi
 def test_fig6_draws_its_table(figure_results, tmp_path):
     fig, table = fig6.draw({"straggler": figure_results["straggler"]})
     assert list(table.columns) == fig6.COLUMNS
@@ -90,6 +93,7 @@ def test_fig6_draws_its_table(figure_results, tmp_path):
     _assert_saved(fig, table, tmp_path, fig6.NAME)
 
 
+@pytest.mark.mpi
 def test_fig6_names_a_missing_algorithm(figure_results, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(figure_results["straggler"], run, ignore=shutil.ignore_patterns("provenance", "sim-*"))

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from harness.report import style
 from paper_figs import (
     experiments,
     fig1_wagma_throughput,
@@ -22,7 +23,6 @@ from paper_figs import (
     fig7_low_communication,
     fig8_time_to_accuracy,
     readers,
-    style,
 )
 
 
@@ -219,6 +219,7 @@ def _check_figure(module, inputs, tmp_path, panels: int) -> pd.DataFrame:
     return table
 
 
+@pytest.mark.mpi
 def test_fig1_wagma_throughput(tiny_sweeps, figure_results, tmp_path):
     sweep = tmp_path / "wagma_scaling.csv"
     tiny_sweeps["wagma_scaling"].to_csv(sweep, index=False)
@@ -233,6 +234,7 @@ def test_fig1_wagma_throughput(tiny_sweeps, figure_results, tmp_path):
     assert len(acc) > 0 and acc["y"].between(0, 1).all() and (acc["x"] > 0).all()
 
 
+@pytest.mark.mpi
 def test_fig2_sgp_scaling(tiny_sweeps, figure_results, tmp_path):
     sweep = tmp_path / "sgp_scaling.csv"
     tiny_sweeps["sgp_scaling"].to_csv(sweep, index=False)
@@ -331,6 +333,7 @@ def test_time_to_accuracy_ready_time_waits_for_the_last_rank():
     assert ready.to_dict() == {1: 3.0, 2: 4.0}
 
 
+@pytest.mark.subprocess
 def test_time_to_accuracy_runs_the_same_in_worker_processes(tiny_time_to_accuracy):
     parallel = experiments.time_to_accuracy(True, ranks=(4,), iterations=50, algorithms=["allreduce_sgd", "adpsgd"],
                                             workers=2, target_accuracy=0.6)

@@ -8,11 +8,13 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
-from harness.runner.heartbeat_row import FIELDS, Field, Phase, TableReader
-from harness.runner.heartbeat_net import HeartbeatServer
-from harness.runner.watchdog import RankState, Watchdog, read_states
 from harness.scenario import scenario_from_dict
+from harness.watchdog.heartbeat_net import HeartbeatServer
+from harness.watchdog.heartbeat_row import FIELDS, Field, Phase, TableReader
+from harness.watchdog.supervision import read_states
+from harness.watchdog.verdict import JobJudge, RankState
 
 # A rank's whole life, replayed on one row as fast as Python goes: report in, two algorithms of
 # three iterations (with hook phase switches and an injected delay), evaluation, results, done.
@@ -21,9 +23,9 @@ from harness.scenario import scenario_from_dict
 # It stops when the file ``stop`` appears (at most after a minute).
 _WRITER = """
 import os, sys, time
-from harness.runner import heartbeat_net
-from harness.runner.heartbeat import Heartbeat
-from harness.runner.heartbeat_row import Phase
+from harness.watchdog import heartbeat_net
+from harness.watchdog.heartbeat import Heartbeat
+from harness.watchdog.heartbeat_row import Phase
 heartbeat_net.SEND_INTERVAL_S = 0.0005
 sys.setswitchinterval(1e-5)
 url, rank, stop = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -70,6 +72,7 @@ def _impossible(st: RankState, pid: int, launched_at: float) -> str | None:
     return None
 
 
+@pytest.mark.subprocess
 def test_watchdog_receives_no_torn_row_under_concurrent_writers(tmp_path):
     writers, min_reads, min_s, max_s = 3, 2000, 2.0, 30.0
     stop = tmp_path / "stop"
@@ -82,7 +85,7 @@ def test_watchdog_receives_no_torn_row_under_concurrent_writers(tmp_path):
         "watchdog": {"startup_timeout_s": 60, "stall_timeout_s": 10},
     })
     launched_at = time.monotonic()
-    dog = Watchdog(scenario, launched_at)
+    dog = JobJudge(scenario, launched_at)
     reads, wrong, changes = 0, [], 0
     with HeartbeatServer(writers, "127.0.0.1") as server:
         procs = [subprocess.Popen([sys.executable, "-c", _WRITER, server.url, str(r), str(stop)],

@@ -55,6 +55,7 @@ def test_same_values_from_fresh_plans_in_any_query_order() -> None:
         np.testing.assert_array_equal(factor, values[t][1])
 
 
+@pytest.mark.subprocess
 def test_same_values_in_another_process() -> None:
     # Nothing may depend on process state (hash seeds, import order): each rank is a process.
     code = (

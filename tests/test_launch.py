@@ -14,7 +14,8 @@ import time
 import pytest
 
 from conftest import harness_cli, write_scenario_file
-from harness.launch import Launch, LaunchError, inside_mpi_job, read_hosts, slurm_allocation, wait_until_output_is_read
+from harness.launch import Launch, LaunchError, inside_mpi_job, read_hosts, slurm_allocation
+from harness.rank_exit import wait_until_output_is_read
 
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_JOB_NUM_NODES", "SLURM_NNODES")
 
@@ -93,6 +94,7 @@ def test_bad_host_files_name_the_line(tmp_path, text, message):
         read_hosts(tmp_path / "missing")
 
 
+@pytest.mark.subprocess
 def test_slurm_launcher_outside_an_allocation_is_refused(no_slurm, tmp_path):
     path = write_scenario_file(tmp_path, _scenario())
     proc = harness_cli("run", str(path), "--launcher", "slurm", "--out", str(tmp_path / "out"))
@@ -103,6 +105,7 @@ def test_slurm_launcher_outside_an_allocation_is_refused(no_slurm, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.mpi
 def test_run_on_a_host_file(tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost:3\n")
@@ -114,6 +117,7 @@ def test_run_on_a_host_file(tmp_path):
     assert meta["status"] == "complete" and meta["hosts"] == 1 and meta["ranks"] == 3
 
 
+@pytest.mark.subprocess
 def test_sbatch_writes_a_script_with_the_task_count(tmp_path):
     path = write_scenario_file(tmp_path, _scenario(ranks=5))
     proc = harness_cli("sbatch", str(path), "--out", str(tmp_path / "res"), "--time", "00:20:00",
@@ -135,6 +139,7 @@ def test_sbatch_writes_a_script_with_the_task_count(tmp_path):
     (["--nodes", "9"], "--nodes 9: must be between 1 and the scenario's 3 ranks"),
     (["--ranks", "0"], "ranks"),
 ])
+@pytest.mark.subprocess
 def test_sbatch_refuses_bad_input_and_writes_nothing(tmp_path, args, message):
     path = write_scenario_file(tmp_path, _scenario())
     proc = harness_cli("sbatch", str(path), "--out", str(tmp_path / "res"), *args)
@@ -142,6 +147,7 @@ def test_sbatch_refuses_bad_input_and_writes_nothing(tmp_path, args, message):
     assert not (tmp_path / "res").exists()
 
 
+@pytest.mark.subprocess
 def test_sbatch_does_not_need_a_gpu_on_the_login_node(tmp_path):
     path = write_scenario_file(tmp_path, _scenario(workload={**_scenario()["workload"], "device": "cuda"}))
     proc = harness_cli("sbatch", str(path), "--out", str(tmp_path / "res"))
@@ -149,6 +155,7 @@ def test_sbatch_does_not_need_a_gpu_on_the_login_node(tmp_path):
     assert "each rank takes the GPU of its local rank" in proc.stdout
 
 
+@pytest.mark.subprocess
 def test_srun_tasks_mpi_cannot_join_are_refused_before_anything_is_written(no_slurm, tmp_path):
     for var, value in {"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NTASKS": "4"}.items():
         no_slurm.setenv(var, value)

@@ -183,8 +183,9 @@ def test_compare_and_figures_take_it(registered, real_run, workdir, capsys):
     from matplotlib.lines import Line2D
 
     from harness.cli import main
+    from harness.report import style
     from harness.sim.compare import comparison_figure
-    from paper_figs import fig5_real_vs_sim, style
+    from paper_figs import fig5_real_vs_sim
 
     assert main(["compare", str(real_run), "--calibration", str(workdir / "calibration.json")]) == 0, \
         capsys.readouterr().err

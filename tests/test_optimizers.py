@@ -403,6 +403,7 @@ def test_user_optimizer_errors_name_the_field(user_scenario, attribute, args, mo
     assert str(error).startswith("optimizer.name: ") and "\n" not in str(error)
 
 
+@pytest.mark.subprocess
 def test_validate_refuses_a_broken_optimizer_before_anything_runs(user_scenario, tmp_path):
     """``python -m harness validate`` (and ``run``, through the same checks) calls the user's optimizer."""
     user_scenario("make")

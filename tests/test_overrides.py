@@ -116,6 +116,7 @@ def test_sweep_grid_errors(texts, message) -> None:
         sweep_grid(texts)
 
 
+@pytest.mark.subprocess
 def test_commands_take_overrides_after_the_file(tmp_path) -> None:
     proc = harness_cli("validate", str(STRAGGLER), "imbalance.0.delay_ms=640", "algorithms.local_sgd.period=8")
     assert proc.returncode == 0, proc.stderr
@@ -133,15 +134,15 @@ def test_commands_take_overrides_after_the_file(tmp_path) -> None:
     assert resolved.overrides == ["workload.iterations=3"] and resolved.workload.iterations == 3
 
 
+@pytest.mark.mpi
 def test_launch_takes_the_overrides_before_the_script(tmp_path) -> None:
-    import argparse
-
-    from harness.commands.launch import split_assignments
+    from harness.cli import build_parser
+    from harness.commands.overrides import parse_command_line
 
     script = tmp_path / "train.py"
     script.write_text("")
-    args = argparse.Namespace(script="workload.iterations=3", args=["seed=2", str(script), "--lr=0.1", "x=1"])
-    split_assignments(args)
+    args = parse_command_line(build_parser(), ["launch", "workload.iterations=3", "-n", "2", "seed=2", str(script),
+                                               "--lr=0.1", "x=1"])
     assert (args.assignments, args.script, args.args) == (["workload.iterations=3", "seed=2"], str(script),
                                                           ["--lr=0.1", "x=1"])
     proc = harness_cli("launch", "-n", "2", "seed=2", str(script))

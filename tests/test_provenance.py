@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -63,6 +64,7 @@ def test_expected_bytes_of_the_issue_scenario():
     assert full - final == pytest.approx(2 * 4 * MODEL_BYTES, abs=20_000)
 
 
+@pytest.mark.subprocess
 def test_a_run_that_keeps_nothing_is_checked_without_torch():
     """`harness run`'s own process checks the disk before it launches; where the run keeps no
     provenance (emulated compute by default) that must not cost it torch's import (seconds of
@@ -83,8 +85,20 @@ def test_human_bytes():
         "0 B", "999 B", "1 kB", "12.3 kB", "879 MB", "1.13 GB"]
 
 
-def test_free_bytes_of_a_folder_not_made_yet(tmp_path):
-    assert provenance.free_bytes(tmp_path / "a" / "b") == provenance.free_bytes(tmp_path) > 0
+def test_free_bytes_of_a_folder_not_made_yet(tmp_path, monkeypatch):
+    # The file system's reading is injected: two real readings, taken at different moments while
+    # other tests write files, need not agree.
+    assert provenance.free_bytes(tmp_path) > 0  # one real reading
+    asked = []
+
+    def disk_usage(path):
+        asked.append(Path(path))
+        return shutil._ntuple_diskusage(total=1000, used=400, free=600)
+
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    assert provenance.free_bytes(tmp_path / "a" / "b") == 600
+    assert asked == [tmp_path]  # the nearest folder that exists: the one the new folders would be on
+    assert not (tmp_path / "a").exists()  # asking made nothing
 
 
 def test_run_refuses_provenance_larger_than_the_free_space(tmp_path, monkeypatch, capsys):
@@ -98,11 +112,11 @@ def test_run_refuses_provenance_larger_than_the_free_space(tmp_path, monkeypatch
     assert "'final', 'none'" in error
     assert not out.exists()  # refused before the run directory was made
     # The same space holds the smaller levels: the check passes them (asked directly, so nothing launches).
-    from harness.commands.run import _provenance_problem
+    from harness.commands.run_directory import provenance_problem
 
     scenario = load_scenario(path)
-    assert _provenance_problem(provenance.resolve(scenario, "final"), None, str(out)) is None
-    assert _provenance_problem(provenance.resolve(scenario), None, str(out)) is None
+    assert provenance_problem(provenance.resolve(scenario, "final"), None, str(out)) is None
+    assert provenance_problem(provenance.resolve(scenario), None, str(out)) is None
 
 
 def test_resume_takes_no_provenance_option(tmp_path, capsys):

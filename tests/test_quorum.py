@@ -13,7 +13,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from conftest import assert_check, check_names, report_cache
+from conftest import mpi_check_suite
 from harness.comm.call_log import CallLog
 from harness.sim.calibration import NetworkModel
 from harness.sim.comm import SimCommError, SimFabric
@@ -26,20 +26,7 @@ CHECKS_SCRIPT = "quorum_checks.py"
 
 # -- native layer under mpiexec ---------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory):
-    return report_cache(CHECKS_SCRIPT, tmp_path_factory, timeout=200)
-
-
-@pytest.mark.mpi
-@pytest.mark.parametrize("ranks", [3, 5, 4])
-@pytest.mark.parametrize("check", check_names(CHECKS_SCRIPT))
-def test_quorum_rule(reports, ranks, check):
-    assert_check(reports(ranks), check)
-
-
-def test_check_names_found():
-    assert len(check_names(CHECKS_SCRIPT)) == 3
+TestQuorumChecks = mpi_check_suite(CHECKS_SCRIPT, (3, 5, 4), checks=3, timeout=200)
 
 
 # -- one process ------------------------------------------------------------------------------------

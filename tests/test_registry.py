@@ -65,12 +65,12 @@ def test_built_ins_are_registered_in_figure_order():
 
 
 def test_every_built_in_class_path_names_its_algorithm():
-    pytest.importorskip("torch")
     for entry in BUILT_IN:
         cls = algorithm_class(entry.name)
         assert issubclass(cls, Algorithm) and cls.name == entry.name, entry
 
 
+@pytest.mark.subprocess
 def test_listing_names_and_validating_scenarios_do_not_import_torch():
     code = ("import sys\n"
             "from harness.algorithms import names\n"
@@ -123,9 +123,8 @@ def test_algorithm_class_returns_a_registered_class_object(toy):
 
 
 def test_figures_take_label_colour_and_family_from_the_registration(toy):
-    pytest.importorskip("matplotlib")
+    from harness.report import style
     from paper_figs import fig3_overlap_local_sgd as fig3
-    from paper_figs import style
 
     assert (style.label("toy_average"), style.color("toy_average")) == ("Toy average", "#123456")
     assert style.ordered({"toy_average", "wagma", "sgp"}) == ["sgp", "wagma", "toy_average"]
@@ -133,8 +132,7 @@ def test_figures_take_label_colour_and_family_from_the_registration(toy):
 
 
 def test_label_and_colour_default_to_the_name_and_a_spare_colour(toy):
-    pytest.importorskip("matplotlib")
-    from paper_figs import style
+    from harness.report import style
 
     entry = register("toy_plain", PlainParams, ToyAverage)
     try:

@@ -93,6 +93,7 @@ def test_run_writes_the_report_and_report_rewrites_it_with_the_comparison(figure
     assert "could not be drawn" not in text and 'class="absent"' not in text
 
 
+@pytest.mark.subprocess
 def test_simulate_writes_a_report_that_says_what_a_simulation_lacks(simulated) -> None:
     proc, run = simulated
     assert f"report: {run / 'report.html'}\n" in proc.stdout
@@ -115,6 +116,7 @@ def test_many_ranks_are_sampled_evenly_first_and_last_kept() -> None:
     assert iteration_times.shown_ranks([3, 1, 2]) == [1, 2, 3]
 
 
+@pytest.mark.subprocess
 def test_a_plot_that_fails_costs_only_its_section(simulated, tmp_path, monkeypatch, capsys) -> None:
     copy = tmp_path / "run"
     shutil.copytree(simulated[1], copy)
@@ -133,6 +135,7 @@ def test_a_plot_that_fails_costs_only_its_section(simulated, tmp_path, monkeypat
     assert capsys.readouterr().err == "error: plot iteration_times: RuntimeError: no ink\n"
 
 
+@pytest.mark.subprocess
 def test_a_report_that_cannot_be_written_only_warns_after_a_run(simulated, tmp_path, monkeypatch, capsys) -> None:
     assert after_command(tmp_path) == 0  # not a results directory: the run's status stands
     out, err = capsys.readouterr()
@@ -162,19 +165,9 @@ PROBE = """<script>window.addEventListener("load", () => {
 
 
 def chromium() -> str:
-    """The browser, installed with apt-get where it is missing (as root); skips when it cannot be."""
-    if os.path.exists(CHROMIUM):
-        return CHROMIUM
-    if not shutil.which("apt-get") or os.geteuid() != 0:
-        pytest.skip(f"{CHROMIUM} is absent and cannot be installed here (needs apt-get as root)")
-    command = ["apt-get", "install", "-y", "-qq", "chromium"]
-    try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                              env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
-    except subprocess.TimeoutExpired:
-        pytest.skip(f"{' '.join(command)} did not finish in 300 s")
-    if proc.returncode != 0 or not os.path.exists(CHROMIUM):
-        pytest.skip(f"could not install chromium ({' '.join(command)}): {(proc.stderr or proc.stdout).strip()[-300:]}")
+    """The browser; skips where it is absent (.ci/provision.sh installs it as root)."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is absent: .ci/provision.sh installs it (as root, with apt-get)")
     return CHROMIUM
 
 
@@ -236,6 +229,7 @@ def test_chromium_shows_every_plot_and_fetches_nothing(real_copy, tmp_path) -> N
     check_in_chromium(report, tmp_path, len(FIGURES))
 
 
+@pytest.mark.subprocess
 def test_chromium_shows_a_simulations_page(simulated, tmp_path) -> None:
     _, run = simulated
     check_in_chromium(run / "report.html", tmp_path, images=3, plots_below=700)

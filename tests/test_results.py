@@ -527,6 +527,7 @@ def test_real_run_summary_names_baseline_target_and_both_accuracies(ops_run):
     assert "to 30% s" in table and "acc r0 %" in table and "\nconsensus: mean over ranks of ||x_i - x_mean||^2" in table
 
 
+@pytest.mark.subprocess
 def test_recording_ranks_do_not_load_pandas():
     """Every rank fills records and reads run.json; only rank 0 makes frames. The record types,
     the file names and the loop import no pandas (0.35 s of CPU per rank otherwise), and

@@ -87,7 +87,8 @@ def test_injected_delay_shows_in_iteration_times(small_run):
 
 @pytest.mark.mpi
 def test_final_models_equal_after_allreduce_sgd(small_run):
-    torch = pytest.importorskip("torch")
+    import torch
+
     _, run = small_run
     finals = torch.load(run / "provenance" / "final_models_allreduce_sgd.pt")
     assert finals.shape[0] == 3
@@ -135,6 +136,7 @@ def test_runs_in_place_inside_an_mpi_job(tmp_path):
         ({"imbalance": [{"kind": "fixed", "ranks": [3], "delay_ms": 1}]}, [], "imbalance[0].ranks[0]"),
     ],
 )
+@pytest.mark.subprocess
 def test_bad_scenarios_exit_2_and_launch_nothing(tmp_path, changes, args, message):
     path = write_scenario(tmp_path, **changes)
     proc = harness_run(str(path), "--out", str(tmp_path / "out"), *args, timeout=60)

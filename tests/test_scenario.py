@@ -20,11 +20,8 @@ from harness.scenario import Scenario, ScenarioError, load_scenario, load_scenar
 from harness.scenario import scenario_from_dict
 from harness.scenario.network import Link, link_table
 
-try:
-    from hypothesis import given, settings
-    from hypothesis import strategies as st
-except ImportError:  # optional dev dependency
-    given = None
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "scenarios"
@@ -101,7 +98,8 @@ def test_minimal_file_gets_the_defaults() -> None:
 
 def test_every_built_in_model_and_dataset_can_be_built() -> None:
     # The schema takes the built-in names from harness.workload.names; each one must resolve.
-    torch = pytest.importorskip("torch")
+    import torch
+
     from harness.workload import build_model, load_dataset, names
 
     for name in names.DATASETS:
@@ -457,27 +455,21 @@ def test_seeded_random_mutations_raise_only_scenario_error() -> None:
         _check_mutant(doc)
 
 
-if given is not None:
-    _values = st.one_of(
-        st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=6),
-        st.lists(st.integers(-2, 12), max_size=3), st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
-        st.sampled_from(INTERESTING),
-    )
+_values = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=6),
+    st.lists(st.integers(-2, 12), max_size=3), st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+    st.sampled_from(INTERESTING),
+)
 
-    @settings(max_examples=300, deadline=None)
-    @given(st.data())
-    def test_hypothesis_mutations_raise_only_scenario_error(data: Any) -> None:
-        doc = read_yaml(FULL)
-        for _ in range(data.draw(st.integers(1, 3))):
-            # deepcopy: INTERESTING's lists and dicts must not be mutated by later steps
-            _mutate(doc, lambda options: data.draw(st.sampled_from(options)), lambda: copy.deepcopy(data.draw(_values)))
-        _check_mutant(doc)
 
-else:
-
-    @pytest.mark.skip(reason="hypothesis is not installed (pip install -e .[dev])")
-    def test_hypothesis_mutations_raise_only_scenario_error() -> None:
-        """Placeholder so the missing dependency shows up as a skip, not as silence."""
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_hypothesis_mutations_raise_only_scenario_error(data: Any) -> None:
+    doc = read_yaml(FULL)
+    for _ in range(data.draw(st.integers(1, 3))):
+        # deepcopy: INTERESTING's lists and dicts must not be mutated by later steps
+        _mutate(doc, lambda options: data.draw(st.sampled_from(options)), lambda: copy.deepcopy(data.draw(_values)))
+    _check_mutant(doc)
 
 
 @pytest.mark.parametrize("path", sorted((Path(__file__).parent.parent / "scenarios").glob("*.yaml")), ids=lambda p: p.name)

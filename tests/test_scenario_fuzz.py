@@ -27,10 +27,8 @@ from typing import Any
 import pytest
 import yaml
 
-hypothesis = pytest.importorskip("hypothesis")
-
-from hypothesis import HealthCheck, event, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from harness.algorithms.registry import names, params_model  # noqa: E402
 from harness.scenario import Scenario, ScenarioError, load_scenario, scenario_from_dict  # noqa: E402

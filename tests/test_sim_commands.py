@@ -11,8 +11,8 @@ import sys
 import pandas as pd
 import pytest
 
-from harness.bench.agreement import SMALL_COMPUTE, SMALL_SCENARIO
-from harness.bench.real_runs import run_and_compare
+from harness.testing.real_runs import run_and_compare
+from harness.testing.scenarios import SMALL_COMPUTE, SMALL_SCENARIO
 from harness.results.columns import STEP_COLUMNS, SUMMARY_COLUMNS
 from harness.scenario.loader import scenario_from_dict
 from harness.sim.calibration import (
@@ -53,6 +53,7 @@ def real_compute(data):
     return {**data, "workload": {**workload, "compute": "real"}}
 
 
+@pytest.mark.subprocess
 def test_simulate_writes_a_marked_run_with_the_real_columns(tmp_path) -> None:
     scenario = write_scenario_file(tmp_path, SMALL)
     # Run where there is no results/calibration.json: emulated compute uses the default network.
@@ -78,6 +79,7 @@ def test_simulate_writes_a_marked_run_with_the_real_columns(tmp_path) -> None:
     assert "events/s" in proc.stdout
 
 
+@pytest.mark.subprocess
 def test_simulate_scales_past_a_thousand_ranks(tmp_path) -> None:
     scenario = write_scenario_file(tmp_path, {**SMALL, "algorithms": [{"name": "wagma", "group_size": 8,
                                                                        "period": 4}]})
@@ -87,6 +89,7 @@ def test_simulate_scales_past_a_thousand_ranks(tmp_path) -> None:
     assert pd.read_csv(run / "summary.csv")["ranks"].tolist() == [1100]
 
 
+@pytest.mark.subprocess
 def test_simulate_real_compute_needs_a_calibration_and_gives_the_command(tmp_path) -> None:
     scenario = write_scenario_file(tmp_path, real_compute(SMALL))
     missing = tmp_path / "missing.json"
@@ -156,6 +159,7 @@ def test_trace_replay_of_real_compute_needs_no_compute_time() -> None:
         calibration_entry(scenario, cal, "s.yaml")
 
 
+@pytest.mark.subprocess
 def test_simulate_says_which_rank_count_it_took_the_calibration_from(tmp_path) -> None:
     cal = calibration_file(tmp_path / "cal.json", ranks=(2, 8))
     proc = harness_cli("simulate", str(write_scenario_file(tmp_path, SMALL)), "--out", str(tmp_path / "out"),
@@ -168,6 +172,7 @@ def test_simulate_says_which_rank_count_it_took_the_calibration_from(tmp_path) -
     assert meta["calibration"] == str(cal) and meta["calibration_ranks"] == 2
 
 
+@pytest.mark.subprocess
 def test_simulate_rejects_bad_input(tmp_path) -> None:
     scenario = write_scenario_file(tmp_path, {**SMALL, "ranks": 0})
     proc = harness_cli("simulate", str(scenario), "--out", str(tmp_path / "out"))
@@ -190,6 +195,7 @@ def real_run(tmp_path_factory):
         **SMALL, "algorithms": ["allreduce_sgd"], "workload": {**SMALL["workload"], "iterations": 6, "eval_every": 6}})
 
 
+@pytest.mark.mpi
 def test_a_small_real_run_and_its_simulation_agree_within_a_factor_of_two(tmp_path) -> None:
     """SMALL for real, then ``compare``: the tables and files it writes, and coarse agreement
     that catches a broken model (off by 2x, the wrong way round), not a loaded machine. How
@@ -220,6 +226,7 @@ def test_a_small_real_run_and_its_simulation_agree_within_a_factor_of_two(tmp_pa
     assert json.loads((real_run / "run.json").read_text())["wagma_group_sizes"] == {"wagma": [2, 2]}
 
 
+@pytest.mark.mpi
 def test_compare_says_which_rank_count_it_took_the_calibration_from(real_run, tmp_path) -> None:
     cal = calibration_file(tmp_path / "cal.json", ranks=(8,))
     proc = harness_cli("compare", str(real_run), "--calibration", str(cal), "--mode", "trace")
@@ -230,6 +237,7 @@ def test_compare_says_which_rank_count_it_took_the_calibration_from(real_run, tm
     assert json.loads((real_run / "sim-trace" / "run.json").read_text())["calibration_ranks"] == 8
 
 
+@pytest.mark.mpi
 def test_compare_rejects_what_it_cannot_compare(real_run, tmp_path) -> None:
     proc = harness_cli("compare", str(tmp_path), "--calibration", str(calibration_file(tmp_path / "c.json")))
     assert proc.returncode == 2 and "not a run directory" in proc.stderr
@@ -244,6 +252,7 @@ def test_compare_rejects_what_it_cannot_compare(real_run, tmp_path) -> None:
     assert proc.stderr.splitlines()[-1] == f"  {command}"
 
 
+@pytest.mark.subprocess
 def test_simulate_needs_no_mpi(tmp_path) -> None:
     """``simulate`` runs outside any MPI job: it never imports mpi4py (whose import initializes
     MPI) nor the native layer that links libmpi. It does import torch, on purpose:
@@ -361,6 +370,7 @@ def _multi_host_run(tmp_path, rank_hosts):
     return path
 
 
+@pytest.mark.subprocess
 def test_compare_and_simulate_of_a_multi_host_run_use_its_hosts(tmp_path) -> None:
     """A run whose 4 ranks ran on two hosts, a calibration with a slow inter-host link: compare
     says which topology it simulated, records it in the simulated runs, and predicts the run

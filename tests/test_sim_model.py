@@ -137,7 +137,8 @@ def test_allreduce_schedule_is_the_native_layers(p: int, algorithm: str) -> None
     _core), member by member, for every network.allreduce but hierarchical (tests/test_topology.py;
     the tree through nodes: test_tree_schedule_is_the_native_layers):
     same peers, same sizes, same order, odd p and the fold included."""
-    core = pytest.importorskip("harness._core")
+    from harness import _core as core
+
     for count in _COUNTS:
         schedule = allreduce_schedule(p, count, RING_THRESHOLD_BYTES, algorithm)
         for me in range(p):
@@ -179,7 +180,8 @@ def test_tree_schedule_is_the_native_layers(p: int, nodes: tuple[int, ...]) -> N
     """The simulator's tree allreduce against the native builder, member by member: below one
     chunk, several chunks (small chunks, and the default's 1 MiB with a remainder), fewer floats
     than members and than chunks."""
-    core = pytest.importorskip("harness._core")
+    from harness import _core as core
+
     for count, chunk in [(0, TREE_CHUNK_BYTES), (1, TREE_CHUNK_BYTES), (3, TREE_CHUNK_BYTES), (100, TREE_CHUNK_BYTES),
                          (100, 64), (1001, 400), (7, 4), (3, 8), (600_001, TREE_CHUNK_BYTES)]:
         schedule = allreduce_schedule(p, count, RING_THRESHOLD_BYTES, "tree", nodes, chunk)

@@ -89,6 +89,7 @@ def _simulate(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, 
 
 @pytest.mark.parametrize("args,reading", [(("--ranks", "16"), "cluster"), (("--ranks", "16", "--reading", "machine"),
                                                                             "machine"), ((), "machine")])
+@pytest.mark.subprocess
 def test_simulate_says_which_reading_it_used(tmp_path, args, reading) -> None:
     proc, meta, summary = _simulate(tmp_path, *args)
     assert meta["reading"] == reading

@@ -328,6 +328,7 @@ def test_values_at_scale_equal_an_independent_computation(ranks: int, tmp_path: 
 
 
 # -- bad input ----------------------------------------------------------------------------------------
+@pytest.mark.subprocess
 def test_train_with_emulated_compute_is_refused_naming_the_field(tmp_path: Path) -> None:
     path = write_scenario_file(tmp_path, {"name": "emulated", "ranks": 2, "workload": {
         "model": "logreg", "dataset": "digits", "batch_size": 8, "iterations": 4, "compute": {"emulate_ms": 1}},
@@ -382,6 +383,7 @@ class Reads(Algorithm):
 
 
 @pytest.mark.parametrize("module", sorted(VALUE_DEPENDENT))
+@pytest.mark.subprocess
 def test_an_algorithm_whose_communication_depends_on_values_is_named(module: str, tmp_path: Path) -> None:
     (tmp_path / f"{module}.py").write_text(VALUE_DEPENDENT[module])
     cls = module.capitalize()
@@ -427,6 +429,7 @@ def test_the_algorithm_reference_says_which_algorithms_a_replay_ends_with_the_re
     assert {name for name, yes in said.items() if not yes} == set(ORDER_DEPENDENT)
 
 
+@pytest.mark.subprocess
 def test_more_ranks_than_training_samples_is_refused_naming_the_dataset(tmp_path: Path) -> None:
     path = write_scenario_file(tmp_path, {"name": "small", "ranks": 2048, "workload": {
         "model": "logreg", "dataset": "digits", "batch_size": 8, "iterations": 2}, "algorithms": ["allreduce_sgd"]})

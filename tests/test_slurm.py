@@ -1,5 +1,5 @@
 """Against a real SLURM: a single-node slurmctld + slurmd (with munge) on this machine, started by
-``tests/slurm/start_slurm.sh`` (which installs Debian's packages when they are missing), and a 4-rank
+``tests/slurm/start_slurm.sh`` (Debian's packages installed beforehand by ``.ci/provision.sh``), and a 4-rank
 scenario submitted with ``sbatch`` in the two ways a user would run the harness on a cluster:
 
 * the launcher path: ``python -m harness sbatch FILE`` writes the batch script, which runs
@@ -9,8 +9,8 @@ scenario submitted with ``sbatch`` in the two ways a user would run the harness 
   one rank of an MPI job (``PMI_SIZE``/``SLURM_*``) and runs in place.
 
 The whole module is skipped, with the reason, where SLURM cannot be started here: not Linux, not
-root, no apt-get (and no SLURM installed), the packages cannot be installed, the daemons do not come
-up, or ``HARNESS_SKIP_SLURM=1``. A third test checks that srun tasks MPI cannot join (no PMI) are
+root, SLURM not installed (``.ci/provision.sh`` installs it as root), the daemons do not come up,
+or ``HARNESS_SKIP_SLURM=1``. A third test checks that srun tasks MPI cannot join (no PMI) are
 refused before anything is written.
 """
 
@@ -31,11 +31,15 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).resolve().parent / "slurm"
-START_TIMEOUT_S = 600   # a fresh install (apt-get update + 8 packages) took ~12 s here; slow mirrors
+START_TIMEOUT_S = 600   # the daemons start in seconds; another session's start_slurm.sh may hold the lock
 JOB_TIMEOUT_S = 300     # one job: ~20-35 s here, most of it Python/torch start-up of 4 ranks
 RANKS, ITERATIONS, ALGORITHMS = 4, 10, ["allreduce_sgd", "dpsgd"]
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(START_TIMEOUT_S + 2 * JOB_TIMEOUT_S)]
+
+# What tests/slurm/start_slurm.sh and the tests run (Debian's slurmctld slurmd slurm-client munge).
+SLURM_TOOLS = ("munged", "munge", "unmunge", "slurmctld", "slurmd", "sinfo", "sbatch", "srun", "scontrol", "squeue",
+               "scancel")
 
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
                 "BOOT_FAIL", "DEADLINE"}
@@ -47,9 +51,10 @@ def _cannot_start() -> str | None:
     if platform.system() != "Linux":
         return f"SLURM test needs Linux (this is {platform.system()})"
     if os.geteuid() != 0:
-        return "SLURM test needs root (it installs packages and runs slurmd)"
-    if shutil.which("apt-get") is None and shutil.which("slurmctld") is None:
-        return "SLURM test needs apt-get to install SLURM (or SLURM installed)"
+        return "SLURM test needs root (it runs slurmd)"
+    missing = [tool for tool in SLURM_TOOLS if shutil.which(tool) is None]
+    if missing:
+        return f"SLURM is not installed (no {', '.join(missing)}): .ci/provision.sh installs it (as root, with apt-get)"
     return None
 
 

@@ -1,7 +1,7 @@
-"""``harness.bench.stress``: its rule checks fed right and wrong rounds (no MPI), then short real runs.
+"""``bench stress``: its rule checks fed right and wrong rounds (no MPI), then short real runs.
 
 The full stress test (10,000 rounds per part on 8 ranks) is a benchmark:
-``mpiexec -n 8 python -m harness.bench.stress``; here it runs a few hundred rounds per part.
+``mpiexec -n 8 python -m harness.bench.stress_worker``; here it runs a few hundred rounds per part.
 """
 
 from __future__ import annotations
@@ -16,8 +16,11 @@ import zlib
 import numpy as np
 import pytest
 
-from harness.bench import stress
-from harness.bench.stress import (
+from harness.bench import stress, stress_worker
+from harness.launch import run_ranks
+from harness.schedules import is_sync_round, wagma_phases
+from harness.testing import stress_rule
+from harness.testing.stress_rule import (
     check_drained,
     check_group_rounds,
     check_info,
@@ -31,8 +34,6 @@ from harness.bench.stress import (
     published_totals,
     push_message,
 )
-from harness.launch import run_ranks
-from harness.schedules import is_sync_round, wagma_phases
 
 # A child must not believe it already runs inside an MPI job (pytest may itself run under one).
 _JOB_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS", "SLURM_STEP_ID")
@@ -141,7 +142,7 @@ def test_group_rounds_accepts_the_rule(ranks, group_size, accumulate):
     assert check_group_rounds(phases, staleness, headers, digests, sync_every, accumulate) == (0, [])
     for i in range(ranks):
         for k in range(rounds):
-            members = stress.group_members(phases[i], k, ranks, sync_every)
+            members = stress_rule.group_members(phases[i], k, ranks, sync_every)
             assert check_result(outs[i, k], members, ranks, weights, accumulate) == []
             assert check_info(_info(k, int(staleness[i, k]), len(members), bool(is_sync_round(k, sync_every))),
                               k, members, sync_every) == []
@@ -225,18 +226,19 @@ def test_arguments_round_trip_to_the_worker(tmp_path):
     assert args.parts == ["wagma", "push"]
     again = _parse(stress.to_argv(args, 3))
     assert vars(again) == {**vars(args), "ranks": 3}
-    argv = stress.worker_argv(args, 3)
-    assert argv[:3] == [sys.executable, "-m", "harness.bench.stress"] and argv[3:] == stress.to_argv(args, 3)
+    argv = stress_worker.worker_argv(args, 3)
+    assert argv[:3] == [sys.executable, "-m", "harness.bench.stress_worker"] and argv[3:] == stress.to_argv(args, 3)
     assert _parse([]).rounds == 10_000
     for bad in (["--rounds", "0"], ["--parts", "wagma,nope"], ["--delay-fraction", "2"], ["--sync-every", "0"]):
         with pytest.raises(SystemExit):
             _parse(bad)
-    assert stress.magnitude_problem(8, 5, 256) is None
-    assert "2^24" in stress.magnitude_problem(64, 200, 256)
+    assert stress_rule.magnitude_problem(8, 5, 256) is None
+    assert "2^24" in stress_rule.magnitude_problem(64, 200, 256)
 
 
+@pytest.mark.subprocess
 def test_import_does_not_load_mpi4py():
-    code = "import sys, harness.bench.stress; print('mpi4py' in sys.modules)"
+    code = "import sys, harness.bench.stress_worker; print('mpi4py' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr
 
@@ -244,7 +246,7 @@ def test_import_does_not_load_mpi4py():
 # -- real runs ----------------------------------------------------------------------------------
 def _run(tmp_path, ranks: int, *options: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, dict | None]:
     out = tmp_path / f"stress-{ranks}.json"
-    argv = [sys.executable, "-m", "harness.bench.stress", "--json", str(out), *options]
+    argv = [sys.executable, "-m", "harness.bench.stress_worker", "--json", str(out), *options]
     try:
         proc = run_ranks(ranks, argv, timeout=timeout, env=_env(), capture=True)
     except subprocess.TimeoutExpired as exc:

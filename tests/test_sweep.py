@@ -36,6 +36,7 @@ def _status(sweep: Path, index: int) -> dict:
     return json.loads((sweep / "points" / f"p{index:03d}.json").read_text())
 
 
+@pytest.mark.subprocess
 def test_a_simulated_sweep_of_six_points(tmp_path) -> None:
     path = write_scenario_file(tmp_path, SCENARIO)
     proc = harness_cli("simulate", str(path), "workload.iterations=8", "--sweep", "imbalance.0.delay_ms=0,40,80",
@@ -64,6 +65,7 @@ def test_a_simulated_sweep_of_six_points(tmp_path) -> None:
     assert local.loc[(80, 8), "samples_per_s"] > local.loc[(80, 2), "samples_per_s"]
 
 
+@pytest.mark.subprocess
 def test_a_failed_point_is_recorded_and_the_others_go_on(tmp_path) -> None:
     # Real compute needs a calibration this directory does not have: that point fails when it
     # runs (it validates), the emulated one finishes.
@@ -79,6 +81,7 @@ def test_a_failed_point_is_recorded_and_the_others_go_on(tmp_path) -> None:
     assert set(pd.read_csv(sweep / "sweep.csv")["point"]) == {1}
 
 
+@pytest.mark.subprocess
 def test_an_invalid_point_writes_nothing(tmp_path) -> None:
     path = write_scenario_file(tmp_path, SCENARIO)
     proc = harness_cli("simulate", str(path), "--sweep", "workload.iterations=4,0", "--out", str(tmp_path / "out"))
@@ -92,6 +95,7 @@ def test_an_invalid_point_writes_nothing(tmp_path) -> None:
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
+@pytest.mark.subprocess
 def test_an_interrupted_sweep_resumes(tmp_path) -> None:
     """Ctrl+C during the second point: the sweep stops its point and says how to go on; --resume
     runs what did not finish and leaves the finished point as it was."""
@@ -142,6 +146,7 @@ def test_a_real_sweep_of_two_points(tmp_path) -> None:
         assert meta["status"] == "complete" and not meta.get("simulated")
 
 
+@pytest.mark.subprocess
 def test_sbatch_sweep_writes_a_job_array(tmp_path) -> None:
     path = write_scenario_file(tmp_path, SCENARIO)
     proc = harness_cli("sbatch", str(path), "algorithms.local_sgd.period=2", "--sweep", "ranks=2,4",

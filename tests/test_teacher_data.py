@@ -159,6 +159,7 @@ def test_a_users_dataset_gets_ranks_only_when_it_asks(tmp_path):
     assert load_dataset("ranked:asks", 0, search_path=[str(tmp_path)]).num_train == 3  # no ranks given
 
 
+@pytest.mark.slow
 def test_one_rank_learns_it_well_above_chance():
     """mlp, momentum SGD at the scenario defaults, batch 32, the harness's batch order: 300
     iterations on 16 ranks' worth of data reach about 70% (chance: 10%); see teacher's docstring."""

@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import assert_check, check_names, report_cache, save_test_calibration
-from harness.bench.agreement import NIC_RUN_COMPUTE, NIC_RUN_LEAST_S, NIC_RUN_SCENARIO
-from harness.bench.real_runs import run_and_compare
+from conftest import mpi_check_suite, save_test_calibration
+from harness.testing.real_runs import run_and_compare
+from harness.testing.scenarios import NIC_RUN_COMPUTE, NIC_RUN_LEAST_S, NIC_RUN_SCENARIO
 from harness.scenario import scenario_from_dict
 from harness.scenario.network import Link, NodeTopology, node_topology
 from harness.schedules import RING_THRESHOLD_BYTES
@@ -21,7 +21,7 @@ from harness.sim.hosts import hosts_topology
 from harness.sim.collective_schedules import hierarchical_schedule
 from harness.sim.network import SimNetwork, run_schedule
 
-core = pytest.importorskip("harness._core")
+from harness import _core as core
 
 INF = float("inf")
 FREE_BASE = NetworkModel(latency_s=0.0, bandwidth_bytes_per_s=1e300)  # only the emulated path counts
@@ -222,17 +222,8 @@ def test_a_run_on_two_emulated_nodes_pays_for_the_nic_and_its_simulation_is_with
 RANK_COUNTS = (3, 5, 8)
 
 
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory):
-    return report_cache("topology_checks.py", tmp_path_factory)
-
-
-@pytest.mark.mpi
-@pytest.mark.timing  # nic_contention_is_what_the_simulator_says_within_a_factor_of_two: measured times (one launch for all)
-@pytest.mark.parametrize("ranks", RANK_COUNTS)
-@pytest.mark.parametrize("check", check_names("topology_checks.py"))
-def test_topology_under_mpi(reports, ranks: int, check: str) -> None:
-    assert_check(reports(ranks), check)
+# timing: nic_contention_is_what_the_simulator_says_within_a_factor_of_two compares measured times (one launch for all)
+TestTopologyChecks = mpi_check_suite("topology_checks.py", RANK_COUNTS, checks=4, marks=[pytest.mark.timing])
 
 
 def _tree_input(rank: int, n: int, dtype) -> np.ndarray:
@@ -248,7 +239,7 @@ def _uneven_nodes(size: int) -> tuple[int, ...]:
 @pytest.mark.mpi
 @pytest.mark.timing  # shares test_topology_under_mpi's launches
 @pytest.mark.parametrize("ranks", RANK_COUNTS)
-def test_tree_allreduce_under_mpi_is_the_simulated_sum(reports, ranks: int) -> None:
+def test_tree_allreduce_under_mpi_is_the_simulated_sum(tmp_path_factory, ranks: int) -> None:
     """The native tree allreduce's sums under mpiexec (topology_checks.py's tree_allreduce_matches_mpi,
     which also checks them against MPI's and across ranks) are bit for bit the simulator's:
     harness.sim.sums.native_sum of the tree schedule over the same inputs and nodes, for every
@@ -260,7 +251,7 @@ def test_tree_allreduce_under_mpi_is_the_simulated_sum(reports, ranks: int) -> N
     from harness.sim.collective_schedules import allreduce_schedule
     from harness.sim.sums import native_sum
 
-    result = reports(ranks)["tree_allreduce_matches_mpi"]
+    result = TestTopologyChecks.reports(ranks, tmp_path_factory)["tree_allreduce_matches_mpi"]
     assert result["status"] == "pass", result["detail"]
     placements = {"none": None, "uneven": _uneven_nodes(ranks), "round_robin": tuple(r % 2 for r in range(ranks))}
     lines = result["detail"].splitlines()

@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import REPO, assert_check, check_names, harness_cli, report_cache, save_test_calibration
+from conftest import REPO, harness_cli, mpi_check_suite, save_test_calibration
 
 EXAMPLE = REPO / "examples" / "own_algorithm"
 NAME = "post_local"  # the example's name for the class
@@ -104,6 +104,7 @@ def test_the_example_runs_on_real_ranks_under_its_name(real_run):
                                          "period": PERIOD}
 
 
+@pytest.mark.subprocess
 def test_simulate_runs_the_class_own_code(workdir):
     out = workdir / "sim"
     proc = harness_cli("simulate", str(EXAMPLE / "scenario.yaml"), "--ranks", str(RANKS), "--iterations",
@@ -123,7 +124,8 @@ def test_simulate_runs_the_class_own_code(workdir):
 # iterations) and draws figure 5 (real against simulated, every algorithm of compare.csv).
 FIGURES_DRIVER = """\
 import json, sys
-from paper_figs import manifest, style
+from harness.report import style
+from paper_figs import manifest
 experiment = manifest.RealRun(sys.argv[1], quick_iterations={iterations}, compare=True)
 manifest.EXPERIMENTS = {{key: experiment for key in ("straggler", "slow_link", "balanced")}}
 manifest.FIGURES = [manifest.Figure("fig5_real_vs_sim", ("straggler", "slow_link", "balanced"))]
@@ -137,7 +139,7 @@ sys.exit(code)
 @pytest.mark.mpi
 def test_compare_and_figures_draw_it_in_fresh_processes(compared, workdir):
     from harness.algorithms.registry import BUILT_IN
-    from paper_figs.style import UNKNOWN_COLOUR
+    from harness.report.style import UNKNOWN_COLOUR
 
     table = pd.read_csv(compared / "compare.csv")
     assert sorted(table[table["algorithm"] == NAME]["mode"]) == ["predictive", "trace"]
@@ -161,18 +163,10 @@ def test_compare_and_figures_draw_it_in_fresh_processes(compared, workdir):
 CHECKS = "user_algorithm_checks.py"
 
 
-@pytest.fixture(scope="module")
-def checks(tmp_path_factory):
-    return report_cache(CHECKS, tmp_path_factory)
-
-
-@pytest.mark.mpi
-@pytest.mark.parametrize("name", check_names(CHECKS))
-def test_what_post_local_sgd_computes(checks, name):
-    """switch_at past the last iteration: Allreduce-SGD (the built-in's models bit for bit);
+TestUserAlgorithmChecks = mpi_check_suite(CHECKS, (RANKS,), checks=3, doc="""What Post-local SGD computes:
+    switch_at past the last iteration: Allreduce-SGD (the built-in's models bit for bit);
     switch_at 0: Local SGD with the same period (likewise); in between, gradient averaging up to
-    the switch, then a model average after every period-th local step counted from it."""
-    assert_check(checks(RANKS), name)
+    the switch, then a model average after every period-th local step counted from it.""")
 
 
 # -- validation ----------------------------------------------------------------------------------
@@ -288,6 +282,7 @@ def written(directory: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("case", list(BAD_ENTRIES))
+@pytest.mark.subprocess
 def test_validate_names_the_field_of_a_bad_entry(user_dir, tmp_path, case):
     bad, field, message = BAD_ENTRIES[case]
     for module in ("user_algos.py", "broken_algos.py"):
@@ -301,6 +296,7 @@ def test_validate_names_the_field_of_a_bad_entry(user_dir, tmp_path, case):
     assert written(tmp_path) == before
 
 
+@pytest.mark.subprocess
 def test_validate_refuses_one_name_for_two_classes_and_a_rank_count_the_class_refuses(user_dir):
     proc = validate(user_dir, [entry(), entry(**{"class": "user_algos:Other"})])
     assert proc.returncode == 2
@@ -313,6 +309,7 @@ def test_validate_refuses_one_name_for_two_classes_and_a_rank_count_the_class_re
     assert "algorithms[0].switch_at: must be >= 0 (got -1)" in proc.stderr
 
 
+@pytest.mark.subprocess
 def test_one_class_under_two_names_with_their_own_parameters(user_dir):
     proc = validate(user_dir, [entry(), entry(name="mine_slow", period=8), "allreduce_sgd"])
     assert proc.returncode == 0, proc.stderr

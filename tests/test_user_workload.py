@@ -168,6 +168,7 @@ def test_user_code_errors_name_the_field_and_write_nothing(tmp_path, capsys, cas
     assert not out.exists()
 
 
+@pytest.mark.subprocess
 def test_validate_error_through_the_command_line(tmp_path):
     path = _scenario_file(tmp_path, "uw_cli", GOOD, model_args={"depth": 3})
     proc = harness_cli("validate", str(path), timeout=120)
@@ -321,6 +322,7 @@ def test_example_model_keeps_batchnorm_buffers_out_of_the_flat_view_and_moves_to
 
 
 # -- example 1 ------------------------------------------------------------------------------------
+@pytest.mark.mpi
 def test_example_runs_and_simulates(tmp_path):
     """examples/own_model_data: a small ResNet with BatchNorm on CIFAR-shaped images of the
     example's own, under random stragglers: trained for real, then simulated."""

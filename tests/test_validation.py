@@ -68,6 +68,7 @@ def test_no_fitted_number_is_scored():
         assert case.published.value not in (sgp_stack.SGP_32_HOURS, sgp_stack.SGP_EFFICIENCY), case.name
 
 
+@pytest.mark.subprocess
 def test_the_command_writes_one_object_per_case(tmp_path):
     out = tmp_path / "validation.json"
     names = ["nccl_h200_4node_ring", "nccl_b200_1node_default"]
@@ -83,6 +84,7 @@ def test_the_command_writes_one_object_per_case(tmp_path):
     assert "median |error| over the cases read from text or tables" in proc.stdout
 
 
+@pytest.mark.subprocess
 def test_an_unknown_case_is_refused_with_the_known_ones(tmp_path):
     proc = harness_cli("bench", "validation", "--only", "nope")
     assert proc.returncode == 2

@@ -128,8 +128,8 @@ def test_simulate_compare_and_figures_know_the_labels(real_run, tmp_path, regist
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert set(pd.read_csv(real_run / "compare.csv")["algorithm"]) == {"local_sgd_p2", "local_sgd_p8"}
 
+    from harness.report import style
     from paper_figs import fig3_overlap_local_sgd as fig3
-    from paper_figs import style
 
     load_scenario(real_run / "scenario.resolved.yaml")  # as every process reading the run does
     looks = {label: (style.label(label), style.color(label)) for label in ("local_sgd_p2", "local_sgd_p8")}

@@ -1,9 +1,9 @@
-"""Across hosts, for real: the harness on a test bed of virtual hosts (tests/vhosts/).
+"""Across hosts, for real: the harness on a test bed of virtual hosts (harness/testing/vhosts/).
 
-``tests/vhosts/start_vhosts.sh`` builds three virtual hosts on this machine (network, host-name and
+``harness/testing/vhosts/start_vhosts.sh`` builds three virtual hosts on this machine (network, host-name and
 time namespaces, veth pairs on a bridge, addresses in 198.18.0.0/15, one sshd each; vh2's
 CLOCK_MONOTONIC runs SKEW_S[1] seconds ahead of vh1's, vh3's SKEW_S[2] behind). Every command
-runs on vh1, as on a cluster's first node, with ``tests/vhosts/vhost_exec.sh``: Hydra starts its
+runs on vh1, as on a cluster's first node, with ``vhost_exec.sh`` beside it: Hydra starts its
 proxies on the other hosts over ssh, and MPI's messages between hosts cross the virtual network.
 
 What is shown here:
@@ -25,7 +25,8 @@ What is shown here:
   kernel_shaping``, with the test bed running).
 
 Skipped, with the reason, where the test bed cannot be built: not Linux, not root, no network or
-time namespaces, the packages cannot be installed, or ``HARNESS_SKIP_VHOSTS=1``.
+time namespaces, the packages not installed (``.ci/provision.sh`` installs them as root), or
+``HARNESS_SKIP_VHOSTS=1``.
 """
 
 from __future__ import annotations
@@ -45,15 +46,16 @@ import pytest
 import yaml
 
 from conftest import kill_rank_mid_run
-from harness.bench.real_runs import CaseFailed, run_command
-from harness.bench.vhost_shaping import SHAPED_LEAST_S, SHAPED_MBIT, kernel_shaping_times, vhost_scenario
+from harness.testing.real_runs import CaseFailed, run_command
+from harness.testing.vhosts.bed import SCRIPTS, vhost_scenario
+from harness.testing.vhosts.shaping import SHAPED_LEAST_S, SHAPED_MBIT, kernel_shaping_times
 
 REPO = Path(__file__).resolve().parents[1]
-BED = Path(__file__).resolve().parent / "vhosts"
+BED = SCRIPTS  # the test bed's shell scripts
 SLURM = Path(__file__).resolve().parent / "slurm"
 HOSTS = ["vh1", "vh2", "vh3"]
 SKEW_S = [0, 7, -3]  # each host's CLOCK_MONOTONIC offset, in whole seconds (time namespaces)
-START_TIMEOUT_S = 300  # installing openssh-server on a fresh machine: ~15 s here
+START_TIMEOUT_S = 300  # building the bed takes seconds; another session's start may hold the lock
 RUN_TIMEOUT_S = 180
 SLURM_DIR = "/var/lib/harness-vslurm"  # not the single-node cluster's (tests/test_slurm.py)
 
@@ -85,7 +87,7 @@ def bed():
     if proc.returncode != 0 or proc.stdout.split() != HOSTS:
         lines = proc.stderr.strip().splitlines() or ["no output"]
         fail = [ln for ln in lines if "FAIL:" in ln]
-        if proc.returncode in (2, 3):  # unsupported here, or the packages cannot be installed
+        if proc.returncode in (2, 3):  # unsupported here, or the packages are not installed
             pytest.skip(f"virtual hosts cannot be built here: {(fail or lines)[-1]}")
         pytest.fail(f"start_vhosts.sh exited {proc.returncode}: {(fail or lines)[-1]}")
     started = "already running" not in proc.stderr
@@ -159,7 +161,7 @@ def host_file(tmp_path: Path, slots: dict[str, int]) -> Path:
 
 
 def scenario(tmp_path: Path, ranks: int, name: str = "vhosts", iterations: int = 30, **extra) -> Path:
-    """A small scenario (``harness.bench.vhost_shaping.vhost_scenario``): emulated compute (5 ms), a
+    """A small scenario (``harness.testing.vhosts.bed.vhost_scenario``): emulated compute (5 ms), a
     100,000-parameter model (400 kB messages)."""
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(vhost_scenario(ranks, name=name, iterations=iterations, **extra), sort_keys=False))
@@ -251,7 +253,7 @@ def test_sbatch_on_two_virtual_nodes(bed, clean_hosts, tmp_path):
     proc = subprocess.run(["bash", str(SLURM / "start_slurm.sh")], capture_output=True, text=True, env=env,
                           timeout=START_TIMEOUT_S)
     if proc.returncode in (2, 3):
-        pytest.skip(f"SLURM cannot be installed here: {proc.stderr.strip().splitlines()[-1]}")
+        pytest.skip(f"SLURM cannot run here: {proc.stderr.strip().splitlines()[-1]}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     out, ranks = tmp_path / "out", 5
     file = scenario(tmp_path, ranks)
@@ -311,7 +313,7 @@ def test_a_real_crash_on_the_second_host_is_named_by_when_its_connection_ended(b
     out = tmp_path / "out"
     cmd = ["bash", str(BED / "vhost_exec.sh"), "vh1", sys.executable, "-m", "harness", "run", str(file),
            "--hosts", str(host_file(tmp_path, SECOND_HOST)), "--out", str(out)]
-    pid, proc = kill_rank_mid_run(cmd, out, 2, signal.SIGKILL, settle_s=1.0, cwd=REPO)
+    pid, proc = kill_rank_mid_run(cmd, out, 2, signal.SIGKILL, cwd=REPO)
     err = proc.stderr
     assert proc.returncode == 1, err[-3000:]
     assert re.search(rf"rank 2 \(pid {pid} on host vh2\) died [^:]*: its process ended without finishing", err), \
@@ -380,7 +382,7 @@ TWO = {"vh1": 1, "vh2": 1}
 @pytest.mark.timing  # the kernel's and the emulator's iteration times are measured side by side
 def test_kernel_shaping_emulator_and_simulator_agree_within_a_factor_of_two(bed, clean_hosts, tmp_path):
     """vh2's link at 100 Mb/s both ways, shaped by the kernel (tbf), then by the native emulator;
-    compare's trace-driven simulation of the emulated run (harness.bench.agreement, which reports
+    compare's trace-driven simulation of the emulated run (harness.testing.vhosts.shaping; bench agreement reports
     how close they are: 38-41 ms each here, 44-56 ms for tbf while the hypervisor stole CPU time).
     Every one pays at least the link's time for a 400 kB message (a bound load cannot break), and
     they are within a factor of 2 of each other: that catches a modelling mistake (a link left

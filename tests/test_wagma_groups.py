@@ -64,6 +64,7 @@ def test_phase_groups_are_the_schedule_groups(ranks, group_size) -> None:
                 assert wagma_group(rank, ranks, group_size, phase) == group
 
 
+@pytest.mark.subprocess
 def test_simulate_notes_and_records_the_groups(tmp_path) -> None:
     path = write_scenario_file(tmp_path, _scenario(6, 4))
     proc = harness_cli("simulate", str(path), "--out", str(tmp_path / "out"), cwd=tmp_path)
@@ -85,6 +86,7 @@ def test_run_notes_and_records_the_groups(tmp_path) -> None:
     assert meta["status"] == "complete" and meta["wagma_group_sizes"] == {"wagma": [3]}
 
 
+@pytest.mark.subprocess
 def test_run_json_has_no_group_key_without_wagma(tmp_path) -> None:
     path = write_scenario_file(tmp_path, _scenario(6, 4, algorithms=["sgp"]))
     proc = harness_cli("simulate", str(path), "--out", str(tmp_path / "out"), cwd=tmp_path)

@@ -15,14 +15,17 @@ import time
 
 import pytest
 
-from conftest import harness_cli, processes_mentioning, write_scenario_file
-from harness.launch import Launch, descends_from, hydra_placement, mpiexec_path, read_hosts, start_ranks, stop_job
-from harness.runner import heartbeat_net
-from harness.runner.heartbeat import Heartbeat
-from harness.runner.heartbeat_row import FIELDS, Field, Phase
-from harness.runner.heartbeat_net import ADDRESS_ENV, HeartbeatServer, watchdog_address
-from harness.runner.watchdog import Watchdog, read_states, supervise
+from conftest import harness_cli, write_scenario_file
+from harness.launch import Launch, hydra_placement, mpiexec_path, read_hosts, start_ranks
+from harness.process_tree import descends_from, stop_job
 from harness.scenario import scenario_from_dict
+from harness.testing.processes import processes_mentioning
+from harness.watchdog import heartbeat_net
+from harness.watchdog.heartbeat import Heartbeat
+from harness.watchdog.heartbeat_net import ADDRESS_ENV, HeartbeatServer, watchdog_address
+from harness.watchdog.heartbeat_row import FIELDS, Field, Phase
+from harness.watchdog.supervision import read_states, supervise
+from harness.watchdog.verdict import JobJudge as Watchdog  # the test bodies still call it by its former name
 
 HERE = socket.gethostname()
 
@@ -200,6 +203,7 @@ def test_hydra_placement_fills_slots_in_order_and_wraps_around(tmp_path):
     assert read_hosts(hosts) == [("vh1", 1), ("vh2", 2)]
 
 
+@pytest.mark.subprocess
 def test_slurm_placement_from_the_allocation(monkeypatch, tmp_path):
     scontrol = tmp_path / "scontrol"
     scontrol.write_text('#!/bin/sh\n[ "$1 $2 $3" = "show hostnames n[1-3]" ] && printf "n1\\nn2\\nn3\\n"\n')
@@ -235,16 +239,17 @@ def test_only_the_launchers_descendants_count_as_its_local_ranks():
 
 
 @pytest.mark.parametrize("ranks, local", [(3, ()), (4, (0, 2))], ids=["all-remote", "mixed"])
+@pytest.mark.mpi
 def test_a_stuck_verdict_on_ranks_of_other_hosts_ends_the_job(tmp_path, monkeypatch, ranks, local):
     """The ranks ``local`` are taken for this host's, the others for ranks on other hosts: the
     local ones get SIGINT at once, every rank gets it through mpiexec, and the job ends."""
-    from harness.commands.run import _create_run_dir
-    from harness.runner import watchdog
+    from harness.commands.run_directory import create_run_dir
     from harness.scenario import load_scenario
+    from harness.watchdog import supervision as watchdog  # the module whose descends_from is patched
 
     data = _scenario(ranks=ranks, faults=[{"kind": "hang", "rank": 1, "at_iteration": 3}])
     scenario = load_scenario(write_scenario_file(tmp_path, data))
-    run_dir = _create_run_dir(scenario, str(tmp_path / "out"))
+    run_dir = create_run_dir(scenario, str(tmp_path / "out"))
     env = {k: v for k, v in os.environ.items() if k != "HARNESS_HEARTBEAT"}
     with HeartbeatServer(ranks, "127.0.0.1") as server:
         monkeypatch.setattr(watchdog, "descends_from", lambda pid, ancestor: pid in {
@@ -277,6 +282,7 @@ def test_a_stuck_verdict_on_ranks_of_other_hosts_ends_the_job(tmp_path, monkeypa
 
 
 @pytest.mark.parametrize("ranks", [3])
+@pytest.mark.mpi
 def test_ranks_the_user_starts_are_watched_by_rank_0(tmp_path, ranks):
     """``mpiexec -n 3 python -m harness run FILE`` with a hang: rank 0's watchdog names the rank
     and aborts the job soon after the stall timeout; run.json says why."""
@@ -318,6 +324,7 @@ with hx.Run(algorithm="allreduce_sgd", iterations=8, batch_size=8) as run:
 '''
 
 
+@pytest.mark.mpi
 def test_a_rank_that_raises_is_named_with_its_host(tmp_path):
     """FAILED is shipped before the rank aborts the job, so the verdict is "raised", not "died"."""
     (tmp_path / "train.py").write_text(_RAISING_SCRIPT)
@@ -326,6 +333,25 @@ def test_a_rank_that_raises_is_named_with_its_host(tmp_path):
     assert "RuntimeError: the script's own bug" in proc.stderr
     assert re.search(rf"error: .*train.py: rank 1 \(pid \d+ on host {re.escape(HERE)}\) raised an error in "
                      r"iteration 3 of train \(its traceback is above\)", proc.stderr), proc.stderr[-3000:]
+
+
+class _AskedFor:
+    """A stand-in for a server's lock (a ``threading.Condition``): ``asked`` is set once another
+    thread than the one that made it asks for the lock."""
+
+    def __init__(self, condition: threading.Condition) -> None:
+        self._condition, self._maker, self.asked = condition, threading.current_thread(), threading.Event()
+
+    def __enter__(self):
+        if threading.current_thread() is not self._maker:
+            self.asked.set()
+        return self._condition.__enter__()
+
+    def __exit__(self, *exc):
+        return self._condition.__exit__(*exc)
+
+    def __getattr__(self, name: str):  # wait_for, notify_all: the condition's own
+        return getattr(self._condition, name)
 
 
 def test_ends_are_ordered_as_they_arrived_even_when_the_server_reads_late():
@@ -343,14 +369,19 @@ def test_ends_are_ordered_as_they_arrived_even_when_the_server_reads_late():
         assert _until(lambda: all(h is not None for h in server.snapshot()[1]))
         row = [0.0] * FIELDS
         row[Field.PID], row[Field.PHASE], row[Field.PROGRESS_AT] = 4242.0, float(Phase.LOCAL), 0.0
-        with server._changed:  # holds the server thread up as soon as it has rows to store
+        # Each step waits for its signal: the server thread asking for the table's lock (it then
+        # has rank 0's first row in hand), and the server's end watch holding each end (peeked:
+        # the watch is level-triggered, a poll takes nothing from it; the server thread is held up).
+        lock = server._changed = _AskedFor(server._changed)
+        queued_ends = lambda: [conn.rank for conn in server._ends.ended()]  # noqa: E731
+        with lock:  # holds the server thread up as soon as it has rows to store
             socks[0].sendall(heartbeat_net._ROW.pack(*row))
-            time.sleep(0.2)  # the server thread now waits for the lock with rank 0's row in hand
+            assert lock.asked.wait(10), "the server thread never came to store rank 0's row"
             socks[0].sendall(heartbeat_net._ROW.pack(*row))  # unread rows: rank 0's socket is queued first
             socks[1].close()
-            time.sleep(0.05)
+            assert _until(lambda: queued_ends() == [1]), queued_ends()
             socks[0].close()
-            time.sleep(0.2)
+            assert _until(lambda: queued_ends() == [1, 0]), queued_ends()
         assert server.wait_closed([0, 1], timeout=5)
         closed = server.snapshot()[2]
         assert closed[1] < closed[0], closed

@@ -141,19 +141,19 @@ class Algorithm(ABC):
         self.ctx = ctx
         self.name = params.name  # one class may run under several scenario names
 
-    def before_forward(self, t: int) -> None:
+    def before_forward(self, t: int) -> None:  # noqa: B027  (an optional hook: a no-op unless overridden)
         """Before the injected delay and the forward pass of iteration t."""
 
-    def after_backward(self, t: int) -> None:
+    def after_backward(self, t: int) -> None:  # noqa: B027  (an optional hook: a no-op unless overridden)
         """After the gradient of iteration t is in ``ctx.grads``, before the optimizer step."""
 
-    def after_step(self, t: int) -> None:
+    def after_step(self, t: int) -> None:  # noqa: B027  (an optional hook: a no-op unless overridden)
         """After the optimizer step of iteration t."""
 
-    def end_iteration(self, t: int) -> None:
+    def end_iteration(self, t: int) -> None:  # noqa: B027  (an optional hook: a no-op unless overridden)
         """Last thing in iteration t."""
 
-    def finish(self) -> None:
+    def finish(self) -> None:  # noqa: B027  (an optional hook: a no-op unless overridden)
         """After the last iteration: complete in-flight communication (collective)."""
 
     def eval_params(self) -> Any:

@@ -28,6 +28,7 @@ from harness.algorithms.slowmo import SlowMo
 
 class BMUF(SlowMo):
     name = "bmuf"
+    params: BMUFParams
 
     def __init__(self, params: BMUFParams, ctx: AlgorithmContext) -> None:
         as_slowmo = SlowMoParams(base="local_sgd", period=params.period, slow_momentum=params.block_momentum,

@@ -23,12 +23,13 @@ from __future__ import annotations
 import torch
 
 from harness.algorithms.base import Algorithm, AlgorithmContext
-from harness.schedules import periodic_sync
 from harness.algorithms.params import CoCoDSGDParams
+from harness.schedules import periodic_sync
 
 
 class CoCoDSGD(Algorithm):
     name = "cocod_sgd"
+    params: CoCoDSGDParams
 
     def __init__(self, params: CoCoDSGDParams, ctx: AlgorithmContext) -> None:
         super().__init__(params, ctx)

@@ -29,18 +29,19 @@ import torch
 
 from harness.algorithms.base import Algorithm, AlgorithmContext
 from harness.algorithms.outer import OuterNesterov
-from harness.algorithms.params import DiLoCoParams
+from harness.algorithms.params import DiLoCoParams, QuorumDiLoCoParams
 from harness.schedules import periodic_sync
 
 
 class DiLoCo(Algorithm):
     name = "diloco"
+    params: DiLoCoParams | QuorumDiLoCoParams
 
-    def __init__(self, params: DiLoCoParams, ctx: AlgorithmContext) -> None:
+    def __init__(self, params: DiLoCoParams | QuorumDiLoCoParams, ctx: AlgorithmContext) -> None:
         super().__init__(params, ctx)
         self.global_model = ctx.params.detach().clone()  # theta
         self.outer = OuterNesterov(params.outer_lr, params.outer_momentum, ctx.params)
-        self.pseudo_grad = torch.empty_like(ctx.params)
+        self.pseudo_grad: torch.Tensor | None = torch.empty_like(ctx.params)  # None: a variant that needs none
         self.local_steps = 0  # inner steps since the last outer step
 
     def after_step(self, t: int) -> None:

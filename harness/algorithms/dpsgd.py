@@ -37,14 +37,15 @@ from __future__ import annotations
 import torch
 
 from harness.algorithms.base import Algorithm, AlgorithmContext
-from harness.algorithms.params import DPSGDParams
+from harness.algorithms.params import DPSGDParams, GossipPGAParams
 from harness.schedules import bipartite_exponential_shift, mixing_row
 
 
 class DPSGD(Algorithm):
     name = "dpsgd"
+    params: DPSGDParams | GossipPGAParams
 
-    def __init__(self, params: DPSGDParams, ctx: AlgorithmContext) -> None:
+    def __init__(self, params: DPSGDParams | GossipPGAParams, ctx: AlgorithmContext) -> None:
         super().__init__(params, ctx)
         self.directed = params.graph == "bipartite_exponential" and ctx.size > 1
         if self.directed:

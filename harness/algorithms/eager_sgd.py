@@ -46,6 +46,7 @@ class EagerSGD(Algorithm):
     """
 
     name = "eager_sgd"
+    params: EagerSGDParams
     #: ``staleness`` of iteration t is the contribution staleness of wait-avoiding round t (a
     #: trace-driven simulation with values replays the real run's contributions from it)
     round_staleness = True

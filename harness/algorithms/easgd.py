@@ -32,12 +32,13 @@ from __future__ import annotations
 import torch
 
 from harness.algorithms.base import Algorithm, AlgorithmContext
-from harness.schedules import periodic_sync
 from harness.algorithms.params import EASGDParams
+from harness.schedules import periodic_sync
 
 
 class EASGD(Algorithm):
     name = "easgd"
+    params: EASGDParams
 
     def __init__(self, params: EASGDParams, ctx: AlgorithmContext) -> None:
         super().__init__(params, ctx)

@@ -23,11 +23,13 @@ Example::
 from __future__ import annotations
 
 from harness.algorithms.dpsgd import DPSGD
+from harness.algorithms.params import GossipPGAParams
 from harness.schedules import periodic_sync
 
 
 class GossipPGA(DPSGD):
     name = "gossip_pga"
+    params: GossipPGAParams
 
     def after_backward(self, t: int) -> None:
         if not periodic_sync(t, self.params.period):  # a global round replaces the gossip

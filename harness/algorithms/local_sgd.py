@@ -12,11 +12,13 @@ every algorithm of the periodic family (Overlap Local SGD, EASGD, CoCoD-SGD, BMU
 from __future__ import annotations
 
 from harness.algorithms.base import Algorithm
+from harness.algorithms.params import LocalSGDParams
 from harness.schedules import periodic_sync
 
 
 class LocalSGD(Algorithm):
     name = "local_sgd"
+    params: LocalSGDParams
 
     def is_sync_step(self, t: int) -> bool:
         return periodic_sync(t, self.params.period)

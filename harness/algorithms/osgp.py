@@ -54,6 +54,7 @@ from harness.schedules import osgp_rounds_due
 
 class OSGP(SGP):
     name = "osgp"
+    params: OSGPParams
 
     def __init__(self, params: OSGPParams, ctx) -> None:
         super().__init__(params, ctx)

@@ -25,12 +25,13 @@ from __future__ import annotations
 import torch
 
 from harness.algorithms.base import Algorithm, AlgorithmContext
-from harness.schedules import periodic_sync
 from harness.algorithms.params import OverlapLocalSGDParams
+from harness.schedules import periodic_sync
 
 
 class OverlapLocalSGD(Algorithm):
     name = "overlap_local_sgd"
+    params: OverlapLocalSGDParams
 
     def __init__(self, params: OverlapLocalSGDParams, ctx: AlgorithmContext) -> None:
         super().__init__(params, ctx)

@@ -40,13 +40,14 @@ Example::
 
 from __future__ import annotations
 
-from harness.algorithms.diloco import DiLoCo
 from harness.algorithms.base import AlgorithmContext
+from harness.algorithms.diloco import DiLoCo
 from harness.algorithms.params import QuorumDiLoCoParams
 
 
 class QuorumDiLoCo(DiLoCo):
     name = "quorum_diloco"
+    params: QuorumDiLoCoParams
 
     def __init__(self, params: QuorumDiLoCoParams, ctx: AlgorithmContext) -> None:
         super().__init__(params, ctx)

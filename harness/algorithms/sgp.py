@@ -45,6 +45,7 @@ from harness.schedules import exponential_out_peers
 
 class SGP(Algorithm):
     name = "sgp"
+    params: SGPParams
 
     def __init__(self, params: SGPParams, ctx: AlgorithmContext) -> None:
         super().__init__(params, ctx)
@@ -120,6 +121,7 @@ class SGP(Algorithm):
             x.mul_(kept)
             self.weight *= kept
         # snapshots the message; a round of self-addressed shares only sends nothing
+        assert self.channel is not None  # rounds are pushed only with peers
         self.send = self.channel.send(self.message, others, round=self.rounds) if others else None
         self.rounds += 1
         self.expected += len(others)
@@ -132,6 +134,7 @@ class SGP(Algorithm):
     def absorb(self, round: int | None = None, min_messages: int = 0) -> int:
         """Add what has arrived (of ``round``, or of every round) into [x, w], waiting for at
         least ``min_messages`` messages."""
+        assert self.channel is not None  # absorbed only with peers, before finish() closes the channel
         if not min_messages and not self.channel.pending(round):
             return 0  # skip clearing and adding n floats of nothing
         self.inbox.zero_()

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from harness.algorithms.base import Algorithm, AlgorithmContext
-from harness.algorithms.params import SGPParams, SlowMoParams
+from harness.algorithms.params import BMUFParams, SGPParams, SlowMoParams
 from harness.algorithms.sgp import SGP
 from harness.schedules import periodic_sync
 
@@ -59,6 +59,7 @@ def slow_momentum_step(x: Any, anchor: Any, momentum: Any, lr: float, slow_momen
 
 class SlowMo(Algorithm):
     name = "slowmo"
+    params: SlowMoParams | BMUFParams
 
     def __init__(self, params: SlowMoParams, ctx: AlgorithmContext) -> None:
         super().__init__(params, ctx)

@@ -77,6 +77,7 @@ def round_to(delta: Any, precision: str) -> None:
 
 class StreamingDiLoCo(Algorithm):
     name = "streaming_diloco"
+    params: StreamingDiLoCoParams
 
     def __init__(self, params: StreamingDiLoCoParams, ctx: AlgorithmContext) -> None:
         super().__init__(params, ctx)

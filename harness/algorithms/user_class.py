@@ -27,7 +27,7 @@ loader puts ``algorithms[i].`` in front).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import ConfigDict, Field, create_model
 
@@ -37,7 +37,7 @@ from harness.algorithms.params import AlgorithmParams
 from harness.config import ParamError
 from harness.user_code import UserCodeError, load_reference
 
-CLASS_KEY = "class"  # the scenario key naming the class
+CLASS_KEY: Final = "class"  # the scenario key naming the class
 
 
 class ClassEntryParams(AlgorithmParams):
@@ -114,13 +114,14 @@ def load_class(reference: Any, search_path: Sequence[str]) -> type[Algorithm]:
 
 def _derived_model(name: str, reference: str, cls: type[Algorithm]) -> type[AlgorithmParams]:
     """``cls.Params`` with ``name: Literal[name]`` and the ``class`` field (defaulting to ``reference``)."""
-    params: type[AlgorithmParams] = cls.Params  # type: ignore[attr-defined]
-    return create_model(  # type: ignore[call-overload]
+    params: type[AlgorithmParams] = cls.Params  # type: ignore[attr-defined]  # a user class's own (checked)
+    # Literal of a runtime string: a type pydantic takes, not one a static checker can know
+    return create_model(
         f"{params.__name__}[{name}]",
         __base__=(params, ClassEntryParams),
         __module__=params.__module__,
         __doc__=params.__doc__,
-        name=(Literal[name], name),
+        name=(Literal[name], name),  # type: ignore[arg-type]  # (see above)
         class_reference=(str, Field(reference, alias=CLASS_KEY)),
     )
 

@@ -122,13 +122,14 @@ def plain_entry(entry: dict[str, Any]) -> dict[str, Any]:
 
 def _derived_model(name: str, algorithm: str, params: type[AlgorithmParams]) -> type[AlgorithmParams]:
     """``params`` with ``name: Literal[name]`` and ``algorithm: Literal[algorithm]`` (defaulting to them)."""
-    return create_model(  # type: ignore[call-overload]
+    # Literal of a runtime string: a type pydantic takes, not one a static checker can know
+    return create_model(
         f"{params.__name__}[{name}]",
         __base__=(params, VariantEntryParams),
         __module__=params.__module__,
         __doc__=params.__doc__,
-        name=(Literal[name], name),
-        algorithm=(Literal[algorithm], algorithm),
+        name=(Literal[name], name),  # type: ignore[arg-type]  # (see above)
+        algorithm=(Literal[algorithm], algorithm),  # type: ignore[arg-type]  # (see above)
     )
 
 

@@ -22,12 +22,22 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn, overload
 
 import torch
 
+from harness.algorithms import algorithm_class
+from harness.algorithms.base import AlgorithmContext
 from harness.api.session import Run, ScriptError
+from harness.comm.call_log import CallLog
+from harness.device import Staging
 from harness.local_costs import iteration_overhead_s
+from harness.runner.clock import Clock
+from harness.runner.evaluate import evaluate as evaluate_models
+from harness.runner.evaluate import testing
+from harness.runner.loop import Iterations
+from harness.workload import flat_grads, flat_params
 
 _WRAPPED = "_harness_distributed_optimizer"  # set on a wrapped model: wrapping twice is refused
 
@@ -54,20 +64,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, run: Run | None = None) -> None:
-        from harness.algorithms import algorithm_class
-        from harness.algorithms.base import AlgorithmContext
-        from harness.comm.call_log import CallLog
-        from harness.device import Staging
-        from harness.runner.clock import Clock
-        from harness.runner.loop import Iterations
-        from harness.workload import flat_grads, flat_params
-
         if isinstance(optimizer, DistributedOptimizer):
             raise ScriptError("this optimizer is already a harness.api.DistributedOptimizer: wrap it once")
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ScriptError(f"DistributedOptimizer wraps a torch.optim.Optimizer (got {type(optimizer).__name__})")
         if not isinstance(model, torch.nn.Module):
-            raise ScriptError(f"DistributedOptimizer needs the model (a torch.nn.Module) too (got {type(model).__name__})")
+            raise ScriptError(
+                f"DistributedOptimizer needs the model (a torch.nn.Module) too (got {type(model).__name__})")
         if getattr(model, _WRAPPED, False):
             raise ScriptError("this model already has a DistributedOptimizer: wrap one optimizer per model, once")
         run = run if run is not None else Run.current()
@@ -139,8 +142,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return f"DistributedOptimizer({self.run.algorithm}, {self.inner!r})"
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        from harness.workload import flat_grads
-
         flat_grads(self.model).zero_()  # re-seats .grad as views if something set them to None
 
     # -- the iteration ---------------------------------------------------------------------------
@@ -188,16 +189,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._local_costs_paid = True
 
     def _gradient_to_algorithm(self) -> None:
-        from harness.workload import flat_grads
-
         self._pay_local_costs()
         flat_grads(self.model)  # .grad replaced (zero_grad(set_to_none=True) elsewhere): copied back in
         self.staging.grads_to_host()
         self.loop.after_backward(self.t)
         self.staging.grads_to_device()
 
+    # torch's Optimizer.step also takes a closure that re-evaluates the loss: refused here.
+    @overload
+    def step(self, closure: None = None, *, loss: Any = None) -> None: ...
+    @overload
+    def step(self, closure: Callable[[], float], *, loss: Any = None) -> NoReturn: ...
     @torch.no_grad()
-    def step(self, closure=None, *, loss: Any = None) -> None:
+    def step(self, closure: Callable[[], float] | None = None, *, loss: Any = None) -> None:
         if closure is not None:
             raise ScriptError("step(closure): optimizers that re-evaluate the loss (LBFGS) are not supported")
         self._check_ready("step()")
@@ -226,9 +230,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def evaluate(self, test) -> list:
         """Collective: test the ranks' averaged model and rank 0's own with ``test(model) -> (loss,
         accuracy)`` (called on rank 0 only); recorded as the harness's evaluations are."""
-        from harness.runner.evaluate import evaluate as evaluate_models
-        from harness.runner.evaluate import testing
-
         if self._began:
             raise ScriptError(f"evaluate() inside iteration {self.t} (after its forward pass, before step()): "
                               "evaluate between steps")

@@ -30,10 +30,29 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
+import numpy as np
+import torch
+
+from harness.algorithms import scenario_facts
+from harness.comm.call_log import CallLog
 from harness.config import HarnessError
+from harness.device import local_rank, torch_device
+from harness.faults import FaultPlan
+from harness.injection import InjectionPlan
+from harness.launch import srun_without_pmi
+from harness.rank_exit import abort_job_after_error, exit_promptly_when_interrupted
+from harness.results.columns import CommCallRecord
+from harness.results.layout import SCENARIO_FILE
+from harness.runner.clock import Clock
+from harness.runner.loop import Iterations
+from harness.runner.report import gather, publish
+from harness.scenario import load_scenario, read_yaml, scenario_from_dict
+from harness.watchdog.heartbeat_row import Phase
+from harness.watchdog.in_job import join_watchdog
 
 ENV_RUN_DIR = "HARNESS_RUN_DIR"  # set by `python -m harness launch --scenario FILE`
 ENV_ALGORITHM = "HARNESS_ALGORITHM"
@@ -41,6 +60,20 @@ ENV_ALGORITHM = "HARNESS_ALGORITHM"
 
 class ScriptError(HarnessError):
     """A mistake in how a training script uses ``harness.api``; the message says which and how to fix it."""
+
+
+class _Optimizer(Protocol):
+    """What a Run uses of its :class:`harness.api.DistributedOptimizer` (whose module imports this one)."""
+
+    clock: Clock
+    loop: Iterations
+    t0: float
+    evals: list
+    call_log: CallLog | None
+    model_floats: int
+    inner: torch.optim.Optimizer
+
+    def finish(self) -> None: ...
 
 
 class Run:
@@ -63,12 +96,10 @@ class Run:
         if Run._current is not None:
             raise ScriptError("a harness.api.Run is already open in this process: close it first (one Run, one "
                               "algorithm at a time; `python -m harness launch` runs the script once per algorithm)")
-        from harness.launch import exit_promptly_when_interrupted, srun_without_pmi
-
         problem = srun_without_pmi()  # each srun task would otherwise train alone, as a job of one
         if problem is not None:
             raise ScriptError(problem.replace("`python -m harness run FILE`", "`python -m harness launch ...`"))
-        from mpi4py import MPI
+        from mpi4py import MPI  # noqa: PLC0415  (initializes MPI: once a Run starts, not at import)
 
         if _on_main_thread():
             exit_promptly_when_interrupted()  # Ctrl+C or the watchdog's stop ends every rank with a status
@@ -123,14 +154,10 @@ class Run:
 
     # -- set-up and the end ----------------------------------------------------------------------
     def _start(self, launched: Path | None, out: Path, threads: int | None) -> None:
-        import torch
+        from harness.comm import Communicator  # noqa: PLC0415  (loads mpi4py.MPI, which initializes MPI)
 
-        from harness.comm import Communicator
-        from harness.device import local_rank, torch_device
-        from harness.faults import FaultPlan
-        from harness.injection import InjectionPlan
-        from harness.results.records import RunDirectory
-        from harness.runner.watchdog import join_watchdog
+        # pandas: not for `import harness.dist`, which reads ENV_RUN_DIR from this module
+        from harness.results.records import RunDirectory  # noqa: PLC0415
 
         s = self.scenario
         if threads is not None:
@@ -155,7 +182,7 @@ class Run:
         self.results = RunDirectory.open(self.world.bcast(path, root=0))
         index = [a.name for a in s.algorithms].index(self.algorithm)
         self.beat.algorithm(index)
-        self.optimizer = None  # the DistributedOptimizer, which registers itself
+        self.optimizer: _Optimizer | None = None  # the DistributedOptimizer, which registers itself
         self.closed = False
 
     def close(self) -> None:
@@ -164,8 +191,6 @@ class Run:
             return
         self.closed = True
         Run._current = None
-        from harness.runner.heartbeat_row import Phase
-
         try:
             if self.optimizer is None:
                 if self.rank == 0:
@@ -180,20 +205,18 @@ class Run:
             self.comm.close()
 
     def _write_results(self) -> None:
-        from harness.algorithms import scenario_facts
-        from harness.results.columns import CommCallRecord
-        from harness.runner.report import gather, publish
-
         opt, name = self.optimizer, self.algorithm
+        assert opt is not None  # close() returns early without one
         opt.clock.remeasure()  # the end estimate: run.json's drift (harness.runner.clock)
         opt.clock.close()
-        steps, ops = opt.loop.records(opt.t0)
-        steps, evals, ops = (gather(self.world, x) for x in (steps, opt.evals, ops))
+        own_steps, own_ops = opt.loop.records(opt.t0)
+        steps, evals, ops = (gather(self.world, x) for x in (own_steps, opt.evals, own_ops))
         calls = None
         if opt.call_log is not None:
             calls = gather(self.world, [CommCallRecord(name, self.rank, *c) for c in opt.call_log.calls])
         if self.rank != 0:
             return
+        assert steps is not None and evals is not None and ops is not None  # gathered on rank 0
         run = self.results
         finished = [a for a in run.finished_algorithms if a != name] + [name]
         run.append_algorithm(name, steps, evals, ops)  # first, so the workload's description sees every step
@@ -209,10 +232,6 @@ class Run:
         """The scenario as the results directory keeps it, and the median local work (ms): the script's
         workload described by what a simulation needs (its model's size, the median local work per
         iteration of every step recorded so far) and the iterations the script took."""
-        import numpy as np
-
-        from harness.scenario import scenario_from_dict
-
         steps = self.results.steps
         later = steps[steps["iteration"] > 0] if (steps["iteration"] > 0).any() else steps
         median_ms = float(np.median(later["compute_s"])) * 1e3
@@ -234,22 +253,15 @@ class Run:
             return
         self.beat.failed(exc)
         if self.size > 1 and not isinstance(exc, KeyboardInterrupt):
-            from harness.launch import abort_job_after_error
-
             abort_job_after_error()  # prints the error, then no peer waits for this rank forever
 
 
 def _on_main_thread() -> bool:
     """Signal handlers can only be set from the main thread."""
-    import threading
-
     return threading.current_thread() is threading.main_thread()
 
 
 def _launched_scenario(run_dir: Path, algorithm: str | None):
-    from harness.results.records import SCENARIO_FILE
-    from harness.scenario import load_scenario
-
     scenario = load_scenario(run_dir / SCENARIO_FILE)
     return scenario, _pick(scenario, algorithm, ENV_ALGORITHM)
 
@@ -257,8 +269,6 @@ def _launched_scenario(run_dir: Path, algorithm: str | None):
 def _script_scenario(source, algorithm: str | None, params: dict, *, iterations, batch_size, seed, name, ranks,
                      rank):
     """The scenario of a script run from a file, a mapping or the arguments alone."""
-    from harness.scenario import read_yaml, scenario_from_dict
-
     base_dir = None
     if source is None:
         if algorithm is None:

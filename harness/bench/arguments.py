@@ -10,6 +10,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from harness.rank_exit import abort_job_after_error
+
 
 def job_size_matches(args: argparse.Namespace, world: Any) -> bool:
     """In a worker: whether ``--ranks`` (if given) is the MPI job's size; rank 0 says why not."""
@@ -35,7 +37,5 @@ def worker_main(prog: str, doc: str, add_arguments: Callable[[argparse.ArgumentP
     args = parser.parse_args(argv)
     try:
         return run_worker(args)
-    except BaseException:
-        from harness.launch import abort_job_after_error  # noqa: PLC0415
-
+    except BaseException:  # noqa: BLE001  (whatever stopped this rank, Ctrl+C included: the job must not hang)
         return abort_job_after_error()

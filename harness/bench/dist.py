@@ -1,9 +1,8 @@
 """DDP on the ``harness`` torch.distributed backend against DDP on ``gloo``: time per step, side by side.
 
-Launched by ``python -m harness bench dist``; this module is the worker every rank runs. It can
-also be started directly under the venv's mpiexec::
-
-    mpiexec -n 4 python -m harness.bench.dist --sizes 50k,1M --steps 20 --repeats 3
+``python -m harness bench dist`` launches its worker (:mod:`harness.bench.dist_worker`) on
+``--ranks`` ranks; this module is what the command and the worker share: the models and the
+options.
 
 Every rank runs one process group of each backend: the default group is ``harness``
 (``import harness.dist`` sets env:// from MPI) and a gloo group of the same ranks
@@ -25,20 +24,16 @@ The last column is the largest difference between the two backends' parameters a
 repetition's steps (both start from the same weights and see the same batches): 0 at 2 ranks,
 float rounding (~1e-8) at more, where the two sum in different orders.
 
-torch, mpi4py and the native layer are imported inside ``run_worker`` only, so the parent command
-can import this module for its arguments without initializing MPI.
+Neither this module nor the worker imports torch, mpi4py or the native layer before the worker
+runs, so the parent command can import them without initializing MPI.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
-import time
-from typing import Any
+import itertools
 
 from harness.arguments import argtype, int_at_least, split_list
-from harness.bench.arguments import job_size_matches, say, worker_main
 
 # name -> (layer widths, batch): parameter counts are sum(w_i * w_(i+1) + w_(i+1))
 MODELS: dict[str, tuple[tuple[int, ...], int]] = {
@@ -59,7 +54,7 @@ def parameter_count(widths: tuple[int, ...]) -> int:
     >>> parameter_count(MODELS["50k"][0])
     49472
     """
-    return sum(a * b + b for a, b in zip(widths, widths[1:]))
+    return sum(a * b + b for a, b in itertools.pairwise(widths))
 
 
 def parse_models(text: str) -> list[str]:
@@ -90,94 +85,3 @@ def to_argv(args: argparse.Namespace, ranks: int) -> list[str]:
     """The worker's command-line arguments for parsed ``args``."""
     return ["--ranks", str(ranks), "--sizes", ",".join(args.sizes), "--steps", str(args.steps),
             "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
-
-
-# -- the worker ---------------------------------------------------------------------------------
-def _run_backend(group: Any, widths: tuple[int, ...], batch: int, steps: int, warmup: int, world: Any) -> tuple[list[float], Any]:
-    """Steps of DDP over ``group``: the slowest rank's time of each timed step (s), and the final
-    parameters (flat)."""
-    import numpy as np  # noqa: PLC0415
-    import torch  # noqa: PLC0415
-    from mpi4py import MPI  # noqa: PLC0415
-    from torch.nn.parallel import DistributedDataParallel  # noqa: PLC0415
-
-    from harness.comm.asleep import quiet_barrier  # noqa: PLC0415
-
-    torch.manual_seed(SEED)
-    layers: list[torch.nn.Module] = []
-    for a, b in zip(widths, widths[1:]):
-        layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
-    model = DistributedDataParallel(torch.nn.Sequential(*layers[:-1]), process_group=group)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    gen = torch.Generator().manual_seed(SEED + world.Get_rank())
-    x = torch.randn(batch, widths[0], generator=gen)
-    y = torch.randn(batch, widths[-1], generator=gen)
-    times = np.zeros(steps)
-    quiet_barrier(world)
-    for i in range(-warmup, steps):
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        t1 = time.perf_counter()
-        if i >= 0:
-            times[i] = t1 - t0
-    world.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
-    params = torch.cat([p.detach().reshape(-1) for p in model.module.parameters()])
-    del model, opt
-    return times.tolist(), params
-
-
-def run_worker(args: argparse.Namespace) -> int:
-    """Run the benchmark on this rank; rank 0 prints the table. 0."""
-    import warnings  # noqa: PLC0415
-
-    import torch  # noqa: PLC0415
-    import torch.distributed as dist  # noqa: PLC0415
-    from mpi4py import MPI  # noqa: PLC0415
-
-    import harness.dist  # noqa: F401, PLC0415  registers "harness", sets env:// from MPI
-
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    world = MPI.COMM_WORLD
-    n, rank = world.Get_size(), world.Get_rank()
-    if not job_size_matches(args, world):
-        return 2
-    torch.set_num_threads(1)
-    dist.init_process_group("harness")
-    try:
-        groups = {"gloo": dist.new_group(backend="gloo"), "harness": dist.group.WORLD}
-        if rank == 0:
-            say(f"# dist: DDP on harness vs gloo, {n} ranks, torch {torch.__version__}, 1 thread per rank; "
-                f"{args.steps} timed steps after {args.warmup} warm-up, x {args.repeats} repetitions alternating")
-            say("# time per step = median over steps and repetitions of the slowest rank; ratio = gloo / harness "
-                "(> 1: harness faster)")
-            say(f"{'model':>6} {'params':>11} {'batch':>6} {'gloo ms':>9} {'harness ms':>11} {'ratio':>6} "
-                f"{'max |diff|':>11}")
-        for name in args.sizes:
-            widths, batch = MODELS[name]
-            times: dict[str, list[float]] = {"gloo": [], "harness": []}
-            diff = 0.0
-            for rep in range(args.repeats):
-                order = ["gloo", "harness"] if rep % 2 == 0 else ["harness", "gloo"]
-                params = {}
-                for backend in order:
-                    t, params[backend] = _run_backend(groups[backend], widths, batch, args.steps, args.warmup, world)
-                    times[backend] += t
-                diff = max(diff, float((params["gloo"] - params["harness"]).abs().max()))
-            if rank == 0:
-                g, h = (statistics.median(times[b]) * 1e3 for b in ("gloo", "harness"))
-                say(f"{name:>6} {parameter_count(widths):>11,d} {batch:>6d} {g:>9.2f} {h:>11.2f} {g / h:>6.2f} "
-                    f"{diff:>11.2g}")
-    finally:
-        dist.destroy_process_group()
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    return worker_main("python -m harness.bench.dist", __doc__, add_arguments, run_worker, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -42,9 +42,12 @@ from pathlib import Path
 
 import yaml
 
+from harness.algorithms.registry import names
 from harness.arguments import argtype, int_at_least, name_list
-from harness.bench.real_runs import CaseFailed, run_command
 from harness.calibrate.measure import parse_ranks
+from harness.scenario import ScenarioError, scenario_from_dict
+from harness.testing.processes import processes_mentioning
+from harness.testing.real_runs import CaseFailed, run_command
 
 KINDS = ("kill", "hang")
 POINTS = ("iteration", "communication", "evaluation", "finish")
@@ -134,8 +137,6 @@ def cases(algorithms: list[str], kinds: list[str], points: list[str], ranks: lis
 
 def invalid(case: Case) -> str | None:
     """Why ``case`` cannot run (its scenario is refused, e.g. AD-PSGD on an odd rank count), or None."""
-    from harness.scenario import ScenarioError, scenario_from_dict
-
     try:
         scenario_from_dict(case.scenario())
     except ScenarioError as exc:
@@ -186,22 +187,6 @@ def _recorded_fault(out: Path) -> dict | None:
     return None
 
 
-def processes_mentioning(marker: str) -> list[str]:
-    """Command lines of live processes (not this one) that mention ``marker`` (a run directory,
-    a scenario file): what a job left running."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmdline:
-            found.append(cmdline)
-    return found
-
-
 @contextlib.contextmanager
 def busy_loops(on: bool) -> Iterator[int]:
     """A busy loop on every core while the block runs (``on``); yields how many. Each is a
@@ -220,8 +205,6 @@ def busy_loops(on: bool) -> Iterator[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from harness.algorithms.registry import names
-
     parser.add_argument("--only", type=name_list("algorithm", "wagma,sgp"), default=None,
                         help="algorithms (default: every built-in)")
     parser.add_argument("--kinds", type=name_list("fault kind", "kill,hang"), default=list(KINDS),
@@ -259,15 +242,16 @@ def run(args: argparse.Namespace) -> int:
           f"{len(args.during)} points x ranks {','.join(map(str, ranks))} x {args.repeats} repeats)"
           f"{', a busy loop on every core' if args.load else ''}, {args.jobs} at a time", flush=True)
     outcomes: list[Outcome] = []
-    with tempfile.TemporaryDirectory(prefix="harness-bench-faults-") as tmp, busy_loops(args.load) as loops:
-        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            for outcome in pool.map(lambda c: run_case(c, Path(tmp)), matrix):
-                outcomes.append(outcome)
-                _print_line(outcome)
+    with (tempfile.TemporaryDirectory(prefix="harness-bench-faults-") as tmp, busy_loops(args.load) as loops,
+          ThreadPoolExecutor(max_workers=args.jobs) as pool):
+        for outcome in pool.map(lambda c: run_case(c, Path(tmp)), matrix):
+            outcomes.append(outcome)
+            _print_line(outcome)
     _print_summary(outcomes, loops)
     if args.json is not None:
-        args.json.write_text(json.dumps([{**dataclasses.asdict(o.case), **{k: v for k, v in dataclasses.asdict(o).items()
-                                                                          if k != "case"}} for o in outcomes], indent=1))
+        rows = [{**dataclasses.asdict(o.case), **{k: v for k, v in dataclasses.asdict(o).items() if k != "case"}}
+                for o in outcomes]
+        args.json.write_text(json.dumps(rows, indent=1))
     return 0 if all(o.ok for o in outcomes) else 1
 
 

@@ -24,13 +24,21 @@ step and how long the simulation took. Runs go under ``--out`` (default
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from harness.arguments import argtype, int_at_least, split_list
+from tabulate import tabulate
 
+from harness.arguments import argtype, int_at_least, split_list
+from harness.scenario import load_scenario
+from harness.sim.calibration import load_calibration
+from harness.sim.script_scaling import ScriptStructure
+
+# The simulator (torch) and pandas are imported inside the functions that need them: the CLI
+# imports every benchmark at start-up.
 EXAMPLE = Path("examples/torch_parallel")
 MODES = ("ddp", "fsdp", "hsdp", "zero")
 HSDP_SHARD = 2  # the example's default --shard: HSDP runs at multiples of it
@@ -78,13 +86,9 @@ def _sequence_difference(scaled, real) -> str | None:
 
 def _simulate(run_dir: Path, ranks: int, calibration, reading: str = "machine"):
     """(steps frame, recorded scenario) of ``run_dir``'s script replayed at ``ranks``."""
-    import json
-
-    from harness.results.records import RUN_FILE, SCENARIO_FILE, RunDirectory
-    from harness.scenario import load_scenario
-    from harness.sim.runs import calibration_entry
-    from harness.sim.script_replay import ScriptTrace, replay_script, script_label, steps_taken
-    from harness.sim.script_scaling import ScriptStructure
+    from harness.results.records import RUN_FILE, SCENARIO_FILE, RunDirectory  # noqa: PLC0415  (loads pandas)
+    from harness.sim.runs import calibration_entry  # noqa: PLC0415  (loads torch)
+    from harness.sim.script_replay import ScriptTrace, replay_script, script_label, steps_taken  # noqa: PLC0415  (loads torch)
 
     meta = json.loads((run_dir / RUN_FILE).read_text())
     recorded = steps_taken(load_scenario(run_dir / SCENARIO_FILE), meta)
@@ -106,7 +110,7 @@ def _median_step(steps) -> float:
 
 
 def _compare_errors(run_dir: Path, calibration: Path) -> dict[str, float]:
-    import pandas as pd
+    import pandas as pd  # noqa: PLC0415  (loads pandas)
 
     done = subprocess.run([sys.executable, "-m", "harness", "compare", str(run_dir), "--mode", "both",
                            "--calibration", str(calibration)], capture_output=True, text=True, check=False)
@@ -117,12 +121,8 @@ def _compare_errors(run_dir: Path, calibration: Path) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tabulate import tabulate
-
-    from harness.results.records import RunDirectory
-    from harness.sim.calibration import load_calibration
-    from harness.sim.script_replay import ScriptTrace
-    from harness.sim.script_scaling import ScriptStructure
+    from harness.results.records import RunDirectory  # noqa: PLC0415  (loads pandas)
+    from harness.sim.script_replay import ScriptTrace  # noqa: PLC0415  (loads torch)
 
     if not args.calibration.is_file():
         print(f"error: --calibration {args.calibration}: no such file; measure it with `python -m harness calibrate "

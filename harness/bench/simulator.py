@@ -10,8 +10,9 @@ Settings (``--setting``):
 
 Algorithms: ``--algorithm YAML`` (repeatable; default WAGMA-SGD with group size 8 and a
 synchronous round every 11) or ``--all`` (every registered algorithm with its defaults; EASGD's
-alpha scaled to the rank count as its stability bound needs, WAGMA's groups at most all ranks). Each one runs in this process, on one
-core, ``--repeat`` times; each repetition prints a line and the table gives medians.
+alpha scaled to the rank count as its stability bound needs, WAGMA's groups at most all ranks).
+Each one runs in this process, on one core, ``--repeat`` times; each repetition prints a line
+and the table gives medians.
 
 ``--shapes`` runs the matrix of :func:`shapes` instead (``--only`` picks some by label): the
 speed targets in the shapes the schema allows (WAGMA-SGD groups of 2 to 32, powers or not, with
@@ -29,19 +30,30 @@ Example::
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import resource
 import statistics
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import yaml
 from tabulate import tabulate
 
+from harness.algorithms import registry
 from harness.arguments import argtype, split_list
+from harness.config import HarnessError
+from harness.scenario.loader import scenario_from_dict
+from harness.sim.calibration import CalibrationEntry, ComputePoint
+from harness.workload.names import workload_labels
 
+# The simulator itself (torch, pandas) is imported inside the functions that run it: the CLI
+# imports every benchmark at start-up.
 DEFAULT_RANKS = 1024
 DEFAULT_ITERATIONS = 1000
 DEFAULT_ALGORITHM = "{name: wagma, group_size: 8, period: 11}"
-SETTINGS = {
+SETTINGS: dict[str, dict[str, Any]] = {
     "resnet50": {"model": "resnet20", "params": 25_600_000, "emulate_ms": 250},
     "resnet20": {"model": "resnet20", "params": None, "emulate_ms": 50},
 }
@@ -75,8 +87,6 @@ def _shape_list(text: str) -> list[str]:
 
 def default_entries(ranks: int) -> list[dict]:
     """Every registered algorithm with its defaults, made valid for ``ranks`` where a default is not."""
-    from harness.algorithms import registry
-
     entries = []
     for name in registry.names():
         entry: dict = {"name": name}
@@ -90,8 +100,6 @@ def default_entries(ranks: int) -> list[dict]:
 
 def benchmark_scenario(ranks: int, iterations: int, algorithms: list, setting: str = "resnet50"):
     """The benchmark's scenario (raises ScenarioError naming a bad entry)."""
-    from harness.scenario.loader import scenario_from_dict
-
     s = SETTINGS[setting]
     workload = {"model": s["model"], "dataset": "synthetic", "batch_size": 32, "iterations": iterations,
                 "eval_every": iterations, "compute": {"emulate_ms": s["emulate_ms"], "jitter": 0.1}}
@@ -111,11 +119,10 @@ def _prepared(scenario, compute: list | None = None):
     """(calibration entry, timing, delays, factors) of a benchmark scenario on the default cluster
     network; ``compute``: calibrated compute points for real compute. The model is sized here
     once (meta device): that is not the simulator's speed."""
-    from harness.sim.calibration import CalibrationEntry
-    from harness.sim.runs import DEFAULT_NETWORK
-    from harness.sim.simulate import injection_arrays
-    from harness.sim.timing import PredictiveTiming
-    from harness.workload.models import communicated_floats
+    from harness.sim.runs import DEFAULT_NETWORK  # noqa: PLC0415  (loads torch)
+    from harness.sim.simulate import injection_arrays  # noqa: PLC0415  (loads torch)
+    from harness.sim.timing import PredictiveTiming  # noqa: PLC0415  (loads pandas)
+    from harness.workload.models import communicated_floats  # noqa: PLC0415  (loads torch)
 
     entry = CalibrationEntry(ranks=scenario.ranks, network=DEFAULT_NETWORK, compute=compute or [])
     delays, factors = injection_arrays(scenario)
@@ -125,10 +132,7 @@ def _prepared(scenario, compute: list | None = None):
 
 
 def run(args: argparse.Namespace) -> int:
-    import yaml
-
-    from harness.config import HarnessError
-    from harness.sim.simulate import simulate_algorithm
+    from harness.sim.simulate import simulate_algorithm  # noqa: PLC0415  (loads torch)
 
     if args.repeat < 1:
         raise HarnessError(f"--repeat must be >= 1 (got {args.repeat})")
@@ -209,8 +213,6 @@ def shapes() -> list[Shape]:
 
 def shape_scenario(shape: Shape, algorithm: Any):
     """The benchmark scenario of one algorithm of ``shape``."""
-    from harness.scenario.loader import scenario_from_dict
-
     doc = benchmark_scenario(shape.ranks, shape.iterations, [algorithm], shape.setting).resolved_dict()
     for section, fields in shape.changes.items():
         doc[section] = {**doc.get(section, {}), **fields}
@@ -221,11 +223,7 @@ def shape_scenario(shape: Shape, algorithm: Any):
 
 def _simulate_shape(shape: Shape, algorithm: Any) -> tuple[str, int, float, float]:
     """In a child process: (algorithm name, events, wall s, peak RSS GB) of one simulation."""
-    import resource
-
-    from harness.sim.calibration import ComputePoint
-    from harness.sim.simulate import simulate_algorithm
-    from harness.workload.names import workload_labels
+    from harness.sim.simulate import simulate_algorithm  # noqa: PLC0415  (loads torch)
 
     scenario = shape_scenario(shape, algorithm)
     compute = []
@@ -243,9 +241,6 @@ def _simulate_shape(shape: Shape, algorithm: Any) -> tuple[str, int, float, floa
 def run_shapes(only: list[str] | None) -> int:
     """Each shape's algorithms, one simulation at a time in a child process (its own peak memory);
     a table against the targets. 0 when every target held, 1 otherwise."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     matrix = shapes()
     if only:  # labels checked by --only's type
         matrix = [s for s in matrix if s.label in only]

@@ -8,8 +8,9 @@ with the same single compute thread, the benchmark times ``--naive-steps`` plain
 of one rank (the real loop's: batch, forward, backward, optimizer step) and scales them to
 ranks x iterations: the cost of computing every simulated rank's steps one after the other
 with nothing simulated (the median of the step timed before the algorithms and the one timed
-right after each, so that a change of the machine's load hits both). The table gives, per algorithm: the simulation's seconds, that naive
-cost, their ratio, the peak resident memory while it ran, the replicas' own bytes
+right after each, so that a change of the machine's load hits both). The table gives, per
+algorithm: the simulation's seconds, that naive cost, their ratio, the peak resident memory
+while it ran, the replicas' own bytes
 (parameters, gradients and optimizer state of every rank), what the peak held beyond them, the
 ranks' whole state (replicas, the algorithm's buffers and its persistent operations' copies:
 what the ranks of a real run would hold between them) and what the peak held beyond that: the
@@ -30,6 +31,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import time
@@ -38,7 +40,13 @@ from pathlib import Path
 from tabulate import tabulate
 
 from harness.arguments import algorithm_list
+from harness.bench.simulator import default_entries
+from harness.scenario import load_scenario
+from harness.scenario.loader import scenario_from_dict
+from harness.sim.calibration import CalibrationEntry, ComputePoint
 
+# The simulator and torch are imported inside the functions that run them: the CLI imports every
+# benchmark at start-up.
 DEFAULT_RANKS = 256
 DEFAULT_ITERATIONS = 1000
 DEFAULT_NAIVE_STEPS = 2000
@@ -58,10 +66,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _scenario(ranks: int, iterations: int, only: list[str] | None):
     """The main job at ``ranks`` x ``iterations`` with the benchmark's algorithms, with values."""
-    from harness.bench.simulator import default_entries
-    from harness.scenario import load_scenario
-    from harness.scenario.loader import scenario_from_dict
-
     main = load_scenario(MAIN_JOB, overrides={"only": ["allreduce_sgd"]})
     entries = [e for e in default_entries(ranks) if only is None or e["name"] in only]
     unknown = sorted(set(only or ()) - {e["name"] for e in entries})
@@ -77,21 +81,23 @@ def _scenario(ranks: int, iterations: int, only: list[str] | None):
 def naive_step_s(scenario, steps: int) -> float:
     """Median seconds of one plain training step of rank 0 (batch, forward, backward, optimizer
     step: what ``LocalWork`` does on a real rank), over ``steps`` steps in blocks of 100."""
-    import torch
+    import torch  # noqa: PLC0415  (torch)
 
-    from harness.runner.workload_state import build_state
-    from harness.workload import scenario_dataset
+    from harness.runner.workload_state import build_state  # noqa: PLC0415  (loads torch)
+    from harness.workload import scenario_dataset  # noqa: PLC0415  (loads torch)
 
     state = build_state(scenario, 0, scenario_dataset(scenario))
+    model, optimizer = state.model, state.optimizer
+    assert model is not None and optimizer is not None, "build_state builds the model and its optimizer"
     w = scenario.workload
 
     def step(t: int) -> None:
         x, y = state.batch(t, w.batch_size, scenario.seed, 0)
-        state.optimizer.zero_grad(set_to_none=False)
-        out = torch.nn.functional.cross_entropy(state.model(x), y)
+        optimizer.zero_grad(set_to_none=False)
+        out = torch.nn.functional.cross_entropy(model(x), y)
         out.backward()
         float(out.detach())
-        state.optimizer.step()
+        optimizer.step()
 
     for t in range(20):  # warm up
         step(t)
@@ -122,16 +128,13 @@ def _reset_peak() -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    import gc
+    import torch  # noqa: PLC0415  (torch)
 
-    import torch
-
-    from harness.sim.calibration import CalibrationEntry, ComputePoint
-    from harness.sim.runs import DEFAULT_NETWORK
-    from harness.sim.simulate import injection_arrays, simulate_algorithm
-    from harness.sim.timing import PredictiveTiming
-    from harness.sim.training import OPTIMIZER_BUFFERS, SimTraining, fit_problem
-    from harness.workload import communicated_floats, configure_torch_threads, scenario_dataset
+    from harness.sim.runs import DEFAULT_NETWORK  # noqa: PLC0415  (loads torch)
+    from harness.sim.simulate import injection_arrays, simulate_algorithm  # noqa: PLC0415  (loads torch)
+    from harness.sim.timing import PredictiveTiming  # noqa: PLC0415  (loads pandas)
+    from harness.sim.training import OPTIMIZER_BUFFERS, SimTraining, fit_problem  # noqa: PLC0415  (loads torch)
+    from harness.workload import communicated_floats, configure_torch_threads, scenario_dataset  # noqa: PLC0415  (torch)
 
     if args.ranks < 1 or args.iterations < 1 or args.naive_steps < 1:
         print("error: --ranks, --iterations and --naive-steps must be >= 1", flush=True)
@@ -154,8 +157,9 @@ def run(args: argparse.Namespace) -> int:
         samples=args.naive_steps, alone_s=naive)])
     _, factors = injection_arrays(scenario)
     dataset = scenario_dataset(scenario)
-    print(f"simulated training: {scenario.ranks} ranks x {scenario.workload.iterations} iterations of the main job's model ({floats:,} floats); one plain step {naive * 1e3:.3f} ms "
-          f"(median of {args.naive_steps} steps)", flush=True)
+    print(f"simulated training: {scenario.ranks} ranks x {scenario.workload.iterations} iterations of the main job's "
+          f"model ({floats:,} floats); one plain step {naive * 1e3:.3f} ms (median of {args.naive_steps} steps)",
+          flush=True)
     measured_peak = _reset_peak()
     gc.collect()
     before_kb = _status_kb("VmRSS")  # the data and the naive step's model: the simulation's starting point
@@ -172,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
         # The plain step again right after, so that both are timed under the same load.
         optimizer = scenario.optimizer_of(params).name  # the DiLoCo family's own AdamW
         replica_bytes = scenario.ranks * floats * 4 * (2 + OPTIMIZER_BUFFERS.get(optimizer, 2))
-        naive_s = statistics.median([naive, naive_step_s(scenario, 300)]) * scenario.ranks * scenario.workload.iterations
+        naive_s = (statistics.median([naive, naive_step_s(scenario, 300)])
+                   * scenario.ranks * scenario.workload.iterations)
         rows.append({"algorithm": params.name, "ranks": scenario.ranks, "iterations": scenario.workload.iterations,
                      "seconds": seconds, "naive_s": naive_s, "ratio": seconds / naive_s, "peak_bytes": peak,
                      "replica_bytes": replica_bytes, "beyond_replicas_bytes": peak - replica_bytes,

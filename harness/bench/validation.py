@@ -28,12 +28,14 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tabulate import tabulate
+
 from harness.arguments import argtype, split_list
 from harness.validation.model import BARS, Outcome, median_abs_error
 
 
 def _case_names(text: str) -> list[str]:
-    from harness.validation.cases import CASES
+    from harness.validation.cases import CASES  # noqa: PLC0415  (the simulator: loads torch)
 
     names = list(dict.fromkeys(split_list(text, "case", "nccl_h200_4node_ring")))
     unknown = [n for n in names if n not in CASES]
@@ -54,8 +56,6 @@ def _fmt(value: float) -> str:
 
 
 def print_report(outcomes: list[Outcome], verbose: bool) -> None:
-    from tabulate import tabulate
-
     rows = []
     for o in outcomes:
         p = o.case.published
@@ -92,7 +92,7 @@ def print_report(outcomes: list[Outcome], verbose: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.validation.cases import CASES
+    from harness.validation.cases import CASES  # noqa: PLC0415  (the simulator: loads torch)
 
     if args.json is not None and not args.json.absolute().parent.is_dir():
         print(f"error: --json {args.json}: directory {args.json.absolute().parent} does not exist", file=sys.stderr)

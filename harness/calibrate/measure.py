@@ -13,8 +13,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+from tabulate import tabulate
 
 from harness.arguments import split_list
+from harness.workload.names import workload_labels
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -102,8 +104,6 @@ class Workload:
     def labels(self) -> tuple[str, str]:
         """(model, dataset) as the calibration file names them: the scenario's values, with their
         arguments in call form when there are any (``harness.workload.names.workload_labels``)."""
-        from harness.workload.names import workload_labels  # noqa: PLC0415  (no torch)
-
         return workload_labels(self)
 
     @property
@@ -293,8 +293,6 @@ def format_table(calibration: Any, measured: Iterable[int] = ()) -> str:
 
     Columns of entries not in ``measured`` (kept from an earlier calibration) say ``(kept)``.
     """
-    from tabulate import tabulate  # noqa: PLC0415
-
     measured = set(measured)
     entries = list(calibration.entries)
     rows: dict[str, list[str]] = {}

@@ -56,6 +56,7 @@ What is measured, in this order (times on ``time.perf_counter`` / ``time.monoton
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 import time
@@ -65,9 +66,26 @@ from typing import Any
 
 import numpy as np
 
+from harness.algorithms import algorithm_class
+from harness.algorithms.base import Algorithm, AlgorithmContext
+from harness.algorithms.params import AlgorithmParams
 from harness.calibrate import measure
 from harness.calibrate.measure import Plan, Workload
 from harness.comm.asleep import quiet_barrier
+from harness.injection import InjectionPlan
+from harness.rank_exit import abort_job_after_error
+from harness.results.atomic import write_text
+from harness.results.columns import STEP_COLUMNS, to_frame
+from harness.runner.evaluate import test_metrics
+from harness.runner.local_work import LocalWork
+from harness.runner.loop import train
+from harness.runner.workload_state import build_state, warm_up_torch
+from harness.scenario import scenario_from_dict
+from harness.sim.calibration import CalibrationEntry, ComputePoint, EvalPoint, OpPoint, P2PPoint, fit_alpha_beta
+from harness.sim.fit import fit_allreduce_on_hosts, fit_loaded_network
+from harness.sim.hosts import hosts_topology, nic_link
+from harness.sim.network import fit_to_allreduce
+from harness.workload import communicated_floats, configure_torch_threads, load_dataset, scenario_dataset
 
 
 def _say(rank: int, text: str) -> None:
@@ -84,8 +102,6 @@ def measure_p2p(comm: Any, world: Any, effort: measure.Effort, pair: tuple[int, 
     cores changes the time several-fold and persists for a while, so rounds spread each
     size over several placements; the median is then taken over all repetitions.
     """
-    from harness.sim.calibration import P2PPoint  # noqa: PLC0415
-
     rank = comm.rank
     times: dict[int, list[float]] = {size: [] for size in measure.P2P_SIZES}
     if rank in pair:
@@ -127,8 +143,6 @@ def measure_ops(comm: Any, world: Any, effort: measure.Effort, sizes: list[int])
     Like the point-to-point sizes, the cases run in ``effort.rounds`` interleaved rounds, so
     a passing disturbance (another process, a scheduler hiccup) spreads over all of them.
     """
-    from harness.sim.calibration import OpPoint  # noqa: PLC0415
-
     cases = [("barrier", 0), *(("allreduce", s) for s in sizes)]
     buffers = [np.zeros(max(size // 4, 1), dtype=np.float32) for _, size in cases]  # zeros: sums stay finite
     times: list[list[float]] = [[] for _ in cases]
@@ -160,8 +174,6 @@ def measure_ops(comm: Any, world: Any, effort: measure.Effort, sizes: list[int])
 # -- 3-5. the training loop -----------------------------------------------------------------------
 def _scenario(ranks: int, seed: int, workload: dict[str, Any], iterations: int, optimizer: dict[str, Any],
               algorithm: str | dict[str, Any] = "allreduce_sgd", python_path: Sequence[str] = ()) -> Any:
-    from harness.scenario import scenario_from_dict  # noqa: PLC0415
-
     return scenario_from_dict({
         "name": "calibrate", "ranks": ranks, "seed": seed, "python_path": list(python_path),
         "workload": {**workload, "iterations": iterations, "eval_every": iterations},
@@ -183,12 +195,6 @@ def _data_key(workload: Workload) -> tuple[Any, ...]:
 
 def _run_loop(comm: Any, scenario: Any, state: Any) -> list[float]:
     """Run ``train`` on every rank at once with no-op hooks; this rank's iteration start times."""
-    from harness.algorithms.base import Algorithm, AlgorithmContext  # noqa: PLC0415
-    from harness.algorithms.params import AlgorithmParams  # noqa: PLC0415
-    from harness.injection import InjectionPlan  # noqa: PLC0415
-    from harness.runner.local_work import LocalWork  # noqa: PLC0415
-    from harness.runner.loop import train  # noqa: PLC0415
-
     class Idle(Algorithm):
         name = "calibrate"
 
@@ -202,10 +208,7 @@ def _run_loop(comm: Any, scenario: Any, state: Any) -> list[float]:
 
 def measure_compute(comm: Any, world: Any, effort: measure.Effort, workload: Workload, dataset: Any) -> Any:
     """Per-iteration time of ``workload`` with all ranks training at once; (ComputePoint, state) on rank 0."""
-    from mpi4py import MPI  # noqa: PLC0415
-
-    from harness.runner.workload_state import build_state  # noqa: PLC0415
-    from harness.sim.calibration import ComputePoint  # noqa: PLC0415
+    from mpi4py import MPI  # noqa: PLC0415  (lazy: importing mpi4py initializes MPI)
 
     n = comm.size
     warm = _workload_scenario(n, workload, effort.compute_warmup + 1)
@@ -232,9 +235,6 @@ def measure_compute_alone(comm: Any, scenario: Any, state: Any, iterations: int)
     other ranks wait in a native barrier, which sleeps: what a rank with cores of its own takes
     (the cluster reading's compute). The median over ``iterations`` after two warm-up ones;
     rank 0 returns it, the others None."""
-    from harness.injection import InjectionPlan  # noqa: PLC0415
-    from harness.runner.local_work import LocalWork  # noqa: PLC0415
-
     took = []
     if comm.rank == 0:
         work = LocalWork(scenario, state, 0, InjectionPlan.from_scenario(scenario), comm, "calibrate")
@@ -250,9 +250,6 @@ def measure_compute_alone(comm: Any, scenario: Any, state: Any, iterations: int)
 
 def measure_evaluation(comm: Any, world: Any, effort: measure.Effort, workload: Workload, state: Any) -> Any:
     """Rank 0's time of one evaluation point's test metrics (average and rank0 models)."""
-    from harness.runner.evaluate import test_metrics  # noqa: PLC0415
-    from harness.sim.calibration import EvalPoint  # noqa: PLC0415
-
     point = None
     if comm.rank == 0:
         avg = state.params.detach().clone()
@@ -272,9 +269,6 @@ def measure_evaluation(comm: Any, world: Any, effort: measure.Effort, workload: 
 
 def measure_loop_overhead(comm: Any, world: Any, effort: measure.Effort) -> float:
     """Mean excess of an emulated-compute iteration over its nominal sleep (rank 0 returns it)."""
-    from harness.runner.workload_state import build_state  # noqa: PLC0415
-    from harness.workload import load_dataset  # noqa: PLC0415
-
     spec = {"model": "logreg", "dataset": "synthetic", "batch_size": 1, "params": 1,
             "compute": {"emulate_ms": measure.OVERHEAD_SLEEP_S * 1e3}}
     scenario = _scenario(comm.size, 0, spec, effort.overhead_iters, {})
@@ -301,14 +295,6 @@ def measure_reference_runs(comm: Any, world: Any, effort: measure.Effort, worklo
 
     Returns, on rank 0, (scenario, steps frame) pairs for ``harness.sim.fit``; [] elsewhere.
     """
-    from harness.algorithms import algorithm_class  # noqa: PLC0415
-    from harness.algorithms.base import AlgorithmContext  # noqa: PLC0415
-    from harness.injection import InjectionPlan  # noqa: PLC0415
-    from harness.results.columns import STEP_COLUMNS, to_frame  # noqa: PLC0415
-    from harness.runner.local_work import LocalWork  # noqa: PLC0415
-    from harness.runner.loop import train  # noqa: PLC0415
-    from harness.runner.workload_state import build_state  # noqa: PLC0415
-
     iterations = max(effort.reference_min_iters, min(200, int(effort.reference_budget_s / max(compute_s, 1e-4))))
     references = []
     for entry in reference_algorithms(comm.size):
@@ -331,12 +317,9 @@ def measure_reference_runs(comm: Any, world: Any, effort: measure.Effort, worklo
 # -- the job --------------------------------------------------------------------------------------
 def run_worker(plan: Plan) -> Any:
     """Measure everything of ``plan`` on this rank; rank 0 returns the CalibrationEntry, others None."""
-    from mpi4py import MPI  # noqa: PLC0415
+    from mpi4py import MPI  # noqa: PLC0415  (lazy: importing mpi4py initializes MPI)
 
-    from harness.comm import Communicator  # noqa: PLC0415
-    from harness.runner.workload_state import warm_up_torch  # noqa: PLC0415
-    from harness.sim.calibration import CalibrationEntry  # noqa: PLC0415
-    from harness.workload import communicated_floats, configure_torch_threads, scenario_dataset  # noqa: PLC0415
+    from harness.comm import Communicator  # noqa: PLC0415  (the native module and MPI: only inside the job)
 
     world = MPI.COMM_WORLD
     n, rank = world.Get_size(), world.Get_rank()
@@ -370,6 +353,7 @@ def run_worker(plan: Plan) -> Any:
     try:
         t = time.monotonic()
         p2p_pair = pairs.same_host or pairs.cross_host
+        assert p2p_pair is not None  # p2p_pairs: a pair on one host, or else one across hosts
         p2p = measure_p2p(comm, world, effort, p2p_pair)
         inter_pair = pairs.cross_host if pairs.same_host is not None else None
         inter = measure_p2p(comm, world, effort, inter_pair) if inter_pair is not None else []
@@ -409,8 +393,6 @@ def run_worker(plan: Plan) -> Any:
 def host_fields(rank_hosts: list[str], p2p_pair: tuple[int, int], inter_pair: tuple[int, int] | None,
                 inter: list[Any]) -> dict[str, Any]:
     """The entry's fields saying where the ranks ran and what was measured between hosts."""
-    from harness.sim.calibration import fit_alpha_beta  # noqa: PLC0415
-
     hosts = list(dict.fromkeys(rank_hosts))
     return {"rank_hosts": list(rank_hosts), "hosts": hosts, "ranks_per_host": [rank_hosts.count(h) for h in hosts],
             "p2p_pair": p2p_pair, "inter_host_pair": inter_pair, "inter_host_p2p": inter,
@@ -427,19 +409,14 @@ def network_fields(ranks: int, p2p: list[Any], ops: list[Any], references: list[
     has an inter-host link, both fits simulate the ranks' hosts as nodes whose NICs add that
     link's excess (``harness.sim.hosts``), so ``network`` is the cost of a message inside a host.
     """
-    import os  # noqa: PLC0415
-
-    from harness.sim.calibration import fit_alpha_beta  # noqa: PLC0415
-    from harness.sim.fit import fit_allreduce_on_hosts, fit_loaded_network  # noqa: PLC0415
-    from harness.sim.hosts import hosts_topology, nic_link  # noqa: PLC0415
-    from harness.sim.network import fit_to_allreduce  # noqa: PLC0415
-
     cpus = os.cpu_count() or 1
     shared = cpus if ranks > cpus else None
     fields: dict[str, Any] = {"p2p_network": fit_alpha_beta(p2p)}
     hosts = None
     if places and places.get("inter_host_network") is not None:
-        hosts = hosts_topology(places["rank_hosts"], nic_link(fields["p2p_network"], places["inter_host_network"]))
+        nic = nic_link(fields["p2p_network"], places["inter_host_network"])
+        assert nic is not None  # both links are there
+        hosts = hosts_topology(places["rank_hosts"], nic)
     if references:
         t = time.monotonic()
         network, error = fit_loaded_network(references, shared, hosts=hosts)
@@ -465,12 +442,9 @@ def main(argv: list[str] | None = None) -> int:
         plan = Plan.from_json(json.loads(Path(argv[0]).read_text()))
         entry = run_worker(plan)
         if entry is not None:
-            from harness.results.atomic import write_text  # noqa: PLC0415
-
             write_text(Path(argv[1]), entry.model_dump_json(indent=2) + "\n")
         return 0
-    except BaseException:
-        from harness.launch import abort_job_after_error  # noqa: PLC0415
+    except BaseException:  # noqa: BLE001  (any failure, Ctrl-C included, must abort the whole job)
 
         return abort_job_after_error()
 

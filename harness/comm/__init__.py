@@ -1,10 +1,11 @@
 """The native collective layer, seen from Python.
 
 ``Communicator`` wraps ``harness._core`` (C++ over MPI, one progress thread per process).
-All its errors are ``CommError``; ``PeerLostError``, a ``CommError``, says that another rank's
-process died or its connection was lost (what a surviving rank sees of a peer's death). The names are loaded on first use, so that the parts of this
-package that need neither MPI nor the native layer (``op_record``, ``call_log``) can be imported
-by the simulator without starting MPI.
+All its errors are ``CommError``, whose ``kind`` (an ``ErrorKind``) says what failed;
+``PeerLostError``, the ``CommError`` of kind ``PEER_LOST``, says that another rank's process
+died or its connection was lost (what a surviving rank sees of a peer's death). The names are
+loaded on first use, so that the parts of this package that need neither MPI nor the native
+layer (``op_record``, ``call_log``) can be imported by the simulator without starting MPI.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 _FROM = {
     "CommError": "harness._core",
     "PeerLostError": "harness._core",
+    "ErrorKind": "harness._core",
     "Handle": "harness._core",
     "RoundHandle": "harness._core",
     "now": "harness._core",

@@ -1,7 +1,7 @@
 """``python -m harness bench BENCHMARK``: benchmarks of the native collective layer and the simulator.
 
-``collectives``, ``dist``, ``simulator``, ``stress``, ``faults``, ``training``, ``agreement``,
-``scripts`` and ``validation`` are described in their modules.
+:data:`BENCHMARKS` lists them, each with its one-line help (what ``bench --help`` says) and
+its module (``harness.bench.<name>``), which describes it.
 
 Run from a plain shell, a benchmark launches its own job under the venv's mpiexec
 (``--ranks``, default 4) and exits with the job's status; run inside an MPI job
@@ -26,113 +26,108 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
 
-from harness.bench import collectives, dist, faults, simulator, stress, training
+from harness.bench import (
+    agreement,
+    collectives,
+    collectives_worker,
+    dist,
+    dist_worker,
+    faults,
+    scripts,
+    simulator,
+    stress,
+    stress_worker,
+    training,
+    validation,
+)
 from harness.launch import inside_mpi_job, run_ranks
 
 DEFAULT_RANKS = 4
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``bench`` command and its benchmarks."""
-    parser = subparsers.add_parser("bench", help="benchmarks: native collectives, simulator speed",
-                                   description=__doc__.splitlines()[0])
-    benchmarks = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
-    coll = benchmarks.add_parser(
-        "collectives", help="native allreduce/broadcast/all-gather/reduce-scatter vs MPI's, nccl-tests style",
-        description=collectives.__doc__.splitlines()[0],
-    )
-    collectives.add_arguments(coll)
-    coll.set_defaults(func=run_collectives)
-    dd = benchmarks.add_parser(
-        "dist", help="DDP on the harness torch.distributed backend vs on gloo: time per step, 3 model sizes",
-        description=dist.__doc__.splitlines()[0],
-    )
-    dist.add_arguments(dd)
-    dd.set_defaults(func=run_dist)
-    sim = benchmarks.add_parser(
-        "simulator", help="speed of the SimPy model (1,024 ranks x 1,000 WAGMA-SGD iterations by default)",
-        description=simulator.__doc__.splitlines()[0],
-    )
-    simulator.add_arguments(sim)
-    sim.set_defaults(func=simulator.run)
-    st = benchmarks.add_parser(
-        "stress", help="wait-avoiding allreduce and push-sum under random delays, checked exactly (8 ranks)",
-        description=stress.__doc__.splitlines()[0],
-    )
-    stress.add_arguments(st)
-    st.set_defaults(func=run_stress)
-    fl = benchmarks.add_parser(
-        "faults", help="injected kills and hangs in every algorithm: does the verdict name the faulted rank?",
-        description=faults.__doc__.splitlines()[0],
-    )
-    faults.add_arguments(fl)
-    fl.set_defaults(func=faults.run)
-    tr = benchmarks.add_parser(
-        "training", help="simulated training (simulate --train) against plain training steps: time and memory",
-        description=training.__doc__.splitlines()[0],
-    )
-    training.add_arguments(tr)
-    tr.set_defaults(func=training.run)
-    from harness.bench import scripts  # noqa: PLC0415  launches its runs as subprocesses
+@dataclass(frozen=True)
+class Benchmark:
+    """A benchmark of ``bench``: its module (``add_arguments``, its description) and what runs it."""
 
-    sc = benchmarks.add_parser(
-        "scripts", help="torch.distributed scripts (DDP, FSDP2, HSDP, ZeRO) recorded at 4 ranks, predicted at others",
-        description=scripts.__doc__.splitlines()[0],
-    )
-    scripts.add_arguments(sc)
-    sc.set_defaults(func=scripts.run)
-    from harness.bench import agreement  # noqa: PLC0415  real vs simulated; imports no MPI
-
-    agree = benchmarks.add_parser(
-        "agreement", help="the simulator against real runs: real and simulated times per case, with the error",
-        description=agreement.__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join(f"  {name:16s}{case.about}{'' if case.default else ' (not by default)'}"
-                         for name, case in agreement.CASES.items()),
-    )
-    agreement.add_arguments(agree)
-    agree.set_defaults(func=agreement.run)
-    from harness.bench import validation  # noqa: PLC0415  simulations of published clusters
-
-    valid = benchmarks.add_parser(
-        "validation", help="the simulator against published measurements of other clusters, with the error",
-        description=validation.__doc__.splitlines()[0],
-    )
-    validation.add_arguments(valid)
-    valid.set_defaults(func=validation.run)
+    module: ModuleType
+    help: str
+    run: Callable[[argparse.Namespace], int]
+    epilog: str | None = None  # more than the module's first line, after the options
 
 
 def run_collectives(args: argparse.Namespace) -> int:
     """Run the collectives worker here (inside a job) or in a job of ``--ranks`` ranks; its status."""
     if inside_mpi_job() is None and args.json is not None and not args.json.absolute().parent.is_dir():
         return _error(f"--json {args.json}: directory {args.json.absolute().parent} does not exist")
-    return _here_or_in_a_job(args, collectives, DEFAULT_RANKS)
+    return _here_or_in_a_job(args, collectives_worker, DEFAULT_RANKS)
 
 
 def run_dist(args: argparse.Namespace) -> int:
     """Run the DDP worker here (inside a job) or in a job of ``--ranks`` ranks (default 4)."""
-    return _here_or_in_a_job(args, dist, DEFAULT_RANKS)
+    return _here_or_in_a_job(args, dist_worker, DEFAULT_RANKS)
 
 
 def run_stress(args: argparse.Namespace) -> int:
     """Run the stress worker here (inside a job) or in a job of ``--ranks`` ranks (default 8)."""
-    return _here_or_in_a_job(args, stress, stress.DEFAULT_RANKS)
+    return _here_or_in_a_job(args, stress_worker, stress.DEFAULT_RANKS)
 
 
-def _here_or_in_a_job(args: argparse.Namespace, benchmark, default_ranks: int) -> int:
-    """``benchmark.run_worker(args)`` in this process when it is a rank of an MPI job (of the
-    ``--ranks`` asked for, if any), else the same worker (``python -m <its module>``) on a new
+BENCHMARKS = {
+    "collectives": Benchmark(collectives, "native allreduce/broadcast/all-gather/reduce-scatter vs MPI's, "
+                                          "nccl-tests style", run_collectives),
+    "dist": Benchmark(dist, "DDP on the harness torch.distributed backend vs on gloo: time per step, 3 model sizes",
+                      run_dist),
+    "simulator": Benchmark(simulator, "speed of the SimPy model (1,024 ranks x 1,000 WAGMA-SGD iterations by "
+                                      "default)", simulator.run),
+    "stress": Benchmark(stress, "wait-avoiding allreduce and push-sum under random delays, checked exactly (8 ranks)",
+                        run_stress),
+    "faults": Benchmark(faults, "injected kills and hangs in every algorithm: does the verdict name the faulted rank?",
+                        faults.run),
+    "training": Benchmark(training, "simulated training (simulate --train) against plain training steps: time and "
+                                    "memory", training.run),
+    "scripts": Benchmark(scripts, "torch.distributed scripts (DDP, FSDP2, HSDP, ZeRO) recorded at 4 ranks, predicted "
+                                  "at others", scripts.run),
+    "agreement": Benchmark(agreement, "the simulator against real runs: real and simulated times per case, with the "
+                                      "error", agreement.run,
+                           epilog="\n".join(f"  {name:16s}{case.about}{'' if case.default else ' (not by default)'}"
+                                            for name, case in agreement.CASES.items())),
+    "validation": Benchmark(validation, "the simulator against published measurements of other clusters, with the "
+                                        "error", validation.run),
+}
+"""Every benchmark, in the order ``bench --help`` lists them."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``bench`` command and its benchmarks."""
+    parser = subparsers.add_parser("bench", help=f"benchmarks: {', '.join(BENCHMARKS)}",
+                                   description=__doc__.splitlines()[0])
+    benchmarks = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
+    for name, benchmark in BENCHMARKS.items():
+        extra = {"epilog": benchmark.epilog, "formatter_class": argparse.RawDescriptionHelpFormatter} \
+            if benchmark.epilog else {}
+        description = (benchmark.module.__doc__ or name).splitlines()[0]
+        sub = benchmarks.add_parser(name, help=benchmark.help, description=description, **extra)
+        benchmark.module.add_arguments(sub)
+        sub.set_defaults(func=benchmark.run)
+
+
+def _here_or_in_a_job(args: argparse.Namespace, worker, default_ranks: int) -> int:
+    """``worker.run_worker(args)`` in this process when it is a rank of an MPI job (of the
+    ``--ranks`` asked for, if any), else the same worker (``worker.worker_argv``) on a new
     job of ``--ranks`` ranks; the exit status."""
     job = inside_mpi_job()
     if job is not None:
         if args.ranks is not None and args.ranks != job:
             return _error(f"--ranks {args.ranks} but this process runs in an MPI job of {job} ranks: "
                           f"drop --ranks, or run it without mpiexec to launch {args.ranks} ranks")
-        return benchmark.run_worker(args)
+        return worker.run_worker(args)
     ranks = default_ranks if args.ranks is None else args.ranks
-    argv = [sys.executable, "-m", benchmark.__name__, *benchmark.to_argv(args, ranks)]
     try:
-        return run_ranks(ranks, argv).returncode
+        return run_ranks(ranks, worker.worker_argv(args, ranks)).returncode
     except KeyboardInterrupt:  # run_ranks has already stopped the job
         return 130
 

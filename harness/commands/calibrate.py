@@ -48,15 +48,24 @@ import sys
 import tempfile
 from pathlib import Path
 
+import harness
 from harness.arguments import argtype
-from harness.calibrate.measure import MIN_RANKS, Plan, parse_ranks
-from harness.commands.run import add_launch_arguments
+from harness.calibrate.measure import MIN_RANKS, Plan, format_table, parse_ranks, plan_from_scenarios
+from harness.commands.shared_options import add_launch_arguments
+from harness.launch import Launch, LaunchError, inside_mpi_job, run_ranks
+from harness.scenario import ScenarioError, load_scenario
+from harness.sim.calibration import (
+    DEFAULT_PATH,
+    Calibration,
+    CalibrationEntry,
+    CalibrationError,
+    load_calibration,
+    save_calibration,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``calibrate`` command."""
-    from harness.sim.calibration import DEFAULT_PATH  # noqa: PLC0415
-
     parser = subparsers.add_parser("calibrate", help="measure this machine for the simulator",
                                    description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", action="append", metavar="FILE", type=Path, default=None,
@@ -78,8 +87,6 @@ def _error(message: str, status: int = 2) -> int:
 
 def _load_scenarios(args: argparse.Namespace) -> list:
     """The scenarios to calibrate for; raises ScenarioError for a named file that does not load."""
-    from harness.scenario import ScenarioError, load_scenario  # noqa: PLC0415
-
     if args.scenario:
         return [load_scenario(path) for path in args.scenario]
     scenarios = []
@@ -94,8 +101,6 @@ def _load_scenarios(args: argparse.Namespace) -> list:
 
 def _existing(path: Path):
     """The calibration already at ``path`` to merge into, or None; raises CalibrationError."""
-    from harness.sim.calibration import load_calibration  # noqa: PLC0415
-
     if not path.exists():
         return None
     cal = load_calibration(path)
@@ -122,9 +127,6 @@ def _unwritable(path: Path) -> str | None:
 
 def _merge(cal, entry):
     """``cal`` (or a new calibration) with ``entry``, stamped now with this harness version."""
-    import harness  # noqa: PLC0415
-    from harness.sim.calibration import Calibration  # noqa: PLC0415
-
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     if cal is None:
         cal = Calibration(created_at=now, harness_version=harness.__version__, cpus=os.cpu_count() or 1, entries=[])
@@ -133,9 +135,6 @@ def _merge(cal, entry):
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.calibrate.measure import format_table, plan_from_scenarios  # noqa: PLC0415
-    from harness.launch import Launch, LaunchError, inside_mpi_job, run_ranks  # noqa: PLC0415
-    from harness.sim.calibration import CalibrationEntry, CalibrationError, save_calibration  # noqa: PLC0415
 
     scenarios = _load_scenarios(args)
     plan = plan_from_scenarios(scenarios, quick=args.quick)
@@ -178,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
     # Ranks on other hosts read the plan and rank 0 (wherever it runs) writes the entry: off this
     # host both go next to the output, on the file system the hosts share.
     shared_dir = None
+    assert launch is not None  # outside a job Launch.choose gave one (or raised)
     if not launch.single_host():
         shared_dir = args.output.absolute().parent
         shared_dir.mkdir(parents=True, exist_ok=True)
@@ -220,9 +220,7 @@ def _list(values: list[int]) -> str:
 
 def _run_in_place(plan: Plan, cal, output: Path) -> int:
     """Inside an MPI job of the plan's size: every rank measures; rank 0 merges and saves."""
-    from harness.calibrate.measure import format_table  # noqa: PLC0415
-    from harness.calibrate.worker import run_worker  # noqa: PLC0415
-    from harness.sim.calibration import save_calibration  # noqa: PLC0415
+    from harness.calibrate.worker import run_worker  # noqa: PLC0415  (torch and MPI: only on the ranks)
 
     entry = run_worker(plan)
     if entry is not None:

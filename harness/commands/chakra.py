@@ -24,6 +24,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from harness.interchange.chakra import ChakraError
+from harness.report import after_command
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("chakra", help="export a script run as Chakra execution traces (ASTRA-sim), or import them",
@@ -54,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from harness.interchange.chakra_export import export_run
+    from harness.interchange.chakra_export import export_run  # noqa: PLC0415  (pandas: not for --help)
 
     done = export_run(args.run_dir, args.out, args.name)
     print(f"{len(done.files)} ranks, {sum(done.steps)} steps, {sum(done.nodes)} nodes: {done.prefix}.<rank>.et "
@@ -63,9 +66,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from harness.interchange.chakra import ChakraError
-    from harness.interchange.chakra_import import import_traces
-    from harness.report import after_command
+    from harness.interchange.chakra_import import import_traces  # noqa: PLC0415  (pandas, torch: not for --help)
 
     if args.out is not None and args.out.exists():
         raise ChakraError(f"{args.out}: exists; give a new results directory")

@@ -25,8 +25,17 @@ Example::
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
+
+from tabulate import tabulate
+
+from harness.report import after_command
+from harness.results.layout import RUN_FILE, SCENARIO_FILE
+from harness.scenario import load_scenario
+from harness.sim.calibration import DEFAULT_PATH, CalibrationError, calibrate_command, load_calibration
+from harness.sim.hosts import run_rank_hosts, simulated_topology
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,17 +51,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
-    from tabulate import tabulate
-
-    from harness.results.records import RUN_FILE, SCENARIO_FILE, RunDirectory
-    from harness.scenario import load_scenario
-    from harness.sim.calibration import DEFAULT_PATH, CalibrationError, calibrate_command, load_calibration
-    from harness.sim.compare import COMPARE_FILE, COMPARE_PLOT, MODES, compare_run, compared_scenario, error_summary
-    from harness.sim.hosts import run_rank_hosts, simulated_topology
-    from harness.sim.runs import calibration_entry
-    from harness.sim.script_replay import script_label, steps_taken
+    from harness.results.records import RunDirectory  # noqa: PLC0415  (pandas: not for --help)
+    from harness.sim.compare import (  # noqa: PLC0415  (the simulator, torch: not for --help)
+        COMPARE_FILE,
+        COMPARE_PLOT,
+        MODES,
+        compare_run,
+        compared_scenario,
+        error_summary,
+    )
+    from harness.sim.runs import calibration_entry  # noqa: PLC0415  (the simulator, torch: not for --help)
+    from harness.sim.script_replay import script_label, steps_taken  # noqa: PLC0415  (the simulator, torch: not for --help)
+    from harness.sim.training import training_problem  # noqa: PLC0415  (the simulator, torch: not for --help)
+    from harness.sim.value_check import scenario_value_dependence  # noqa: PLC0415  (the simulator, torch: not for --help)
 
     run_dir: Path = args.run_dir
     if not (run_dir / SCENARIO_FILE).is_file():
@@ -64,11 +75,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     calibration_path = args.calibration or DEFAULT_PATH
     modes = MODES if args.mode == "both" else (args.mode,)
+    run_meta: dict = meta if isinstance(meta, dict) else {}
     script = None
-    if isinstance(meta, dict) and meta.get("torch_distributed"):
+    if run_meta.get("torch_distributed"):
         # A script run: its recorded collectives are replayed, on its recorded local work (trace)
         # or on the compute model made from it (predictive).
-        script = script_label(meta)
+        script = script_label(run_meta)
     # The run's own files and harness.sim.compare say what makes a run unusable (a run.json that
     # is not JSON, a CSV without its columns, no finished algorithm) with a plain ValueError.
     # Scenario, calibration and timing problems are user errors harness.cli reports.
@@ -80,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         elif script not in run.algorithms:
             raise ValueError(f"{run_dir}: the script run {script!r} did not finish: nothing to compare")
         else:
-            scenario = steps_taken(scenario, meta)
+            scenario = steps_taken(scenario, run_meta)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -100,8 +112,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"simulated network topology: {topology.description}")
     train = bool(args.train or scenario.simulation.train)
     if not train and script is None:
-        from harness.sim.value_check import scenario_value_dependence
-
         problem = scenario_value_dependence(scenario)
         if problem is not None:
             print(f"error: {run_dir}: {problem}", file=sys.stderr)
@@ -111,8 +121,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: {run_dir}: --train: a torch.distributed script's own training cannot be simulated",
                   file=sys.stderr)
             return 2
-        from harness.sim.training import training_problem
-
         problem = training_problem(scenario)
         if problem is not None:
             print(f"error: {run_dir}: {problem}", file=sys.stderr)
@@ -139,6 +147,4 @@ def run(args: argparse.Namespace) -> int:
                     for mode, e in errors.iterrows()],
                    headers=["mode", "median |error| %", "worst |error| %"], tablefmt="simple", disable_numparse=True))
     print(f"wrote {run_dir / COMPARE_FILE} and {run_dir / COMPARE_PLOT}")
-    from harness.report import after_command
-
     return after_command(run_dir)  # report.html again, now with real against simulated

@@ -1,8 +1,9 @@
-"""``python -m harness launch -n N [--scenario FILE] SCRIPT [ARGS]``: start your own training script.
+"""``python -m harness launch -n N [--scenario FILE] SCRIPT [ARGS]``: start a training script on MPI ranks.
 
 Starts ``python SCRIPT ARGS`` on N ranks with the venv's mpiexec and watches them as ``run``
 watches its own (a rank that dies, raises or stops making progress ends the job, named). The
-script uses ``harness.api`` (docs/guides/own-code.md).
+script uses ``harness.api`` (docs/guides/own-code.md), or is an unchanged ``torch.distributed``
+script run under a scenario (below).
 
 With ``--scenario FILE`` the scenario's imbalance, slow links and faults are injected into the
 script, and the script runs once per algorithm the scenario lists (``--only`` picks some), all
@@ -15,6 +16,9 @@ A scenario that lists no algorithms runs an unchanged ``torch.distributed`` scri
 algorithm, once, named ``--label`` (default: the script's stem): torchrun's variables are set,
 ``init_process_group("harness")`` carries its traffic over the scenario's emulated network, and
 every optimizer step is one iteration of the results (docs/guides/torch-distributed.md).
+
+With ``--scenario``, ``KEY=VALUE`` overrides of its fields may come anywhere before SCRIPT, among
+the options; every word after SCRIPT is the script's own.
 
 ``--sweep KEY=V1,V2,...`` (with ``--scenario``; repeated: every combination) launches the script
 once per point of the grid, each under the scenario with that point's overrides, one after the
@@ -39,26 +43,36 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from harness.runner.watchdog import Verdict
+from harness.commands.overrides import add_overrides_before_script
+from harness.commands.run_directory import create_run_dir, mark_stopped
+from harness.commands.shared_options import (
+    add_launch_arguments,
+    add_scenario_options,
+    add_sweep_arguments,
+    scenario_overrides,
+)
+from harness.commands.sweeping import sweep_mode
+from harness.device import scenario_device_problem
+from harness.launch import Launch, LaunchError
+from harness.report import after_command
+from harness.scenario import ScenarioError, load_scenario_with_notes
+from harness.scenario.schema import Watchdog
+from harness.watchdog.supervision import run_watched
+from harness.watchdog.verdict import Verdict
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from harness.arguments import algorithm_list
-    from harness.commands.run import add_launch_arguments, add_sweep_arguments
-
-    p = sub.add_parser("launch", help="start your own training script (harness.api) on MPI ranks, watched",
-                       description=__doc__.splitlines()[0])
-    p.add_argument("-n", "--ranks", type=int, help="rank count (default: the scenario's, which this overrides)")
-    p.add_argument("--iterations", type=int, help="override the scenario's iterations per algorithm")
+    p = sub.add_parser("launch", help="start a training script on MPI ranks, watched (harness.api, or "
+                                      "torch.distributed under --scenario)", description=__doc__.splitlines()[0])
     p.add_argument("--scenario", help="scenario YAML: injected imbalance, links, faults; one run per algorithm")
-    p.add_argument("--only", type=algorithm_list, metavar="A[,B...]", help="a subset of the scenario's algorithms")
+    add_scenario_options(p, ranks_flags=("-n", "--ranks"),
+                         ranks_help="rank count (default: the scenario's, which this overrides)")
     p.add_argument("--out", default="results", help="results root (default: results/)")
     p.add_argument("--label", help="with a --scenario that lists no algorithms (a torch.distributed script): the "
                                    "run's name in the results (default: the script's file stem)")
@@ -67,29 +81,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                          "SCRIPT: the sweep keeps it)")
     add_launch_arguments(p)
     p.add_argument("script", nargs="?", metavar="[KEY=VALUE ...] SCRIPT",
-                   help="with --scenario, KEY=VALUE overrides of its fields may come first (as for `run`); then "
-                        "your training script (Python file)")
+                   help="your training script (Python file); with --scenario, KEY=VALUE overrides of its fields "
+                        "may come anywhere before it (as for `run`)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    add_overrides_before_script(p)
     p.set_defaults(func=run)
 
 
-def split_assignments(args: argparse.Namespace) -> None:
-    """Move the ``KEY=VALUE`` overrides before the script out of ``script``/``args`` into
-    ``assignments``: an argument with ``=`` that is not an option and not an existing file.
-    Overrides already there (a sweep's point: the sweep's and the point's) come after them."""
-    items = [args.script, *args.args] if args.script is not None else list(args.args)
-    assignments = []
-    while items and "=" in items[0] and not items[0].startswith("-") and not Path(items[0]).is_file():
-        assignments.append(items.pop(0))
-    args.assignments = [*assignments, *(getattr(args, "assignments", None) or [])]
-    args.script, args.args = (items[0], items[1:]) if items else (None, [])
-
-
 def run(args: argparse.Namespace) -> int:
-    from harness.launch import Launch, LaunchError
-
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    split_assignments(args)
     if args.resume is not None or args.point is not None:  # a sweep's points (--resume SWEEP_DIR [--point I])
         return _sweep(args)
     if args.script is None:
@@ -110,22 +110,20 @@ def run(args: argparse.Namespace) -> int:
     ranks = args.ranks if args.ranks is not None else (scenario.ranks if scenario else None)
     if ranks is None:
         raise LaunchError("give the rank count (-n N) or a --scenario that has one")
-    if ranks < 1:
-        raise LaunchError(f"-n must be >= 1 (got {ranks})")
     if args.label is not None and (scenario is None or scenario.algorithms):
         raise LaunchError("--label names a torch.distributed script's run: give a --scenario that lists no algorithms")
     launch = Launch.choose(args.launcher, args.hosts)
     argv = [sys.executable, str(script), *args.args]
     if scenario is None:
-        watched = SimpleNamespace(name=script.stem, watchdog=_default_watchdog(), faults=[],
+        watched = SimpleNamespace(name=script.stem, watchdog=Watchdog(), faults=[],
                                   algorithms=[SimpleNamespace(name=script.stem)])
         return _start(watched, ranks, argv, launch, env={}, what=f"{script}")[0]
     if not scenario.algorithms:
         return _run_torch_script(scenario, args, script, ranks, launch)
-    run_dir = _create_run_dir(scenario, args.out, script.name, getattr(args, "into", None))
+    run_dir = create_run_dir(scenario, args.out, getattr(args, "into", None), {"script": script.name}).path
     print(f"{scenario.name}: {ranks} ranks, {script} once per algorithm ({len(scenario.algorithms)}) -> {run_dir}",
           file=sys.stderr)
-    from harness.api.session import ENV_ALGORITHM, ENV_RUN_DIR
+    from harness.api.session import ENV_ALGORITHM, ENV_RUN_DIR  # noqa: PLC0415  (torch: not for --help)
 
     for params in scenario.algorithms:
         env = {ENV_RUN_DIR: str(run_dir), ENV_ALGORITHM: params.name}
@@ -141,9 +139,6 @@ def _sweep(args: argparse.Namespace) -> int:
     (the points not done) or ``--resume SWEEP_DIR --point I`` (one point's launch: this command
     again, with the sweep's arguments and the point's overrides, into the point's directory):
     ``harness.sweep.execute``, as ``run --sweep``."""
-    from harness.commands.run import sweep_mode
-    from harness.launch import LaunchError
-
     if args.resume is not None and args.script is not None:
         raise LaunchError("--resume SWEEP_DIR takes no SCRIPT: the sweep keeps its script and settings in sweep.json")
     status = sweep_mode("launch", args)
@@ -157,17 +152,13 @@ def _run_torch_script(scenario, args: argparse.Namespace, script: Path, ranks: i
     """A scenario without algorithms: the script is a torch.distributed program, run once as the
     algorithm (``harness.dist.session``): torchrun's variables set, ``init_process_group("harness")``
     on the scenario's emulated network, one iteration per optimizer step; then report.html."""
-    import re
-
-    from harness.api.session import ENV_RUN_DIR
-    from harness.dist.session import ENV_LABEL
-    from harness.launch import LaunchError
-    from harness.report import after_command
+    from harness.api.session import ENV_RUN_DIR  # noqa: PLC0415  (torch: not for --help)
+    from harness.dist.session import ENV_LABEL  # noqa: PLC0415  (torch and the native module: not for --help)
 
     label = args.label if args.label is not None else re.sub(r"[^A-Za-z0-9_-]", "_", script.stem)
     if not label:
         raise LaunchError("--label must not be empty")
-    run_dir = _create_run_dir(scenario, args.out, script.name, getattr(args, "into", None))
+    run_dir = create_run_dir(scenario, args.out, getattr(args, "into", None), {"script": script.name}).path
     print(f"{scenario.name}: {ranks} ranks, {script} as a torch.distributed program ({label}) -> {run_dir}",
           file=sys.stderr)
     argv = [sys.executable, "-m", "harness.dist.launched", str(script), *args.args]
@@ -181,11 +172,8 @@ def _run_torch_script(scenario, args: argparse.Namespace, script: Path, ranks: i
 
 
 def _scenario(args: argparse.Namespace):
-    from harness.device import scenario_device_problem
-    from harness.scenario import ScenarioError, load_scenario_with_notes
-
-    overrides = {"only": args.only, "ranks": args.ranks, "iterations": args.iterations}
-    scenario, notes = load_scenario_with_notes(args.scenario, overrides=overrides, assignments=args.assignments)
+    scenario, notes = load_scenario_with_notes(args.scenario, overrides=scenario_overrides(args),
+                                               assignments=args.assignments)
     problem = scenario_device_problem(scenario)
     if problem is not None:
         raise ScenarioError(f"{args.scenario}: {problem}")
@@ -194,29 +182,9 @@ def _scenario(args: argparse.Namespace):
     return scenario
 
 
-def _default_watchdog():
-    from harness.scenario.schema import Watchdog
-
-    return Watchdog()
-
-
-def _create_run_dir(scenario, out: str, script: str, into: Path | None = None) -> Path:
-    """A new run directory under ``out``, or exactly ``into`` (a sweep's point)."""
-    from harness.algorithms import scenario_facts
-    from harness.results.records import RunDirectory
-
-    run_dir = RunDirectory.create(out, scenario.name) if into is None else RunDirectory.create_at(into, scenario.name)
-    run_dir.write_resolved_scenario(scenario.resolved_dict())
-    run_dir.write_run_json("incomplete", [], ranks=scenario.ranks, extra={"script": script, **scenario_facts(scenario)})
-    return run_dir.path
-
-
 def _start(scenario, ranks: int, argv: list[str], launch, env: dict, what: str) -> tuple[int, Verdict | None]:
     """Run ``argv`` on ``ranks`` ranks, watched wherever they run; the exit status and the
     watchdog's verdict (None when it had none)."""
-    from harness.launch import LaunchError
-    from harness.runner.watchdog import run_watched
-
     try:
         rc, verdict = run_watched(scenario, ranks, argv, env, launch, on_interrupt=lambda: print("interrupted",
                                                                                              file=sys.stderr))
@@ -234,10 +202,7 @@ def _start(scenario, ranks: int, argv: list[str], launch, env: dict, what: str) 
 
 def _mark_stopped(run_dir: Path, status: int, verdict: Verdict | None = None) -> None:
     """``run.json`` says the run stopped, and why: the watchdog's verdict, as ``run`` records it."""
-    from harness.results.records import RunDirectory
-
-    run = RunDirectory.open(run_dir)
     why = {"error": verdict.message, "fault": verdict.as_json()} if verdict is not None else {}
-    run.update_run_json("failed" if status != 130 else "incomplete",
-                        {"stopped": "interrupted" if status == 130 else "a rank failed", **why})
+    mark_stopped(run_dir, "failed" if status != 130 else "incomplete",
+                 {"stopped": "interrupted" if status == 130 else "a rank failed", **why})
     print(f"finished algorithms are kept in {run_dir} (run.json says which)", file=sys.stderr)

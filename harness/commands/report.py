@@ -19,6 +19,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from harness.report import write_report
+from harness.sweep.store import SWEEP_FILE
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="write report.html (summary, plots) into a results directory",
@@ -29,13 +32,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.sweep.store import SWEEP_FILE
-
     if (args.run_dir / SWEEP_FILE).is_file():  # a sweep's page: its table, plot and points
-        from harness.sweep.page import write_sweep_report as write_report
+        from harness.sweep.page import write_sweep_report  # noqa: PLC0415  (matplotlib: not for --help)
+
+        written = write_sweep_report(args.run_dir)
     else:
-        from harness.report import write_report
-    written = write_report(args.run_dir)  # NotResultsError (a HarnessError): harness.cli says why, exit 2
+        written = write_report(args.run_dir)  # NotResultsError (a HarnessError): harness.cli says why, exit 2
     print(f"report: {written.html}")
     for problem in written.failed:
         print(f"error: plot {problem}", file=sys.stderr)

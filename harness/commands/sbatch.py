@@ -21,12 +21,15 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from harness.commands.shared_options import add_scenario_arguments, scenario_overrides
+from harness.results import atomic
+from harness.scenario import load_scenario
+from harness.sweep.execute import create_sweep, plan_sweep
+
 _TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")  # SLURM's forms: M, M:S, H:M:S, D-H[:M[:S]]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from harness.commands.run import add_scenario_arguments
-
     p = sub.add_parser("sbatch", help="write a SLURM batch script running a scenario, and say how to submit it",
                        description=__doc__.splitlines()[0])
     add_scenario_arguments(p)
@@ -42,13 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.commands.run import _overrides
-    from harness.results import atomic
-    from harness.scenario import load_scenario
-
     if args.sweep:
         return _sweep_array(args)
-    scenario = load_scenario(args.scenario, overrides=_overrides(args), assignments=args.assignments)
+    scenario = load_scenario(args.scenario, overrides=scenario_overrides(args), assignments=args.assignments)
     if not _TIME.match(args.time):
         return _error(f"--time {args.time!r}: not a SLURM time limit (e.g. 30, 01:00:00, 1-12:00:00)")
     if args.nodes is not None and not 1 <= args.nodes <= scenario.ranks:
@@ -56,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     # The device is not checked here: a login node often has no GPU; `run` checks on the nodes.
     note = None
     if scenario.workload.device == "cuda":
-        note = "each rank takes the GPU of its local rank: ask for GPUs with your cluster's options (e.g. --gpus-per-node)"
+        note = ("each rank takes the GPU of its local rank: ask for GPUs with your cluster's options "
+                "(e.g. --gpus-per-node)")
     out = Path(args.out).absolute()
     script = Path(args.script) if args.script else out / scenario.name / f"{scenario.name}.sbatch"
     (out / scenario.name).mkdir(parents=True, exist_ok=True)  # SLURM opens the job's --output there
@@ -73,9 +73,6 @@ def run(args: argparse.Namespace) -> int:
 def _sweep_array(args: argparse.Namespace) -> int:
     """``--sweep``: validate every point, create the sweep directory, write a job array script
     with one task per point (each runs ``run --resume SWEEP_DIR --point $SLURM_ARRAY_TASK_ID``)."""
-    from harness.results import atomic
-    from harness.sweep.execute import create_sweep, plan_sweep
-
     if not _TIME.match(args.time):
         return _error(f"--time {args.time!r}: not a SLURM time limit (e.g. 30, 01:00:00, 1-12:00:00)")
     if args.script is not None:

@@ -19,6 +19,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from harness.config import HarnessError
+from harness.scenario.json_schema import scenario_json_schema_text
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     # harness.cli ends --help with the docstring's examples (an epilog, RawDescriptionHelpFormatter).
@@ -32,14 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.scenario.json_schema import scenario_json_schema_text
-
     text = scenario_json_schema_text()
     if args.out is None:
         sys.stdout.write(text)
         return 0
-    from harness.config import HarnessError
-
     try:
         args.out.write_text(text, encoding="utf-8")
     except OSError as exc:

@@ -24,16 +24,33 @@ Example::
 
     python -m harness simulate scenarios/straggler.yaml --ranks 1024 --iterations 1000 --only wagma
     python -m harness simulate scenarios/at_scale.yaml --train --sweep ranks=16,64,256
-    python -m harness simulate scenarios/straggler.yaml --sweep 'imbalance.0.delay_ms=range(0,641,160)' --sweep ranks=16,64
+    python -m harness simulate scenarios/straggler.yaml --sweep 'imbalance.0.delay_ms=range(0,641,160)' \\
+        --sweep ranks=16,64
+    python -m harness simulate scenarios/straggler.yaml --ranks 64 workload.iterations=200 --only wagma
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import tempfile
 from pathlib import Path
 
-from harness.commands.run import _overrides, add_scenario_arguments, add_sweep_arguments, sweep_mode
+from tabulate import tabulate
+
+from harness.algorithms import scenario_notes
+from harness.arguments import int_at_least
+from harness.commands.shared_options import add_scenario_arguments, add_sweep_arguments, scenario_overrides
+from harness.commands.sweeping import sweep_mode
+from harness.report import after_command
+from harness.results import provenance
+from harness.results.layout import RUN_FILE, SCENARIO_FILE, SUMMARY_TABLE_FILE
+from harness.scenario import load_scenario, load_scenario_with_notes
+from harness.scenario.checks import check_user_code
+from harness.sim.calibration import DEFAULT_PATH, load_calibration
+from harness.sim.hosts import run_rank_hosts, simulated_topology
+from harness.sim.script_scaling import ScriptStructure
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="what to predict: cluster (every rank with cores of its own, the default cluster network) "
                         "or machine (this machine, its cores shared as a run here shares them); default: machine "
                         "when the calibration measured the scenario's rank count, else cluster")
-    p.add_argument("--trace-ranks", type=int, default=None, metavar="N",
+    p.add_argument("--trace-ranks", type=int_at_least(0), default=None, metavar="N",
                    help="write only ranks below N into trace.json (default: 64)")
     p.add_argument("--train", action="store_true",
                    help="the simulated ranks train real models (simulation.train=true): accuracy against simulated "
@@ -61,8 +78,6 @@ def load_optional_calibration(path: Path | None, real_compute: bool):
     can go on or say what to run instead: the default file with emulated compute (the default
     network), or real compute (``calibration_entry`` then gives the ``calibrate`` command).
     A ``path`` given for emulated compute must exist."""
-    from harness.sim.calibration import DEFAULT_PATH, load_calibration
-
     file = path or DEFAULT_PATH
     if file.exists() or (path is not None and not real_compute):
         return load_calibration(file), file
@@ -77,13 +92,21 @@ def _simulate_script_run(args: argparse.Namespace, scenario, meta: dict) -> int:
     reading, on the script's compute model (``harness.sim.script_timing``). The scenario's
     overrides (``KEY=VALUE``, ``--ranks``, ``--iterations``) apply; no more steps than the run
     took."""
-    from harness.report import after_command
-    from harness.results.records import SUMMARY_TABLE_FILE, RunDirectory
-    from harness.scenario import load_scenario
-    from harness.sim.runs import (DEFAULT_TRACE_RANKS, calibration_entry, default_reading, describe_reading,
-                                  new_simulated_run_path, write_simulated_run)
-    from harness.sim.script_replay import ScriptTrace, replay_script, script_label, steps_taken
-    from harness.sim.script_scaling import ScriptStructure
+    from harness.results.records import RunDirectory  # noqa: PLC0415  (pandas: not for --help)
+    from harness.sim.runs import (  # noqa: PLC0415  (the simulator, torch: not for --help)
+        DEFAULT_TRACE_RANKS,
+        calibration_entry,
+        default_reading,
+        describe_reading,
+        new_simulated_run_path,
+        write_simulated_run,
+    )
+    from harness.sim.script_replay import (  # noqa: PLC0415  (the simulator, torch: not for --help)
+        ScriptTrace,
+        replay_script,
+        script_label,
+        steps_taken,
+    )
 
     run_dir = Path(args.scenario).parent
     recorded = steps_taken(load_scenario(args.scenario), meta)
@@ -140,11 +163,8 @@ def start_training(scenario, path: Path, algorithms: int):
     disk. The run's provenance is staged beside ``path`` until the run directory is written."""
     if not scenario.simulation.train:
         return None, None
-    import tempfile
-
-    from harness.results import provenance
-    from harness.sim.runs import TrainedRun
-    from harness.sim.training import training_problem
+    from harness.sim.runs import TrainedRun  # noqa: PLC0415  (the simulator, torch: not for --help)
+    from harness.sim.training import training_problem  # noqa: PLC0415  (torch: not for --help)
 
     problem = training_problem(scenario) or provenance.disk_problem(scenario, algorithms, path.parent)
     if problem is not None:
@@ -158,7 +178,7 @@ def _device_problem(scenario) -> str | None:
     (said before the calibration is read)."""
     if not scenario.simulation.train:
         return None
-    from harness.sim.training import TrainingError, training_device
+    from harness.sim.training import TrainingError, training_device  # noqa: PLC0415  (torch: not for --help)
 
     try:
         training_device(scenario)
@@ -170,10 +190,6 @@ def _device_problem(scenario) -> str | None:
 def _run_beside(scenario_file: Path) -> dict | None:
     """The run.json of the real run whose ``scenario.resolved.yaml`` ``scenario_file`` is, or None
     (another file, no run.json, a simulated run's, or one that does not read as JSON)."""
-    import json
-
-    from harness.results.records import RUN_FILE, SCENARIO_FILE
-
     if scenario_file.name != SCENARIO_FILE or not (scenario_file.parent / RUN_FILE).is_file():
         return None
     try:
@@ -184,21 +200,17 @@ def _run_beside(scenario_file: Path) -> dict | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tabulate import tabulate
+    from harness.sim.runs import (  # noqa: PLC0415  (the simulator, torch: not for --help)
+        DEFAULT_TRACE_RANKS,
+        calibration_entry,
+        default_reading,
+        describe_reading,
+        new_simulated_run_path,
+        predict,
+        write_simulated_run,
+    )
+    from harness.sim.value_check import scenario_value_dependence  # noqa: PLC0415  (torch: not for --help)
 
-    from harness.algorithms import scenario_notes
-    from harness.report import after_command
-    from harness.results.records import SUMMARY_TABLE_FILE
-    from harness.scenario import load_scenario_with_notes
-    from harness.scenario.checks import check_user_code
-    from harness.sim.hosts import run_rank_hosts, simulated_topology
-    from harness.sim.runs import DEFAULT_TRACE_RANKS, calibration_entry, default_reading, describe_reading
-    from harness.sim.value_check import scenario_value_dependence
-    from harness.sim.runs import new_simulated_run_path, predict, write_simulated_run
-
-    if args.trace_ranks is not None and args.trace_ranks < 0:
-        print(f"error: --trace-ranks must be >= 0 (got {args.trace_ranks})", file=sys.stderr)
-        return 2
     if getattr(args, "train", False):  # a scenario field, so that a sweep's points have it too
         args.assignments = [*args.assignments, "simulation.train=true"]
         args.train = False
@@ -212,7 +224,8 @@ def run(args: argparse.Namespace) -> int:
     if args.scenario is None:
         print("error: give a scenario FILE (or --resume SWEEP_DIR)", file=sys.stderr)
         return 2
-    scenario, renamed = load_scenario_with_notes(args.scenario, overrides=_overrides(args), assignments=args.assignments)
+    scenario, renamed = load_scenario_with_notes(args.scenario, overrides=scenario_overrides(args),
+                                                 assignments=args.assignments)
     beside = _run_beside(Path(args.scenario))
     if beside is not None and beside.get("torch_distributed"):
         if scenario.simulation.train:

@@ -11,6 +11,7 @@ Example::
 
     python -m harness validate scenarios/straggler.yaml --ranks 4
     python -m harness validate scenarios/straggler.yaml imbalance.0.delay_ms=640 algorithms.local_sgd.period=8
+    python -m harness validate scenarios/straggler.yaml --ranks 4 workload.iterations=30
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import sys
 from typing import Any
 
 from harness.algorithms import scenario_notes
-from harness.arguments import algorithm_list
-from harness.commands.run import add_assignments_argument
+from harness.commands.overrides import add_overrides_argument
+from harness.commands.shared_options import add_scenario_options, scenario_overrides
 from harness.device import scenario_device_problem
 from harness.scenario import Scenario, load_scenario_with_notes
 from harness.scenario.checks import check_user_code
@@ -33,19 +34,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``validate`` command."""
     parser = subparsers.add_parser("validate", help="check a scenario file and print what it resolves to")
     parser.add_argument("file", help="scenario YAML file")
-    add_assignments_argument(parser)
-    parser.add_argument("--ranks", type=int, help="override the rank count")
-    parser.add_argument("--iterations", type=int, help="override the iterations per algorithm")
-    parser.add_argument("--only", type=algorithm_list, metavar="A[,B...]",
-                        help="comma-separated subset of the scenario's algorithms")
+    add_overrides_argument(parser)
+    add_scenario_options(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Load ``args.file``; print its summary (0). A file that does not load raises ScenarioError,
     which ``harness.cli`` prints as one ``error:`` line per problem (2)."""
-    overrides = {"ranks": args.ranks, "iterations": args.iterations, "only": args.only}
-    scenario, renamed = load_scenario_with_notes(args.file, overrides=overrides, assignments=args.assignments)
+    scenario, renamed = load_scenario_with_notes(args.file, overrides=scenario_overrides(args),
+                                                 assignments=args.assignments)
     problem = scenario_device_problem(scenario)
     if problem is not None:
         print(f"error: {args.file}: {problem}", file=sys.stderr)
@@ -69,7 +67,8 @@ def summary(scenario: Scenario) -> str:
         "optimizer: the training script's own" if w.of_script else
         f"optimizer: {_entry(scenario.optimizer.model_dump(exclude={'name'}), scenario.optimizer.name)}",
         "algorithms:" if scenario.algorithms else
-        "algorithms: none (a torch.distributed script that `python -m harness launch --scenario` runs is the algorithm)",
+        "algorithms: none (a torch.distributed script that `python -m harness launch --scenario` runs is the "
+        "algorithm)",
         *(f"  {_algorithm_line(p, w.of_script)}" for p in scenario.algorithms),
         "imbalance:" if scenario.imbalance else "imbalance: none",
         *(f"  {_entry(fields, kind)}" for fields, kind in injectors),
@@ -86,7 +85,8 @@ def _local_costs(w) -> str:
     parts = []
     if w.node is not None:
         bandwidth = "unlimited" if w.node.link.bandwidth_gbps is None else f"{w.node.link.bandwidth_gbps:g} Gb/s"
-        parts.append(f"a rank is a node of {w.node.gpus} GPUs ({w.node.link.latency_us:g} us, {bandwidth} between them)")
+        parts.append(f"a rank is a node of {w.node.gpus} GPUs ({w.node.link.latency_us:g} us, {bandwidth} "
+                     "between them)")
     if w.staging is not None:
         parts.append(f"staged through the host at {w.staging.bandwidth_gbps:g} Gb/s")
     return "".join(f"; {p}" for p in parts)

@@ -14,11 +14,13 @@ import runpy
 import sys
 from pathlib import Path
 
+from harness.rank_exit import abort_job_after_error
+
 
 def main(argv: list[str]) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does for several ranks per host (before torch)
-    from harness.api.session import ENV_RUN_DIR
-    from harness.dist.session import ENV_LABEL, ScriptSession
+    from harness.api.session import ENV_RUN_DIR  # noqa: PLC0415  (torch: after OMP_NUM_THREADS is set)
+    from harness.dist.session import ENV_LABEL, ScriptSession  # noqa: PLC0415  (the same)
 
     if not argv:
         print("usage: python -m harness.dist.launched SCRIPT [ARGS]", file=sys.stderr)
@@ -40,8 +42,6 @@ def main(argv: list[str]) -> int:
     except BaseException as exc:
         session.beat.failed(exc)
         if session.world.size > 1 and not isinstance(exc, KeyboardInterrupt):
-            from harness.launch import abort_job_after_error
-
             abort_job_after_error()  # prints the error; then no peer waits for this rank forever
         raise
     session.close()

@@ -35,12 +35,13 @@ Where each value goes (docs/guides/torch-distributed.md, "The script's own metri
 
 Values: Python (or NumPy) real numbers, or tensors of one element (a 0-d tensor such as
 ``loss``); a tensor is detached, and those on a GPU are read together, 256 at a time (one
-device synchronization per 256 values, none per call) and when the script has ended. A string, a bool, a tensor of several elements, a
-complex or boolean tensor raise TypeError or ValueError naming the argument, with a session or
-without; so does an accuracy outside [0, 1] (a percentage, not a fraction), once it is read: a
-number always, a CPU tensor under a session, a GPU tensor when it is read (dropped then, with
-a warning, so that the run's results stand). NaN and infinite losses are kept as they are (a
-run that diverged). The values stay in memory until the script ends: about 100 bytes a step.
+device synchronization per 256 values, none per call) and when the script has ended. A string, a
+bool, a tensor of several elements, a complex or boolean tensor raise TypeError or ValueError
+naming the argument, with a session or without; so does an accuracy outside [0, 1] (a
+percentage, not a fraction), once it is read: a number always, a CPU tensor under a session, a
+GPU tensor when it is read (dropped then, with a warning, so that the run's results stand). NaN
+and infinite losses are kept as they are (a run that diverged). The values stay in memory until
+the script ends: about 100 bytes a step.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ import numbers
 import sys
 import time
 from typing import Any
+
+from harness.results.columns import EvalRecord
 
 __all__ = ["Recorder", "evaluation_records", "record"]
 
@@ -159,6 +162,8 @@ class Recorder:
             if torch is not None and isinstance(entry[i], torch.Tensor):
                 slots[id(entry), i] = (entry, i)
         self._unread.clear()
+        if torch is None:  # then nothing recorded is a tensor
+            return
         together: dict[Any, list[tuple[list[Any], int]]] = {}
         for entry, i in slots.values():
             together.setdefault((entry[i].device, entry[i].dtype), []).append((entry, i))
@@ -189,7 +194,6 @@ def evaluation_records(label: str, rows: list[tuple[int, int, float, float, floa
     """evals.csv's rows of every rank's evaluations (:meth:`Recorder.evaluations`, gathered):
     per iteration, ``average`` (the mean over the ranks that recorded each value; ``time_s``
     rank 0's, else the earliest) and ``rank0`` (rank 0's own, when it evaluated)."""
-    from harness.results.columns import EvalRecord
 
     def mean(values: list[float]) -> float:
         kept = [v for v in values if not math.isnan(v)]

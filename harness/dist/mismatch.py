@@ -52,6 +52,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch.distributed as dist
+
 from harness.dist.exchange import FingerprintExchange
 from harness.dist.fingerprints import POINT_TO_POINT
 from harness.dist.missing_look import MissingLook
@@ -100,8 +102,6 @@ class MismatchWatch:
     def destroyed(self, group: Any) -> None:
         """torch's ``destroy_process_group`` shuts ``group`` (a HarnessProcessGroup) down: this rank
         posts on it no more (on no group, for the default one)."""
-        import torch.distributed as dist
-
         self._log.destroyed(group, group is dist.distributed_c10d.GroupMember.WORLD)
 
     def finished(self, how: str) -> None:

@@ -166,7 +166,9 @@ def verdict(state: StateOf, chain: list) -> tuple[int, dict, str]:
     for k in range(len(cycle)):
         q, _, _ = cycle[(first + k) % len(cycle)]
         nxt, b, _ = cycle[(first + k + 1) % len(cycle)]
-        waiting = state(q)["blocked"]
+        st = state(q)
+        assert st is not None  # every rank of the chain has a state: why() read it
+        waiting = st["blocked"]
         if op_key(b) == op_key(op):
             parts.append(f"rank {q} is waiting in the {'collective' if b['kind'] == 'c' else 'message'} rank "
                          f"{culprit} never {'posted' if b['kind'] == 'c' else 'sent'} (a deadlock)")

@@ -70,7 +70,8 @@ class MissingLook:
             self._found.clear()
             self._posted_by.clear()
             return
-        store, states = self._link.store, {self.rank: mine}
+        store = self._link.store
+        states: dict[int, dict | None] = {self.rank: mine}
 
         def state(rank: int) -> dict | None:
             if rank not in states:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -23,14 +23,29 @@ from harness.dist.lineage import next_lineage, tag_of
 from harness.dist.tensors import Staged, dtype_code, finisher, reduce_code, settle
 from harness.dist.work import HarnessWork
 
+if TYPE_CHECKING:
+    # The options torch passes each operation (AllgatherOptions is not re-exported by torch.distributed).
+    from torch._C._distributed_c10d import (
+        AllgatherOptions,
+        AllreduceOptions,
+        AllToAllOptions,
+        BarrierOptions,
+        BroadcastOptions,
+        GatherOptions,
+        ReduceOptions,
+        ReduceScatterOptions,
+        ScatterOptions,
+    )
+
 BACKEND = "harness"
 
 # Called with (group, work) for every work a group makes (harness.dist.session records each
 # collective's group this way); None: nothing watches.
-_observer: Any = None
+Observer = Callable[["HarnessProcessGroup", HarnessWork], None]
+_observer: Observer | None = None
 
 
-def observe(fn: Any) -> None:
+def observe(fn: Observer | None) -> None:
     """Have ``fn(group, work)`` called for every work any harness process group makes (None: stop;
     ``launch``'s session stops once the script returned, which the mismatch watch notes: the
     script posts nothing more)."""
@@ -41,11 +56,11 @@ def observe(fn: Any) -> None:
         watch.finished("returned")
 
 
-def _opt(opts: Any, name: str, default: Any) -> Any:
+def _opt(opts: object | None, name: str, default: Any) -> Any:
     return default if opts is None else getattr(opts, name, default)
 
 
-def _split_into(tensors: Sequence[torch.Tensor], flat: torch.Tensor):
+def _split_into(tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> Callable[[], None]:
     """A function copying consecutive pieces of ``flat`` into ``tensors``."""
 
     def finish() -> None:
@@ -80,7 +95,9 @@ class HarnessProcessGroup(dist.ProcessGroup):
     """
 
     def __init__(self, native: Any, rank: int, size: int, world_ranks: list[int]) -> None:
-        super().__init__(rank, size)
+        # torch's stub lists only the (store, rank, size) constructor; the binding also takes (rank, size),
+        # the one torch's own Python process groups call.
+        super().__init__(rank, size)  # type: ignore[call-arg]
         self._coalesced: list[HarnessWork] | None = None
         self._seq = itertools.count()
         self._tag_ub = native.tag_ub
@@ -172,8 +189,14 @@ class HarnessProcessGroup(dist.ProcessGroup):
             raise UnsupportedError(f"{op}: root {root} is not a rank of this group of {self._size}")
         return root
 
+    # The operations torch's Python functions and its C++ callers (through the trampoline) call: the
+    # virtual (tensors, opts) form of each. torch's stub also lists the binding's convenience overloads
+    # (one tensor, op=, root=, timeout=), which C++ turns into the virtual form: a Python override never
+    # receives them, so those overrides are marked `type: ignore[override]`.
+
     # -- reductions -------------------------------------------------------------------------
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> HarnessWork:
+    def allreduce(self, tensors: list[torch.Tensor],  # type: ignore[override]  # virtual form only
+                  opts: AllreduceOptions | None = None) -> HarnessWork:
         op = "all_reduce"
         code = reduce_code(_opt(opts, "reduceOp", dist.ReduceOp.SUM), op)
         st = Staged(tensors, op)
@@ -181,19 +204,21 @@ class HarnessProcessGroup(dist.ProcessGroup):
         self._shape(h, "allreduce", _nbytes(st.buf))
         return self._made(HarnessWork([h], tensors, finisher(st), op))
 
-    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> HarnessWork:
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: AllreduceOptions | None = None) -> HarnessWork:
         return self.allreduce(tensors, opts)
 
-    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> HarnessWork:
+    def reduce(self, tensors: list[torch.Tensor],  # type: ignore[override]  # virtual form only
+               opts: ReduceOptions | None = None) -> HarnessWork:
         op = "reduce"
         code = reduce_code(_opt(opts, "reduceOp", dist.ReduceOp.SUM), op)
         root = self._root(_opt(opts, "rootRank", 0), op)
         st = Staged(tensors, op)
-        h = self._native.reduce(st.buf, st.buf.data_ptr(), st.buf.numel(), dtype_code(st.buf, op), code, root, self._tag())
+        h = self._native.reduce(st.buf, st.buf.data_ptr(), st.buf.numel(), dtype_code(st.buf, op), code, root,
+                                self._tag())
         self._shape(h, "reduce", _nbytes(st.buf), root)
         return self._made(HarnessWork([h], tensors, finisher(st) if self._rank == root else None, op))
 
-    def _reduce_scatter_flat(self, out: torch.Tensor, inp: torch.Tensor, code: int, op: str) -> tuple[Any, Staged]:
+    def _reduce_scatter_flat(self, out: torch.Tensor, inp: torch.Tensor, code: Any, op: str) -> tuple[Any, Staged]:
         so, si = Staged([out], op, fill=False), Staged([inp], op)
         if si.buf.dtype != so.buf.dtype:
             raise UnsupportedError(f"{op}: input {si.buf.dtype} and output {so.buf.dtype} differ in dtype")
@@ -201,25 +226,28 @@ class HarnessProcessGroup(dist.ProcessGroup):
                                         so.buf.numel(), dtype_code(so.buf, op), code, self._tag())
         return self._shape(h, "reduce_scatter", _nbytes(si.buf)), so
 
-    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> HarnessWork:
+    # (parameters named as torch names them, here and below, so the aliases at the end fit torch's too)
+    def _reduce_scatter_base(self, outputTensor: torch.Tensor, inputTensor: torch.Tensor,
+                             opts: ReduceScatterOptions | None = None) -> HarnessWork:
         op = "reduce_scatter_tensor"
         code = reduce_code(_opt(opts, "reduceOp", dist.ReduceOp.SUM), op)
-        h, so = self._reduce_scatter_flat(output, input, code, op)
-        return self._made(HarnessWork([h], [output], finisher(so), op))
+        h, so = self._reduce_scatter_flat(outputTensor, inputTensor, code, op)
+        return self._made(HarnessWork([h], [outputTensor], finisher(so), op))
 
-    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
-                                        opts: Any = None) -> HarnessWork:
+    def reduce_scatter_tensor_coalesced(self, outputTensors: list[torch.Tensor], inputTensors: list[torch.Tensor],
+                                        opts: ReduceScatterOptions | None = None) -> HarnessWork:
         op = "reduce_scatter_tensor_coalesced"
         code = reduce_code(_opt(opts, "reduceOp", dist.ReduceOp.SUM), op)
         handles, staged = [], []
-        for out, inp in zip(outputs, inputs, strict=True):
+        for out, inp in zip(outputTensors, inputTensors, strict=True):
             h, so = self._reduce_scatter_flat(out, inp, code, op)
             handles.append(h)
             staged.append(so)
-        return self._made(HarnessWork(handles, outputs, finisher(*staged), op))
+        return self._made(HarnessWork(handles, outputTensors, finisher(*staged), op))
 
-    def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
-                       opts: Any = None) -> HarnessWork:
+    def reduce_scatter(self, output_tensors: list[torch.Tensor],  # type: ignore[override]  # virtual form only
+                       input_tensors: list[list[torch.Tensor]],
+                       opts: ReduceScatterOptions | None = None) -> HarnessWork:
         op = "reduce_scatter"
         code = reduce_code(_opt(opts, "reduceOp", dist.ReduceOp.SUM), op)
         if len(output_tensors) != 1 or len(input_tensors) != 1:
@@ -233,7 +261,8 @@ class HarnessProcessGroup(dist.ProcessGroup):
         return self._made(HarnessWork([h], output_tensors, finisher(so), op))
 
     # -- data movement ----------------------------------------------------------------------
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> HarnessWork:
+    def broadcast(self, tensors: list[torch.Tensor],  # type: ignore[override]  # virtual form only
+                  opts: BroadcastOptions | None = None) -> HarnessWork:
         op = "broadcast"
         root = self._root(_opt(opts, "rootRank", 0), op)
         st = Staged(tensors, op, fill=self._rank == root)
@@ -249,23 +278,24 @@ class HarnessProcessGroup(dist.ProcessGroup):
                                    so.buf.numel(), dtype_code(so.buf, op), self._tag())
         return self._shape(h, "allgather", _nbytes(si.buf)), so
 
-    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> HarnessWork:
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
+                        opts: AllgatherOptions | None = None) -> HarnessWork:
         op = "all_gather_into_tensor"
         h, so = self._allgather_flat(output, input, op)
         return self._made(HarnessWork([h], [output], finisher(so), op))
 
-    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
-                                        opts: Any = None) -> HarnessWork:
+    def allgather_into_tensor_coalesced(self, output_lists: list[torch.Tensor], input_list: list[torch.Tensor],
+                                        opts: AllgatherOptions | None = None) -> HarnessWork:
         op = "all_gather_into_tensor_coalesced"
         handles, staged = [], []
-        for out, inp in zip(outputs, inputs, strict=True):
+        for out, inp in zip(output_lists, input_list, strict=True):
             h, so = self._allgather_flat(out, inp, op)
             handles.append(h)
             staged.append(so)
-        return self._made(HarnessWork(handles, outputs, finisher(*staged), op))
+        return self._made(HarnessWork(handles, output_lists, finisher(*staged), op))
 
-    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
-                  opts: Any = None) -> HarnessWork:
+    def allgather(self, output_tensors: list[list[torch.Tensor]],  # type: ignore[override]  # virtual form only
+                  input_tensors: list[torch.Tensor], opts: AllgatherOptions | None = None) -> HarnessWork:
         op = "all_gather"
         if len(output_tensors) != 1 or len(input_tensors) != 1:
             raise UnsupportedError(f"{op}: one output list and one input tensor per call")
@@ -278,12 +308,12 @@ class HarnessProcessGroup(dist.ProcessGroup):
         return self._made(HarnessWork([h], output_tensors, _split_into(outs, flat), op))
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
-                            opts: Any = None) -> HarnessWork:
+                            opts: AllgatherOptions | None = None) -> HarnessWork:
         raise UnsupportedError("all_gather_coalesced is not supported by the harness backend "
                                "(use all_gather_into_tensor)")
 
-    def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
-               opts: Any = None) -> HarnessWork:
+    def gather(self, output_tensors: list[list[torch.Tensor]],  # type: ignore[override]  # virtual form only
+               input_tensors: list[torch.Tensor], opts: GatherOptions | None = None) -> HarnessWork:
         op = "gather"
         root = self._root(_opt(opts, "rootRank", 0), op)
         if len(input_tensors) != 1:
@@ -306,8 +336,8 @@ class HarnessProcessGroup(dist.ProcessGroup):
         self._shape(h, "gather", _nbytes(si.buf), root)
         return self._made(HarnessWork([h], output_tensors, finish, op))
 
-    def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
-                opts: Any = None) -> HarnessWork:
+    def scatter(self, output_tensors: list[torch.Tensor],  # type: ignore[override]  # virtual form only
+                input_tensors: list[list[torch.Tensor]], opts: ScatterOptions | None = None) -> HarnessWork:
         op = "scatter"
         root = self._root(_opt(opts, "rootRank", 0), op)
         if len(output_tensors) != 1:
@@ -326,8 +356,9 @@ class HarnessProcessGroup(dist.ProcessGroup):
         self._shape(h, "scatter", _nbytes(so.buf), root)
         return self._made(HarnessWork([h], output_tensors, finisher(so), op))
 
-    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
-                      input_split_sizes: list[int], opts: Any = None) -> HarnessWork:
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,  # type: ignore[override]  # virtual form only
+                      output_split_sizes: list[int], input_split_sizes: list[int],
+                      opts: AllToAllOptions | None = None) -> HarnessWork:
         op = "all_to_all_single"
         si, so = Staged([input], op), Staged([output], op, fill=False)
         if si.buf.dtype != so.buf.dtype:
@@ -351,8 +382,8 @@ class HarnessProcessGroup(dist.ProcessGroup):
         self._shape(h, "alltoall", _nbytes(si.buf))
         return self._made(HarnessWork([h], [output], finisher(so), op))
 
-    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
-                 opts: Any = None) -> HarnessWork:
+    def alltoall(self, output_tensors: list[torch.Tensor],  # type: ignore[override]  # virtual form only
+                 input_tensors: list[torch.Tensor], opts: AllToAllOptions | None = None) -> HarnessWork:
         op = "all_to_all"
         if len(output_tensors) != self._size or len(input_tensors) != self._size:
             raise UnsupportedError(f"{op}: one input and one output tensor per rank ({self._size})")
@@ -364,7 +395,7 @@ class HarnessProcessGroup(dist.ProcessGroup):
         self._shape(h, "alltoall", _nbytes(si.buf))
         return self._made(HarnessWork([h], output_tensors, _split_into(output_tensors, flat), op))
 
-    def barrier(self, opts: Any = None) -> HarnessWork:
+    def barrier(self, opts: BarrierOptions | None = None) -> HarnessWork:  # type: ignore[override]  # virtual form only
         h = self._shape(self._native.barrier(self._tag()), "barrier", 0)
         return self._made(HarnessWork([h], [], None, "barrier"))
 
@@ -388,10 +419,10 @@ class HarnessProcessGroup(dist.ProcessGroup):
                                "name the source rank")
 
     # -- coalescing (dist._coalescing_manager, batch_isend_irecv) ---------------------------
-    def _start_coalescing(self, device: Any = None) -> None:
+    def _start_coalescing(self, device: torch.device | None = None) -> None:
         self._coalesced = []
 
-    def _end_coalescing(self, device: Any = None) -> HarnessWork:
+    def _end_coalescing(self, device: torch.device | None = None) -> HarnessWork:
         works, self._coalesced = self._coalesced or [], None
         return _Combined(works)
 
@@ -400,7 +431,7 @@ class HarnessProcessGroup(dist.ProcessGroup):
     all_gather_single_coalesced = allgather_into_tensor_coalesced
     reduce_scatter_single = _reduce_scatter_base
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
-    all_to_all_single = alltoall_base
+    all_to_all_single = alltoall_base  # type: ignore[assignment]  # virtual form only, as alltoall_base
 
 
 class _Combined(HarnessWork):

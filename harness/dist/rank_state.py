@@ -24,6 +24,7 @@ from harness.dist.fingerprints import place_of, summary
 from harness.dist.missing import FROM_ROOT, TO_ROOT
 from harness.dist.posted import DESTROYED, PostedLog
 from harness.dist.watch_store import PREFIX, WatchStore
+from harness.dist.work import HarnessWork
 
 
 class RankState:
@@ -33,7 +34,9 @@ class RankState:
         self.rank = rank
         self._log, self._link = log, link
         self.after_s = after_s
-        self._main = threading.main_thread().ident
+        main = threading.main_thread().ident
+        assert main is not None  # the main thread has started
+        self._main = main
         self._end: str | None = None  # how this rank finished: a key of harness.dist.missing.FINISHED
         self._counts: dict[str, int] = {}  # group -> collectives of its main sequence posted
         self._gone: set[str] = set()  # groups destroyed
@@ -112,7 +115,5 @@ def _wait_code() -> Any:
     """The code of ``HarnessWork._complete``: a thread whose innermost frame runs it waits in a work."""
     global _WAIT_CODE
     if _WAIT_CODE is None:
-        from harness.dist.work import HarnessWork
-
         _WAIT_CODE = HarnessWork._complete.__code__
     return _WAIT_CODE

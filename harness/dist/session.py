@@ -34,14 +34,50 @@ summary.csv, run.json). docs/guides/torch-distributed.md describes the columns f
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+from torch.nn.modules.module import register_module_forward_pre_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+import harness.dist  # registers "harness"; sets torchrun's variables from MPI
+from harness.dist import work
+from harness.dist.metrics import Recorder, evaluation_records
+from harness.dist.mismatch import MismatchWatch, fail, install
+from harness.dist.process_group import HarnessProcessGroup, observe
+from harness.dist.sequence import Shape, StepMarks, sequence_rows
+from harness.dist.structure import StructureNotes
+from harness.dist.work import HarnessWork
+from harness.faults import FaultPlan
+from harness.injection import InjectionPlan
+from harness.rank_exit import exit_promptly_when_interrupted
+from harness.results import atomic
+from harness.results.columns import (
+    COLLECTIVE_COLUMNS,
+    COLLECTIVE_FILE,
+    STRUCTURE_FILE,
+    CommOpRecord,
+    StepRecord,
+    to_frame,
+)
+from harness.results.records import SCENARIO_FILE, RunDirectory
+from harness.runner.clock import Clock
+from harness.runner.report import gather, write_summary
+from harness.scenario import load_scenario
+from harness.watchdog.heartbeat_row import Phase
+from harness.watchdog.in_job import join_watchdog
 
 BACKEND_NAME = "harness"
 ENV_LABEL = "HARNESS_LABEL"  # the run's label (launch --label; default: the script's stem)
@@ -99,7 +135,7 @@ class _StepOfWrapper:
 
     def __init__(self, session: ScriptSession) -> None:
         try:
-            from torch.distributed.optim import PostLocalSGDOptimizer
+            from torch.distributed.optim import PostLocalSGDOptimizer  # noqa: PLC0415  (2 s of imports, to patch)
         except ImportError:  # a torch without it
             self._cls = None
             return
@@ -113,32 +149,21 @@ class _StepOfWrapper:
             finally:
                 session._on_step_post(optimizer, args, kwargs)
 
-        PostLocalSGDOptimizer.step = step
+        # patches torch's class while the session runs (remove() restores it)
+        PostLocalSGDOptimizer.step = step  # type: ignore[method-assign, assignment]
 
     def remove(self) -> None:
         if self._cls is not None:
-            self._cls.step = self._original
+            self._cls.step = self._original  # type: ignore[method-assign]  # restores the patched method
 
 
 class ScriptSession:
     """Everything around one torch.distributed script on this rank (see the module doc)."""
 
     def __init__(self, run_dir: Path, label: str, script: str) -> None:
-        from mpi4py import MPI
+        from mpi4py import MPI  # noqa: PLC0415  (initializes MPI: on the ranks, not at import)
 
-        import harness.dist  # noqa: F401  registers "harness"; sets torchrun's variables from MPI
-        from harness.comm import Communicator
-        from harness.dist.metrics import Recorder
-        from harness.dist.mismatch import MismatchWatch, fail, install
-        from harness.dist.process_group import observe
-        from harness.dist.structure import StructureNotes
-        from harness.faults import FaultPlan
-        from harness.injection import InjectionPlan
-        from harness.launch import exit_promptly_when_interrupted
-        from harness.results.records import SCENARIO_FILE
-        from harness.runner.clock import Clock
-        from harness.runner.watchdog import join_watchdog
-        from harness.scenario import load_scenario
+        from harness.comm import Communicator  # noqa: PLC0415  (loads mpi4py.MPI, as above)
 
         exit_promptly_when_interrupted()
         self.world = MPI.COMM_WORLD
@@ -165,7 +190,7 @@ class ScriptSession:
         self.structure = StructureNotes()  # what makes the collectives scale (harness.dist.structure)
         self._main_thread = threading.get_ident()
         self._main_posts: set[float] = set()  # post times of this step's collectives posted by the main thread
-        self.rows: list[tuple] = []  # per step: start, end, compute, delay, blocked, bytes
+        self.rows: list[list[float]] = []  # per step: start, end, compute, delay, blocked, bytes
         self.ops: list = []  # the native records of every operation (OpRecord)
         self.metrics = Recorder(self)  # what the script hands harness.dist.record (harness/dist/metrics.py)
         self.t = 0
@@ -189,10 +214,6 @@ class ScriptSession:
 
     # -- torch's hooks -------------------------------------------------------------------------
     def _install_hooks(self) -> None:
-        import torch
-        from torch.nn.modules.module import register_module_forward_pre_hook
-        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-
         self._torch = torch
         self._installed = [register_module_forward_pre_hook(self._on_forward),
                            register_optimizer_step_pre_hook(self._on_step_pre),
@@ -206,8 +227,6 @@ class ScriptSession:
         self._begin()
 
     def _begin(self) -> None:
-        from harness.dist import work
-
         t = self.t
         self._began = True
         if t == 0:
@@ -240,9 +259,6 @@ class ScriptSession:
         self._end()
 
     def _end(self) -> None:
-        from harness.dist import work
-        from harness.dist.sequence import StepMarks
-
         now = time.monotonic()
         records = self.comm.drain_records()
         main = self._main_posts
@@ -273,8 +289,6 @@ class ScriptSession:
     def _collect(self, records: list) -> None:
         """Keep the records; count each one's bytes in the step that posted it (iterations follow
         one another: iteration t runs from its start to iteration t + 1's)."""
-        import bisect
-
         self.ops.extend(records)
         starts = [row[0] for row in self.rows]
         for r in records:
@@ -282,10 +296,8 @@ class ScriptSession:
             if t >= 0 and r.post_s <= self.rows[t][1]:
                 self.rows[t][5] += r.bytes
 
-    def _observe(self, group, work) -> None:
+    def _observe(self, group: HarnessProcessGroup, work: HarnessWork) -> None:
         """A collective of the backend was posted: remember its group; a fault may strike."""
-        from harness.dist.sequence import Shape
-
         where = group.description()
         on_main = threading.get_ident() == self._main_thread
         ranks = group.world_ranks
@@ -300,9 +312,6 @@ class ScriptSession:
         self.faults.posted()
 
     def _warn_other_backends(self) -> None:
-        import torch.distributed as dist
-        import torch.distributed.distributed_c10d as c10d
-
         original = c10d.init_process_group
 
         def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
@@ -320,12 +329,6 @@ class ScriptSession:
     def close(self) -> None:
         """After the script: strike a fault due at the finish, gather the records, have rank 0
         write the results. Collective."""
-        from harness.dist.process_group import observe
-        from harness.dist.sequence import sequence_rows
-        from harness.results.columns import CommOpRecord, StepRecord
-        from harness.runner.heartbeat_row import Phase
-        from harness.runner.report import gather
-
         for hook in self._installed:
             hook.remove()
         observe(None)
@@ -337,8 +340,8 @@ class ScriptSession:
         t0, name, rank = self.t0, self.label, self.rank
         self.metrics.close()
         trained, none = self.metrics.steps(), (math.nan, math.nan)  # per step: the loss and accuracy recorded
-        steps = [StepRecord(name, rank, t, start - t0, end - t0, compute, delay, blocked, trained.get(t, none)[0], sent,
-                            -1, trained.get(t, none)[1])
+        steps = [StepRecord(name, rank, t, start - t0, end - t0, compute, delay, blocked, trained.get(t, none)[0],
+                            int(sent), -1, trained.get(t, none)[1])
                  for t, (start, end, compute, delay, blocked, sent) in enumerate(self.rows)]
         evals = gather(self.world, self.metrics.evaluations(rank, t0))
         ops = [CommOpRecord(name, rank, r.op, r.post_s - t0, r.start_s - t0, r.end_s - t0, r.bytes,
@@ -346,24 +349,19 @@ class ScriptSession:
                for r in self.ops if r.post_s - t0 >= 0 and r.post_s in self.groups]
         self.clock.remeasure()
         self.clock.close()
-        steps, ops = gather(self.world, steps), gather(self.world, ops)
+        all_steps, all_ops = gather(self.world, steps), gather(self.world, ops)
         sequence = gather(self.world, sequence_rows(rank, self.marks, self.ops, self.shapes))
         self._structures = self.world.gather(self.structure.as_dict(), root=0)  # per rank; rank 0 writes them
         counts = self.world.gather(len(self.rows), root=0)
         if self.rank == 0:
-            self._write(steps, ops, counts, sequence, evals)
+            # rank 0 holds what was gathered
+            assert all_steps is not None and all_ops is not None and counts is not None and sequence is not None
+            self._write(all_steps, all_ops, counts, sequence, evals or [])
         self.beat.stage(Phase.DONE)
         self.comm.close()
 
-    def _write(self, steps: list, ops: list, counts: list[int], sequence: list[tuple], evals: list = ()) -> None:
-        import pandas as pd
-
-        from harness.results import atomic
-        from harness.dist.metrics import evaluation_records
-        from harness.results.columns import COLLECTIVE_COLUMNS, COLLECTIVE_FILE, STRUCTURE_FILE, to_frame
-        from harness.results.records import RunDirectory
-        from harness.runner.report import write_summary
-
+    def _write(self, steps: list, ops: list, counts: list[int], sequence: list[tuple],
+               evals: Sequence[Any] = ()) -> None:
         run = RunDirectory.open(self.run_dir)
         run.append_algorithm(self.label, steps, evaluation_records(self.label, list(evals)), ops)
         atomic.write_csv(run.path / COLLECTIVE_FILE,

@@ -33,6 +33,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+import torch.distributed as dist
+
 
 def _element_bytes(t: Any) -> int:
     return int(t.element_size())
@@ -61,7 +63,7 @@ class StructureNotes:
             return
         self._seen_modules = True
         try:
-            from torch.distributed.fsdp import FSDPModule
+            from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415  (optional; only scripts that use it)
         except ImportError:  # a torch without FSDP2
             return
         seen: set[int] = set()
@@ -89,13 +91,11 @@ class StructureNotes:
             return
         self._seen_optimizers.add(id(optimizer))
         try:
-            from torch.distributed.optim import ZeroRedundancyOptimizer
+            from torch.distributed.optim import ZeroRedundancyOptimizer  # noqa: PLC0415  (2 s of imports; optional)
         except ImportError:
             return
         if not isinstance(optimizer, ZeroRedundancyOptimizer):
             return
-        import torch.distributed as dist
-
         params = [p for g in optimizer.param_groups for p in g["params"]]
         self.zero.append({
             "param_groups": [[int(p.numel()) for p in g["params"]] for g in optimizer.param_groups],

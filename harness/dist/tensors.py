@@ -9,37 +9,23 @@ contiguous host tensor before the operation and copied back after it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from harness import _core
 from harness.dist.errors import UnsupportedError
 
-# Codes of kernels/dtype.hpp (DType).
-DTYPE_CODES: dict[torch.dtype, int] = {
-    torch.float32: 0,
-    torch.float64: 1,
-    torch.float16: 2,
-    torch.bfloat16: 3,
-    torch.int64: 4,
-    torch.int32: 5,
-    torch.uint8: 6,
-    torch.int8: 7,
-    torch.bool: 8,
-}
+# The native layer's element types (harness._core.DType), named as torch names its dtypes.
+DTYPE_CODES: dict[torch.dtype, Any] = {getattr(torch, name): code for name, code in _core.DType.__members__.items()}
 SUPPORTED_DTYPES = ", ".join(str(d).removeprefix("torch.") for d in DTYPE_CODES)
 
-# Codes of kernels/dtype.hpp (ReduceOp).
-_REDUCE_CODES = {
-    dist.ReduceOp.SUM: 0,
-    dist.ReduceOp.AVG: 1,
-    dist.ReduceOp.PRODUCT: 2,
-    dist.ReduceOp.MIN: 3,
-    dist.ReduceOp.MAX: 4,
-}
+# The native layer's reduction operators (harness._core.ReduceOp), named as torch names them.
+_REDUCE_CODES = {getattr(dist.ReduceOp, name): code for name, code in _core.ReduceOp.__members__.items()}
 
 
-def dtype_code(tensor: torch.Tensor, op: str) -> int:
+def dtype_code(tensor: torch.Tensor, op: str) -> Any:
     try:
         return DTYPE_CODES[tensor.dtype]
     except KeyError:
@@ -49,7 +35,7 @@ def dtype_code(tensor: torch.Tensor, op: str) -> int:
         ) from None
 
 
-def reduce_code(reduce_op: object, op: str) -> int:
+def reduce_code(reduce_op: object, op: str) -> Any:
     # opts.reduceOp is a ReduceOp object; ReduceOp.SUM etc. are RedOpType members it compares to.
     for known, code in _REDUCE_CODES.items():
         if reduce_op == known:

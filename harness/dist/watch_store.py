@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch.distributed as dist
+
 PREFIX = "harness/mismatch"
 BACKEND = "harness"  # harness.dist.process_group.BACKEND (which imports the watch)
 
@@ -33,8 +35,6 @@ class WatchStore:
         """The store; None while torch.distributed is not initialized. Taking it counts this rank
         among those that watch (each waits at exit for the others)."""
         if self.store is None:
-            import torch.distributed as dist
-
             if not dist.is_initialized():
                 return None
             store = dist.distributed_c10d._get_default_store()  # kept: it outlives destroy_process_group

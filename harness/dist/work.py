@@ -84,10 +84,7 @@ def _timeout_s(timeout: Any) -> float | None:
     """torch passes a timedelta (zero: no limit, kNoTimeout) or nothing."""
     if timeout is None:
         return None
-    if isinstance(timeout, datetime.timedelta):
-        seconds = timeout.total_seconds()
-    else:
-        seconds = float(timeout)
+    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
     return None if seconds <= 0 else seconds
 
 
@@ -113,7 +110,8 @@ class HarnessWork(dist.Work):
         self._error: BaseException | None = None
         self._future: torch.futures.Future | None = None
         self.lineage: tuple[int, ...] = ()  # set by the process group (harness.dist.lineage)
-        self.shapes: list[tuple[str, int, int, int]] = []  # per handle: op, bytes, peer, tag (HarnessProcessGroup._shape)
+        # per handle: op, bytes, peer, tag (HarnessProcessGroup._shape)
+        self.shapes: list[tuple[str, int, int, int]] = []
 
     def _complete(self, timeout_s: float | None = None) -> None:
         with self._lock:
@@ -124,7 +122,7 @@ class HarnessWork(dist.Work):
                     if self._finish is not None:
                         self._finish()
                 except _core.CommError as exc:
-                    if "did not complete within" in str(exc):  # a timeout: the op may still end
+                    if exc.kind == _core.ErrorKind.TIMEOUT:  # the op may still end
                         raise
                     self._error = exc
                 except BaseException as exc:  # noqa: BLE001  recorded and raised to every waiter

@@ -9,12 +9,15 @@ otherwise the first process group makes its own.
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
+import sys
 import threading
 from typing import Any
 
 from harness.dist.errors import BackendInitError
+from harness.launch import inside_mpi_job
 
 _lock = threading.Lock()
 _comm: Any = None
@@ -32,15 +35,13 @@ def communicator() -> Any:
     global _comm
     with _lock:
         if _comm is None or _comm.closed:
-            from harness.comm import Communicator
+            from harness.comm import Communicator  # noqa: PLC0415  (loads mpi4py.MPI, which initializes MPI)
 
             _comm = Communicator()
         return _comm
 
 
 def launched_by_mpi() -> bool:
-    from harness.launch import inside_mpi_job
-
     return inside_mpi_job() is not None
 
 
@@ -52,7 +53,7 @@ def fill_env_from_mpi() -> None:
     port free on rank 0 at the time. Collective over ``MPI.COMM_WORLD`` (every rank imports
     ``harness.dist``, so every rank calls it).
     """
-    from mpi4py import MPI
+    from mpi4py import MPI  # noqa: PLC0415  (initializes MPI: only under an MPI launcher)
 
     world = MPI.COMM_WORLD
     local = world.Split_type(MPI.COMM_TYPE_SHARED)
@@ -107,9 +108,6 @@ def abort_job_on_uncaught_exception() -> None:
     The exit is registered to run first at interpreter exit (before mpi4py's finalizer), not
     taken inside the hook: torch's own hook wraps this one and writes the traceback only after
     it returns."""
-    import atexit
-    import sys
-
     previous = sys.excepthook
 
     def exit_failed() -> None:

@@ -36,8 +36,13 @@ from typing import Any
 
 import pandas as pd
 
+from harness import __version__
 from harness.interchange import chakra as c
 from harness.interchange import et_format as et
+from harness.results import atomic, columns
+from harness.results.columns import COLLECTIVE_FILE, STEP_COLUMNS, STRUCTURE_FILE, read_frame
+from harness.results.layout import RUN_FILE, STEPS_FILE, read_run_json
+from harness.sim.script_replay import script_label
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,7 @@ class Export:
 
 
 def _us(seconds: float) -> int:
-    return max(0, int(round(float(seconds) * 1e6))) if math.isfinite(float(seconds)) else 0
+    return max(0, round(float(seconds) * 1e6)) if math.isfinite(float(seconds)) else 0
 
 
 class _Graph:
@@ -129,17 +134,17 @@ def rank_graph(rank: int, steps: pd.DataFrame, ops: pd.DataFrame, groups: c.Proc
         here = (et.attribute(c.H_STEP, t, "int64"),)
         posted = _chain(g, before, [last])
         delay = g.add(f"injected delay (step {t})", "COMP_NODE", posted or [last], _us(step.injected_delay_s),
-                      here + (et.attribute(c.H_ROLE, c.ROLE_DELAY, "string"),))
+                      (*here, et.attribute(c.H_ROLE, c.ROLE_DELAY, "string")))
         local = _us(step.compute_s)
         cuts, place = [], 0.0
         for row, _ in overlap:
             place = max(place, min(max(float(row.at), 0.0), 1.0))
-            cuts.append(int(round(place * local)))
+            cuts.append(round(place * local))
         bounds = [0, *cuts, local]
         segment, tail, waited_for = delay, [], None
         for i in range(len(bounds) - 1):
             work = g.add(f"local work (step {t}, {i + 1}/{len(bounds) - 1})", "COMP_NODE", [segment],
-                         bounds[i + 1] - bounds[i], here + (et.attribute(c.H_ROLE, c.ROLE_WORK, "string"),))
+                         bounds[i + 1] - bounds[i], (*here, et.attribute(c.H_ROLE, c.ROLE_WORK, "string")))
             segment = work
             if i < len(overlap):
                 row, attrs = overlap[i]
@@ -162,13 +167,6 @@ def rank_graph(rank: int, steps: pd.DataFrame, ops: pd.DataFrame, groups: c.Proc
 def export_run(run_dir: Path, out_dir: Path | None = None, name: str | None = None) -> Export:
     """Write ``<name>.<rank>.et`` for every rank of the script run in ``run_dir`` (default
     ``run_dir/chakra/``, ``name`` the run's label) and ``<name>.comm_groups.json``."""
-    from harness import __version__
-    from harness.results.columns import COLLECTIVE_COLUMNS, COLLECTIVE_FILE, STEP_COLUMNS, read_frame
-    from harness.results.layout import RUN_FILE, STEPS_FILE, read_run_json
-    from harness.results import atomic
-    from harness.sim.script_replay import script_label
-    from harness.results.columns import STRUCTURE_FILE
-
     run_dir = Path(run_dir)
     if not (run_dir / RUN_FILE).is_file():
         raise c.ChakraError(f"{run_dir}: not a results directory (no {RUN_FILE})")
@@ -182,13 +180,13 @@ def export_run(run_dir: Path, out_dir: Path | None = None, name: str | None = No
     steps = steps[steps["algorithm"] == label]
     if not label or steps.empty:
         raise c.ChakraError(f"{run_dir}: the script run finished no step: nothing to export")
-    ops = read_frame(run_dir / COLLECTIVE_FILE, COLLECTIVE_COLUMNS)
+    ops = read_frame(run_dir / COLLECTIVE_FILE, columns.COLLECTIVE_COLUMNS)  # read now: the columns may grow
     unknown = sorted(set(ops["op"]) - set(c.OP_TO_CHAKRA))
     if unknown:
         raise c.ChakraError(f"{run_dir / COLLECTIVE_FILE}: operation {unknown[0]!r} has no Chakra counterpart")
     ranks = int(meta.get("ranks") or int(steps["rank"].max()) + 1)
     groups = c.ProcessGroups.of_members(ops["group_ranks"], ranks)
-    extra = [col for col in COLLECTIVE_COLUMNS if col not in c.MAPPED_COLUMNS]
+    extra = [col for col in columns.COLLECTIVE_COLUMNS if col not in c.MAPPED_COLUMNS]
     structure = json.loads((run_dir / STRUCTURE_FILE).read_text()).get("ranks", []) \
         if (run_dir / STRUCTURE_FILE).is_file() else []
     name = name or label

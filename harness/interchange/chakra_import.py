@@ -39,8 +39,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from harness.interchange import chakra as c
 from harness.interchange import et_format as et
+from harness.results import atomic, columns
+from harness.results.columns import COLLECTIVE_FILE, STEP_COLUMNS, STRUCTURE_FILE, to_frame
+from harness.results.records import RunDirectory
+from harness.runner.report import write_summary
+from harness.scenario import load_scenario
+from harness.sim.script_replay import ReplayError, ScriptTrace
 
 _FILE = re.compile(r"^(?P<name>.+)\.(?P<rank>\d+)\.et$")
 _COMP, _META = et.NODE_TYPE["COMP_NODE"], et.NODE_TYPE["METADATA_NODE"]
@@ -90,6 +98,7 @@ def _refuse(path: Path, node: Any, why: str) -> c.ChakraError:
 
 def _operation(path: Path, node: Any, attrs: dict, rank: int, groups: c.ProcessGroups, notes: set) -> dict:
     """collectives.csv's values of one COMM node (but its step, seq and place)."""
+    op: str | None
     if node.type in (_SEND, _RECV):
         op = "send" if node.type == _SEND else "recv"
     else:
@@ -199,8 +208,8 @@ def analyze_rank(rank: int, path: Path, nodes: list[Any], groups: c.ProcessGroup
     ancestors: dict[int, int] = {}
     for i in _topological(path, by_id):
         same = [d for d in set(by_id[i].data_deps) if step[d] == step[i]]
-        start = max((finish[d] for d in same), default=0)
-        finish[i] = start + (by_id[i].duration_micros if kind[i] == c.ROLE_WORK else 0)
+        ready = max((finish[d] for d in same), default=0)
+        finish[i] = ready + (by_id[i].duration_micros if kind[i] == c.ROLE_WORK else 0)
         below = 0
         for d in same:
             below |= ancestors[d] | bits.get(d, 0)
@@ -250,17 +259,14 @@ def analyze_rank(rank: int, path: Path, nodes: list[Any], groups: c.ProcessGroup
 
 
 def _frames(label: str, steps: list[dict], ops: list[dict]) -> tuple[Any, Any]:
-    import pandas as pd
-
-    from harness.results.columns import COLLECTIVE_COLUMNS, STEP_COLUMNS, to_frame
-
+    all_columns = columns.COLLECTIVE_COLUMNS  # read now: the columns may grow
     defaults = {"algorithm": label, "loss": math.nan, "bytes_sent": 0, "staleness": -1, "accuracy": math.nan}
     step_frame = to_frame(pd.DataFrame([{**defaults, **row} for row in steps]).reindex(columns=list(STEP_COLUMNS)),
                           STEP_COLUMNS)
-    op_frame = pd.DataFrame(ops, columns=[col for col in COLLECTIVE_COLUMNS if col in c.MAPPED_COLUMNS
+    op_frame = pd.DataFrame(ops, columns=[col for col in all_columns if col in c.MAPPED_COLUMNS
                                           or any(col in row for row in ops)])
-    if list(op_frame.columns) == list(COLLECTIVE_COLUMNS):
-        op_frame = to_frame(op_frame, COLLECTIVE_COLUMNS)
+    if list(op_frame.columns) == list(all_columns):
+        op_frame = to_frame(op_frame, all_columns)
     return step_frame, op_frame
 
 
@@ -268,18 +274,17 @@ def import_traces(spec: Path, scenario_file: Path, out: Path | None = None, labe
                   comm_groups: Path | None = None, results_root: Path = Path("results")) -> Imported:
     """Make a script run's results directory (``out``, default a new one under
     ``results_root/<scenario>/``) from the trace ``spec``, under ``scenario_file``."""
-    from harness.results import atomic
-    from harness.results.columns import COLLECTIVE_FILE
-    from harness.results.records import RunDirectory
-    from harness.runner.report import write_summary
-    from harness.scenario import load_scenario
-    from harness.sim.script_replay import ReplayError, ScriptTrace
-    from harness.results.columns import STRUCTURE_FILE
-
     prefix, files = trace_files(spec)
     world = len(files)
     groups = c.ProcessGroups(c.read_comm_group_configuration(comm_groups) if comm_groups else {}, world)
-    steps, ops, counts, notes, producers, timed, structures, versions = [], [], [], set(), set(), [], [], set()
+    steps: list[dict] = []
+    ops: list[dict] = []
+    counts: list[int] = []
+    timed: list[bool] = []
+    structures: list[str | None] = []
+    notes: set[str] = set()
+    producers: set[str] = set()
+    versions: set[str] = set()
     for rank, path in enumerate(files):
         metadata, nodes = et.read_trace(path)
         meta = et.attrs_of(metadata)
@@ -318,7 +323,7 @@ def import_traces(spec: Path, scenario_file: Path, out: Path | None = None, labe
         run.append_algorithm(label, step_frame)
         atomic.write_csv(run.path / COLLECTIVE_FILE, op_frame)
         if all(structures):  # an export of the harness: what rescales the sequence to other rank counts
-            atomic.write_json(run.path / STRUCTURE_FILE, {"ranks": [json.loads(s) for s in structures]}, indent=1)
+            atomic.write_json(run.path / STRUCTURE_FILE, {"ranks": [json.loads(s) for s in structures if s]}, indent=1)
         ScriptTrace.read(run.path, world, min(counts))  # the ranks' sequences line up as the replay needs
         write_summary(run, scenario)
         run.write_trace()

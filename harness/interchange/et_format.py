@@ -25,6 +25,7 @@ from typing import Any
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from harness.config import HarnessError
+from harness.results import atomic
 
 PACKAGE = "ChakraProtoMsg"
 # Chakra's project version whose et_def.proto the classes follow; written as GlobalMetadata.version.
@@ -215,19 +216,17 @@ def read_trace(path: str | Path) -> tuple[Any, list[Any]]:
         if first is None:
             raise TraceFormatError(f"{path}: empty: a Chakra ET starts with its GlobalMetadata")
         metadata.ParseFromString(first)
-        for i, chunk in enumerate(chunks):
+        for chunk in chunks:
             node = Node()
             node.ParseFromString(chunk)
             nodes.append(node)
     except TraceFormatError:
         raise
-    except Exception as exc:  # protobuf's DecodeError and kin: not this schema's messages
+    except Exception as exc:  # noqa: BLE001  (protobuf's DecodeError and kin: not this schema's messages)
         raise TraceFormatError(f"{path}: not a Chakra ET (message {len(nodes) + 1} does not decode: {exc})") from None
     return metadata, nodes
 
 
 def write_trace(path: str | Path, metadata: Any, nodes: Iterable[Any]) -> Path:
     """Write one ET file (replacing it atomically)."""
-    from harness.results import atomic
-
     return atomic.write_bytes(path, encode([metadata, *nodes]))

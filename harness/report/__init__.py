@@ -26,7 +26,7 @@ def write_report(path: str | Path):
     """Write the report of the run directory ``path`` (:func:`harness.report.build.write_report`).
     A sweep directory's page is ``harness.sweep.page``'s (which builds on this package; the
     ``report`` command picks between the two)."""
-    from harness.report.build import write_report as write
+    from harness.report.build import write_report as write  # noqa: PLC0415  (lazy: pandas and matplotlib)
 
     return write(path)
 

@@ -5,16 +5,24 @@ whose steps have a loss (a torch.distributed script that records only its traini
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
+from matplotlib.lines import Line2D
 
 from harness.report import look
 from harness.report.data import RunData
+from harness.results.summary import evaluation_ready_s
+
+if TYPE_CHECKING:
+    from matplotlib.typing import LineStyleType
 
 KEY = "accuracy"
 TITLE = "Test accuracy against time"
 
 
-_SIMULATED_STYLE = {"sim-trace": "--", "sim-predictive": ":"}  # line style per simulation in the directory
+# Line style per simulation in the directory.
+_SIMULATED_STYLE: dict[str, LineStyleType] = {"sim-trace": "--", "sim-predictive": ":"}
 
 
 def _on_training_time(average: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFrame:
@@ -23,8 +31,6 @@ def _on_training_time(average: pd.DataFrame, steps: pd.DataFrame | None) -> pd.D
     summary.csv's time to target), where the steps are there to say it."""
     if steps is None or steps.empty or average.empty:
         return average
-    from harness.results.summary import evaluation_ready_s
-
     out = average.copy()
     for algorithm, rows in average.groupby("algorithm"):
         mine = steps[steps["algorithm"] == algorithm]
@@ -43,8 +49,6 @@ def figure(evals: pd.DataFrame, algorithms: list[str], palette: look.Palette, ta
     same run (``compare --train``: sim-trace, sim-predictive), drawn in the algorithm's colour,
     dashed or dotted. ``simulated_time``: the run itself is a simulation (its times are simulated).
     ``target_loss``: the scenario's target test loss, a dotted line on the loss panel."""
-    from matplotlib.lines import Line2D
-
     average = _on_training_time(evals[evals["model"] == "average"], steps)
     fig = look.new_figure(11, 3.6)
     acc_ax, loss_ax = fig.subplots(1, 2)
@@ -58,7 +62,8 @@ def figure(evals: pd.DataFrame, algorithms: list[str], palette: look.Palette, ta
         for name, (frame, sim_steps) in (simulations or {}).items():
             sim = _on_training_time(frame[(frame["model"] == "average") & (frame["algorithm"] == algorithm)], sim_steps)
             sim = sim.sort_values("time_s")
-            style = {"color": palette.colour(algorithm), "linestyle": _SIMULATED_STYLE.get(name, "--"), "linewidth": 1.2}
+            style = {"color": palette.colour(algorithm), "linestyle": _SIMULATED_STYLE.get(name, "--"),
+                     "linewidth": 1.2}
             acc_ax.plot(sim["time_s"], sim["test_accuracy"] * 100, **style)
             loss_ax.plot(sim["time_s"], sim["test_loss"], **style)
     if target is not None:

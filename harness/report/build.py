@@ -35,7 +35,7 @@ class Written:
 def draw_sections(run: RunData, palette: look.Palette) -> list[tuple[look.Section, bytes | None, str | None]]:
     """Every section of ``run`` with its PNG (None when it has no figure) and the error that kept
     it from being drawn (None when none did)."""
-    out = []
+    out: list[tuple[look.Section, bytes | None, str | None]] = []
     with look.rc():
         for module in SECTIONS:
             try:

@@ -12,16 +12,19 @@ Nothing here draws or imports matplotlib.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from harness.config import HarnessError
 from harness.results.atomic import CSV_NA_REP
 from harness.results.columns import EVAL_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS, read_frame
 from harness.results.layout import EVALS_FILE, RUN_FILE, SCENARIO_FILE, STEPS_FILE, SUMMARY_FILE
+from harness.scenario import load_scenario
 
 COMPARE_FILE = "compare.csv"  # harness.sim.compare.COMPARE_FILE (not imported: it pulls in the simulator)
 SIMULATION_DIRS = ("sim-trace", "sim-predictive")  # what `compare` writes into a real run's directory
@@ -68,13 +71,17 @@ class RunData:
 
     @property
     def target_accuracy(self) -> float | None:
-        targets = self.summary["target_accuracy"].dropna() if "target_accuracy" in self.summary else ()
+        if "target_accuracy" not in self.summary:
+            return None
+        targets = self.summary["target_accuracy"].dropna()
         return float(targets.iloc[0]) if len(targets) else None
 
     @property
     def target_loss(self) -> float | None:
         """The scenario's ``results.target_loss`` as summary.csv has it; None without one."""
-        targets = self.summary["target_loss"].dropna() if "target_loss" in self.summary else ()
+        if "target_loss" not in self.summary:
+            return None
+        targets = self.summary["target_loss"].dropna()
         return float(targets.iloc[0]) if len(targets) else None
 
 
@@ -130,17 +137,11 @@ def _register_entries(path: Path) -> None:
     and colours of its entries that are not plain built-in algorithms (a class of the user's, a
     built-in under a label of its own). A scenario that no longer loads (its user code moved) only
     costs those entries their registered look."""
-    from harness.scenario import load_scenario
-
-    try:
+    with contextlib.suppress(Exception):  # the report draws from the CSV files; the look is a nicety
         load_scenario(path)
-    except Exception:  # noqa: BLE001  (the report draws from the CSV files; the look is a nicety)
-        pass
 
 
 def _scenario(path: Path) -> dict:
-    import yaml
-
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):

@@ -1,6 +1,6 @@
 """The report's look: one colour and label per algorithm, the figure style, PNG bytes.
 
-Colours and labels are the figures' (``paper_figs.style``, from each algorithm's registration in
+Colours and labels are the figures' (``harness.report.style``, from each algorithm's registration in
 ``harness.algorithms.registry``), so a method looks the same in the report as in every figure;
 names nobody registered get distinct spare colours rather than one shared olive.
 
@@ -14,11 +14,12 @@ import io
 from dataclasses import dataclass
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")  # files only, never a window (harmless when pyplot is not imported)
-from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.figure import Figure
 
-from paper_figs import style  # noqa: E402
+from harness.report import style
 
 # The parts of an iteration (steps.csv), as every plot shows them.
 PART_COLUMNS = {"compute": "compute_s", "waiting": "comm_blocked_s", "injected delay": "injected_delay_s"}
@@ -94,8 +95,6 @@ def panel_grid(width: float, panel_height: float, count: int, columns: int, *, t
     """(figure, axes) of ``count`` panels in ``columns`` columns, margins and gaps in inches and
     fixed (the constrained layout of a dozen panels costs more than drawing them); the axes
     beyond ``count`` are hidden."""
-    import numpy as np
-
     columns = max(1, min(columns, count))
     rows = -(-count // columns)
     height = top + bottom + rows * panel_height + (rows - 1) * gap_y

@@ -13,6 +13,7 @@ import math
 
 import pandas as pd
 
+from harness import __version__
 from harness.report import look
 from harness.report.data import RunData
 from harness.results.summary import _footnotes, _table_labels, loss_columns, loss_footnotes
@@ -149,8 +150,6 @@ def page_html(run: RunData, palette: look.Palette, sections: list[tuple[look.Sec
     nav = "".join(f'<a href="#{html.escape(s.key)}">{html.escape(s.title)}</a>'
                   for s, _ in [(look.Section("summary", "Summary"), None), *sections])
     body = "".join(section_html(s, png) for s, png in sections)
-    from harness import __version__
-
     footer = (f"Written by harness {html.escape(__version__)} (<code>python -m harness report DIR</code> redraws it). "
               f"The figures are also beside this page as {html.escape(', '.join(files)) or 'no files'}; the data "
               "in the directory's CSV files (results/README.md).")

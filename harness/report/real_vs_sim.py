@@ -8,6 +8,7 @@ summary.csv and the run's.
 from __future__ import annotations
 
 import html
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
@@ -18,7 +19,13 @@ from harness.report.data import RunData
 
 KEY = "real_vs_sim"
 TITLE = "Real against simulated"
-MODE_STYLE = {  # how each series is drawn: measured solid, trace hatched, predictive hollow
+class _Style(TypedDict):
+    alpha: float
+    hatch: str | None
+    fill: bool
+
+
+MODE_STYLE: dict[str, _Style] = {  # how each series is drawn: measured solid, trace hatched, predictive hollow
     "measured": {"alpha": 1.0, "hatch": None, "fill": True},
     "trace": {"alpha": 0.55, "hatch": "////", "fill": True},
     "predictive": {"alpha": 1.0, "hatch": None, "fill": False},

@@ -46,13 +46,14 @@ def figure(steps: pd.DataFrame, algorithms: list[str], palette: look.Palette):
         for part in ORDER:  # one collection per part: a rectangle per step
             width = rows_of[look.PART_COLUMNS[part]].to_numpy()
             keep = width > 0
-            ax.add_collection(PolyCollection(_rectangles(left[keep], width[keep], rank[keep]), linewidths=0,
-                                             facecolors=look.PART_COLOURS[part]))
+            # The stubs want a Sequence of vertex arrays; an [n, 4, 2] array is one.
+            ax.add_collection(PolyCollection(_rectangles(left[keep], width[keep], rank[keep]),  # type: ignore[arg-type]
+                                             linewidths=0, facecolors=look.PART_COLOURS[part]))
             left = left + width
-        ax.add_collection(LineCollection(
-            np.stack([np.column_stack([rows_of["start_s"], rank - 0.45]),
-                      np.column_stack([rows_of["start_s"], rank + 0.45])], axis=1),
-            colors="#222222", linewidths=0.6))
+        ticks = np.stack([np.column_stack([rows_of["start_s"], rank - 0.45]),
+                          np.column_stack([rows_of["start_s"], rank + 0.45])], axis=1)
+        # The stubs want a Sequence of lines; an [n, 2, 2] array is one.
+        ax.add_collection(LineCollection(ticks, colors="#222222", linewidths=0.6))  # type: ignore[arg-type]
         shown = sorted(int(r) for r in rows_of["rank"].unique())
         ax.set_ylim(max(shown, default=0) + 0.6, -0.6)
         ax.set_yticks(shown[::max(1, math.ceil(len(shown) / 8))])

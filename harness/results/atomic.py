@@ -119,7 +119,7 @@ def write_csv(path: str | os.PathLike, dataframe) -> Path:
 
 def save_torch(path: str | os.PathLike, obj: Any) -> Path:
     """Atomically ``torch.save`` ``obj`` to ``path``."""
-    import torch  # lazy: the results package itself does not need torch
+    import torch  # noqa: PLC0415  (lazy: the results package itself does not need torch)
 
     with atomic_open(path, "wb") as handle:
         torch.save(obj, handle)

@@ -9,8 +9,9 @@ overrides it). Each level keeps everything the next one does:
 - ``none``: nothing (no ``provenance/`` folder).
 
 ``auto`` is ``full`` with real compute and ``none`` with emulated compute, whose "model" is
-only the communicated buffer of ``workload.params`` floats, nothing worth keeping. ``resolve`` replaces ``auto`` before the run directory is written,
-so ``scenario.resolved.yaml`` says what the run keeps. Before launching, ``run`` refuses a run
+only the communicated buffer of ``workload.params`` floats, nothing worth keeping. ``resolve``
+replaces ``auto`` before the run directory is written, so ``scenario.resolved.yaml`` says what
+the run keeps. Before launching, ``run`` refuses a run
 whose provenance (``expected_bytes``, an upper bound) does not fit the free disk space.
 """
 
@@ -143,8 +144,10 @@ class ProvenanceWriter:
         if not self.keeps_anything:
             return
         self.directory.mkdir(exist_ok=True)
+        # Any: mypy would match the unpacked arrays against savez_compressed's allow_pickle too.
+        arrays: dict[str, Any] = {f"rank{r}": s for r, s in enumerate(shards)}
         with atomic.atomic_open(self.directory / "shards.npz", "wb") as handle:
-            np.savez_compressed(handle, **{f"rank{r}": s for r, s in enumerate(shards)})
+            np.savez_compressed(handle, **arrays)
         atomic.save_torch(self.directory / "initial_model.pt", initial_model)
 
     def write_final(self, algorithm: str, average: Any, rank_models: Any = None) -> None:

@@ -16,7 +16,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import yaml
 
+from harness import __version__
 from harness.results import atomic
 
 # harness.runner.loop and harness.sim.simulate still import record types and STEP_COLUMNS from
@@ -33,7 +35,7 @@ from harness.results.columns import (
     read_frame,
     to_frame,
 )
-from harness.results.layout import (  # noqa: F401  (the names of the files, re-exported here)
+from harness.results.layout import (  # the names of the files, re-exported here
     COMM_CALLS_FILE,
     COMM_OPS_FILE,
     EVALS_FILE,
@@ -217,8 +219,6 @@ class RunDirectory:
 
     def write_resolved_scenario(self, scenario: Mapping[str, Any]) -> Path:
         """Write the fully resolved scenario (defaults filled in) as YAML, keys in given order."""
-        import yaml  # lazy: only the writer needs it
-
         text = yaml.safe_dump(_plain(scenario), sort_keys=False, default_flow_style=False)
         return atomic.write_text(self.path / SCENARIO_FILE, text)
 
@@ -306,8 +306,6 @@ class RunDirectory:
         extra: Mapping[str, Any] | None = None,
     ) -> Path:
         """Write run.json; ``ranks`` defaults to the most ranks seen in any algorithm's steps."""
-        from harness import __version__
-
         if status not in RUN_STATUSES:
             raise ValueError(f"status must be one of {RUN_STATUSES}, got {status!r}")
         if ranks is None:

@@ -32,7 +32,6 @@ from tabulate import tabulate
 
 from harness.results.columns import EVAL_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS, to_frame
 
-
 # Throughput is compared with this algorithm when the run has it: the synchronous method every
 # other one claims to beat.
 BASELINE_ALGORITHM = "allreduce_sgd"

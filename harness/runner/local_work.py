@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import time
 
+import numpy as np
 import torch
 
 from harness.compute_time import emulated_compute_s
@@ -25,7 +26,7 @@ from harness.local_costs import iteration_overhead_s
 from harness.results.columns import EvalRecord
 from harness.runner.evaluate import evaluate, test_metrics
 from harness.runner.workload_state import TrainState
-from harness.scenario.schema import Scenario
+from harness.scenario.schema import EmulatedCompute, Scenario
 
 
 class LocalWork:
@@ -39,7 +40,7 @@ class LocalWork:
         self.plan = plan
         self.eval_comm = eval_comm
         self.algorithm = algorithm
-        self._factors = None
+        self._factors: np.ndarray | None = None
         self._overhead_s = iteration_overhead_s(scenario.workload, int(state.params.numel()), state.staging.staged)
 
     now = staticmethod(time.monotonic)
@@ -54,11 +55,15 @@ class LocalWork:
         c0 = time.monotonic()
         s, w, state = self.scenario, self.scenario.workload, self.state
         if state.model is None:
-            sleeps = emulated_compute_s(w.compute.emulate_ms, w.compute.jitter, s.seed, t, s.ranks, self._factors)
+            compute = w.compute
+            # no model: emulated compute, with this iteration's factors (injected() ran first)
+            assert isinstance(compute, EmulatedCompute) and self._factors is not None
+            sleeps = emulated_compute_s(compute.emulate_ms, compute.jitter, s.seed, t, s.ranks, self._factors)
             time.sleep(float(sleeps[self.rank]) + self._overhead_s)
             return time.monotonic() - c0, math.nan
         state.staging.params_to_device()  # the algorithm may have changed them (no-op on the CPU)
         x, y = state.batch(t, w.batch_size, s.seed, self.rank)
+        assert state.optimizer is not None  # real compute has one (harness.runner.workload_state.build_state)
         state.optimizer.zero_grad(set_to_none=False)  # keep .grad as views into the flat buffer
         out = torch.nn.functional.cross_entropy(state.model(x), y)
         out.backward()
@@ -87,9 +92,9 @@ class LocalWork:
         return spent
 
     def evaluate(self, iteration: int, time_s: float, params, final: bool) -> list[EvalRecord]:
-        state = self.state
-        test = None if state.model is None else (
-            lambda flat: test_metrics(state.model, flat, state.staging.device_params, state.data))
+        state, model = self.state, self.state.model
+        test = None if model is None else (
+            lambda flat: test_metrics(model, flat, state.staging.device_params, state.data))
         return evaluate(self.eval_comm, self.algorithm, iteration, time_s, params, test)
 
     def between(self, t: int) -> None:

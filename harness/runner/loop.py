@@ -34,9 +34,9 @@ from typing import Protocol
 from harness.algorithms.base import Algorithm
 from harness.faults import FaultPlan
 from harness.results.columns import CommOpRecord, EvalRecord, StepRecord
-from harness.runner.heartbeat import Heartbeat
-from harness.runner.heartbeat_row import Phase
 from harness.scenario.schema import Scenario
+from harness.watchdog.heartbeat import Heartbeat
+from harness.watchdog.heartbeat_row import Phase
 
 _HOOKS = ("before_forward", "after_backward", "after_step", "end_iteration")
 

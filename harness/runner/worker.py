@@ -11,17 +11,35 @@ scenario's faults again).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from harness.algorithms import algorithm_class, scenario_facts
+from harness.algorithms.base import AlgorithmContext
+from harness.comm.asleep import quiet_barrier
+from harness.comm.call_log import CallLog
+from harness.device import dataset_on, local_rank, mpi_cuda_aware, torch_device
+from harness.faults import FaultPlan
+from harness.injection import InjectionPlan
+from harness.launch import launcher_rank
+from harness.results.columns import CommCallRecord
+from harness.results.layout import PROVENANCE_DIR, SCENARIO_FILE, finished_algorithms
+from harness.results.provenance import ProvenanceWriter
+from harness.results.provenance import level as provenance_level
+from harness.runner.clock import Clock
+from harness.runner.loop import train
+from harness.runner.report import gather, publish, write_summary
+from harness.scenario import load_scenario
+from harness.watchdog.heartbeat_row import Phase
+from harness.watchdog.in_job import join_watchdog, report_in_before_mpi
+from harness.watchdog.verdict import Verdict
+
+# Imported where used: mpi4py (importing it starts MPI), torch (`python -m harness` imports this
+# module), pandas (rank 0 alone writes results).
 
 
 def main(run_dir: str, resume: bool = False) -> int:
-    from harness.faults import FaultPlan
-    from harness.launch import launcher_rank
-    from harness.results.layout import SCENARIO_FILE
-    from harness.runner.heartbeat_row import Phase
-    from harness.runner.watchdog import join_watchdog, report_in_before_mpi
-    from harness.scenario import load_scenario
-
     scenario = load_scenario(Path(run_dir) / SCENARIO_FILE)
     # Before MPI starts (it waits for every rank on every host): a slow_start strikes, then the
     # rank reports in, so the watchdog can tell a host that never starts from ranks that wait.
@@ -29,13 +47,13 @@ def main(run_dir: str, resume: bool = False) -> int:
     if early_rank is not None:
         FaultPlan(scenario, early_rank, enabled=not resume).delay_start()
     early = report_in_before_mpi()
-    from mpi4py import MPI
+    from mpi4py import MPI  # noqa: PLC0415  (starts MPI: after the early report-in)
 
     world = MPI.COMM_WORLD
     rank = world.rank
     run = None
     if rank == 0:  # only rank 0 writes results: the others never load the records (nor pandas)
-        from harness.results.records import RunDirectory
+        from harness.results.records import RunDirectory  # noqa: PLC0415  (pandas: rank 0 only)
 
         run = RunDirectory.open(run_dir)
     if world.size != scenario.ranks:
@@ -45,8 +63,12 @@ def main(run_dir: str, resume: bool = False) -> int:
         faults.delay_start()
     # The launcher's watchdog, or (ranks the user started) one rank 0 runs: it records its
     # verdict in run.json before it aborts the job.
-    beat = join_watchdog(world, scenario, faults_enabled=not resume, on_verdict=lambda v: run.update_run_json(
-        "failed", {"error": v.message, "fault": v.as_json()}), early=early)
+
+    def record_verdict(v: Verdict) -> None:  # called on rank 0, which holds the run directory
+        assert run is not None
+        run.update_run_json("failed", {"error": v.message, "fault": v.as_json()})
+
+    beat = join_watchdog(world, scenario, faults_enabled=not resume, on_verdict=record_verdict, early=early)
     beat.report_in()
     try:
         _train_all(world, Path(run_dir), run, scenario, faults, beat)
@@ -61,27 +83,12 @@ def main(run_dir: str, resume: bool = False) -> int:
 def _train_all(world, run_dir: Path, run, scenario, faults, beat) -> None:
     """Every algorithm not finished yet, in the scenario's order; rank 0 writes (into ``run``,
     None on the other ranks) after each."""
-    import torch
+    import torch  # noqa: PLC0415  (not for `python -m harness`, which imports this module)
 
-    from harness.algorithms import algorithm_class
-    from harness.algorithms import scenario_facts
-    from harness.algorithms.base import AlgorithmContext
-    from harness.comm import Communicator
-    from harness.comm.asleep import quiet_barrier
-    from harness.comm.call_log import CallLog
-    from harness.device import dataset_on, local_rank, mpi_cuda_aware, torch_device
-    from harness.injection import InjectionPlan
-    from harness.results.columns import CommCallRecord
-    from harness.results.layout import PROVENANCE_DIR, finished_algorithms
-    from harness.results.provenance import ProvenanceWriter
-    from harness.results.provenance import level as provenance_level
-    from harness.runner.clock import Clock
-    from harness.runner.heartbeat_row import Phase
-    from harness.runner.local_work import LocalWork
-    from harness.runner.loop import train
-    from harness.runner.report import gather, publish, write_summary
-    from harness.runner.workload_state import build_state, warm_up_torch
-    from harness.workload import configure_torch_threads, scenario_dataset, shard_indices
+    from harness.comm import Communicator  # noqa: PLC0415  (loads mpi4py.MPI)
+    from harness.runner.local_work import LocalWork  # noqa: PLC0415  (torch)
+    from harness.runner.workload_state import build_state, warm_up_torch  # noqa: PLC0415  (torch)
+    from harness.workload import configure_torch_threads, scenario_dataset, shard_indices  # noqa: PLC0415  (torch)
 
     rank = world.rank
     # The ranks arrive here as their imports finish (torch alone takes seconds of CPU, and ranks
@@ -127,13 +134,13 @@ def _train_all(world, run_dir: Path, run, scenario, faults, beat) -> None:
         t0 = clock.origin()  # one instant on every rank: times - t0 are on rank 0's clock (harness.runner.clock)
         work = LocalWork(scenario, state, rank, plan, eval_comm, params.name)
         steps, evals, ops = train(scenario, algorithm, algo_comm, work, t0,
-                                  progress=(lambda t: bar.update(1)) if bar else None, heartbeat=beat,
+                                  progress=_ticks(bar) if bar else None, heartbeat=beat,
                                   faults=faults)
         if bar:
             bar.close()
         beat.stage(Phase.RESULTS)
         clock.remeasure()  # after every algorithm, so run.json's drift covers the run so far
-        steps, evals, ops = (gather(world, x) for x in (steps, evals, ops))
+        all_steps, all_evals, all_ops = (gather(world, x) for x in (steps, evals, ops))
         calls = None
         if log is not None:  # every rank has the same scenario: all gather, or none
             calls = gather(world, [CommCallRecord(params.name, rank, *c) for c in log.calls])
@@ -146,13 +153,14 @@ def _train_all(world, run_dir: Path, run, scenario, faults, beat) -> None:
             average = final.clone()
             eval_comm.allreduce(average, op="mean")
         if rank == 0:
+            assert all_steps is not None and all_evals is not None and all_ops is not None  # gathered on rank 0
             provenance.write_final(params.name, average, torch.stack(finals) if finals is not None else None)
             finished.append(params.name)
-            publish(run, scenario, params.name, steps, evals, ops, calls, finished, hosts=hosts,
+            publish(run, scenario, params.name, all_steps, all_evals, all_ops, calls, finished, hosts=hosts,
                     extra={**placement, "provenance": provenance.keep, **scenario_facts(scenario),
                            **clock.run_json()})
     if rank == 0:
-        from harness.results.summary import format_table
+        from harness.results.summary import format_table  # noqa: PLC0415  (pandas: rank 0 only)
 
         print(format_table(write_summary(run, scenario)))
         print(provenance.report())
@@ -162,8 +170,13 @@ def _train_all(world, run_dir: Path, run, scenario, faults, beat) -> None:
     comm.close()
 
 
+def _ticks(bar: Any) -> Callable[[int], None]:
+    """The loop's progress callback: one tick of ``bar`` per iteration."""
+    return lambda t: bar.update(1)
+
+
 def _progress_bar(name: str, total: int):
-    from tqdm import tqdm
+    from tqdm import tqdm  # noqa: PLC0415  (rank 0 only)
 
     return tqdm(total=total, desc=f"{name:>16}", unit="it", file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
 
@@ -171,7 +184,7 @@ def _progress_bar(name: str, total: int):
 if __name__ == "__main__":
     if len(sys.argv) not in (2, 3) or sys.argv[2:] not in ([], ["--resume"]):
         raise SystemExit("usage: python -m harness.runner.worker RUN_DIR [--resume]")
-    from harness.launch import exit_promptly_when_interrupted
+    from harness.rank_exit import exit_promptly_when_interrupted
 
     exit_promptly_when_interrupted()  # an interrupt ends this rank with a status, never hangs it
     try:
@@ -179,6 +192,6 @@ if __name__ == "__main__":
     except KeyboardInterrupt:  # Ctrl+C, forwarded by the launcher: the parent says what happened
         sys.exit(130)
     except Exception:  # noqa: BLE001  any error: print it and take the whole job down
-        from harness.launch import abort_job_after_error
+        from harness.rank_exit import abort_job_after_error
 
         sys.exit(abort_job_after_error())

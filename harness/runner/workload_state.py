@@ -71,4 +71,5 @@ def warm_up_torch() -> None:
     untimed, before any algorithm runs."""
     w = torch.nn.Parameter(torch.zeros(4))
     torch.nn.functional.cross_entropy((w * torch.ones(2, 4)), torch.zeros(2, dtype=torch.long)).backward()
+    assert w.grad is not None  # set by the backward pass
     FlatSGD(w.detach(), w.grad, lr=0.0, momentum=0.9).step()

@@ -22,7 +22,7 @@ from typing import Any
 from harness.config import ParamError
 from harness.scenario.loader import ScenarioError
 from harness.user_code import is_reference
-from harness.workload.names import is_plain
+from harness.workload.names import WorkloadCodeError, is_plain, resolve
 
 
 def check_workload(scenario: Any) -> None:
@@ -32,8 +32,7 @@ def check_workload(scenario: Any) -> None:
     w = scenario.workload
     if w.model is None or is_plain(w):  # a training script's own workload, or built-ins only
         return
-    from harness.workload import check_model, scenario_dataset, scenario_model  # noqa: PLC0415  (torch)
-    from harness.workload.names import WorkloadCodeError, resolve  # noqa: PLC0415
+    from harness.workload import check_model, scenario_dataset, scenario_model  # noqa: PLC0415  (torch: the loader imports without it)
 
     try:
         # Both resolve before either is called: a module that does not import is reported on
@@ -57,7 +56,7 @@ def check_optimizer(scenario: Any) -> None:
     specs = [scenario.optimizer, *(a.optimizer for a in scenario.algorithms if a.optimizer is not None)]
     if not any(is_reference(spec.name) for spec in specs):  # sgd, adam, adamw
         return
-    from harness.runner.optimizers import check_optimizer as try_optimizer  # noqa: PLC0415  (torch)
+    from harness.runner.optimizers import check_optimizer as try_optimizer  # noqa: PLC0415  (torch: the loader imports without it)
 
     try_optimizer(scenario)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -97,4 +97,4 @@ class SlowStartFault(FaultSpec):
     """How late the rank starts, in seconds (one ``slow_start`` per rank)."""
 
 
-AnyFaultSpec = Annotated[Union[KillFault, HangFault, SlowStartFault], Field(discriminator="kind")]
+AnyFaultSpec = Annotated[KillFault | HangFault | SlowStartFault, Field(discriminator="kind")]

@@ -4,7 +4,7 @@ simulator alike)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, model_serializer, model_validator
@@ -162,5 +162,5 @@ class SlowdownSpec(InjectorSpec):
 
 
 AnyInjectorSpec = Annotated[
-    Union[RandomRanksSpec, FixedSpec, LinearSpec, JitterSpec, SlowdownSpec], Field(discriminator="kind")
+    RandomRanksSpec | FixedSpec | LinearSpec | JitterSpec | SlowdownSpec, Field(discriminator="kind")
 ]

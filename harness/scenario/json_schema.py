@@ -35,8 +35,9 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
 from harness.algorithms import registry
@@ -77,7 +78,8 @@ def scenario_json_schema() -> dict[str, Any]:
     """The JSON Schema of a scenario file (a fresh dict; the same every call)."""
     document_models(StrictModel)  # the fields' docstrings as their descriptions
     built_in = registry.BUILT_IN
-    models = [(Scenario, "validation"), *((entry.params, "validation") for entry in built_in)]
+    models: list[tuple[type[BaseModel], Literal["validation"]]] = [
+        (Scenario, "validation"), *((entry.params, "validation") for entry in built_in)]
     keys, document = models_json_schema(models, ref_template="#/$defs/{model}", schema_generator=_Generator)
     defs: dict[str, Any] = document["$defs"]
     root = defs.pop(_def_name(keys[(Scenario, "validation")]))

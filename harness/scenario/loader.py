@@ -180,9 +180,9 @@ def _apply_overrides(data: dict[str, Any], overrides: Mapping[str, Any], source:
         missing = [n for n in overrides["only"] if n not in names]
         if missing:
             available = ", ".join(str(n) for n in names)
-            unknown = ", ".join(repr(n) for n in missing)
+            absent = ", ".join(repr(n) for n in missing)
             verb = "is" if len(missing) == 1 else "are"
-            reason = f"{unknown} {verb} not among the scenario's algorithms (available: {available})"
+            reason = f"{absent} {verb} not among the scenario's algorithms (available: {available})"
             raise ScenarioError(f"{source}: --only: {reason}")
         data["algorithms"] = [e for e, n in zip(entries, names) if n in overrides["only"]]
     return data
@@ -289,9 +289,9 @@ def _input_path(loc: tuple[Any, ...], data: Any, missing: bool) -> tuple[Any, ..
         if part == tag:  # a list entry's discriminator value comes first, even if also a key
             tag = None
             continue
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+        if (isinstance(node, dict) and part in node) or (
+            isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+        ):
             node = node[part]
         elif not (missing and i == len(loc) - 1):
             continue

@@ -43,10 +43,9 @@ def link_table(scenario: Scenario) -> list[Link]:
                 rule.latency_s if sets_latency else latency,
                 rule.bandwidth_bytes_per_s if sets_bandwidth else bandwidth,
             )
-    if default != (0.0, None):  # every pair is emulated: the table is ranks * (ranks - 1) long
-        pairs = [(s, d) for s in range(ranks) for d in range(ranks) if s != d]
-    else:
-        pairs = sorted(named)
+    pairs = (  # with a default, every pair is emulated: the table is ranks * (ranks - 1) long
+        [(s, d) for s in range(ranks) for d in range(ranks) if s != d] if default != (0.0, None) else sorted(named)
+    )
     links = (Link(s, d, *named.get((s, d), default)) for s, d in pairs)
     return [link for link in links if link.latency_s > 0 or link.bandwidth_bytes_per_s is not None]
 

@@ -4,7 +4,7 @@ the topology of nodes (``harness.scenario.network`` turns them into a table of l
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Discriminator, Field, Tag, model_serializer, model_validator
 
@@ -188,11 +188,9 @@ def _link_form(value: Any) -> str | None:
 
 
 AnyLinkRule = Annotated[
-    Union[
-        Annotated[PairLink, Tag("(between)")],
-        Annotated[DirectedLink, Tag("(from/to)")],
-        Annotated[RankLinks, Tag("(rank)")],
-    ],
+    Annotated[PairLink, Tag("(between)")]
+    | Annotated[DirectedLink, Tag("(from/to)")]
+    | Annotated[RankLinks, Tag("(rank)")],
     Discriminator(
         _link_form,
         custom_error_type="link_form",
@@ -237,7 +235,8 @@ class Topology(StrictModel):
 
     model_config = ConfigDict(json_schema_extra=_one_placement_schema)
 
-    preset: Literal["ethernet_1g", "ethernet_10g", "infiniband_100g"] | None = Field(None, description=_preset_text())
+    preset: Literal["ethernet_1g", "ethernet_10g", "infiniband_100g"] | None = Field(
+        default=None, description=_preset_text())
     ranks_per_node: PositiveInt | None = None
     """Ranks per node, nodes filled in rank order; must divide ``ranks``. Give this or ``placement``."""
     placement: list[NonNegativeInt] | None = None
@@ -288,7 +287,9 @@ class Topology(StrictModel):
                 if node not in used:
                     raise ParamError("placement", f"node {node} has no ranks (number nodes 0, 1, 2, ...)",
                                      self.placement)
-        elif ranks % self.ranks_per_node:
+            return
+        assert self.ranks_per_node is not None  # _one_placement: the placement or ranks_per_node
+        if ranks % self.ranks_per_node:
             raise ParamError("ranks_per_node", f"must divide ranks ({ranks}); give a placement for uneven nodes",
                              self.ranks_per_node)
 
@@ -296,7 +297,9 @@ class Topology(StrictModel):
         """The node of every rank (``ranks_per_node`` fills nodes in rank order)."""
         if self.placement is not None:
             return list(self.placement)
-        return [r // self.ranks_per_node for r in range(ranks)]
+        per_node = self.ranks_per_node
+        assert per_node is not None  # _one_placement: the placement or ranks_per_node
+        return [r // per_node for r in range(ranks)]
 
 
 AllreduceAlgorithm = Literal["auto", "ring", "recursive_doubling", "reduce_broadcast", "hierarchical", "tree"]
@@ -326,7 +329,7 @@ class Network(StrictModel):
 
     default: LinkSettings = LinkSettings()
     """The link of every ordered pair of ranks (default: none emulated)."""
-    links: list[AnyLinkRule] = []
+    links: list[AnyLinkRule] = []  # noqa: RUF012  (a pydantic field: each model copies its default)
     """Rules over ``default``, applied in file order: each names links (``between: [a, b]``, ``from:
     a, to: b`` or ``rank: r``) and sets the fields it gives on them; a later rule overrides an
     earlier one."""

@@ -263,8 +263,9 @@ class _Page:
             return "mapping"
         if kind == "string" and "pattern" in node:
             return "`\"module:name\"`" if ":" in node["pattern"] else "string"
-        return {"integer": "integer", "number": "number", "boolean": "`true` | `false`", "string": "string",
-                "null": "`null`"}.get(kind, "any")
+        names: dict[Any, str] = {"integer": "integer", "number": "number", "boolean": "`true` | `false`",
+                                 "string": "string", "null": "`null`"}
+        return names.get(kind, "any")
 
 
 _BOUNDS = (("minimum", "≥ {}"), ("exclusiveMinimum", "> {}"), ("maximum", "≤ {}"), ("exclusiveMaximum", "< {}"))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -37,13 +37,12 @@ from harness.optimizer_spec import (  # noqa: F401  (re-exported: scenario code 
     ReferenceOptimizer,
     SGDOptimizer,
 )
-from harness.user_code import UserCodeError, check_reference, is_reference
-from harness.workload.names import unknown_name
-
 from harness.scenario.fault_fields import AnyFaultSpec, SlowStartFault
 from harness.scenario.imbalance_fields import AnyInjectorSpec
 from harness.scenario.network_fields import HostStaging, Network, NodeAgent
 from harness.scenario.ranks import MAX_RANKS, check_each
+from harness.user_code import UserCodeError, check_reference, is_reference
+from harness.workload.names import unknown_name
 
 Device = Literal["cpu", "cuda"]  # cuda: each rank takes the GPU of its local rank (harness/device.py)
 
@@ -75,7 +74,7 @@ def _compute_form(value: Any) -> str | None:
 
 
 Compute = Annotated[
-    Union[Annotated[Literal["real"], Tag("(real)")], Annotated[EmulatedCompute, Tag("(emulated)")]],
+    Annotated[Literal["real"], Tag("(real)")] | Annotated[EmulatedCompute, Tag("(emulated)")],
     Discriminator(
         _compute_form,
         custom_error_type="compute_form",
@@ -117,9 +116,9 @@ class Workload(StrictModel):
     ``callable(seed=SEED, **dataset_args)``, plus ``ranks=RANKS`` when it has a parameter named
     ``ranks`` (``teacher`` does: 256 training samples per rank by default); the training set is
     sharded across the ranks."""
-    model_args: dict[str, Any] = {}
+    model_args: dict[str, Any] = {}  # noqa: RUF012  (a pydantic field: each model copies its default)
     """Keyword arguments of the model callable."""
-    dataset_args: dict[str, Any] = {}
+    dataset_args: dict[str, Any] = {}  # noqa: RUF012  (a pydantic field: each model copies its default)
     """Keyword arguments of the dataset callable."""
     num_classes: PositiveInt | None = None
     """The model's number of outputs; null: 1 + the dataset's largest label."""
@@ -161,7 +160,9 @@ class Workload(StrictModel):
     def _known_or_reference(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is None:
             return value
-        reason = unknown_name(info.field_name, value)
+        field_name = info.field_name
+        assert field_name is not None  # always set for a field validator
+        reason = unknown_name(field_name, value)
         if reason is None and is_reference(value):
             try:
                 check_reference(value)
@@ -334,7 +335,8 @@ def _names_user_code(data: dict[str, Any]) -> bool:
     workload, optimizer = data.get("workload"), data.get("optimizer")
     values = [workload.get(k) for k in ("model", "dataset")] if isinstance(workload, dict) else []
     values.append(optimizer.get("name") if isinstance(optimizer, dict) else optimizer)
-    entries = data.get("algorithms") if isinstance(data.get("algorithms"), list) else []
+    algorithms = data.get("algorithms")
+    entries = algorithms if isinstance(algorithms, list) else []
     return any(is_reference(v) for v in values) or any(user_class.names_class(e) for e in entries)
 
 
@@ -356,7 +358,7 @@ class Scenario(StrictModel):
     seed: NonNegativeInt = 0
     """Seed of everything random: initial model, data shards and order, injected imbalance."""
     # harness.user_code searches them; the validator below makes them absolute.
-    python_path: list[str] = []
+    python_path: list[str] = []  # noqa: RUF012  (a pydantic field: each model copies its default)
     """Directories searched first for the modules of ``"module:callable"`` references, relative to
     the scenario file's directory; default: that directory, when the scenario names code of yours."""
     workload: Workload
@@ -365,19 +367,19 @@ class Scenario(StrictModel):
     """The local optimizer of every algorithm (an ``algorithms`` entry may give its own): ``sgd``
     (momentum SGD, the default), ``adam``, ``adamw`` or your own ``"module:callable"``; a bare name
     or a mapping with ``name`` and its parameters. Its ``lr`` is the algorithms' learning rate."""
-    algorithms: list[AlgorithmEntry] = []
+    algorithms: list[AlgorithmEntry] = []  # noqa: RUF012  (a pydantic field: each model copies its default)
     """The algorithms to run, one after the other, each from the same initial model under the same
     injections: a built-in name, a mapping ``{name: NAME, PARAMETER: VALUE, ...}``, a variant
     ``{name: LABEL, algorithm: BUILT_IN, ...}`` (a built-in under a label of its own), or your own
     class ``{name: NAME, class: "module:Class", ...}``. Names are unique. At least one, except for
     a training script's own workload (no ``workload.model``): a ``torch.distributed`` script that
     ``python -m harness launch --scenario`` runs is the algorithm itself and lists none."""
-    imbalance: list[AnyInjectorSpec] = []
+    imbalance: list[AnyInjectorSpec] = []  # noqa: RUF012  (a pydantic field: each model copies its default)
     """Injected imbalance, one entry per ``kind``: ``random_ranks``, ``fixed``, ``linear``,
     ``jitter``, ``slowdown``. Entries combine: sleeps add up, compute factors multiply."""
     network: Network = Network()
     """Emulated links, nodes and the allreduce algorithm (default: no emulated network)."""
-    faults: list[AnyFaultSpec] = []
+    faults: list[AnyFaultSpec] = []  # noqa: RUF012  (a pydantic field: each model copies its default)
     """Injected faults: ``kill``, ``hang``, ``slow_start`` (real runs only; the simulator ignores them)."""
     watchdog: Watchdog = Watchdog()
     """When ``python -m harness run`` declares the job stuck and stops it."""
@@ -387,7 +389,7 @@ class Scenario(StrictModel):
     """How the simulator runs the scenario: whether its simulated ranks train real models."""
     # The commands record the KEY=VALUE overrides here (harness.scenario.overrides), so
     # scenario.resolved.yaml says how it differs from the file.
-    overrides: list[str] = []
+    overrides: list[str] = []  # noqa: RUF012  (a pydantic field: each model copies its default)
     """The ``KEY=VALUE`` overrides the scenario was loaded with, in order; the commands fill it in
     (a scenario file leaves it out)."""
 

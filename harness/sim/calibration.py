@@ -47,7 +47,9 @@ from typing import Annotated, NamedTuple
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from harness.calibrate.measure import MIN_RANKS
 from harness.config import HarnessError, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from harness.results import atomic
 
 FORMAT_VERSION = 1
 DEFAULT_PATH = Path("results") / "calibration.json"
@@ -256,8 +258,6 @@ class EntryChoice(NamedTuple):
 
 def calibrate_command(scenario_file: str | Path, ranks: int, output: Path = DEFAULT_PATH) -> str:
     """The command line that measures ``scenario_file``'s workloads at ``ranks`` ranks into ``output``."""
-    from harness.calibrate.measure import MIN_RANKS
-
     words = ["python", "-m", "harness", "calibrate", "--scenario", str(scenario_file), "--ranks",
              str(max(ranks, MIN_RANKS))]
     if Path(output) != DEFAULT_PATH:
@@ -307,8 +307,6 @@ def load_calibration(path: Path) -> Calibration:
 
 def save_calibration(calibration: Calibration, path: Path) -> None:
     """Write atomically (a reader never sees half a file)."""
-    from harness.results import atomic
-
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic.write_text(path, calibration.model_dump_json(indent=2) + "\n")
 

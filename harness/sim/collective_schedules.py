@@ -7,6 +7,8 @@ no time here; :func:`harness.sim.network.run_schedule` times a schedule on a sim
 from __future__ import annotations
 
 import functools
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -15,6 +17,9 @@ import numpy as np
 from harness.schedules import RING_THRESHOLD_BYTES, TREE_CHUNK_BYTES
 
 FLOAT_BYTES = 4
+
+# One step's rows, a value per member: send_to (-1: none), bytes sent, recv_from (-1: none).
+StepRows = tuple[Sequence[int] | np.ndarray, Sequence[float] | np.ndarray, Sequence[int] | np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,9 @@ class Schedule:
             steps.append((senders, self.send_to[i, senders], self.send_bytes[i, senders], receivers, sources,
                           self.send_bytes[i, sources]))
         object.__setattr__(self, "compiled", tuple(steps))
-        object.__setattr__(self, "compiled_lists", tuple((r.tolist(), s.tolist(), b.tolist()) for _, _, _, r, s, b in steps))
+        object.__setattr__(
+            self, "compiled_lists", tuple((r.tolist(), s.tolist(), b.tolist()) for _, _, _, r, s, b in steps)
+        )
 
     @property
     def steps(self) -> int:
@@ -66,10 +73,10 @@ class Schedule:
         """The steps of every round, in order (a step of its own each without ``continues_round``)."""
         joined = self.continues_round or (False,) * self.steps
         starts = [i for i in range(self.steps) if not joined[i]]
-        return [range(a, b) for a, b in zip(starts, starts[1:] + [self.steps])]
+        return [range(a, b) for a, b in zip(starts, [*starts[1:], self.steps])]
 
 
-def _schedule(steps: list[tuple[list[int], list[int], list[int]]], p: int, recursive_doubling: bool = False,
+def _schedule(steps: Sequence[StepRows], p: int, recursive_doubling: bool = False,
               tree: tuple[int, ...] | None = None, continues_round: list[bool] | None = None) -> Schedule:
     if not steps:
         empty = np.zeros((0, p), dtype=np.int64)
@@ -79,11 +86,12 @@ def _schedule(steps: list[tuple[list[int], list[int], list[int]]], p: int, recur
     recv_from = np.array([s[2] for s in steps], dtype=np.int64)
     for array in (send_to, send_bytes, recv_from):
         array.setflags(write=False)
+    rounds: tuple[bool, ...] | None = None
     if continues_round is not None:
         if len(continues_round) != len(steps) or continues_round[0]:
             raise ValueError("continues_round: one flag per step, the first step starting a round")
-        continues_round = tuple(bool(c) for c in continues_round) if any(continues_round) else None
-    return Schedule(send_to, send_bytes, recv_from, recursive_doubling, tree, continues_round)
+        rounds = tuple(bool(c) for c in continues_round) if any(continues_round) else None
+    return Schedule(send_to, send_bytes, recv_from, recursive_doubling, tree, rounds)
 
 
 def _rd_steps(p: int, count: int) -> list[tuple[list[int], list[int], list[int]]]:
@@ -139,7 +147,7 @@ ALLREDUCE_ALGORITHMS = ("auto", "ring", "recursive_doubling", "reduce_broadcast"
 @lru_cache(maxsize=256)
 def allreduce_schedule(p: int, count: int, ring_threshold_bytes: int = RING_THRESHOLD_BYTES,
                        algorithm: str = "auto", member_nodes: tuple[int, ...] = (),
-                       tree_chunk_bytes: int = TREE_CHUNK_BYTES) -> Schedule:
+                       tree_chunk_bytes: int = TREE_CHUNK_BYTES) -> Schedule | RingSchedule:
     """The native ``allreduce_schedule`` (kernels/schedule.cpp) for ``algorithm``: ``auto`` is a
     ring for p > 2, count >= p and at least ``ring_threshold_bytes``, recursive doubling
     otherwise; ``ring`` is a ring whenever p > 2 and count >= p; ``reduce_broadcast`` is the
@@ -246,7 +254,7 @@ def tree_shape(member_nodes: tuple[int, ...]) -> TreeShape:
     parent = [-1] * p
     children: list[list[int]] = [[] for _ in range(p)]
     for ms in chains:
-        for a, b in zip(ms, ms[1:]):
+        for a, b in itertools.pairwise(ms):
             parent[b] = a
             children[a].append(b)
     for j in range(1, len(chains)):

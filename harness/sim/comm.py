@@ -25,14 +25,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from harness.comm.op_record import OpRecord
 from harness.schedules import checked_quorum
-from harness.sim.engine import SimEngine
 from harness.sim.collective_schedules import FLOAT_BYTES
-from harness.sim.network import SimNetwork
-from harness.sim.payload import Pairwise, Payload
+from harness.sim.engine import SimEngine
 from harness.sim.handles import (
     CollectiveHandle,
     ExchangeHandle,
@@ -41,8 +39,12 @@ from harness.sim.handles import (
     SimCommError,
     TimedHandle,
 )
+from harness.sim.network import SimNetwork
+from harness.sim.payload import Pairwise, Payload
 from harness.sim.primitives import Collective, Mailboxes
 from harness.sim.wait_avoiding import SimWaitAvoidingAllreduce, WaitAvoidingState
+
+_H = TypeVar("_H", bound=Handle)
 
 
 def _floats(buf: Any) -> int:
@@ -62,7 +64,7 @@ class SimFabric:
         self._collectives: dict[Any, Collective] = {}
         self._persistent: dict[int, Any] = {}
 
-    def communicators(self) -> list["SimCommunicator"]:
+    def communicators(self) -> list[SimCommunicator]:
         return [SimCommunicator(self, r) for r in range(self.ranks)]
 
     def collective(self, key: Any, rank: int, kind: str, count: int, root: int = 0,
@@ -125,7 +127,7 @@ class SimCommunicator:
         iteration ended, so time alone cannot say where it belongs."""
         self._iteration = -1 if t is None else t
 
-    def _posted(self, handle: Handle) -> Handle:
+    def _posted(self, handle: _H) -> _H:
         handle.iteration = self._iteration
         self._unfinished.append(handle)
         return handle
@@ -137,7 +139,8 @@ class SimCommunicator:
         return peer
 
     # -- collectives ----------------------------------------------------------------------------
-    def _collective(self, kind: str, count: int, root: int = 0, buf: Any = None, reduce: str = "sum") -> Handle:
+    def _collective(self, kind: str, count: int, root: int = 0, buf: Any = None,
+                    reduce: str = "sum") -> CollectiveHandle:
         key = self._collective_seq
         self._collective_seq += 1
         op = self.fabric.collective(key, self._rank, kind, count, root, buf=buf, reduce=reduce)
@@ -159,7 +162,7 @@ class SimCommunicator:
     def broadcast(self, buf: Any, root: int = 0) -> None:
         self.ibroadcast(buf, root).wait()
 
-    def ibarrier(self) -> Handle:
+    def ibarrier(self) -> CollectiveHandle:
         return self._collective("barrier", 0)
 
     def barrier(self) -> None:
@@ -219,12 +222,12 @@ class SimCommunicator:
         self._persistent_seq += 1
         return self.fabric.persistent(seq, factory)
 
-    def push_channel(self, count: int) -> "SimPushChannel":
+    def push_channel(self, count: int) -> SimPushChannel:
         shared = self._persistent(lambda: object())
         return SimPushChannel(self, int(count), shared)
 
     def wait_avoiding(self, initial: Any, *, phases: Sequence[Sequence[int]], sync_every: int,
-                      accumulate: bool = False, quorum: int = 1) -> "SimWaitAvoidingAllreduce":
+                      accumulate: bool = False, quorum: int = 1) -> SimWaitAvoidingAllreduce:
         q = checked_quorum(quorum, self.size)
         state = self._persistent(lambda: WaitAvoidingState(self.fabric, _floats(initial), int(sync_every), q,
                                                            bool(accumulate)))
@@ -236,7 +239,7 @@ class SimCommunicator:
         state.register(self._rank, phases, initial)
         return SimWaitAvoidingAllreduce(self, state)
 
-    def pairwise_averager(self, initial: Any) -> "SimPairwiseAverager":
+    def pairwise_averager(self, initial: Any) -> SimPairwiseAverager:
         state = self._persistent(lambda: PairwiseState(self.fabric, _floats(initial)))
         if state.values is not None:
             state.values.create(self._rank, initial)
@@ -263,7 +266,7 @@ class SimCommunicator:
     def close(self) -> None:
         self.closed = True
 
-    def __enter__(self) -> "SimCommunicator":
+    def __enter__(self) -> SimCommunicator:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -27,18 +27,20 @@ largest difference over the evaluation points (``accuracy_error_max``, in accura
 from __future__ import annotations
 
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from harness.results import atomic
+from harness.results.columns import EVAL_COLUMNS, to_frame
 from harness.results.records import RunDirectory
 from harness.results.summary import summarize
 from harness.scenario.schema import Scenario
 from harness.sim.calibration import CalibrationEntry
 from harness.sim.hosts import SimTopology
-from harness.sim.runs import predict, replay, write_simulated_run
+from harness.sim.runs import TrainedRun, predict, replay, write_simulated_run
 from harness.sim.script_replay import ScriptTrace, replay_script
 from harness.sim.script_scaling import ScriptStructure
 
@@ -134,10 +136,6 @@ def _trained(scenario: Scenario, run: RunDirectory, recorded: pd.DataFrame | Non
     ``recorded``: the steps a trace-driven replay follows (``TrainedRun``)."""
     if not scenario.simulation.train:
         return None
-    import tempfile
-
-    from harness.sim.runs import TrainedRun
-
     return TrainedRun(scenario, Path(tempfile.mkdtemp(prefix=".sim-values-", dir=run.path)), recorded)
 
 
@@ -146,8 +144,6 @@ def _evals_frame(frames) -> pd.DataFrame | None:
     trained = getattr(frames, "trained", None)
     if trained is None:
         return None
-    from harness.results.columns import EVAL_COLUMNS, to_frame
-
     return to_frame([r for records in trained.evals.values() for r in records], EVAL_COLUMNS)
 
 
@@ -172,7 +168,7 @@ def error_summary(table: pd.DataFrame) -> pd.DataFrame:
 
 def plot_comparison(table: pd.DataFrame, path: Path, title: str) -> None:
     """Write :func:`comparison_figure` of ``table`` to ``path`` (PNG)."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415  (pyplot: only where the plot is drawn)
 
     fig = comparison_figure(table, title)
     with atomic.atomic_open(path, "wb") as handle:
@@ -182,16 +178,16 @@ def plot_comparison(table: pd.DataFrame, path: Path, title: str) -> None:
 
 def comparison_figure(table: pd.DataFrame, title: str):
     """Predicted versus measured throughput with +-10% bands: one colour and marker per
-    algorithm (``paper_figs.style``, as in every figure), filled for ``trace``, hollow for
+    algorithm (``harness.report.style``, as in every figure), filled for ``trace``, hollow for
     ``predictive``, the two joined by a thin line. Names go in a legend beside the axes, not
     next to the points: the points of a run cluster on the diagonal and their labels overprint."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415  (pyplot: only where the plot is drawn, after the backend is chosen)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
+    import matplotlib.pyplot as plt  # noqa: PLC0415  (as above)
+    from matplotlib.lines import Line2D  # noqa: PLC0415  (as above)
 
-    from paper_figs import style
+    from harness.report import style  # noqa: PLC0415  (pyplot: only where the plot is drawn)
 
     fig, ax = plt.subplots(figsize=(8.5, 6))
     values = table[["measured_samples_per_s", "predicted_samples_per_s"]].to_numpy()
@@ -201,12 +197,12 @@ def comparison_figure(table: pd.DataFrame, title: str):
     ax.fill_between(line, line * 0.9, line * 1.1, color="grey", alpha=0.2)
     handles = [Line2D([], [], color="black", linewidth=1, label="exact"),
                plt.Rectangle((0, 0), 1, 1, color="grey", alpha=0.2, label="±10%")]
-    fills = dict(zip(MODES, ("full", "none")))
+    fills: dict = dict(zip(MODES, ("full", "none")))  # matplotlib's keywords: typed loosely
     for mode in MODES:
         handles.append(Line2D([], [], linestyle="", marker="o", color="dimgrey", fillstyle=fills[mode], label=mode))
     for algorithm in style.ordered(table["algorithm"]):
         rows = table[table["algorithm"] == algorithm].set_index("mode")
-        look = {"color": style.color(algorithm), "marker": style.marker(algorithm)}
+        look: dict = {"color": style.color(algorithm), "marker": style.marker(algorithm)}
         ax.plot(rows["measured_samples_per_s"], rows["predicted_samples_per_s"], linewidth=0.8, alpha=0.5,
                 color=look["color"])
         for mode in rows.index:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from heapq import heappop, heappush
+from typing import Any
 
 import simpy
 from greenlet import greenlet
@@ -32,7 +33,7 @@ class CountingEnvironment(simpy.Environment):
         super().__init__()
         self.events_scheduled = 0
 
-    def schedule(self, event, priority=1, delay=0):  # noqa: D401 - SimPy's signature
+    def schedule(self, event, priority=1, delay=0):
         # simpy.Environment.schedule inlined (its queue entries, as SimPy 4 keeps them): this runs
         # for every event of thousands of simulated ranks.
         self.events_scheduled += 1
@@ -44,7 +45,7 @@ class _Wake:
     ``simpy.Timeout`` (no value, no checks; the queue's order, NORMAL priority and event ids,
     are the Timeout's, so the simulation is the same event for event)."""
 
-    __slots__ = ("callbacks", "_ok")
+    __slots__ = ("_ok", "callbacks")
 
     def __init__(self, callback: Callable) -> None:
         self.callbacks = [callback]
@@ -60,10 +61,11 @@ class SimEngine:
 
     def __init__(self) -> None:
         self.env = CountingEnvironment()
-        self._hub: greenlet | None = None
+        self._hub: greenlet  # the greenlet running the event loop: set by run(), before any rank runs
         self._ranks: dict[int, greenlet] = {}
         self._finished: set[int] = set()
-        self._waiting_for: dict[greenlet, str] = {}  # what a rank last blocked on (deadlock reports)
+        # what a rank last blocked on (deadlock reports), or what says it
+        self._waiting_for: dict[greenlet, str | Callable[[], str]] = {}
 
     # -- time, for the code inside a rank ---------------------------------------------------------
     def now(self) -> float:
@@ -83,10 +85,11 @@ class SimEngine:
         compute, sleep and wait whose end is known."""
         env = self.env
         env.events_scheduled += 1
-        heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), _Wake(greenlet.getcurrent().switch)))
+        queue: list[Any] = env._queue  # SimPy's events and the _Wake entries that stand in for Timeouts
+        heappush(queue, (env._now + delay, NORMAL, next(env._eid), _Wake(greenlet.getcurrent().switch)))
         self._hub.switch()
 
-    def wait(self, event: simpy.Event, what: "str | Callable[[], str]") -> None:
+    def wait(self, event: simpy.Event, what: str | Callable[[], str]) -> None:
         """Block the calling rank until ``event`` has been processed (at once if it has);
         ``what`` (or what it returns, formatted only if needed) names the wait if the simulation
         deadlocks there."""
@@ -102,7 +105,7 @@ class SimEngine:
         """``simpy.Environment.run()`` until no event is left, its ``step`` inlined (SimPy 4's
         queue entries): the simulator processes millions of events."""
         env = self.env
-        queue = env._queue
+        queue: list[Any] = env._queue  # SimPy's events and _Wake entries (whose callbacks are cleared too)
         while queue:
             env._now, _, _, event = heappop(queue)
             callbacks, event.callbacks = event.callbacks, None

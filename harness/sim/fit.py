@@ -67,6 +67,7 @@ def fit_loaded_network(references: list[tuple[Scenario, pd.DataFrame]], shared_c
                 error += math.log(_wall(frame) / wall) ** 2
             if error < best_error:
                 best, best_error = model, error
+    assert best is not None  # the grid is not empty, and an error is finite
     return best, math.sqrt(best_error / len(references))
 
 
@@ -86,4 +87,5 @@ def fit_allreduce_on_hosts(points: list[tuple[int, int, float]], hosts: NodeTopo
                         for ranks, nbytes, seconds in points)
             if error < best_error:
                 best, best_error = model, error
+    assert best is not None  # the grid is not empty, and an error is finite
     return best, math.sqrt(best_error / len(points))

@@ -8,6 +8,8 @@ complete.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from harness.sim.engine import SimEngine
 from harness.sim.primitives import Collective, Mailboxes
 
@@ -24,7 +26,7 @@ class Handle:
     into the caller's buffer, run once, when the caller first sees the operation complete
     (``wait()`` returning, or ``done()`` returning True)."""
 
-    __slots__ = ("engine", "name", "post", "bytes", "round", "iteration", "deliver")
+    __slots__ = ("bytes", "deliver", "engine", "iteration", "name", "post", "round")
 
     def __init__(self, engine: SimEngine, name: str, nbytes: int, round: int = -1) -> None:
         self.engine = engine
@@ -33,10 +35,11 @@ class Handle:
         self.bytes = nbytes
         self.round = round
         self.iteration = -1
-        self.deliver = None
+        self.deliver: Callable[[], None] | None = None
 
     def _delivered(self) -> None:
         deliver, self.deliver = self.deliver, None
+        assert deliver is not None  # called only while it is set
         deliver()
 
     def end(self) -> float | None:  # when the operation completes for this rank; None: unknown yet
@@ -92,7 +95,7 @@ class TimedHandle(Handle):
 
 
 class ExchangeHandle(Handle):
-    __slots__ = ("mail", "peer", "me", "seq", "release", "_end")
+    __slots__ = ("_end", "mail", "me", "peer", "release", "seq")
 
     def __init__(self, engine, mail: Mailboxes, me: int, peer: int, seq: int, nbytes: int, release: float) -> None:
         # Handle.__init__ spelled out: thousands of ranks post exchanges every iteration.
@@ -121,7 +124,7 @@ class ExchangeHandle(Handle):
 class ReceiveHandle(Handle):
     """A receive (:meth:`SimCommunicator.irecv`): done when the matching message has arrived."""
 
-    __slots__ = ("mail", "peer", "me", "seq")
+    __slots__ = ("mail", "me", "peer", "seq")
 
     def __init__(self, engine, mail: Mailboxes, me: int, peer: int, seq: int) -> None:
         super().__init__(engine, "recv", 0)

@@ -137,12 +137,13 @@ def simulated_topology(scenario: Scenario, entry: CalibrationEntry | None,
     """The topology to simulate ``scenario`` with, by the module's rule, for a run whose ranks ran
     on ``rank_hosts`` (None: unknown or not a run) with calibration ``entry`` (None: the default
     network, which has no inter-host link)."""
-    hosts = list(dict.fromkeys(rank_hosts)) if rank_hosts is not None else []
+    named: Sequence[str] = rank_hosts if rank_hosts is not None else ()
+    hosts = list(dict.fromkeys(named))
     known = tuple(rank_hosts) if rank_hosts is not None else None
     if scenario.network.topology is not None:
-        notes = ()
+        notes: tuple[str, ...] = ()
         if len(hosts) > 1:
-            notes = ((f"the run's ranks ran on {len(hosts)} hosts ({_hosts_text(rank_hosts)}), but the scenario "
+            notes = ((f"the run's ranks ran on {len(hosts)} hosts ({_hosts_text(named)}), but the scenario "
                       "declares network.topology: simulating that topology, which is what the run emulated"),)
         nodes = NodeTopology.of(scenario.network.topology, scenario.ranks).nodes
         return SimTopology("scenario", rank_hosts=known, notes=notes,
@@ -158,13 +159,13 @@ def simulated_topology(scenario: Scenario, entry: CalibrationEntry | None,
                    "one host, so it has no intra-host link to tell the inter-host one from")
         else:
             why = f"the calibration of {entry.ranks} ranks was measured on one host: it has no inter-host link"
-        note = (f"the run's ranks ran on {len(hosts)} hosts ({_hosts_text(rank_hosts)}), but {why}; simulating "
+        note = (f"the run's ranks ran on {len(hosts)} hosts ({_hosts_text(named)}), but {why}; simulating "
                 "every pair of ranks on the calibrated network, without the hosts' NICs (calibrate with the "
                 "run's --hosts FILE to measure them)")
         return SimTopology("none", rank_hosts=known, notes=(note,),
                            description=f"no topology: {len(hosts)} hosts, but no inter-host link calibrated")
-    topology = hosts_topology(rank_hosts, nic)
+    topology = hosts_topology(named, nic)
     bandwidth = "unlimited" if nic.bandwidth_gbps is None else f"{nic.bandwidth_gbps:.3g} Gb/s"
     return SimTopology("hosts", topology, known, description=(
-        f"the run's {len(hosts)} hosts as nodes ({_hosts_text(rank_hosts)}); each host's NIC adds "
+        f"the run's {len(hosts)} hosts as nodes ({_hosts_text(named)}); each host's NIC adds "
         f"{nic.latency_us:.1f} us and {bandwidth} (the calibration's inter-host link beyond its intra-host one)"))

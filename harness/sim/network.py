@@ -20,12 +20,13 @@ the native layer hands it to MPI then, and MPI's shared-memory sends complete lo
 
 Collectives are decomposed into the point-to-point steps the native layer performs
 (``kernels/schedule.cpp``; the steps are :mod:`harness.sim.collective_schedules`) for the
-scenario's ``network.allreduce``: with ``auto``, recursive doubling below ``ring_threshold_bytes`` (with the same fold/unfold of the ranks beyond the
-largest power of two), ring reduce-scatter + allgather above it; or the one it names (ring,
-recursive doubling, binomial reduce + broadcast, hierarchical, tree). :func:`run_schedule` computes every member's completion time from the members' join
-times, step by step, as max-plus algebra over numpy vectors: a member starts step i when it
-finished step i-1, posts its send then, and finishes step i when its send is released and the
-message it receives in step i has arrived.
+scenario's ``network.allreduce``: with ``auto``, recursive doubling below
+``ring_threshold_bytes`` (with the same fold/unfold of the ranks beyond the largest power of
+two), ring reduce-scatter + allgather above it; or the one it names (ring, recursive doubling,
+binomial reduce + broadcast, hierarchical, tree). :func:`run_schedule` computes every member's
+completion time from the members' join times, step by step, as max-plus algebra over numpy
+vectors: a member starts step i when it finished step i-1, posts its send then, and finishes step
+i when its send is released and the message it receives in step i has arrived.
 
 Approximation (documented): a collective's messages are computed when its last member joins,
 so a resource's slots are not reserved strictly in posting order; a message queues behind every
@@ -59,7 +60,7 @@ _MATRIX_MAX_RANKS = 4096  # emulated-link lookup by a dense boolean matrix up to
 class _Resource:
     """One emulated resource's reservations (a link, a NIC direction, the fabric)."""
 
-    __slots__ = ("busy", "posts", "ends", "last_post", "max_end", "prune_at", "in_order", "runs", "run_count")
+    __slots__ = ("busy", "ends", "in_order", "last_post", "max_end", "posts", "prune_at", "run_count", "runs")
 
     def __init__(self) -> None:
         self.busy: list[tuple[float, float]] = []  # reserved intervals, in time order
@@ -112,7 +113,7 @@ class _Resource:
         """The reservations ``reserve`` makes for messages posted (in order, after all others) to
         a resource free for each of them: ``[post, post + transfer)`` each, ``transfers`` one per
         post or one for all (``harness.sim.ring_paths``). ``posts`` is kept, not copied."""
-        last_end = float(posts[-1]) + float(transfers if np.isscalar(transfers) else transfers[-1])
+        last_end = float(posts[-1]) + float(transfers[-1] if isinstance(transfers, np.ndarray) else transfers)
         self.runs.append((posts, transfers, last_end))
         self.run_count += len(posts)
         self.last_post = float(posts[-1])
@@ -148,9 +149,9 @@ class _Resource:
             del self.posts[:cut]
             del self.ends[:cut]
         else:
-            kept = [(p, e) for p, e in zip(self.posts, self.ends) if e >= horizon]
-            self.posts[:] = [p for p, _ in kept]
-            self.ends[:] = [e for _, e in kept]
+            live = [(p, e) for p, e in zip(self.posts, self.ends) if e >= horizon]
+            self.posts[:] = [p for p, _ in live]
+            self.ends[:] = [e for _, e in live]
             self.in_order = all(a <= b for a, b in zip(self.ends, self.ends[1:]))
         self.prune_at = max(256, 2 * (len(self.busy) + self.run_count))
 
@@ -160,7 +161,7 @@ class SimNetwork:
     topology of nodes (``harness.scenario.network.NodeTopology``), or the hosts of a multi-host
     run as nodes."""
 
-    def __init__(self, ranks: int, base: NetworkModel, links: list[Link] = (),
+    def __init__(self, ranks: int, base: NetworkModel, links: Sequence[Link] = (),
                  ring_threshold_bytes: int = RING_THRESHOLD_BYTES, topology: NodeTopology | None = None,
                  clock: Callable[[], float] | None = None, hosts: NodeTopology | None = None,
                  allreduce: str = "auto") -> None:
@@ -280,7 +281,8 @@ class SimNetwork:
         cached = self._paths.get((src, dst))
         if cached is not None:
             return cached
-        path, latency = [], 0.0
+        path: list[tuple[tuple, float]] = []  # (resource key, seconds per byte)
+        latency = 0.0
         link = self._links.get((src, dst))
         wakes = link is not None or self._wake_on_topology
         if link is not None:
@@ -350,7 +352,7 @@ class SimNetwork:
                 release[i] = self._hold(int(src[i]), int(dst[i]), float(nbytes[i]), float(post[i]))
         return release, release + (self.alpha + nbytes * self.inv_bandwidth) * self.load_factor()
 
-    def allreduce_schedule(self, members: Sequence[int], count: int) -> "Schedule | RingSchedule":
+    def allreduce_schedule(self, members: Sequence[int], count: int) -> Schedule | RingSchedule:
         """The native layer's allreduce schedule over ``members`` (ranks) for ``count`` floats with
         this network's algorithm (hierarchical: by the members' nodes)."""
         # The native layer knows only the emulated nodes: the hierarchical allreduce and the tree
@@ -387,7 +389,7 @@ def _ring_completion(join: np.ndarray, cost: float) -> np.ndarray:
 
 
 def broadcast_times(p: int, root: int, world: Sequence[int], join: Sequence[float], nbytes: int,
-                    network: "SimNetwork") -> list[float]:
+                    network: SimNetwork) -> list[float]:
     """Completion time of every member of the native binomial broadcast (``binomial_bcast`` in
     kernels/schedule.cpp): member v (counted from the root) receives from v minus its lowest set
     bit, then sends to v + mask for every lower mask, all posted when its data is there; it
@@ -419,7 +421,8 @@ def broadcast_times(p: int, root: int, world: Sequence[int], join: Sequence[floa
 _PYTHON_MAX_MEMBERS = 32  # below this, plain Python beats numpy's per-call overhead
 
 
-def run_schedule(schedule: "Schedule | RingSchedule", world: Sequence[int], join: Sequence[float], network: SimNetwork) -> list[float]:
+def run_schedule(schedule: Schedule | RingSchedule, world: Sequence[int], join: Sequence[float],
+                 network: SimNetwork) -> list[float]:
     """Completion time of every member of a collective that member m joined at ``join[m]``.
 
     ``world[m]`` is member m's rank (for link lookup). Max-plus over the aligned steps; see the
@@ -441,7 +444,7 @@ def run_schedule(schedule: "Schedule | RingSchedule", world: Sequence[int], join
     if not emulated and len(join) <= _PYTHON_MAX_MEMBERS:
         return _run_small(schedule, list(join), network)
     t = np.array(join, dtype=float)
-    world = np.asarray(world)
+    ranks = np.asarray(world)
     load = network.load_factor()  # the load when the collective is computed holds for all its steps
     alpha, inv_bw = network.alpha * load, network.inv_bandwidth * load
     rounds = schedule.continues_round
@@ -455,7 +458,7 @@ def run_schedule(schedule: "Schedule | RingSchedule", world: Sequence[int], join
             continue
         arrival_at = np.full(len(t), -np.inf)
         if len(senders):
-            release, arrival = network.messages(world[senders], world[dst], nbytes, start[senders])
+            release, arrival = network.messages(ranks[senders], ranks[dst], nbytes, start[senders])
             arrival_at[dst] = arrival
             t[senders] = np.maximum(t[senders], release)
         t[receivers] = np.maximum(t[receivers], arrival_at[receivers])
@@ -501,10 +504,10 @@ def fit_to_allreduce(points: Sequence[tuple[int, int, float]],
         if ranks < 2:
             continue
         count = max(0, int(nbytes) // FLOAT_BYTES)
-        unit_alpha = predict_allreduce_s(ranks, count * FLOAT_BYTES, NetworkModel(latency_s=1.0, bandwidth_bytes_per_s=1e300),
-                                         ring_threshold_bytes)
-        unit_beta = predict_allreduce_s(ranks, count * FLOAT_BYTES, NetworkModel(latency_s=0.0, bandwidth_bytes_per_s=1.0),
-                                        ring_threshold_bytes)
+        unit_alpha = predict_allreduce_s(ranks, count * FLOAT_BYTES,
+                                         NetworkModel(latency_s=1.0, bandwidth_bytes_per_s=1e300), ring_threshold_bytes)
+        unit_beta = predict_allreduce_s(ranks, count * FLOAT_BYTES,
+                                        NetworkModel(latency_s=0.0, bandwidth_bytes_per_s=1.0), ring_threshold_bytes)
         rows.append((unit_alpha, unit_beta))
         times.append(seconds)
     if len(rows) < 2:

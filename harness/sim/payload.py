@@ -34,11 +34,13 @@ run with values is the timing without them: ``--train`` adds numbers, it moves n
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from harness.sim.sums import native_sum, write_all
+
+_Persistent = TypeVar("_Persistent", "Published", "Pairwise")  # a persistent operation's values
 
 
 class Payload:
@@ -54,7 +56,7 @@ class Payload:
         self._push_seq: dict[tuple[int, int], int] = {}
         self._persistent: list = []  # the wait-avoiding and pairwise ops' per-rank state
 
-    def track(self, state: "Published | Pairwise") -> "Published | Pairwise":
+    def track(self, state: _Persistent) -> _Persistent:
         """Keep ``state`` (a persistent operation's per-rank values) for :meth:`persistent_tensors`."""
         self._persistent.append(state)
         return state
@@ -132,7 +134,7 @@ class Deferred:
     simulated rank has published yet (:class:`Published`): its values are filled in when the
     rank publishes that round, and its collective is combined once none is left open."""
 
-    __slots__ = ("rank", "round", "values", "_on_filled")
+    __slots__ = ("_on_filled", "rank", "round", "values")
 
     def __init__(self, rank: int, round: int) -> None:
         self.rank, self.round = rank, round
@@ -173,15 +175,22 @@ class Published:
 
     def create(self, rank: int, initial: torch.Tensor) -> None:
         initial = initial.detach()
-        self.buffers[rank] = torch.zeros_like(initial) if self.accumulate else initial.clone()
+        created = torch.zeros_like(initial) if self.accumulate else initial.clone()
+        self.buffers[rank] = created
         if self.recorded and not self.accumulate:
-            self._history[rank][-1] = self.buffers[rank].clone()
+            self._history[rank][-1] = created.clone()
+
+    def _buffer(self, rank: int) -> torch.Tensor:
+        """``rank``'s published buffer (it created its op before it uses it)."""
+        buf = self.buffers[rank]
+        assert buf is not None, f"rank {rank} has not created the operation"
+        return buf
 
     def publish(self, rank: int, buf: torch.Tensor, round: int) -> None:
         if self.accumulate:
-            self.buffers[rank].add_(buf)
+            self._buffer(rank).add_(buf)
         else:
-            self.buffers[rank].copy_(buf)
+            self._buffer(rank).copy_(buf)
         if not self.recorded:
             return
         history = self._history[rank]
@@ -209,7 +218,7 @@ class Published:
                 self._deferred[rank].append(deferred)
                 return deferred
             return self._take(rank, target)
-        buf = self.buffers[rank]
+        buf = self._buffer(rank)
         taken = buf.clone()
         if self.accumulate:
             buf.zero_()
@@ -219,7 +228,7 @@ class Published:
         history = self._history[rank]
         if not self.accumulate:
             return history[max(r for r in history if r <= target)].clone()
-        total = torch.zeros_like(self.buffers[rank])
+        total = torch.zeros_like(self._buffer(rank))
         for r in sorted(r for r in history if r <= target):
             total.add_(history.pop(r))  # in the order the rank published them, as the native buffer adds
         return total
@@ -241,11 +250,19 @@ class Pairwise:
             self._agent(rank, initial)
 
     def _agent(self, rank: int, initial: torch.Tensor) -> None:
-        self.published[rank] = initial.detach().clone()
-        self.correction[rank] = torch.zeros_like(self.published[rank])
+        published = initial.detach().clone()
+        self.published[rank] = published
+        self.correction[rank] = torch.zeros_like(published)
+
+    def _view(self, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rank``'s agent: its view and its correction (it exists once created or answered)."""
+        view, correction = self.published[rank], self.correction[rank]
+        assert view is not None and correction is not None, f"rank {rank} has no agent"
+        return view, correction
 
     def publish(self, rank: int, buf: torch.Tensor) -> None:
-        torch.add(buf, self.correction[rank], out=self.published[rank])
+        view, correction = self._view(rank)
+        torch.add(buf, correction, out=view)
 
     def answer(self, peer: int, request: torch.Tensor) -> torch.Tensor:
         """``peer``'s agent serves a request carrying ``request``: the reply, and its view moved
@@ -253,17 +270,18 @@ class Pairwise:
         if self.published[peer] is None:
             # A request served before the peer created its side (ranks start at different
             # times): the peer's model is still the initial one, which every rank shares.
+            assert self._initial is not None  # a request comes from a rank that created its side
             self._agent(peer, self._initial)
-        view = self.published[peer]
+        view, correction = self._view(peer)
         reply = view.clone()
         half = (request - view).mul_(0.5)
-        self.correction[peer].add_(half)
+        correction.add_(half)
         view.add_(half)
         self.answered[peer] += 1
         return reply
 
     def drain(self, rank: int, out: torch.Tensor) -> int:
-        correction = self.correction[rank]
+        _, correction = self._view(rank)
         out.add_(correction)
         correction.zero_()
         count, self.answered[rank] = self.answered[rank], 0

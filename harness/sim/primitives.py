@@ -16,13 +16,24 @@ on these.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import simpy
 
+from harness.sim.collective_schedules import (
+    FLOAT_BYTES,
+    GROUP_KINDS,
+    RingSchedule,
+    Schedule,
+    barrier_schedule,
+    group_schedule,
+)
 from harness.sim.engine import SimEngine
-from harness.sim.collective_schedules import FLOAT_BYTES, GROUP_KINDS, barrier_schedule, group_schedule
 from harness.sim.network import SimNetwork, broadcast_times, run_schedule
 from harness.sim.payload import Deferred, Payload
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Collective:
@@ -33,8 +44,26 @@ class Collective:
     operations (:data:`harness.sim.collective_schedules.GROUP_KINDS`, sized as :func:`group_schedule` says).
     """
 
-    __slots__ = ("engine", "network", "kind", "members", "index", "count", "root", "join_at", "joined", "done_at",
-                 "complete", "schedule", "_sent", "buffers", "reduce", "in_place", "result", "values_ready")
+    __slots__ = (
+        "_sent",
+        "buffers",
+        "complete",
+        "count",
+        "done_at",
+        "engine",
+        "in_place",
+        "index",
+        "join_at",
+        "joined",
+        "kind",
+        "members",
+        "network",
+        "reduce",
+        "result",
+        "root",
+        "schedule",
+        "values_ready",
+    )
 
     def __init__(self, engine: SimEngine, network: SimNetwork, kind: str, members: Sequence[int], count: int,
                  root: int = 0, reduce: str = "sum", in_place: bool = True) -> None:
@@ -55,8 +84,9 @@ class Collective:
         # when ``in_place``).
         self.buffers: list | None = None
         self.reduce, self.in_place = reduce, in_place
-        self.result = None
-        self.values_ready = None  # an event, made by a rank waiting for deferred values
+        self.result: torch.Tensor | None = None
+        self.values_ready: simpy.Event | None = None  # made by a rank waiting for deferred values
+        self.schedule: Schedule | RingSchedule | None
         if kind == "allreduce":
             self.schedule = network.allreduce_schedule(self.members, count)
         elif kind == "barrier":
@@ -89,11 +119,13 @@ class Collective:
     def _combine_when_filled(self) -> None:
         """Combine the members' values, once every contribution has them (a contribution a
         replay defers, ``harness.sim.payload.Deferred``, fills in later)."""
-        open_ = [b for b in self.buffers if isinstance(b, Deferred) and b.values is None]
+        held = self.buffers
+        assert held is not None  # called while the members' buffers are held
+        open_ = [b for b in held if isinstance(b, Deferred) and b.values is None]
         if open_:
             open_[0].when_filled(self._combine_when_filled)
             return
-        buffers = [b.values if isinstance(b, Deferred) else b for b in self.buffers]
+        buffers = [b.values if isinstance(b, Deferred) else b for b in held]
         self.result = Payload.combine(self.kind, buffers, self.reduce, self.root, self.in_place, self.schedule)
         self.buffers = None
         if self.values_ready is not None:
@@ -114,10 +146,13 @@ class Collective:
 
     def wait(self, rank: int) -> None:
         """Block ``rank`` until its part of the collective has completed."""
-        if self.done_at is None:
+        done_at = self.done_at
+        if done_at is None:
             self.engine.wait(self.complete, lambda: f"a {self.kind} over {len(self.members)} ranks "
                                                     f"({len(self.members) - self.joined} have not joined)")
-        self.engine.sleep_until(self.done_at[self.index[rank]])
+            done_at = self.done_at
+            assert done_at is not None  # the last member's join set it
+        self.engine.sleep_until(done_at[self.index[rank]])
 
     def sent_by(self, rank: int) -> int:
         """Bytes ``rank`` sends in this collective (the native layer's count)."""
@@ -260,5 +295,6 @@ class Mailboxes:
             event = self._pair_waiters.setdefault((src * self._ranks + dst, seq), self.env.event())
             self.engine.wait(event, lambda: f"message {seq} from rank {src}")
             when = self.arrival(src, dst, seq)
+            assert when is not None  # the event fires when the message is sent
         self.engine.sleep_until(when)
         return when

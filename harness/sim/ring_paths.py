@@ -17,14 +17,16 @@ s + 1 only after its step-s message was released, which is after that message le
 resource. So the message is released at ``post + bytes x (the path's slowest seconds per byte)
 + the path's latencies (+ the progress thread's wake-up)``, as ``_hold`` computes it (term for
 term with unequal chunks; with equal chunks the delay after the post is summed once per edge,
-which can differ from ``_hold``'s sum in the last bit). The reservations ``_hold`` would have made are appended to the resources afterwards, so
-messages computed later queue behind them as before. Otherwise :func:`ring_over_held_paths`
+which can differ from ``_hold``'s sum in the last bit). The reservations ``_hold`` would have
+made are appended to the resources afterwards, so messages computed later queue behind them as
+before. Otherwise :func:`ring_over_held_paths`
 returns None and the caller walks the steps.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -62,6 +64,7 @@ def ring_over_held_paths(sizes: np.ndarray, world: Sequence[int], join: Sequence
     posts = np.empty((steps, len(senders)))
     received = np.empty(p)
     all_held = len(senders) == p
+    nbytes: float | np.ndarray  # one chunk size, or every member's chunk of the step
     if float(sizes.min()) == float(sizes.max()):  # equal chunks (count a multiple of p): one cost per edge
         nbytes = float(sizes[0])
         hold = ((nbytes * slowest) + lat) + wake  # the release's delay after the post (0 unheld)
@@ -89,7 +92,7 @@ def ring_over_held_paths(sizes: np.ndarray, world: Sequence[int], join: Sequence
         sent = sizes[(senders[:, None] - shift[None, :]) % p]  # bytes of every held edge's every message
 
     now = network.clock() if network.clock is not None else None
-    for j, (m, resources) in enumerate(paths):
+    for j, (_m, resources) in enumerate(paths):
         post = posts[:, j]
         later = now if now is not None else float(post[-1]) - 10.0
         for resource, inv in resources:
@@ -108,7 +111,8 @@ def _ring_edges(world: tuple[int, ...], network):
     ranks = np.asarray(world)
     senders = np.flatnonzero(network._held(ranks, np.roll(ranks, -1)))
     lat, slowest, wakes = np.zeros(p), np.zeros(p), np.zeros(p)
-    paths, seen = [], set()
+    paths: list[tuple[int, Any]] = []  # (member, its path's [(resource, seconds per byte)])
+    seen: set[int] = set()
     edges = None
     for m in senders.tolist():
         resources, latency, wake = network._path(world[m], world[(m + 1) % p])

@@ -20,10 +20,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.algorithms import scenario_facts
+from harness.algorithms import algorithm_class, scenario_facts
 from harness.comm.call_log import CallLog  # needs neither MPI nor the native layer
+from harness.device import dataset_on
 from harness.results.columns import COMM_CALL_COLUMNS, CommCallRecord, to_frame
 from harness.results.layout import PROVENANCE_DIR
+from harness.results.provenance import ProvenanceWriter, level
 from harness.results.records import RunDirectory
 from harness.scenario.network import NodeTopology
 from harness.scenario.schema import Scenario
@@ -39,6 +41,8 @@ from harness.sim.calibration import (
 from harness.sim.hosts import SimTopology
 from harness.sim.simulate import SimStats, injection_arrays, simulate_scenario
 from harness.sim.timing import PredictiveTiming, TraceTiming
+from harness.sim.training import SimTraining, training_device
+from harness.workload import configure_torch_threads, scenario_dataset
 from harness.workload.names import workload_labels
 
 # Used when no calibration file exists and the workload's compute is emulated: a cluster
@@ -167,13 +171,6 @@ class TrainedRun:
         """``recorded``: the steps of the real run a trace-driven simulation replays; the
         algorithms that record their wait-avoiding rounds' staleness in it
         (``Algorithm.round_staleness``) then contribute as the real run did."""
-        from harness.results.provenance import ProvenanceWriter, level
-        from harness.sim.training import training_device
-        from harness.device import dataset_on
-        from harness.workload import scenario_dataset
-
-        from harness.workload import configure_torch_threads
-
         # One compute thread, as every real rank computes (harness.runner.worker): the same
         # kernels, so a simulated rank's arithmetic is a real rank's, bit for bit.
         configure_torch_threads(1)
@@ -184,23 +181,20 @@ class TrainedRun:
         self.provenance = ProvenanceWriter(staging / PROVENANCE_DIR, level(scenario))
         self.evals: dict[str, list] = {}
         self.recorded = recorded
-        self._current = None
+        self._current: SimTraining | None = None
 
     def training_for(self, entry):
         """The values side of algorithm ``entry``'s simulation (``simulate_scenario``'s ``training_for``)."""
-        from harness.sim.training import SimTraining
-
-        self._current = SimTraining(self.scenario, entry, self.dataset, self.device, self._staleness(entry),
-                                    keep_rank_models=self.provenance.keeps_rank_models)
+        training = SimTraining(self.scenario, entry, self.dataset, self.device, self._staleness(entry),
+                               keep_rank_models=self.provenance.keeps_rank_models)
+        self._current = training
         if not self.evals and self.provenance.keeps_anything:
-            self.provenance.write_start(self._current.replicas.shards, self._current.replicas.initial)
-        return self._current
+            self.provenance.write_start(training.live_replicas.shards, training.live_replicas.initial)
+        return training
 
     def _staleness(self, entry) -> dict[tuple[int, int], int] | None:
         """The replayed run's ``{(rank, round): staleness}`` of ``entry``'s wait-avoiding rounds,
         when its class records them as its steps' staleness (one round per iteration)."""
-        from harness.algorithms import algorithm_class
-
         if self.recorded is None or not getattr(algorithm_class(entry.name), "round_staleness", False):
             return None
         rows = self.recorded[(self.recorded["algorithm"] == entry.name) & (self.recorded["staleness"] >= 0)]
@@ -209,6 +203,7 @@ class TrainedRun:
     def finished(self, name: str) -> None:
         """Algorithm ``name`` finished: keep its evaluations, write its final models."""
         training, self._current = self._current, None
+        assert training is not None  # training_for made it
         self.evals[name] = training.evaluations.records
         if self.provenance.keeps_anything:
             self.provenance.write_final(name, training.final_average, training.final_models)
@@ -282,7 +277,8 @@ def write_simulated_run(path: Path, scenario: Scenario, frames: dict[str, pd.Dat
     one to make (a scenario topology or a run's hosts). ``reading``: which system a predictive
     simulation predicts (:data:`READINGS`), recorded and said in summary.txt's first line."""
     path.mkdir(parents=True)
-    run = RunDirectory(path, scenario.name, run_id or path.name, datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    run = RunDirectory(path, scenario.name, run_id or path.name,
+                       datetime.now(timezone.utc).isoformat(timespec="seconds"))
     run.write_resolved_scenario(scenario.resolved_dict())
     trained = getattr(frames, "trained", None)
     for name, frame in frames.items():

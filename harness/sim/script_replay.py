@@ -44,11 +44,13 @@ from harness.algorithms.base import Algorithm, AlgorithmContext
 from harness.algorithms.params import AlgorithmParams
 from harness.config import HarnessError
 from harness.results.columns import COLLECTIVE_COLUMNS, COLLECTIVE_FILE, read_frame
+from harness.sim.collective_schedules import FLOAT_BYTES
 from harness.sim.engine import SimDeadlock
 from harness.sim.handles import SimCommError
-from harness.sim.collective_schedules import FLOAT_BYTES
 from harness.sim.script_scaling import ScalingError, ScriptStructure, scale_step
-
+from harness.sim.script_timing import ScriptComputeModel, reading_scale
+from harness.sim.simulate import injection_arrays, simulate_algorithm
+from harness.sim.timing import TraceTiming
 
 
 class ReplayError(HarnessError, ValueError):
@@ -134,9 +136,9 @@ class ScriptTrace:
                 nbytes = int(row.payload_bytes) if instance is None else size[instance]
                 if not 0 <= row.iteration < iterations:
                     continue  # steps beyond the ones the run counts
-                members = tuple(int(m) for m in str(row.group_ranks).split())
+                group_ranks = tuple(int(m) for m in str(row.group_ranks).split())
                 ops[r][int(row.iteration)].append(ReplayOp(
-                    str(row.op), members, nbytes, int(row.peer), str(row.phase), float(row.at), bool(row.waited)))
+                    str(row.op), group_ranks, nbytes, int(row.peer), str(row.phase), float(row.at), bool(row.waited)))
         return cls(ops)
 
     def at_ranks(self, n: int, structure: ScriptStructure | None = None) -> ScriptTrace:
@@ -283,10 +285,6 @@ def replay_script(scenario: Any, label: str, real_steps: pd.DataFrame, trace: Sc
     :class:`harness.sim.script_timing.ScriptComputeModel` in ``reading`` (``machine``: the
     run's, with ``cpus`` cores, default this machine's; ``cluster``: a core per rank).
     ReplayError where the sequence cannot be replayed so."""
-    from harness.sim.script_timing import ScriptComputeModel, reading_scale
-    from harness.sim.simulate import injection_arrays, simulate_algorithm
-    from harness.sim.timing import TraceTiming
-
     w = scenario.workload
     n, iterations, recorded_ranks = scenario.ranks, w.iterations, recorded.ranks
     structure = structure or ScriptStructure()
@@ -301,6 +299,7 @@ def replay_script(scenario: Any, label: str, real_steps: pd.DataFrame, trace: Sc
         "workload": w.model_copy(update={"params": max(1, largest), "eval_every": iterations}),
     })
     delays, factors = injection_arrays(replayed)
+    timing: TraceTiming | ScriptComputeModel
     if mode == "trace":
         if n != recorded_ranks:
             raise ReplayError(f"a trace-driven replay of {label!r} takes every step's local work from the run's "

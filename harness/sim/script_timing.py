@@ -35,8 +35,8 @@ from harness.sim.timing import TimingError
 
 
 def reading_scale(recorded_ranks: int, ranks: int, cpus: int, reading: str) -> float:
-    """The factor on a script's modelled local work at ``ranks`` ranks in ``reading``, its run having had ``recorded_ranks`` ranks on this
-    machine's ``cpus`` (module doc)."""
+    """The factor on a script's modelled local work at ``ranks`` ranks in ``reading``, its run
+    having had ``recorded_ranks`` ranks on this machine's ``cpus`` (module doc)."""
     if reading == "machine":
         return core_share_factor(recorded_ranks, ranks, cpus)
     return core_share_factor(recorded_ranks, 1, cpus)  # every rank a core of its own: as one alone

@@ -21,19 +21,20 @@ import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from harness.algorithms import algorithm_class
-from harness.algorithms.base import AlgorithmContext
+from harness.algorithms.base import Algorithm, AlgorithmContext
 from harness.injection import InjectionPlan
 from harness.results.columns import STEP_COLUMNS
 from harness.runner.loop import train
 from harness.scenario.network import NodeTopology, link_table, node_topology
 from harness.scenario.schema import Scenario
 from harness.sim.calibration import NetworkModel
-from harness.sim.comm import SimFabric
+from harness.sim.comm import SimCommunicator, SimFabric
 from harness.sim.engine import SimEngine
 from harness.sim.network import SimNetwork
 from harness.sim.standin import StandIn
@@ -135,9 +136,9 @@ class SimulatedWork:
 
 def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
                        delays: np.ndarray | None = None, factors: np.ndarray | None = None,
-                       wrap_comm: Callable[[int, object], object] | None = None,
+                       wrap_comm: Callable[[int, SimCommunicator], Any] | None = None,
                        hosts: NodeTopology | None = None,
-                       make_algorithm: Callable[[int, AlgorithmContext], object] | None = None,
+                       make_algorithm: Callable[[int, AlgorithmContext], Algorithm] | None = None,
                        training=None) -> tuple[pd.DataFrame, SimStats]:
     """Simulate one algorithm of ``scenario``; returns its steps frame (STEP_COLUMNS) and stats.
 
@@ -161,7 +162,11 @@ def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
                          clock=lambda: engine.env.now, hosts=hosts, allreduce=scenario.network.allreduce)
     fabric = SimFabric(engine, network, ranks, payload=training.payload() if training is not None else None)
     evaluations = _Evaluations(engine, ranks, count, base, timing)
-    cls = algorithm_class(params.name) if make_algorithm is None else None
+    if make_algorithm is None:
+        cls = algorithm_class(params.name)
+
+        def make_algorithm(r: int, ctx: AlgorithmContext) -> Algorithm:
+            return cls(params, ctx)
     delay_of, factor_of = delays.T.tolist(), factors.T.tolist()  # plain lists: fast indexing per rank
     steps: list[np.ndarray] = [np.empty((0, len(_VALUE_COLUMNS)))] * ranks
     algorithms: list = [None] * ranks
@@ -170,16 +175,15 @@ def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
         def body() -> None:
             x, g = (StandIn(count), StandIn(count)) if training is None else training.buffers(r)
             ctx = AlgorithmContext(comm, x, g, scenario.optimizer_of(params).lr, scenario.seed)
-            algorithm = algorithms[r] = cls(params, ctx) if make_algorithm is None else make_algorithm(r, ctx)
+            algorithm = algorithms[r] = make_algorithm(r, ctx)
             args = (engine, network, r, timing, delay_of[r], factor_of[r], evaluations)
             work = SimulatedWork(*args) if training is None else training.work(*args)
             records, _, _ = train(scenario, algorithm, comm, work, 0.0, keep_ops=False)
             steps[r] = np.array([record[_FIRST_VALUE:] for record in records], dtype=float)  # compact at once
         return body
 
-    for r, comm in enumerate(fabric.communicators()):
-        if wrap_comm is not None:
-            comm = wrap_comm(r, comm)
+    for r, sim_comm in enumerate(fabric.communicators()):
+        comm = sim_comm if wrap_comm is None else wrap_comm(r, sim_comm)
         engine.spawn(r, rank_body(r, comm), at=timing.start_offset(r))
     host0 = time.perf_counter()
     # The ranks allocate millions of small objects and create almost no reference cycles; the

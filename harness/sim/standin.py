@@ -80,7 +80,7 @@ class StandIn:
         raise TypeError("a simulated buffer has no values: communication must not depend on the model's values")
 
     # -- indexing -------------------------------------------------------------------------------
-    def __getitem__(self, index: Any) -> "StandIn":
+    def __getitem__(self, index: Any) -> StandIn:
         if index.__class__ is not slice:
             return _ELEMENT
         start, stop = index.start or 0, index.stop
@@ -92,18 +92,18 @@ class StandIn:
         pass
 
     # -- new buffers ------------------------------------------------------------------------------
-    def new_empty(self, size, *args: Any, **kwargs: Any) -> "StandIn":
+    def new_empty(self, size, *args: Any, **kwargs: Any) -> StandIn:
         return StandIn(_length(size))
 
     new_zeros = new_ones = new_full = new_empty
 
-    def clone(self, *args: Any, **kwargs: Any) -> "StandIn":
+    def clone(self, *args: Any, **kwargs: Any) -> StandIn:
         return StandIn(self.n)
 
-    def detach(self) -> "StandIn":
+    def detach(self) -> StandIn:
         return self
 
-    def to(self, *args: Any, **kwargs: Any) -> "StandIn":
+    def to(self, *args: Any, **kwargs: Any) -> StandIn:
         return self
 
     contiguous = cpu = float = view_as = to
@@ -116,23 +116,23 @@ class StandIn:
             return _reduction
         raise AttributeError(f"a simulated buffer (StandIn) has no attribute {name!r}; see harness.sim.standin")
 
-    def _in_place(self, *args: Any, **kwargs: Any) -> "StandIn":
+    def _in_place(self, *args: Any, **kwargs: Any) -> StandIn:
         return self
 
     # The in-place methods algorithms use most, spelled out: found without the __getattr__ detour.
     add_ = sub_ = mul_ = div_ = copy_ = zero_ = fill_ = addcmul_ = addcdiv_ = lerp_ = clamp_ = _in_place
     neg_ = sqrt_ = pow_ = abs_ = sign_ = _in_place
 
-    def _elementwise(self, other: Any) -> "StandIn":
+    def _elementwise(self, other: Any) -> StandIn:
         return StandIn(max(self.n, other.n) if isinstance(other, StandIn) else self.n)
 
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _elementwise
     __truediv__ = __rtruediv__ = __pow__ = __matmul__ = _elementwise
 
-    def __neg__(self) -> "StandIn":
+    def __neg__(self) -> StandIn:
         return StandIn(self.n)
 
-    def _augmented(self, other: Any) -> "StandIn":
+    def _augmented(self, other: Any) -> StandIn:
         return self
 
     __iadd__ = __isub__ = __imul__ = __itruediv__ = _augmented

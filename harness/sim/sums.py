@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from harness.sim.collective_schedules import RingSchedule
+
 
 def stacked_rows(buffers: Sequence[torch.Tensor]) -> torch.Tensor | None:
     """The ``[len(buffers), n]`` view whose rows are ``buffers``, when they are equally spaced
@@ -153,15 +155,17 @@ def tree_sum(buffers: Sequence[torch.Tensor], member_nodes: Sequence[int]) -> to
 
     # chain[j]: the partial sum node j's second member sends its head (nodes of one member: none).
     widest = max(len(ms) for ms in chains)
-    chain = torch.empty((len(chains), rows.shape[1]), dtype=rows.dtype, device=device) if widest > 1 else None
-    for i in range(widest - 1, 0, -1):  # chain position i, from the tails up
-        tails = [j for j, ms in enumerate(chains) if len(ms) == i + 1]
-        inner = [j for j, ms in enumerate(chains) if len(ms) > i + 1]
-        if tails:
-            chain[index(tails)] = rows[index([chains[j][i] for j in tails])]
-        if inner:
-            at = index(inner)
-            chain[at] = rows[index([chains[j][i] for j in inner])] + chain[at]
+    chain: torch.Tensor | None = None
+    if widest > 1:
+        chain = torch.empty((len(chains), rows.shape[1]), dtype=rows.dtype, device=device)
+        for i in range(widest - 1, 0, -1):  # chain position i, from the tails up
+            tails = [j for j, ms in enumerate(chains) if len(ms) == i + 1]
+            inner = [j for j, ms in enumerate(chains) if len(ms) > i + 1]
+            if tails:
+                chain[index(tails)] = rows[index([chains[j][i] for j in tails])]
+            if inner:
+                at = index(inner)
+                chain[at] = rows[index([chains[j][i] for j in inner])] + chain[at]
     # The heads a heap level at a time, from the deepest: level d holds heads [2^d - 1, 2^(d+1) - 1).
     heads = len(chains)
     levels = []
@@ -183,6 +187,7 @@ def tree_sum(buffers: Sequence[torch.Tensor], member_nodes: Sequence[int]) -> to
             right = below[1::2]
             level[:right.shape[0]] += right
         below = level
+    assert below is not None  # at least one node: at least one level
     return below[0]
 
 
@@ -192,8 +197,6 @@ def native_sum(buffers: Sequence[torch.Tensor], schedule: Any) -> torch.Tensor:
     the tree, so a simulation ends with the real run's numbers bit for bit; the hierarchical
     schedules (node-local reduce, leaders' allreduce) are summed in plain order, within rounding
     of them."""
-    from harness.sim.collective_schedules import RingSchedule
-
     if len(buffers) == 1:
         return buffers[0].clone()
     if isinstance(schedule, RingSchedule):

@@ -49,7 +49,7 @@ class PredictiveTiming:
         costs of ``harness.local_costs``; None: computed here."""
         w = scenario.workload
         if floats is None and (w.node is not None or w.staging is not None):
-            from harness.workload.models import communicated_floats
+            from harness.workload.models import communicated_floats  # noqa: PLC0415  (torch: timing loads without it)
 
             floats = communicated_floats(scenario)
         # A real GPU run's staging is real (in the calibrated compute); emulated everywhere else.

@@ -38,13 +38,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from harness.device import unavailable_reason
 from harness.results.columns import EvalRecord
+from harness.results.provenance import human_bytes
 from harness.runner.evaluate import test_metrics
 from harness.runner.optimizers import build_optimizer
 from harness.scenario.schema import Scenario
+from harness.sim.collective_schedules import allreduce_schedule
 from harness.sim.payload import Payload
 from harness.sim.simulate import SimulatedWork
-from harness.workload import ShardBatches, shard_indices
+from harness.sim.sums import native_sum
+from harness.workload import ShardBatches, communicated_floats, dataset_facts, scenario_dataset, shard_indices
 from harness.workload.models import flat_params, scenario_model, seat_flat
 
 
@@ -182,9 +186,6 @@ def evaluation_average(models: list) -> torch.Tensor:
     """The average of the ranks' deployable models as a real run's evaluation averages them: an
     allreduce (mean) on its evaluation communicator, which has no emulated network, so the
     default allreduce schedule's order of additions."""
-    from harness.sim.collective_schedules import allreduce_schedule
-    from harness.sim.sums import native_sum
-
     return native_sum(models, allreduce_schedule(len(models), models[0].numel())).div_(len(models))
 
 
@@ -209,17 +210,17 @@ class TrainingWork(SimulatedWork):
     :class:`~harness.sim.simulate.SimulatedWork`, plus the rank's real gradient, optimizer step
     and evaluations."""
 
-    def __init__(self, training: "SimTraining", *args: Any) -> None:
+    def __init__(self, training: SimTraining, *args: Any) -> None:
         super().__init__(*args)
         self.training = training
 
     def gradient(self, t: int, factor: float) -> tuple[float, float]:
-        loss = self.training.replicas.gradient(self.rank, t)  # on the model as it is when the work starts
+        loss = self.training.live_replicas.gradient(self.rank, t)  # on the model as it is when the work starts
         local, _ = super().gradient(t, factor)
         return local, loss
 
     def step(self, t: int, factor: float, gradient_s: float) -> float:
-        self.training.replicas.step(self.rank)
+        self.training.live_replicas.step(self.rank)
         return 0.0  # timed with the gradient
 
     def evaluate(self, iteration: int, time_s: float, params, final: bool) -> list[EvalRecord]:
@@ -244,14 +245,22 @@ class SimTraining:
         wait-avoiding rounds, which the simulated rounds then contribute as
         (``harness.sim.payload.Published``). ``keep_rank_models``: keep every rank's final
         model (``final_models``; else only their average, ``final_average``)."""
-        self.replicas = Replicas(scenario, dataset, scenario.optimizer_of(algorithm), device)
-        self.evaluations = Evaluations(self.replicas, algorithm.name)
+        replicas = Replicas(scenario, dataset, scenario.optimizer_of(algorithm), device)
+        self.replicas: Replicas | None = replicas  # None once the run is over (``finished``)
+        self.evaluations = Evaluations(replicas, algorithm.name)
         self.final_models: torch.Tensor | None = None
         self.final_average: torch.Tensor | None = None
         self.keep_rank_models = keep_rank_models
         self.recorded_staleness = recorded_staleness
         self.rank_state_bytes = 0
         self._payload: Payload | None = None
+
+    @property
+    def live_replicas(self) -> Replicas:
+        """The replicas, while the run lasts."""
+        replicas = self.replicas
+        assert replicas is not None, "the run is over: its replicas are gone"
+        return replicas
 
     def payload(self) -> Payload:
         """The values side of the simulated communicator."""
@@ -260,7 +269,8 @@ class SimTraining:
 
     def buffers(self, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Rank ``rank``'s ``ctx.params`` and ``ctx.grads``."""
-        return self.replicas.params[rank], self.replicas.grads[rank]
+        replicas = self.live_replicas
+        return replicas.params[rank], replicas.grads[rank]
 
     def work(self, *args: Any) -> TrainingWork:
         """Rank's work (``SimulatedWork``'s arguments)."""
@@ -272,7 +282,7 @@ class SimTraining:
         self.final_average = final_average(algorithms)
         if self.keep_rank_models:
             self.final_models = final_models(algorithms)
-        self.rank_state_bytes = rank_state_bytes(self.replicas, algorithms, self._payload)
+        self.rank_state_bytes = rank_state_bytes(self.live_replicas, algorithms, self._payload)
         self.replicas = None
 
 
@@ -293,7 +303,8 @@ def rank_state_bytes(replicas: Replicas, algorithms: list, payload: Payload | No
             tensors += [v for v in vars(optimizer).values() if isinstance(v, torch.Tensor)]
     for algorithm in algorithms:
         for value in vars(algorithm).values():
-            items = value if isinstance(value, (list, tuple)) else value.values() if isinstance(value, dict) else [value]
+            items = (value if isinstance(value, (list, tuple))
+                     else value.values() if isinstance(value, dict) else [value])
             tensors += [t for t in items if isinstance(t, torch.Tensor)]
     if payload is not None:
         tensors += payload.persistent_tensors()
@@ -357,8 +368,6 @@ def training_device(scenario: Scenario) -> torch.device:
     """Where a simulation with values computes: the CPU, or with ``workload.device: cuda`` the
     first GPU (all replicas and every simulated message live there); TrainingError when there
     is none."""
-    from harness.device import unavailable_reason
-
     if scenario.workload.device == "cpu":
         return torch.device("cpu")
     reason = unavailable_reason(scenario.workload.device)
@@ -370,9 +379,6 @@ def training_device(scenario: Scenario) -> torch.device:
 def fit_problem(scenario: Scenario, device: torch.device) -> str | None:
     """Why a simulation with values of ``scenario`` would not fit in memory on ``device`` (with
     the estimate), or None when it fits. Checked before anything is allocated."""
-    from harness.results.provenance import human_bytes
-    from harness.workload import communicated_floats, dataset_facts
-
     floats = communicated_floats(scenario)
     facts = dataset_facts(scenario)
     sample = 4 * int(np.prod(facts.input_shape)) + 8
@@ -383,7 +389,8 @@ def fit_problem(scenario: Scenario, device: torch.device) -> str | None:
     where = "this GPU" if device.type == "cuda" else "this machine"
     return (f"simulation.train: {scenario.ranks:,} simulated ranks of a {floats:,}-parameter model need about "
             f"{human_bytes(estimate.total)} (replicas: parameters, gradients and optimizer state "
-            f"{human_bytes(estimate.replicas)}; the algorithms' buffers and messages {human_bytes(estimate.algorithm)}; "
+            f"{human_bytes(estimate.replicas)}; the algorithms' buffers and messages "
+            f"{human_bytes(estimate.algorithm)}; "
             f"data {human_bytes(estimate.data)}; the rest {human_bytes(estimate.overhead)}), but {where} has "
             f"{human_bytes(free)} available; simulate fewer ranks or a smaller model, or train on a GPU "
             "(workload.device: cuda)")
@@ -401,8 +408,6 @@ def training_problem(scenario: Scenario) -> str | None:
     problem = fit_problem(scenario, device)
     if problem is not None:
         return problem
-    from harness.workload import scenario_dataset
-
     samples = scenario_dataset(scenario).num_train
     if samples < scenario.ranks:
         return (f"workload.dataset: {scenario.workload.dataset} has {samples:,} training samples, fewer than the "

@@ -17,10 +17,15 @@ from typing import Any
 
 import torch
 
+from harness.algorithms.registry import BUILT_IN, algorithm_class
 from harness.comm.call_log import CallLog
+from harness.scenario.loader import ScenarioError, scenario_from_dict
 from harness.scenario.schema import Scenario
 from harness.sim.calibration import NetworkModel
 from harness.sim.engine import SimDeadlock
+from harness.sim.simulate import simulate_algorithm
+from harness.sim.training import SimTraining
+from harness.workload import scenario_dataset
 
 CHECK_ITERATIONS = 12
 CHECK_RANKS = 8  # at most: the check's cost stays that of a few dozen training steps
@@ -46,10 +51,6 @@ class _FixedTiming:
 
 def _calls(scenario: Scenario, entry: Any, values: bool) -> list[list[tuple]]:
     """Every rank's (iteration, operation, peers) calls of ``entry`` on the check's timing."""
-    from harness.sim.simulate import simulate_algorithm
-    from harness.sim.training import SimTraining
-    from harness.workload import scenario_dataset
-
     logs: dict[int, CallLog] = {}
 
     def wrap(rank: int, comm) -> CallLog:
@@ -64,8 +65,6 @@ def _calls(scenario: Scenario, entry: Any, values: bool) -> list[list[tuple]]:
 def _small(scenario: Scenario) -> Scenario:
     """``scenario`` at the check's size: fewer iterations, at most :data:`CHECK_RANKS` ranks
     where the algorithms allow (else its own rank count), one evaluation at the end."""
-    from harness.scenario.loader import ScenarioError, scenario_from_dict
-
     data = scenario.resolved_dict()
     iterations = min(scenario.workload.iterations, CHECK_ITERATIONS)
     data["workload"] = {**data["workload"], "iterations": iterations, "eval_every": iterations, "compute": "real"}
@@ -82,8 +81,6 @@ def _small(scenario: Scenario) -> Scenario:
 def built_in(entry: Any) -> bool:
     """Whether ``entry`` runs one of the harness's own classes (a built-in or a variant of one),
     whose communication is known not to depend on values."""
-    from harness.algorithms.registry import BUILT_IN, algorithm_class
-
     return algorithm_class(entry.name) in {algorithm_class(b.name) for b in BUILT_IN}
 
 

@@ -109,6 +109,7 @@ class WaitAvoidingState:
         if is_sync_round(k, self.sync_every):
             return self._everyone
         phases = self.phases[rank]
+        assert phases is not None  # the rank's op exists: it registered its groups
         return phases[k % len(phases)]
 
     def _join(self, rank: int, k: int) -> None:
@@ -175,7 +176,8 @@ class WaitAvoidingState:
         if not joined_early:
             if is_sync_round(k, self.sync_every):
                 if k != self.next_join[rank]:
-                    raise SimCommError(f"wait-avoiding allreduce: round {k} reached before round {self.next_join[rank]}")
+                    raise SimCommError(
+                        f"wait-avoiding allreduce: round {k} reached before round {self.next_join[rank]}")
                 self._join(rank, k)
                 if self.quorum > 1 and rank in self._pending:
                     self._on_activation(rank, self._pending.pop(rank))
@@ -217,7 +219,7 @@ class WaitAvoidingState:
 
 
 class RoundHandle(Handle):
-    __slots__ = ("state", "rank", "k", "joined_early", "op", "info_", "t_join")
+    __slots__ = ("info_", "joined_early", "k", "op", "rank", "state", "t_join")
 
     def __init__(self, engine, state: WaitAvoidingState, rank: int, k: int, joined_early: bool, out: Any) -> None:
         sync = is_sync_round(k, state.sync_every)
@@ -230,8 +232,10 @@ class RoundHandle(Handle):
 
     def _deliver_into(self, out: Any):
         def deliver() -> None:
-            self.op.wait_values()
-            out.copy_(self.op.result)
+            op = self.op
+            assert op is not None  # delivered once the rank waited for its round
+            op.wait_values()
+            out.copy_(op.result)
         return deliver
 
     def _joined_op(self) -> Collective | None:
@@ -270,7 +274,9 @@ class RoundHandle(Handle):
 
     def info(self) -> dict:
         self.wait()
-        return dict(self.info_)
+        info = self.info_
+        assert info is not None  # wait() recorded it
+        return dict(info)
 
 
 class SimWaitAvoidingAllreduce:

@@ -20,6 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.cli import build_parser
+from harness.config import HarnessError
+from harness.scenario import ScenarioError, load_scenario
+from harness.scenario.overrides import OverrideError
 from harness.sweep.grid import Point, sweep_grid
 from harness.sweep.store import SweepDirectory, SweepError, arguments_from_json, arguments_to_json
 
@@ -43,9 +47,6 @@ class SweepPlan:
 def plan_sweep(args: argparse.Namespace) -> SweepPlan:
     """Every point of ``args.sweep`` loaded as its run will load it; SweepError naming the first
     point that does not load. Writes nothing."""
-    from harness.scenario import ScenarioError, load_scenario
-    from harness.scenario.overrides import OverrideError
-
     if args.scenario is None:
         raise SweepError("--sweep needs a scenario FILE")
     try:
@@ -99,9 +100,6 @@ def _jobs(command: str, args: argparse.Namespace) -> int:
 def run_point(sweep: SweepDirectory, index: int) -> int:
     """Run point ``index`` in this process: its command with the sweep's arguments, its
     overrides after them, into its own run directory; record how it ended."""
-    from harness.cli import build_parser
-    from harness.config import HarnessError
-
     point = sweep.point(index)
     args = arguments_from_json(build_parser(), sweep.command, sweep.spec["arguments"])
     args.assignments = [*(args.assignments or []), *point["overrides"]]
@@ -124,7 +122,7 @@ def run_point(sweep: SweepDirectory, index: int) -> int:
 def _run_points(sweep: SweepDirectory, jobs: int) -> int:
     """Every point not done yet, ``jobs`` at a time, each in a process of its own with its output
     in its log; a progress bar over the points; then the table, the plot and the report."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # noqa: PLC0415  (off the CLI's import path: --help loads every command)
 
     todo = [p["index"] for p in sweep.points if sweep.status(p["index"]).status != "done"]
     running: dict[int, subprocess.Popen] = {}
@@ -197,12 +195,12 @@ def _finish(sweep: SweepDirectory) -> int:
 
 def _report(sweep: SweepDirectory) -> None:
     """sweep.csv and sweep.png, then report.html; a page that cannot be drawn is a warning."""
-    from harness.sweep.table import write_table_and_plot
+    from harness.sweep.table import write_table_and_plot  # noqa: PLC0415  (pandas, matplotlib: off the CLI's import path)
 
     for path in write_table_and_plot(sweep):
         print(f"wrote {path}", file=sys.stderr)
     try:
-        from harness.sweep.page import write_sweep_page
+        from harness.sweep.page import write_sweep_page  # noqa: PLC0415  (matplotlib, off the CLI's import path)
 
         written = write_sweep_page(sweep)
         print(f"report: {written.html}")

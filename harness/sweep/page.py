@@ -15,7 +15,9 @@ import pandas as pd
 
 from harness.report import REPORT_FILE, look, page
 from harness.report.build import Written
+from harness.report.data import _register_entries
 from harness.results import atomic
+from harness.results.records import SCENARIO_FILE
 from harness.sweep.store import SweepDirectory
 from harness.sweep.table import PLOT_FILE, TABLE_FILE, write_table_and_plot
 
@@ -41,9 +43,6 @@ def write_sweep_page(sweep: SweepDirectory) -> Written:
 def _register_labels(sweep: SweepDirectory) -> None:
     """Know the labels of variant entries (``{name: X, algorithm: Y}``): a finished point's
     resolved scenario registers them, so the plot gives them their colours."""
-    from harness.report.data import _register_entries
-    from harness.results.records import SCENARIO_FILE
-
     for point in sweep.points:
         resolved = sweep.point_dir(point["index"]) / SCENARIO_FILE
         if resolved.is_file():

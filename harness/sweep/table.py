@@ -13,7 +13,9 @@ import json
 from pathlib import Path
 
 import pandas as pd
+from matplotlib.figure import Figure
 
+from harness.report.look import palette
 from harness.results import atomic
 from harness.results.records import SUMMARY_FILE
 from harness.sweep.store import SweepDirectory
@@ -79,10 +81,6 @@ def sweep_figure(table: pd.DataFrame, keys: list[str]):
     panels per combination of the other keys. A metric no point has (time to target in a
     simulation, which evaluates nothing) is left out and said in the title; a metric spanning
     more than a factor of 20 is drawn on a log scale."""
-    from matplotlib.figure import Figure
-
-    from harness.report.look import palette
-
     x_key, others = keys[0], keys[1:]
     metrics = [(m, label) for m, label in METRICS if m in table and table[m].notna().any()]
     absent = [ABSENT[m] for m, _ in METRICS if (m, dict(METRICS)[m]) not in metrics and _missed(table, m, metrics)]

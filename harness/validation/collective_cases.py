@@ -45,8 +45,9 @@ def efa_efficiency() -> float:
 @cache
 def p3dn_efa_efficiency() -> float:
     """EFA on two p3dn nodes as a fraction of 100 Gb/s: NCCL's ring there (268 ms for 1 GiB)."""
-    t = collectives.allreduce_s(2, GPUS_PER_NODE, EFA_TREE_BYTES, systems.P3DN_EFA.gbytes_per_s, systems.P3DN_EFA.latency_us,
-                                nvlink_efficiency() * systems.NVLINK2.gbytes_per_s, systems.NVLINK2.latency_us, "ring")
+    t = collectives.allreduce_s(2, GPUS_PER_NODE, EFA_TREE_BYTES, systems.P3DN_EFA.gbytes_per_s,
+                                systems.P3DN_EFA.latency_us, nvlink_efficiency() * systems.NVLINK2.gbytes_per_s,
+                                systems.NVLINK2.latency_us, "ring")
     return t / EFA_RING_S
 
 
@@ -83,8 +84,8 @@ def _bus_case(name: str, claim: str, m: Measured, nvlink: Link, setup: str, gap:
         return Prediction(value, note=f"flat ring over {m.nodes * GPUS_PER_NODE} GPUs, NVLink at {nv:.0f} GB/s"
                                       + (f", each node's NICs at {nic:.0f} GB/s" if m.nodes > 1 else ""))
 
-    published = Published(m.busbw, "GB/s", "table", m.where.split(", section")[0].split(", table")[0].split(", footnote")[0],
-                          m.where)
+    source = m.where.split(", section")[0].split(", table")[0].split(", footnote")[0]
+    published = Published(m.busbw, "GB/s", "table", source, m.where)
     constants = (nvlink.source, systems.EFA_3200.source, *FITS)
     return Case(name, claim, published, setup, constants, predict, gap=gap)
 

@@ -55,7 +55,7 @@ def simulate_run(network: str, run: tuple, nodes: int, iterations: int, local_ms
     node agent of 8 V100s per rank (``workload.node``), one NIC per node, the model staged through
     PCIe when the stack communicated from the host (``workload.staging``)."""
     _, algorithm, allreduce, staged = run
-    workload = {"node": {"gpus": systems.SGP_PAPER_GPUS_PER_NODE}}
+    workload: dict[str, dict[str, float]] = {"node": {"gpus": systems.SGP_PAPER_GPUS_PER_NODE}}
     if staged:
         workload["staging"] = {"bandwidth_gbps": systems.PCIE3_X16_GBPS}
     topology = {"preset": systems.SGP_NETWORKS[network], "ranks_per_node": 1}

@@ -60,8 +60,8 @@ GOYAL_CONSTANTS = (
     "ResNet-50's 25,557,032 parameters as float32 (torchvision), allreduced whole after the backward pass: the "
     "built-in Allreduce-SGD does not overlap it with backprop as Caffe2 did",
 )
-GOYAL_OVERLAP_GAP = ("Caffe2 aggregates gradients while backprop runs; the harness's Allreduce-SGD starts its allreduce "
-                     "after the backward pass, so the 32 ms among the servers add to every iteration.")
+GOYAL_OVERLAP_GAP = ("Caffe2 aggregates gradients while backprop runs; the harness's Allreduce-SGD starts its "
+                     "allreduce after the backward pass, so the 32 ms among the servers add to every iteration.")
 
 # -- SGP's AR-SGD ---------------------------------------------------------------------------------
 
@@ -70,19 +70,20 @@ SGP_AR_GAP = (
     "The stack's local work is fitted on SGP's own times, so what is missing is AR-SGD's communication: the harness "
     "gives recursive doubling over 10 Gb/s 0.43 s per iteration at 32 nodes (5 exchanges of the 102 MB model at line "
     "rate, plus PCIe staging). Not modelled, because the paper and repository do not give what they cost there: THD's "
-    "CPU work around each exchange (DataChannelTCP.cpp allReduce: a clone of the tensor, a 102 MB add per step and a "
-    "102 MB copy in half of them, after gossip_module's flatten: about 2.4 GB of memory traffic per allreduce, 0.1-0.25 "
-    "s at 10-25 GB/s with 16 loader workers on the same CPUs) and TCP's throughput through the cluster's Ethernet "
-    "fabric when all 32 nodes exchange at once (its switches and oversubscription are not described). Together they "
-    "would have to cost about 1 s per iteration.")
+    "CPU work around each exchange (DataChannelTCP.cpp allReduce: a clone of the tensor, a 102 MB add per step and "
+    "a 102 MB copy in half of them, after gossip_module's flatten: about 2.4 GB of memory traffic per allreduce, "
+    "0.1-0.25 s at 10-25 GB/s with 16 loader workers on the same CPUs) and TCP's throughput through the cluster's "
+    "Ethernet fabric when all 32 nodes exchange at once (its switches and oversubscription are not described). "
+    "Together they would have to cost about 1 s per iteration.")
 
 
 def _sgp_ar_hours() -> Prediction:
     fit = sgp_stack.stack_fit()
+    ar_ms = 1e3 * sgp_stack.iteration_s_of("allreduce_sgd", 32, 1e3 * fit.local_s)
+    sgp_ms = 1e3 * sgp_stack.iteration_s_of("sgp", 32, 1e3 * fit.local_s)
     return Prediction(sgp_stack.training_hours("allreduce_sgd", 32),
                       note=f"fitted stack: {1e3 * fit.local_s:.0f} ms of local work per iteration, {fit.eval_s:.1f} s "
-                           f"of evaluation per epoch; AR-SGD {1e3 * sgp_stack.iteration_s_of('allreduce_sgd', 32, 1e3 * fit.local_s):.0f} "
-                           f"ms per iteration (SGP {1e3 * sgp_stack.iteration_s_of('sgp', 32, 1e3 * fit.local_s):.0f})")
+                           f"of evaluation per epoch; AR-SGD {ar_ms:.0f} ms per iteration (SGP {sgp_ms:.0f})")
 
 
 SGP_SETUP = ("32 nodes of 8 V100 (DGX-1 class), 10 Gb/s Ethernet, PyTorch 0.5 THD TCP backend from pinned host "
@@ -137,8 +138,8 @@ DECENTRALIZED = ("wagma", "dpsgd", "adpsgd", "sgp")
 def _wagma_first() -> Prediction:
     rows = piz_daint_rows()
     rate = {k: rows[k]["samples_per_s"] for k in DECENTRALIZED}
-    best = max(rate, key=rate.get)
-    ranking = sorted(rate, key=rate.get, reverse=True)
+    best = max(rate, key=rate.__getitem__)
+    ranking = sorted(rate, key=rate.__getitem__, reverse=True)
     return Prediction(None, order=(best,),
                       note="throughput relative to WAGMA-SGD: " + ", ".join(f"{k} {rate[k] / rate['wagma']:.2f}"
                                                                            for k in ranking))
@@ -155,14 +156,15 @@ TRAINING_CASES: list[Case] = [
                                                    "8192 on 256 GPUs in one hour'"),
          GOYAL_SETUP, GOYAL_CONSTANTS, _goyal_hours, gap=GOYAL_OVERLAP_GAP),
     Case("goyal_256_efficiency", "scaling efficiency from 8 to 256 P100s",
-         Published(0.90, "fraction", "text", GOYAL_SOURCE, "'our implementation achieves ~90% scaling efficiency when moving "
-                                                   "from 8 to 256 GPUs'"),
+         Published(0.90, "fraction", "text", GOYAL_SOURCE,
+                   "'our implementation achieves ~90% scaling efficiency when moving from 8 to 256 GPUs'"),
          GOYAL_SETUP, GOYAL_CONSTANTS, _goyal_efficiency, gap=GOYAL_OVERLAP_GAP),
     Case("sgp_10gbe_ar_hours", "AR-SGD, 90 epochs on 32 nodes over 10 GbE (hours, at least)",
          Published(5.0, "h", "text", SGP_SOURCE, "'SGP ... in about 1.6 hours ... whereas AllReduce SGD takes over 5 "
                                                  "hours' (a lower bound: 'over')"),
          SGP_SETUP, SGP_CONSTANTS, _sgp_ar_hours, gap=SGP_AR_GAP),
-    Case("eager_sgd_resnet50_speedup", "eager-SGD (solo) throughput over synchronous SGD (Horovod), 64 P100s, imbalance",
+    Case("eager_sgd_resnet50_speedup",
+         "eager-SGD (solo) throughput over synchronous SGD (Horovod), 64 P100s, imbalance",
          Published(1.29, "x", "text", "Li et al., Taming Unbalanced Training Workloads in Deep Learning with Partial "
                                       "Collective Operations (arXiv 1908.04207 v5), abstract",
                    "'achieves 1.29x speedup (ResNet-50 on ImageNet) ... over the state-of-the-art synchronous "

@@ -21,9 +21,9 @@ _EXPORTS = {
 _MODULE_OF = {name: module for module, exported in _EXPORTS.items() for name in exported}
 
 __all__ = [
-    "DATASET_NAMES", "DATASET_SHAPES", "MODEL_NAMES", "Dataset", "ShardBatches", "batch_indices", "build_model", "check_model",
-    "communicated_floats", "configure_torch_threads", "dataset_facts", "flat_grads", "flat_params", "load_dataset",
-    "make_synthetic", "parameter_count", "scenario_dataset", "scenario_model", "shard_indices",
+    "DATASET_NAMES", "DATASET_SHAPES", "MODEL_NAMES", "Dataset", "ShardBatches", "batch_indices", "build_model",
+    "check_model", "communicated_floats", "configure_torch_threads", "dataset_facts", "flat_grads", "flat_params",
+    "load_dataset", "make_synthetic", "parameter_count", "scenario_dataset", "scenario_model", "shard_indices",
 ]
 
 

@@ -57,7 +57,7 @@ def call(kind: str, value: str, fn: Callable[..., Any], seed: int, given: Mappin
     try:
         with seeded(seed):
             return fn(**given, **args)
-    except (Exception, SystemExit) as exc:  # noqa: BLE001  the user's code may raise anything
+    except (Exception, SystemExit) as exc:  # the user's code may raise anything
         if isinstance(exc, WorkloadCodeError) and not is_reference(value):
             raise  # a built-in's check of its arguments, which names the field to fix
         raise WorkloadCodeError(kind, f"{value} raised {first_line(exc)}") from None

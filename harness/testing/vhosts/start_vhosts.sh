@@ -19,7 +19,7 @@
 # Host names resolve through /etc/hosts lines this script adds (marked `# harness-vhosts`) and
 # stop_vhosts.sh removes.
 #
-# Run a command on a virtual host with tests/vhosts/vhost_exec.sh vhK CMD...
+# Run a command on a virtual host with harness/testing/vhosts/vhost_exec.sh vhK CMD...
 #
 # Settings (environment):
 #   HARNESS_VHOSTS       number of virtual hosts (default 3, at most 16)
@@ -28,15 +28,16 @@
 #   HARNESS_VHOSTS_DIR   state: keys, configurations, pid files, logs (default /var/lib/harness-vhosts)
 #
 # Idempotent: when the test bed already runs with the same settings and every host answers, it
-# exits 0 at once; with other settings it is stopped and built again. Needs root and Linux;
-# installs Debian's openssh-server and iproute2 when they are missing.
+# exits 0 at once; with other settings it is stopped and built again. Needs root, Linux and
+# Debian's iproute2, openssh-server, openssh-client and util-linux (installed by .ci/provision.sh;
+# this script installs nothing).
 #
 # Output: progress on stderr; on success the last stdout line is the host names, space-separated.
 # On failure: ONE line `start_vhosts: FAIL: <reason>` (the last line on stderr), nothing on stdout,
 # and everything this run created is removed again (stop_vhosts.sh). Exit codes:
-#   2 unsupported here (not root, not Linux, no namespaces)   3 cannot install the packages
+#   2 unsupported here (not root, not Linux, no namespaces)   3 the packages are not installed
 #   4 the test bed could not be built                        5 a host did not answer in time
-# Stop with tests/vhosts/stop_vhosts.sh.
+# Stop with harness/testing/vhosts/stop_vhosts.sh.
 
 set -u
 set -o pipefail
@@ -81,20 +82,9 @@ command -v ip >/dev/null && command -v tc >/dev/null || missing+=(iproute2)
 [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
 command -v ssh >/dev/null && command -v ssh-keygen >/dev/null || missing+=(openssh-client)
 command -v unshare >/dev/null && command -v nsenter >/dev/null || missing+=(util-linux)
+# Installed by .ci/provision.sh (as root, with apt-get); this script installs nothing.
 if [ "${#missing[@]}" -gt 0 ]; then
-    command -v apt-get >/dev/null || { echo "start_vhosts: FAIL: no apt-get, cannot install ${missing[*]}" >&2; exit 3; }
-    log "installing ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    # policy-rc.d answering 101: the package's own sshd service is not started on this machine.
-    policy=/usr/sbin/policy-rc.d; had_policy=0; [ -e $policy ] && had_policy=1
-    if [ $had_policy = 0 ]; then printf '#!/bin/sh\nexit 101\n' > $policy; chmod +x $policy; fi
-    if ! apt-get install -y --no-install-recommends "${missing[@]}" >/tmp/harness-vhosts-apt.log 2>&1; then
-        apt-get update >>/tmp/harness-vhosts-apt.log 2>&1
-        apt-get install -y --no-install-recommends "${missing[@]}" >>/tmp/harness-vhosts-apt.log 2>&1 \
-            || { [ $had_policy = 1 ] || rm -f $policy;
-                 echo "start_vhosts: FAIL: apt-get install ${missing[*]} failed: $(tail -n1 /tmp/harness-vhosts-apt.log)" >&2; exit 3; }
-    fi
-    [ $had_policy = 1 ] || rm -f $policy
+    echo "start_vhosts: FAIL: missing packages ${missing[*]} (.ci/provision.sh installs them)" >&2; exit 3
 fi
 
 # --- already running with these settings? --------------------------------------------------------
@@ -161,7 +151,7 @@ cat /etc/hosts.harness-vhosts.new > /etc/hosts && rm -f /etc/hosts.harness-vhost
     || fail 4 "ssh-keygen (host key) failed"
 cp "$BASE/ssh/id_ed25519.pub" "$BASE/ssh/authorized_keys"
 cat > "$BASE/ssh/sshd_config" <<EOF
-# Written by tests/vhosts/start_vhosts.sh: one sshd per virtual host (ListenAddress and PidFile
+# Written by harness/testing/vhosts/start_vhosts.sh: one sshd per virtual host (ListenAddress and PidFile
 # are given on its command line).
 HostKey $BASE/ssh/host_ed25519
 AuthorizedKeysFile $BASE/ssh/authorized_keys
@@ -176,7 +166,7 @@ MaxStartups 200
 MaxSessions 200
 EOF
 cat > "$BASE/ssh/config" <<EOF
-# Written by tests/vhosts/start_vhosts.sh: the ssh client settings for the virtual hosts.
+# Written by harness/testing/vhosts/start_vhosts.sh: the ssh client settings for the virtual hosts.
 Host vh*
     IdentityFile $BASE/ssh/id_ed25519
     IdentitiesOnly yes

@@ -1,6 +1,10 @@
 """The shared look of every figure: one colour and label per algorithm, readable fonts, and
 one way to save a figure together with the data it plots.
 
+It is the library's, not the papers' alone: the report (``harness.report.look``), the plot of
+``compare`` (``harness.sim.compare``) and the papers' figures (``paper_figs``) draw every
+algorithm alike through it.
+
 Labels and colours come from each algorithm's registration (``harness.algorithms.registry``),
 so an algorithm registered there, built in or at run time, looks the same in every figure. A
 scenario entry that runs a built-in under a label of its own (``{name: wagma_g2, algorithm:
@@ -10,7 +14,7 @@ algorithm it runs.
 
 Example::
 
-    from paper_figs import style
+    from harness.report import style
 
     style.setup()
     fig, ax = plt.subplots()
@@ -25,11 +29,11 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only, never a window
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
 
-from harness.algorithms import registry  # noqa: E402
-from harness.results import atomic  # noqa: E402
+from harness.algorithms import registry
+from harness.results import atomic
 
 # Series that are one algorithm under one setting (experiments.py's eager-SGD modes, which its
 # sweeps list as variants; the SGP figure's network series): labelled after the algorithm, each
@@ -134,7 +138,8 @@ def plotted(fig) -> pd.DataFrame:
     for panel, ax in enumerate(fig.axes):
         for line in ax.get_lines():
             if not line.get_label().startswith("_"):
-                rows += [(panel, line.get_label(), float(x), float(y)) for x, y in zip(line.get_xdata(), line.get_ydata())]
+                points = zip(line.get_xdata(), line.get_ydata())
+                rows += [(panel, line.get_label(), float(x), float(y)) for x, y in points]
         for collection in ax.collections:
             name = collection.get_label()
             if name.startswith("_") or not hasattr(collection, "get_offsets"):

@@ -18,6 +18,10 @@ git ignores, so a regeneration never changes the checkout; ``--gallery`` writes 
 anywhere. Progress goes to stderr; a failed experiment stops the command with its error (exit
 1) and leaves what was finished; a manifest scenario that does not load is bad input (exit 2).
 
+The command is ``paper_figs``'s, not the library's: ``harness.cli`` finds it through the
+``harness.commands`` entry point group (``pyproject.toml``), the plugin point any package can
+use to add a command, so the library never imports the papers' figures.
+
 Example::
 
     python -m harness figures --quick
@@ -35,8 +39,15 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+from tabulate import tabulate
+
 from harness.arguments import name_list
 from harness.config import HarnessError
+from harness.results import atomic
+from harness.scenario import load_scenario
+from harness.sim.calibration import DEFAULT_PATH
+from paper_figs import GALLERY_DIR, manifest
 
 FIGURES_DIR = "figures"  # under the results root: sweeps' CSVs and, by default, the drawn figures
 QUICK_DIR = "quick"  # under FIGURES_DIR: figures drawn with --quick, kept apart from the full ones
@@ -58,7 +69,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     where.add_argument("--out", type=Path, help=f"output directory (default: RESULTS/{FIGURES_DIR}/, "
                                                 f"RESULTS/{FIGURES_DIR}/{QUICK_DIR}/ with --quick)")
     where.add_argument("--gallery", action="store_true",
-                       help="write into paper_figs/out/, the committed images the README and the docs show (not with --quick)")
+                       help="write into paper_figs/out/, the committed images the README and the docs show "
+                            "(not with --quick)")
     p.add_argument("--rerun", action="store_true", help="make every experiment again instead of reusing results")
     p.set_defaults(func=run)
 
@@ -77,8 +89,6 @@ def _harness(*args: str) -> None:
 
 def _complete_run(root: Path, name: str, ranks: int, iterations: int) -> Path | None:
     """The newest complete real run of scenario ``name`` with these ranks and iterations."""
-    import yaml
-
     directory = root / name
     if not directory.is_dir():
         return None
@@ -97,9 +107,6 @@ def _complete_run(root: Path, name: str, ranks: int, iterations: int) -> Path | 
 
 def real_run(experiment, args: argparse.Namespace) -> Path:
     """A complete real run for ``experiment`` (made if missing), compared if the figure needs it."""
-    from harness.scenario import load_scenario
-    from harness.sim.calibration import DEFAULT_PATH
-
     scenario = load_scenario(experiment.scenario)
     iterations = experiment.quick_iterations if args.quick else scenario.workload.iterations
     run = None if args.rerun else _complete_run(args.results, scenario.name, scenario.ranks, iterations)
@@ -121,13 +128,11 @@ def real_run(experiment, args: argparse.Namespace) -> Path:
 
 def sweep(name: str, experiment, args: argparse.Namespace) -> Path:
     """The CSV of a simulated sweep (computed if missing)."""
-    from harness.results import atomic
-
     path = args.results / FIGURES_DIR / (f"{name}-quick.csv" if args.quick else f"{name}.csv")
     if path.is_file() and not args.rerun:
         _say(f"reusing {path}")
         return path
-    experiments = importlib.import_module("paper_figs.experiments")
+    experiments = importlib.import_module("paper_figs.experiments")  # the simulator: torch, only for a sweep
     _say(f"simulating sweep {name}{' (quick)' if args.quick else ''} ...")
     t0 = time.monotonic()
     table = getattr(experiments, experiment.function)(args.quick)
@@ -139,8 +144,6 @@ def sweep(name: str, experiment, args: argparse.Namespace) -> Path:
 
 def output_dir(args: argparse.Namespace) -> Path:
     """Where the figures go: ``--out``, the gallery with ``--gallery``, else under the results root."""
-    from paper_figs import GALLERY_DIR
-
     if args.out is not None:
         return args.out
     if args.gallery:
@@ -150,9 +153,7 @@ def output_dir(args: argparse.Namespace) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tabulate import tabulate
-
-    from paper_figs import GALLERY_DIR, manifest, style
+    from harness.report import style  # noqa: PLC0415  (matplotlib and pandas: not for --help)
 
     if args.gallery and args.quick:
         print("error: --gallery with --quick: the gallery shows the full experiments; drop --quick, or draw the "

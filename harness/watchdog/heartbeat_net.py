@@ -3,13 +3,13 @@
 The watchdog's side (:class:`HeartbeatServer`) listens on a TCP socket; the launcher passes its
 address to the ranks as ``HARNESS_HEARTBEAT=tcp://ADDRESS:PORT/KEY`` (KEY, a random string,
 keeps out connections that are not this job's ranks). In a job the user started, rank 0 runs it
-and broadcasts the address (``harness.runner.watchdog.join_watchdog``). ADDRESS is
+and broadcasts the address (``harness.watchdog.in_job.join_watchdog``). ADDRESS is
 ``HARNESS_WATCHDOG_ADDRESS`` when set, 127.0.0.1 when every rank runs on the watchdog's host,
 else the address this host's name resolves to, which is what the other hosts of a cluster
 reach it by (:func:`watchdog_address`).
 
 The rank's side (:class:`Sender`): the rank keeps writing its row in its own memory, as cheaply
-as ever (no system call on the hot path; ``harness.runner.heartbeat``), and a daemon thread
+as ever (no system call on the hot path; ``harness.watchdog.heartbeat``), and a daemon thread
 copies it under the row's seqlock and ships it when it changed, at most every
 ``SEND_INTERVAL_S``. DONE and FAILED are shipped at once by the thread that writes them, before
 the rank goes on, so a rank that exits right after DONE is never taken for dead.
@@ -57,7 +57,7 @@ from collections.abc import Collection
 
 import numpy as np
 
-from harness.runner.heartbeat_row import FIELDS, Field, TableReader
+from harness.watchdog.heartbeat_row import FIELDS, Field, TableReader
 
 ADDRESS_ENV = "HARNESS_WATCHDOG_ADDRESS"
 
@@ -222,7 +222,8 @@ class _Connection:
     __slots__ = ("buffer", "ended", "rank", "sock")
 
     def __init__(self, sock: socket.socket) -> None:
-        self.sock, self.buffer, self.rank, self.ended = sock, bytearray(), None, False
+        self.sock, self.buffer, self.ended = sock, bytearray(), False
+        self.rank: int | None = None  # known once the hello arrived
 
 
 class _EndWatch:
@@ -290,8 +291,9 @@ class HeartbeatServer:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._selector.register(self._wake_read, selectors.EVENT_READ)
-        if self._ends.fileno() is not None:
-            self._selector.register(self._ends, selectors.EVENT_READ, self._ends)
+        ends = self._ends.fileno()
+        if ends is not None:
+            self._selector.register(ends, selectors.EVENT_READ, self._ends)
         self._thread = threading.Thread(target=self._serve, name="heartbeat-server", daemon=True)
         self._thread.start()
 
@@ -322,7 +324,8 @@ class HeartbeatServer:
             self._wake_write.send(b"x")
         self._thread.join(timeout=5.0)
         for key in list(self._selector.get_map().values()):
-            key.fileobj.close()
+            if isinstance(key.fileobj, socket.socket):  # the listener, the wake-up, the ranks' connections
+                key.fileobj.close()
         self._selector.close()
         self._ends.close()
         self._wake_write.close()
@@ -385,11 +388,12 @@ class HeartbeatServer:
             if not conn.ended:
                 self._end(conn)
 
-    def _rows(self, conn: _Connection, data: bytes) -> None:
+    def _rows(self, conn: _Connection, data: bytearray) -> None:
         """The rows in ``data`` (after the hello): the latest one is the rank's state."""
         arrival = time.monotonic()
         conn.buffer += data
-        if conn.rank is None and not self._hello(conn):
+        rank = conn.rank if conn.rank is not None else self._hello(conn)
+        if rank is None:
             return
         whole = len(conn.buffer) // _ROW.size * _ROW.size
         if not whole:
@@ -399,17 +403,17 @@ class HeartbeatServer:
         age = row[_PROGRESS_AT]
         row[_PROGRESS_AT] = arrival - age if math.isfinite(age) else 0.0
         with self._changed:
-            if self._current[conn.rank] is conn:
-                self._table[conn.rank] = row
+            if self._current[rank] is conn:
+                self._table[rank] = row
 
-    def _hello(self, conn: _Connection) -> bool:
-        """Read the hello line if it is all there; False while it is not, or when the connection is
-        not one of this job's ranks (then it is dropped)."""
+    def _hello(self, conn: _Connection) -> int | None:
+        """Read the hello line if it is all there, and return the rank it names; None while it is
+        not, or when the connection is not one of this job's ranks (then it is dropped)."""
         end = conn.buffer.find(b"\n")
         if end < 0:
             if len(conn.buffer) > HELLO_MAX:
                 self._end(conn)
-            return False
+            return None
         try:
             hello = json.loads(conn.buffer[:end])
             rank, host = hello["rank"], str(hello["host"])
@@ -418,7 +422,7 @@ class HeartbeatServer:
             valid = False
         if not valid:
             self._end(conn)
-            return False
+            return None
         del conn.buffer[:end + 1]
         conn.rank = rank
         with self._changed:
@@ -427,7 +431,7 @@ class HeartbeatServer:
             self._hosts[rank] = host
             self._closed[rank] = None
             self._changed.notify_all()
-        return True
+        return rank
 
     def _end(self, conn: _Connection) -> None:
         conn.ended = True

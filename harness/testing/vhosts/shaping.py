@@ -1,13 +1,12 @@
-"""The kernel's shaping of a link on the virtual-host test bed (``tests/vhosts``, used by
-``tests/test_vhosts.py`` and ``bench agreement``'s ``kernel_shaping`` case): two ranks on two
+"""The kernel's shaping of a link on the virtual-host test bed (:mod:`harness.testing.vhosts`, used
+by ``tests/test_vhosts.py`` and ``bench agreement``'s ``kernel_shaping`` case): two ranks on two
 virtual hosts, vh2's link shaped by ``tc tbf``, against the native layer's emulation of the same
 link and the simulator's replay of it."""
 
 from __future__ import annotations
 
-import os
+import csv
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,50 +14,12 @@ from typing import Any
 
 import yaml
 
-from harness.bench.real_runs import REPO, RUN_TIMEOUT_S, CaseFailed, run_command, run_dirs, succeeded
+from harness.testing.real_runs import CaseFailed, run_dirs, succeeded
+from harness.testing.vhosts.bed import harness_on_vh1, vhost_scenario
 
-VHOSTS = REPO / "tests" / "vhosts"
 SHAPED_MBIT = 100  # one virtual host's link, both ways: 400 kB messages take 32 ms each way
 #: The least time per iteration at SHAPED_MBIT: one 400 kB message each way (the ranks' exchange).
 SHAPED_LEAST_S = 100_000 * 4 * 8 / (SHAPED_MBIT * 1e6)
-
-
-def vhost_scenario(ranks: int, name: str = "vhosts", iterations: int = 30, **extra: Any) -> dict:
-    """The test bed's small scenario: emulated compute (5 ms), a 100,000-parameter model (400 kB
-    messages), Allreduce-SGD; ``extra`` top-level fields added."""
-    return {
-        "name": name,
-        "ranks": ranks,
-        "seed": 1,
-        "workload": {"model": "logreg", "dataset": "synthetic", "batch_size": 8, "iterations": iterations,
-                     "eval_every": iterations, "compute": {"emulate_ms": 5}, "params": 100_000},
-        "algorithms": ["allreduce_sgd"],
-        "results": {"comm_calls": False},
-        **extra,
-    }
-
-
-def vhost_bed_missing() -> str | None:
-    """Why the virtual-host test bed cannot be used now (None: it runs, and we are root)."""
-    if sys.platform != "linux":
-        return f"the virtual hosts need Linux namespaces (this is {sys.platform})"
-    if os.geteuid() != 0:
-        return "the virtual hosts need root (network namespaces, tc)"
-    if not (VHOSTS / "vhost_exec.sh").is_file():
-        return f"no virtual-host test bed in this installation ({VHOSTS} is missing)"
-    try:
-        namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"cannot list network namespaces: {exc}"
-    if "harness-vh1" not in namespaces or "harness-vh2" not in namespaces:
-        return "the virtual-host test bed is not running (start it as root: bash tests/vhosts/start_vhosts.sh)"
-    return None
-
-
-def harness_on_vh1(*args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
-    """``python -m harness ARGS`` on virtual host vh1, in the repository."""
-    return run_command(["bash", str(VHOSTS / "vhost_exec.sh"), "vh1", sys.executable, "-m", "harness",
-                        *map(str, args)], timeout=timeout, cwd=REPO)
 
 
 def shape_link(rate_mbit: int | None) -> None:
@@ -88,8 +49,6 @@ class ShapingTimes:
 
 
 def _iteration_s(run: Path) -> float:
-    import csv
-
     with open(run / "summary.csv", newline="") as f:
         return float(next(csv.DictReader(f))["iter_time_median_s"])
 
@@ -128,7 +87,7 @@ def kernel_shaping_times(out: Path, harness: Callable[..., subprocess.CompletedP
     succeeded(harness("run", str(emulated), "--hosts", str(hosts), "--out", str(out / "emulated")))
     emulated_run = only_run(out / "emulated", "vhemulated")
     proc = succeeded(harness("compare", str(emulated_run), "--calibration", str(calibration), "--mode", "trace"))
-    import pandas as pd
+    import pandas as pd  # noqa: PLC0415  (compare.csv only: the CLI imports this module at start-up)
 
     table = pd.read_csv(emulated_run / "compare.csv")
     simulated = float(table[table["mode"] == "trace"]["predicted_iter_s"].iloc[0])

@@ -1,7 +1,7 @@
 """The heartbeat row: one rank's state as the watchdog reads it, and how to copy it consistently.
 
-Both ends use it: the rank writes its row (``harness.runner.heartbeat``), the network carries it
-(``harness.runner.heartbeat_net``) and the watchdog reads it (``harness.runner.watchdog``). It
+Both ends use it: the rank writes its row (``harness.watchdog.heartbeat``), the network carries it
+(``harness.watchdog.heartbeat_net``) and the watchdog reads it (``harness.watchdog.verdict``). It
 lives apart from both so that each depends on it, and neither on the other's internals.
 
 Consistent reads. A beat changes several cells of a row while the sender thread may be copying

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# vhost_exec.sh HOST CMD [ARGS...]: run CMD on a virtual host of tests/vhosts/start_vhosts.sh,
+# vhost_exec.sh HOST CMD [ARGS...]: run CMD on a virtual host of harness/testing/vhosts/start_vhosts.sh,
 # inside its network, host-name and clock namespaces (the file system is this machine's), with
 # the test bed's environment:
 #   HYDRA_LAUNCHER_EXEC  ssh with the test bed's keys and settings, for Hydra's proxies;
@@ -18,7 +18,7 @@ if [ -z "$host" ] || [ $# -lt 2 ]; then
 fi
 shift
 if [ ! -e "/run/netns/harness-$host" ] || [ ! -e "$NS_DIR/$host.uts" ]; then
-    echo "vhost_exec.sh: no virtual host '$host' (start it with tests/vhosts/start_vhosts.sh)" >&2; exit 2
+    echo "vhost_exec.sh: no virtual host '$host' (start it with harness/testing/vhosts/start_vhosts.sh)" >&2; exit 2
 fi
 BASE=${HARNESS_VHOSTS_DIR:-/var/lib/harness-vhosts}
 export UCX_TLS=tcp

@@ -3,19 +3,22 @@
 on the other node through emulated 1 Gb/s NICs, posted 3 ms apart; every exchange's real time
 against what the simulator's network says.
 
-Run by the case as ``python -m harness.bench.nic_exchange OUT.json`` under ``mpiexec``.
+The ranks of the benchmark's case run :mod:`harness.bench.nic_exchange_worker`.
 """
 
 from __future__ import annotations
 
-import json
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+import numpy as np
+
+from harness.scenario.network import NodeTopology
+from harness.sim.calibration import FIXED_NETWORK, NetworkModel
+from harness.sim.network import SimNetwork
 
 NIC_RANKS = 8
 NIC_GBPS = 1.0
@@ -23,10 +26,8 @@ NIC_FLOATS = 256 * 1024  # 1 MiB
 NIC_GAP_S = 3e-3  # between the posts of one node's ranks
 
 
-def nic_topology(node_of: Sequence[int], nic_gbps: float | None = None):
+def nic_topology(node_of: Sequence[int], nic_gbps: float | None = None) -> NodeTopology:
     """Nodes ``node_of`` whose NICs (if ``nic_gbps``) are the only emulated resource."""
-    from harness.scenario.network import NodeTopology
-
     nic = None if nic_gbps is None else nic_gbps * 1e9 / 8
     return NodeTopology(tuple(node_of), 0.0, None, 0.0, nic, None)
 
@@ -51,9 +52,7 @@ def exchange_through_nics(world: Any, nic_gbps: float = NIC_GBPS, count: int = N
     """On every rank of ``world`` (mpi4py; an even size >= 4, all on one host): the two halves of
     the ranks are two nodes; rank r of node 0 and its partner r + P/2 exchange ``count`` floats,
     the k-th rank of a node posting ``k * gap_s`` after the first. Every rank gets every span."""
-    import numpy as np
-
-    from harness.comm import Communicator
+    from harness.comm import Communicator  # noqa: PLC0415  (loads MPI and the native layer: ranks only)
 
     size, rank = world.Get_size(), world.Get_rank()
     half = size // 2
@@ -86,9 +85,6 @@ def simulated_exchange_ends(posts: Sequence[float], base: Any = None, nic_gbps: 
     ends: the same messages, posted at ``posts``, in that order, through the same NICs, each
     then paying ``base`` (a ``NetworkModel``: what MPI and the machine add to a message once the
     emulated NIC releases it; None: nothing)."""
-    from harness.sim.calibration import NetworkModel
-    from harness.sim.network import SimNetwork
-
     size = len(posts)
     half = size // 2
     node_of = [r // half for r in range(size)]
@@ -110,8 +106,6 @@ def nic_comparisons(exchange: NicExchange) -> list[tuple[str, float, float, str]
       rank of its node), each paying the fixed calibration's message cost
       (``save_fixed_calibration``: 0.3 ms + bytes at 1 GB/s), nothing taken from the run.
     """
-    from harness.sim.calibration import FIXED_NETWORK, NetworkModel
-
     control = statistics.median(end - start for start, end in exchange.control)
     half = exchange.ranks // 2
     first = min(start for start, _ in exchange.spans)
@@ -124,26 +118,3 @@ def nic_comparisons(exchange: NicExchange) -> list[tuple[str, float, float, str]
         items += [(f"rank {r} exchange ({mode})", end - start, predicted[r] - start, mode)
                   for r, (start, end) in enumerate(exchange.spans)]
     return items
-
-
-def nic_worker(out_path: str) -> int:
-    """Under mpiexec: one :func:`exchange_through_nics`; rank 0 writes it as JSON."""
-    try:
-        from mpi4py import MPI
-
-        exchange = exchange_through_nics(MPI.COMM_WORLD)
-        if MPI.COMM_WORLD.Get_rank() == 0:
-            Path(out_path).write_text(json.dumps({"spans": exchange.spans, "control": exchange.control,
-                                                  "received_right": exchange.received_right}))
-        return 0
-    except BaseException:  # abort the whole job: no rank waits for a dead one
-        from harness.launch import abort_job_after_error
-
-        return abort_job_after_error()
-
-
-if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        print("usage: mpiexec -n 8 python -m harness.bench.nic_exchange OUT.json", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(nic_worker(sys.argv[1]))

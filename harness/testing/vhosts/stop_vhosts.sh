@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Remove everything tests/vhosts/start_vhosts.sh created: every process running on a virtual host
+# Remove everything harness/testing/vhosts/start_vhosts.sh created: every process running on a virtual host
 # (its sshd, and whatever a test left there), the namespaces and their interfaces, the /etc/hosts
 # lines marked `# harness-vhosts`, and the state under $HARNESS_VHOSTS_DIR (default
 # /var/lib/harness-vhosts; the ssh keys are kept for the next start). Idempotent; always exits 0.

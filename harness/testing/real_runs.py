@@ -1,7 +1,7 @@
-"""Real runs for the benchmarks that compare them with something: commands run with their output
-captured and a timeout that stops a launcher's ranks, ``python -m harness run`` followed by
-``compare``, and the two exceptions a case raises (``bench agreement``, ``bench faults`` and the
-tests use them)."""
+"""Real runs for the benchmarks and tests that compare them with something: commands run with
+their output captured and a timeout that stops a launcher's ranks, ``python -m harness run``
+followed by ``compare``, and the two exceptions a case raises (``bench agreement``, ``bench
+faults`` and the tests use them)."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def run_and_compare(scenario: dict | Path, out: Path, calibration: Path, mode: s
     """Run ``scenario`` (a scenario dict, written to ``out``, or a scenario file) for real with
     ``python -m harness run`` into ``out``, then ``python -m harness compare`` it with
     ``calibration`` in ``mode`` (trace, predictive or both), each through ``harness``."""
-    import pandas as pd
+    import pandas as pd  # noqa: PLC0415  (compare.csv only: the CLI imports this module at start-up)
 
     out.mkdir(parents=True, exist_ok=True)
     if isinstance(scenario, dict):

@@ -16,7 +16,7 @@ from harness.calibrate.measure import (
     QUICK,
     P2PPairs,
     Plan,
-    Workload,
+    TimedWorkload,
     allreduce_sizes,
     format_table,
     p2p_pairs,
@@ -99,7 +99,7 @@ def test_statistics_helpers():
 
 
 def test_workload_key():
-    assert Workload("mlp", "mnist5k", 32).key == ("mlp", "mnist5k", 32)
+    assert TimedWorkload("mlp", "mnist5k", 32).key == ("mlp", "mnist5k", 32)
 
 
 # -- the command ----------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from harness.watchdog.heartbeat import Heartbeat
 from harness.watchdog.heartbeat_net import HeartbeatServer
 from harness.watchdog.heartbeat_row import Cause, Phase
 from harness.watchdog.supervision import read_states
-from harness.watchdog.verdict import JobJudge as Watchdog  # the test bodies still call it by its former name
+from harness.watchdog.verdict import JobJudge
 from harness.watchdog.verdict import RankState
 
 
@@ -181,11 +181,11 @@ def _state(rank, phase, iteration=5, algorithm=0, progress_at=100.0, slowest=0.1
                      iteration, host, cause)
 
 
-def _watchdog(**settings) -> Watchdog:
+def _watchdog(**settings) -> JobJudge:
     data = _scenario(faults=[{"kind": "hang", "rank": 2, "at_iteration": 5},
                              {"kind": "kill", "rank": 1, "at_iteration": 5}],
                      watchdog=settings)
-    return Watchdog(scenario_from_dict(data), launched_at=0.0)
+    return JobJudge(scenario_from_dict(data), launched_at=0.0)
 
 
 def test_timeout_follows_the_slowest_iteration():
@@ -290,7 +290,7 @@ def test_rank_that_never_reports_in_is_named_after_the_startup_timeout():
     assert verdict.kind == "not_started" and verdict.rank == 1
     assert "rank 1 (host unknown) did not start within startup_timeout_s (5 s; waited 6.0 s)" in verdict.message
     # Where the launcher placed them; a rank that connected but did not report in names its own host.
-    planned = Watchdog(dog_scenario := scenario_from_dict(_scenario(watchdog={"startup_timeout_s": 5})), 0.0,
+    planned = JobJudge(dog_scenario := scenario_from_dict(_scenario(watchdog={"startup_timeout_s": 5})), 0.0,
                        hosts=["vh1", "vh2", "vh2"])
     absent = [states[0], states[1], _state(2, Phase.NOT_STARTED, pid=0)]
     verdict = planned.check(absent, now=6.0, ended={})
@@ -299,7 +299,7 @@ def test_rank_that_never_reports_in_is_named_after_the_startup_timeout():
     absent[2] = _state(2, Phase.NOT_STARTED, pid=0, host="vh3")
     assert planned.check(absent, 6.0, {}).message.startswith("ranks 1 (on host vh2) and 2 (on host vh3) did not")
     # In a job the user started every rank runs already: no start-up verdict.
-    assert Watchdog(dog_scenario, 0.0, startup=False).check(absent, 6.0, {}) is None
+    assert JobJudge(dog_scenario, 0.0, startup=False).check(absent, 6.0, {}) is None
     # Ranks that reported in before MPI's start-up and wait there for the absent one are named too.
     waiting = [_state(0, Phase.STARTING, iteration=-1, algorithm=-1, progress_at=1.0, slowest=0.0, host="vh1"),
                _state(1, Phase.STARTING, iteration=-1, algorithm=-1, progress_at=1.0, slowest=0.0, host="vh2"),
@@ -314,7 +314,7 @@ def test_rank_that_never_reports_in_is_named_after_the_startup_timeout():
 def test_silence_is_counted_from_the_launch_at_the_earliest():
     # A rank that reported in with no progress time yet (0), or one from before the launch,
     # has been quiet since the launch, not since the machine booted.
-    dog = Watchdog(scenario_from_dict(_scenario(watchdog={"startup_timeout_s": 5})), launched_at=1000.0)
+    dog = JobJudge(scenario_from_dict(_scenario(watchdog={"startup_timeout_s": 5})), launched_at=1000.0)
     for progress_at in (0.0, 900.0):
         states = [_state(0, Phase.SETUP, iteration=-1, algorithm=-1, progress_at=progress_at, slowest=0.0),
                   _state(1, Phase.SETUP, iteration=-1, algorithm=-1, progress_at=1003.0, slowest=0.0)]

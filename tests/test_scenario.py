@@ -18,7 +18,8 @@ import yaml
 from harness.cli import main
 from harness.scenario import Scenario, ScenarioError, load_scenario, load_scenario_with_notes, read_yaml
 from harness.scenario import scenario_from_dict
-from harness.scenario.network import Link, link_table
+from harness.emulated_link import EmulatedLink
+from harness.scenario.network import link_table
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -338,7 +339,7 @@ def test_link_table_resolution_order() -> None:
 
 def test_link_table_lists_only_emulated_links_sorted() -> None:
     doc = _doc(network={"links": [{"from": 3, "to": 1, "latency_us": 5}, {"from": 0, "to": 2, "latency_us": 0}]})
-    assert link_table(scenario_from_dict(doc)) == [Link(3, 1, 5e-6, None)]
+    assert link_table(scenario_from_dict(doc)) == [EmulatedLink(3, 1, 5e-6, None)]
 
 
 def test_slow_link_scenario_slows_every_link_of_rank_0() -> None:

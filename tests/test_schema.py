@@ -31,7 +31,7 @@ from harness.scenario.json_schema import (
     scenario_json_schema_text,
 )
 from harness.scenario.reference import scenario_reference_markdown
-from harness.scenario.schema import Scenario, Watchdog, Workload
+from harness.scenario.schema import Scenario, WatchdogSettings, Workload
 
 # The fields' docstrings become their descriptions when documentation is made (harness.field_docs).
 document_models(StrictModel)
@@ -181,7 +181,7 @@ def _scenario_models() -> dict[str, type[BaseModel]]:
 def test_every_field_of_every_scenario_model_has_a_description() -> None:
     models = _scenario_models()
     assert {"Workload", "EmulatedCompute", "SGDOptimizer", "ReferenceOptimizer", "RandomRanksSpec", "PairLink",
-            "Topology", "KillFault", "Watchdog", "ResultsSettings", "WAGMAParams", "DiLoCoParams"} <= set(models)
+            "Topology", "KillFault", "WatchdogSettings", "ResultsSettings", "WAGMAParams", "DiLoCoParams"} <= set(models)
     missing = [f"{name}.{key}" for name, model in models.items() for key, field in model.model_fields.items()
                if not (field.description or "").strip()]
     assert missing == [], f"give these fields a docstring (the line after the field): {', '.join(missing)}"
@@ -206,7 +206,7 @@ def test_the_reference_page_shows_each_field_as_its_model_states_it(page) -> Non
     iterations = Workload.model_fields["iterations"]
     row = _row(page, "{ #workload }", "iterations")
     assert prose(iterations.description) in row and "| required |" in row and "≥ 1" in row
-    factor = Watchdog.model_fields["factor"]
+    factor = WatchdogSettings.model_fields["factor"]
     row = _row(page, "{ #watchdog }", "factor")
     assert f"| `{factor.default}` |" in row and prose(factor.description) in row and "≥ 1" in row
     # An algorithm's parameter, under its family.

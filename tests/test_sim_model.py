@@ -17,7 +17,7 @@ import harness.algorithms.sgp
 import harness.schedules
 import harness.sim
 from harness.scenario.loader import scenario_from_dict
-from harness.scenario.network import Link
+from harness.emulated_link import EmulatedLink
 from harness.sim.calibration import CalibrationEntry, NetworkModel
 from harness.schedules import RING_THRESHOLD_BYTES, TREE_CHUNK_BYTES
 from harness.sim.collective_schedules import (FLOAT_BYTES, RingSchedule, allreduce_schedule, tree_chunks,
@@ -65,7 +65,7 @@ def test_emulated_link_serialises_like_the_native_emulator() -> None:
     # 5 ms latency, 1 kB/ms: two 1 kB messages posted together; the second starts when the
     # first has left the link (1 ms later), then both need the progress delay and the base cost.
     base = NetworkModel(latency_s=ALPHA, bandwidth_bytes_per_s=BANDWIDTH, progress_s=0.5e-3)
-    net = SimNetwork(2, base, [Link(0, 1, 5e-3, 1e6)])
+    net = SimNetwork(2, base, [EmulatedLink(0, 1, 5e-3, 1e6)])
     first = net.message(0, 1, 1000, post=0.0)
     second = net.message(0, 1, 1000, post=0.0)
     assert first[0] == pytest.approx(1e-3 + 5e-3 + 0.5e-3)
@@ -77,7 +77,7 @@ def test_emulated_link_serialises_like_the_native_emulator() -> None:
 def test_emulated_link_slots_go_by_post_time_not_by_computation_order() -> None:
     # The simulator may compute a message posted in the future first (a collective's later
     # steps); one posted earlier but computed afterwards takes the gap before it.
-    net = SimNetwork(2, NET, [Link(0, 1, 0.0, 1e6)])  # 1 kB occupies the link for 1 ms
+    net = SimNetwork(2, NET, [EmulatedLink(0, 1, 0.0, 1e6)])  # 1 kB occupies the link for 1 ms
     assert net.message(0, 1, 1000, post=0.010)[0] == pytest.approx(0.011)
     assert net.message(0, 1, 1000, post=0.0)[0] == pytest.approx(0.001)
     assert net.message(0, 1, 1000, post=0.0095)[0] == pytest.approx(0.012)  # no gap fits before 11 ms
@@ -241,7 +241,7 @@ def test_a_tree_round_posts_on_all_of_a_members_edges_at_once() -> None:
     up; round 1: 2 (after its earlier sibling); round 2: the root sends down to both at once,
     on both links together (by colours, one after the other, the second would end at 3 ms)."""
     free = NetworkModel(latency_s=0.0, bandwidth_bytes_per_s=1e30)
-    links = [Link(a, b, 0.0, 400 / 1e-3) for a in range(3) for b in range(3) if a != b]
+    links = [EmulatedLink(a, b, 0.0, 400 / 1e-3) for a in range(3) for b in range(3) if a != b]
     schedule = allreduce_schedule(3, 100, RING_THRESHOLD_BYTES, "tree")
     assert [list(r) for r in schedule.rounds] == [[0], [1], [2, 3]]
     assert run_schedule(schedule, [0, 1, 2], [0.0] * 3, SimNetwork(3, free, links)) == pytest.approx([2e-3] * 3)
@@ -256,7 +256,7 @@ def test_tree_rounds_time_alike_in_python_and_numpy(p: int) -> None:
     schedule = allreduce_schedule(p, 1001, RING_THRESHOLD_BYTES, "tree", (), 400)
     assert schedule.continues_round is not None
     fast = run_schedule(schedule, list(range(p)), joins, SimNetwork(p, NET))
-    slow = run_schedule(schedule, list(range(p)), joins, SimNetwork(p, NET, [Link(0, 1, 0.0, 1e30)]))
+    slow = run_schedule(schedule, list(range(p)), joins, SimNetwork(p, NET, [EmulatedLink(0, 1, 0.0, 1e30)]))
     assert fast == pytest.approx(slow, rel=1e-12, abs=1e-12)
 
 
@@ -268,7 +268,7 @@ def test_python_and_numpy_paths_agree(p: int, count: int) -> None:
     schedule = allreduce_schedule(p, count)
     fast = run_schedule(schedule, list(range(p)), joins, net)
     # The same schedule through the vectorised path: an emulated link that adds nothing.
-    slow_net = SimNetwork(p, NET, [Link(0, 1, 0.0, 1e30)])
+    slow_net = SimNetwork(p, NET, [EmulatedLink(0, 1, 0.0, 1e30)])
     slow = run_schedule(schedule, list(range(p)), joins, slow_net)
     # A ring on the base network takes its closed form with the largest chunk's cost: within one
     # float's transfer per step of the step-by-step times.
@@ -285,7 +285,7 @@ def test_ring_closed_form_equals_the_steps(p: int) -> None:
         joins = [rng.choice([0.0, rng.uniform(0, 0.2)]) for _ in range(p)]
         schedule = allreduce_schedule(p, 50_000 * p)
         closed = run_schedule(schedule, list(range(p)), joins, SimNetwork(p, NET))
-        steps = run_schedule(schedule, list(range(p)), joins, SimNetwork(p, NET, [Link(0, 1, 0.0, 1e30)]))
+        steps = run_schedule(schedule, list(range(p)), joins, SimNetwork(p, NET, [EmulatedLink(0, 1, 0.0, 1e30)]))
         assert closed == pytest.approx(steps, rel=1e-12, abs=1e-12)
 
 
@@ -363,7 +363,7 @@ def test_adpsgd_passive_agent_serves_one_request_at_a_time() -> None:
     from harness.sim.standin import StandIn
 
     engine = SimEngine()
-    links = [Link(1, dst, 0.0, 25e6) for dst in (0, 2, 3)]
+    links = [EmulatedLink(1, dst, 0.0, 25e6) for dst in (0, 2, 3)]
     fabric = SimFabric(engine, SimNetwork(4, NetworkModel(latency_s=0.0, bandwidth_bytes_per_s=1e15), links), 4)
     ended = {}
 

@@ -13,7 +13,8 @@ from conftest import mpi_check_suite, save_test_calibration
 from harness.testing.real_runs import run_and_compare
 from harness.testing.scenarios import NIC_RUN_COMPUTE, NIC_RUN_LEAST_S, NIC_RUN_SCENARIO
 from harness.scenario import scenario_from_dict
-from harness.scenario.network import Link, NodeTopology, node_topology
+from harness.emulated_link import EmulatedLink
+from harness.scenario.network import NodeTopology, node_topology
 from harness.schedules import RING_THRESHOLD_BYTES
 from harness.scenario.network_fields import LinkSettings
 from harness.sim.calibration import NetworkModel
@@ -50,7 +51,7 @@ def test_simulator_holds_messages_as_the_native_emulator(seed: int, fabric: floa
     rng = random.Random(seed)
     node_of = [0, 0, 0, 1, 1, 2, 2]
     topo = _topology(node_of, fabric=fabric)
-    links = [Link(0, 3, 1e-3, 1e7), Link(4, 5, 0.0, 5e6)]  # one between nodes, one inside node 1
+    links = [EmulatedLink(0, 3, 1e-3, 1e7), EmulatedLink(4, 5, 0.0, 5e6)]  # one between nodes, one inside node 1
     t, messages = 0.0, []
     for _ in range(200):
         t += rng.choice([0.0, rng.expovariate(2000.0)])
@@ -237,7 +238,7 @@ def _uneven_nodes(size: int) -> tuple[int, ...]:
 
 
 @pytest.mark.mpi
-@pytest.mark.timing  # shares test_topology_under_mpi's launches
+@pytest.mark.timing  # shares TestTopologyChecks' launches
 @pytest.mark.parametrize("ranks", RANK_COUNTS)
 def test_tree_allreduce_under_mpi_is_the_simulated_sum(tmp_path_factory, ranks: int) -> None:
     """The native tree allreduce's sums under mpiexec (topology_checks.py's tree_allreduce_matches_mpi,

@@ -25,7 +25,7 @@ from harness.watchdog.heartbeat import Heartbeat
 from harness.watchdog.heartbeat_net import ADDRESS_ENV, HeartbeatServer, watchdog_address
 from harness.watchdog.heartbeat_row import FIELDS, Field, Phase
 from harness.watchdog.supervision import read_states, supervise
-from harness.watchdog.verdict import JobJudge as Watchdog  # the test bodies still call it by its former name
+from harness.watchdog.verdict import JobJudge
 
 HERE = socket.gethostname()
 
@@ -78,7 +78,7 @@ def _until(condition, timeout: float = 10.0) -> bool:
 def test_round_trip_turns_ages_into_this_clock_and_an_early_end_into_a_death():
     scenario = scenario_from_dict(_scenario(ranks=2, watchdog={"stall_timeout_s": 30}))
     with HeartbeatServer(2, "127.0.0.1") as server:
-        dog = Watchdog(scenario, time.monotonic())
+        dog = JobJudge(scenario, time.monotonic())
         # Rank 0 lives on a host whose clock is 1000 s ahead and last progressed 4 s ago, in
         # iteration 3; rank 1's clock is 500 s behind, in iteration 7. Then both connections end.
         done = threading.Thread(target=_fake_rank, args=(server.url, 0, 1000.0, [
@@ -263,7 +263,7 @@ def test_a_stuck_verdict_on_ranks_of_other_hosts_ends_the_job(tmp_path, monkeypa
                 stops.append((time.monotonic(), set(reported_in), remote))
                 stop_job(proc, reported_in, remote=remote)
 
-            rc, verdict = supervise(proc, server, Watchdog(scenario, time.monotonic()), stop,
+            rc, verdict = supervise(proc, server, JobJudge(scenario, time.monotonic()), stop,
                                     here=HERE if local else "elsewhere")
             ended = time.monotonic()
             pids = {st.rank: st.pid for st in read_states(server)}

@@ -75,7 +75,7 @@ QUICK = Effort(p2p_reps=20, rounds=2, op_reps=10, warmup=3, byte_budget=16 * MIB
 
 
 @dataclass(frozen=True)
-class Workload:
+class TimedWorkload:
     """One real-compute workload to time: what a rank trains, with the scenario's seed, optimizer
     and python_path (where the modules of a model or dataset given as ``"module:callable"`` are)."""
 
@@ -90,14 +90,14 @@ class Workload:
     python_path: tuple[str, ...] = ()
 
     @classmethod
-    def of_scenario(cls, scenario: Any) -> Workload:
+    def of_scenario(cls, scenario: Any) -> TimedWorkload:
         """The workload of a ``harness.scenario.Scenario``."""
         w = scenario.workload
         return cls(w.model, w.dataset, w.batch_size, scenario.seed, scenario.optimizer.model_dump(),
                    dict(w.model_args), dict(w.dataset_args), w.num_classes, tuple(scenario.python_path))
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Workload:
+    def from_json(cls, data: dict[str, Any]) -> TimedWorkload:
         return cls(**{**data, "python_path": tuple(data.get("python_path", ()))})
 
     @property
@@ -128,8 +128,8 @@ class Plan:
 
     ranks: int
     quick: bool = False
-    workloads: tuple[Workload, ...] = ()
-    op_models: tuple[Workload, ...] = ()
+    workloads: tuple[TimedWorkload, ...] = ()
+    op_models: tuple[TimedWorkload, ...] = ()
     op_bytes: tuple[int, ...] = ()
 
     @property
@@ -147,8 +147,8 @@ class Plan:
         return cls(
             ranks=int(data["ranks"]),
             quick=bool(data["quick"]),
-            workloads=tuple(Workload.from_json(w) for w in data["workloads"]),
-            op_models=tuple(Workload.from_json(w) for w in data["op_models"]),
+            workloads=tuple(TimedWorkload.from_json(w) for w in data["workloads"]),
+            op_models=tuple(TimedWorkload.from_json(w) for w in data["op_models"]),
             op_bytes=tuple(int(b) for b in data["op_bytes"]),
         )
 
@@ -160,12 +160,12 @@ def plan_from_scenarios(scenarios: Iterable[Any], quick: bool = False) -> Plan:
     scenario naming it gives the seed and optimizer); emulated-compute scenarios add no
     workload, only their communicated size to the allreduce sizes. ``ranks`` is left 0.
     """
-    workloads: dict[tuple[str, str, int], Workload] = {}
-    op_models: dict[tuple[str, str], Workload] = {}
+    workloads: dict[tuple[str, str, int], TimedWorkload] = {}
+    op_models: dict[tuple[str, str], TimedWorkload] = {}
     op_bytes: set[int] = set()
     for s in scenarios:
         w = s.workload
-        wl = Workload.of_scenario(s)
+        wl = TimedWorkload.of_scenario(s)
         if w.compute == "real":
             workloads.setdefault(wl.key, wl)
         if w.compute == "real" or w.params is None:

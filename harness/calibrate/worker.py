@@ -70,7 +70,7 @@ from harness.algorithms import algorithm_class
 from harness.algorithms.base import Algorithm, AlgorithmContext
 from harness.algorithms.params import AlgorithmParams
 from harness.calibrate import measure
-from harness.calibrate.measure import Plan, Workload
+from harness.calibrate.measure import Plan, TimedWorkload
 from harness.comm.asleep import quiet_barrier
 from harness.injection import InjectionPlan
 from harness.rank_exit import abort_job_after_error
@@ -181,14 +181,14 @@ def _scenario(ranks: int, seed: int, workload: dict[str, Any], iterations: int, 
     }, source="<calibration>")
 
 
-def _workload_scenario(ranks: int, workload: Workload, iterations: int = 1,
+def _workload_scenario(ranks: int, workload: TimedWorkload, iterations: int = 1,
                        algorithm: str | dict[str, Any] = "allreduce_sgd") -> Any:
     """A scenario training ``workload`` (with its seed, optimizer and python_path)."""
     return _scenario(ranks, workload.seed, workload.scenario_fields(), iterations, workload.optimizer, algorithm,
                      workload.python_path)
 
 
-def _data_key(workload: Workload) -> tuple[Any, ...]:
+def _data_key(workload: TimedWorkload) -> tuple[Any, ...]:
     """Workloads that train on the same data share one loaded dataset."""
     return workload.labels[1], workload.seed, workload.num_classes, workload.python_path
 
@@ -206,7 +206,7 @@ def _run_loop(comm: Any, scenario: Any, state: Any) -> list[float]:
     return [s.start_s for s in steps]
 
 
-def measure_compute(comm: Any, world: Any, effort: measure.Effort, workload: Workload, dataset: Any) -> Any:
+def measure_compute(comm: Any, world: Any, effort: measure.Effort, workload: TimedWorkload, dataset: Any) -> Any:
     """Per-iteration time of ``workload`` with all ranks training at once; (ComputePoint, state) on rank 0."""
     from mpi4py import MPI  # noqa: PLC0415  (lazy: importing mpi4py initializes MPI)
 
@@ -248,7 +248,7 @@ def measure_compute_alone(comm: Any, scenario: Any, state: Any, iterations: int)
     return measure.median(took[2:]) if took else None
 
 
-def measure_evaluation(comm: Any, world: Any, effort: measure.Effort, workload: Workload, state: Any) -> Any:
+def measure_evaluation(comm: Any, world: Any, effort: measure.Effort, workload: TimedWorkload, state: Any) -> Any:
     """Rank 0's time of one evaluation point's test metrics (average and rank0 models)."""
     point = None
     if comm.rank == 0:
@@ -286,7 +286,7 @@ def reference_algorithms(ranks: int) -> list[str | dict[str, Any]]:
     return ["allreduce_sgd", "dpsgd", "sgp", {"name": "wagma", "group_size": min(4, ranks), "period": 11}]
 
 
-def measure_reference_runs(comm: Any, world: Any, effort: measure.Effort, workload: Workload,
+def measure_reference_runs(comm: Any, world: Any, effort: measure.Effort, workload: TimedWorkload,
                            dataset: Any, compute_s: float) -> list[tuple[Any, Any]]:
     """Short real trainings of ``workload`` with each reference algorithm on all ranks.
 

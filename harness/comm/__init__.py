@@ -21,7 +21,7 @@ _FROM = {
     "RoundHandle": "harness._core",
     "now": "harness._core",
     "Communicator": "harness.comm.communicator",
-    "Link": "harness.comm.communicator",
+    "EmulatedLink": "harness.emulated_link",
     "PairwiseAverager": "harness.comm.communicator",
     "PushChannel": "harness.comm.communicator",
     "WaitAvoidingAllreduce": "harness.comm.communicator",

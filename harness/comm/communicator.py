@@ -20,7 +20,6 @@ from __future__ import annotations
 import atexit
 import weakref
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mpi4py import MPI as _MPI  # noqa: F401  loads libmpi (with RTLD_GLOBAL) before _core needs it
@@ -29,6 +28,7 @@ from harness import _core
 from harness._core import CommError
 from harness.comm.buffers import as_float32_buffer
 from harness.comm.op_record import OpRecord
+from harness.emulated_link import EmulatedLink
 from harness.schedules import RING_THRESHOLD_BYTES, TREE_CHUNK_BYTES, checked_quorum
 
 if TYPE_CHECKING:
@@ -44,16 +44,6 @@ def _shutdown_all() -> None:
     # progress thread is left inside MPI at interpreter exit.
     for comm in list(_live):
         comm.close()
-
-
-@dataclass(frozen=True)
-class Link:
-    """An emulated link ``src -> dst``: latency in seconds, bandwidth in bytes/s (None: unlimited)."""
-
-    src: int
-    dst: int
-    latency_s: float = 0.0
-    bandwidth_bytes_per_s: float | None = None
 
 
 class Communicator:
@@ -198,7 +188,7 @@ class Communicator:
         return PairwiseAverager(self._native.pairwise_averager(as_float32_buffer(initial, "initial model")))
 
     # -- emulation and records ---------------------------------------------------------------
-    def set_links(self, links: Iterable[Link]) -> None:
+    def set_links(self, links: Iterable[EmulatedLink]) -> None:
         """Emulate slow links: messages this rank sends to ``dst`` obey ``links`` with ``src == rank``.
 
         A message of b bytes is handed to MPI no earlier than latency + b / bandwidth after its

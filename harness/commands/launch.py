@@ -62,7 +62,7 @@ from harness.device import scenario_device_problem
 from harness.launch import Launch, LaunchError
 from harness.report import after_command
 from harness.scenario import ScenarioError, load_scenario_with_notes
-from harness.scenario.schema import Watchdog
+from harness.scenario.schema import WatchdogSettings
 from harness.watchdog.supervision import run_watched
 from harness.watchdog.verdict import Verdict
 
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     launch = Launch.choose(args.launcher, args.hosts)
     argv = [sys.executable, str(script), *args.args]
     if scenario is None:
-        watched = SimpleNamespace(name=script.stem, watchdog=Watchdog(), faults=[],
+        watched = SimpleNamespace(name=script.stem, watchdog=WatchdogSettings(), faults=[],
                                   algorithms=[SimpleNamespace(name=script.stem)])
         return _start(watched, ranks, argv, launch, env={}, what=f"{script}")[0]
     if not scenario.algorithms:

@@ -12,20 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.scenario.network_fields import Topology
+from harness.emulated_link import EmulatedLink
 from harness.scenario.schema import Scenario
 
 
-@dataclass(frozen=True)
-class Link:
-    """One directed link with emulated delay; bandwidth None means no emulated limit."""
-
-    src: int
-    dst: int
-    latency_s: float
-    bandwidth_bytes_per_s: float | None
-
-
-def link_table(scenario: Scenario) -> list[Link]:
+def link_table(scenario: Scenario) -> list[EmulatedLink]:
     """Every ordered link that differs from "no delay", sorted by (src, dst).
 
     Starts from ``network.default`` for each pair src != dst, then applies ``network.links`` in
@@ -46,7 +37,7 @@ def link_table(scenario: Scenario) -> list[Link]:
     pairs = (  # with a default, every pair is emulated: the table is ranks * (ranks - 1) long
         [(s, d) for s in range(ranks) for d in range(ranks) if s != d] if default != (0.0, None) else sorted(named)
     )
-    links = (Link(s, d, *named.get((s, d), default)) for s, d in pairs)
+    links = (EmulatedLink(s, d, *named.get((s, d), default)) for s, d in pairs)
     return [link for link in links if link.latency_s > 0 or link.bandwidth_bytes_per_s is not None]
 
 

@@ -51,7 +51,7 @@ MODEL_SECTIONS: dict[str, tuple[str, str]] = {
     "KillFault": ("`kill`", "faults-kill"),
     "HangFault": ("`hang`", "faults-hang"),
     "SlowStartFault": ("`slow_start`", "faults-slow_start"),
-    "Watchdog": ("`watchdog`", "watchdog"),
+    "WatchdogSettings": ("`watchdog`", "watchdog"),
     "ResultsSettings": ("`results`", "results"),
     "SimulationSettings": ("`simulation`", "simulation"),
 }
@@ -127,7 +127,7 @@ class _Page:
             self.model_section(4, name)
         self.model_section(3, "Topology")
         self.kinds("faults", props["faults"])
-        self.model_section(2, "Watchdog")
+        self.model_section(2, "WatchdogSettings")
         self.model_section(2, "ResultsSettings")
         self.model_section(2, "SimulationSettings")
         others = [name for name in self.defs if name not in self.done]

@@ -210,7 +210,7 @@ class Workload(StrictModel):
         return self
 
 
-class Watchdog(StrictModel):
+class WatchdogSettings(StrictModel):
     """When ``python -m harness run`` declares the job stuck and stops it.
 
     A rank is stuck when it has made no progress (started an iteration or a phase) for longer
@@ -381,7 +381,7 @@ class Scenario(StrictModel):
     """Emulated links, nodes and the allreduce algorithm (default: no emulated network)."""
     faults: list[AnyFaultSpec] = []  # noqa: RUF012  (a pydantic field: each model copies its default)
     """Injected faults: ``kill``, ``hang``, ``slow_start`` (real runs only; the simulator ignores them)."""
-    watchdog: Watchdog = Watchdog()
+    watchdog: WatchdogSettings = WatchdogSettings()
     """When ``python -m harness run`` declares the job stuck and stops it."""
     results: ResultsSettings = ResultsSettings()
     """What a run keeps and how its summary judges the algorithms."""

@@ -42,7 +42,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from harness.scenario.network import Link, NodeTopology
+from harness.emulated_link import EmulatedLink
+from harness.scenario.network import NodeTopology
 from harness.schedules import RING_THRESHOLD_BYTES
 from harness.sim.calibration import NetworkModel
 from harness.sim.collective_schedules import (
@@ -161,7 +162,7 @@ class SimNetwork:
     topology of nodes (``harness.scenario.network.NodeTopology``), or the hosts of a multi-host
     run as nodes."""
 
-    def __init__(self, ranks: int, base: NetworkModel, links: Sequence[Link] = (),
+    def __init__(self, ranks: int, base: NetworkModel, links: Sequence[EmulatedLink] = (),
                  ring_threshold_bytes: int = RING_THRESHOLD_BYTES, topology: NodeTopology | None = None,
                  clock: Callable[[], float] | None = None, hosts: NodeTopology | None = None,
                  allreduce: str = "auto") -> None:

@@ -14,7 +14,7 @@ from functools import cache
 
 from harness.validation import collectives, systems
 from harness.validation.model import Case, Prediction, Published
-from harness.validation.systems import GPUS_PER_NODE, Link, Measured
+from harness.validation.systems import GPUS_PER_NODE, Fabric, Measured
 
 UNLIMITED = 1e6  # GB/s: a link that never binds
 
@@ -76,7 +76,7 @@ FITS = (f"NVLink efficiency: fitted on {systems.H200_1NODE_RING.where} (not scor
         f"EFA efficiency: fitted on {systems.B200_4NODE[16].where} (not scored)")
 
 
-def _bus_case(name: str, claim: str, m: Measured, nvlink: Link, setup: str, gap: str = "") -> Case:
+def _bus_case(name: str, claim: str, m: Measured, nvlink: Fabric, setup: str, gap: str = "") -> Case:
     def predict() -> Prediction:
         nv = nvlink_efficiency() * nvlink.gbytes_per_s
         nic = efa_efficiency() * systems.EFA_3200.gbytes_per_s if m.nodes > 1 else UNLIMITED

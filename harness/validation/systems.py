@@ -108,7 +108,7 @@ STAS_SOURCE = "stas00/ml-engineering, network/README.md"
 
 
 @dataclass(frozen=True)
-class Link:
+class Fabric:
     """A fabric's line rate in one direction (GB/s, 10**9 bytes) and one-way latency (us),
     and where both come from."""
 
@@ -123,12 +123,12 @@ class Link:
 # NVSwitch gives every pair of GPUs the full rate. Latency: about 1 us (NVIDIA does not publish
 # one; a GPU-to-GPU NVLink message costs a microsecond or two in the nccl-tests tables' 8-byte
 # rows, which are dominated by launch costs, so latency hardly matters at GiB payloads).
-NVLINK4 = Link(450.0, 1.0, "NVLink 4: 450 GB/s each way per GPU (NVIDIA H100/H200 datasheets: 900 GB/s both ways)")
-NVLINK5 = Link(900.0, 1.0, "NVLink 5: 900 GB/s each way per GPU (NVIDIA B200 datasheet: 1.8 TB/s both ways)")
+NVLINK4 = Fabric(450.0, 1.0, "NVLink 4: 450 GB/s each way per GPU (NVIDIA H100/H200 datasheets: 900 GB/s both ways)")
+NVLINK5 = Fabric(900.0, 1.0, "NVLink 5: 900 GB/s each way per GPU (NVIDIA B200 datasheet: 1.8 TB/s both ways)")
 # EFA on p5en.48xlarge (16 x 200 Gb/s EFAv3) and p6-b200.48xlarge (8 x 400 Gb/s EFAv4): 3,200
 # Gb/s a node, 400 GB/s (AWS EC2 accelerated instance types; stas00: "8x 50GBps EFA v4 out").
 # Latency about 15 us (EFA's SRD small-message latency; it only matters at small payloads).
-EFA_3200 = Link(400.0, 15.0, "EFA: 3,200 Gb/s a node = 400 GB/s (AWS: p5en.48xlarge 16 x 200 Gb/s EFAv3, "
+EFA_3200 = Fabric(400.0, 15.0, "EFA: 3,200 Gb/s a node = 400 GB/s (AWS: p5en.48xlarge 16 x 200 Gb/s EFAv3, "
                              "p6-b200.48xlarge 8 x 400 Gb/s EFAv4)")
 
 
@@ -160,9 +160,9 @@ B200_4NODE = {size: Measured(4, size * GIB, busbw, f"{STAS_SOURCE}, table in 'In
 # p3dn.24xlarge: 8 V100 (NVLink 2, 6 links of 25 GB/s each way per GPU: 150 GB/s each way, NVIDIA
 # Tesla V100 datasheet: 300 GB/s of NVLink both ways) and one 100 Gb/s EFA NIC (AWS EC2 P3
 # instance types page).
-NVLINK2 = Link(150.0, 1.0, "NVLink 2: 150 GB/s each way per GPU, NCCL's channels together (NVIDIA V100 datasheet: "
+NVLINK2 = Fabric(150.0, 1.0, "NVLink 2: 150 GB/s each way per GPU, NCCL's channels together (NVIDIA V100 datasheet: "
                            "300 GB/s of NVLink both ways)")
-P3DN_EFA = Link(12.5, 15.0, "EFA on p3dn.24xlarge: 100 Gb/s (AWS EC2 P3 instance types); its small-message latency "
+P3DN_EFA = Fabric(12.5, 15.0, "EFA on p3dn.24xlarge: 100 Gb/s (AWS EC2 P3 instance types); its small-message latency "
                             "is not in the source: 15 us is assumed (it only weighs on the tree, once per 1 MiB "
                             "chunk: 954 chunks x 15 us = 14 ms of a 1 GB allreduce)")
 
@@ -176,5 +176,5 @@ GOYAL_SERVERS = 32
 GOYAL_GPUS_PER_SERVER = 8
 GOYAL_BATCH_PER_GPU = 32
 GOYAL_BASELINE_HOURS = 29.0
-GOYAL_NIC = Link(50 / 8, 20.0, "50 Gb/s Ethernet per Big Basin server (Goyal et al., section 5); latency: the "
+GOYAL_NIC = Fabric(50 / 8, 20.0, "50 Gb/s Ethernet per Big Basin server (Goyal et al., section 5); latency: the "
                                "ethernet_10g preset's 20 us (not in the source; a few ms of a 0.26 s iteration)")

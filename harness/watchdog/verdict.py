@@ -6,7 +6,7 @@ Three things end a job:
 - a rank's process ends before the rank reported DONE (killed, crashed, or raised an error);
 - a rank did not report in within ``startup_timeout_s`` of the launch;
 - the job is stuck: some rank made no progress for longer than its timeout (see
-  ``harness.scenario.schema.Watchdog``). The rank named is the one furthest behind, preferring
+  ``harness.scenario.schema.WatchdogSettings``). The rank named is the one furthest behind, preferring
   a rank that is not waiting in communication: the others are usually waiting for it.
 
 The verdict names the root cause first: the rank, its pid and host, the algorithm, the iteration
@@ -39,7 +39,7 @@ import numpy as np
 
 from harness.scenario.fault_fields import HangFault, KillFault, SlowStartFault
 from harness.scenario.schema import Scenario
-from harness.scenario.schema import Watchdog as WatchdogSettings
+from harness.scenario.schema import WatchdogSettings
 from harness.watchdog.heartbeat_row import Cause, Field, Phase
 
 # The pace both supervisors consult the judge at.

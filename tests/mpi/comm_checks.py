@@ -18,7 +18,7 @@ import numpy as np
 from mpi4py import MPI
 
 from checklib import Checks, Skip, run_checks
-from harness.comm import CommError, Communicator, Link
+from harness.comm import CommError, Communicator, EmulatedLink
 from harness.schedules import wagma_phases
 
 WORLD = MPI.COMM_WORLD
@@ -229,7 +229,7 @@ def link_emulation_delays_messages(comm: Communicator) -> None:
     times, back = {}, (0.0, 0.0)
     # 10 MB/s on the 0 -> 1 link only: 1 MB is delivered >= 100 ms after rank 0 posts it.
     # Then 50 ms latency only. Both ranks share the host's monotonic clock.
-    for case, link, n_send in (("bandwidth", Link(0, 1, 0.0, 10e6), n), ("latency", Link(0, 1, 0.05, None), 1)):
+    for case, link, n_send in (("bandwidth", EmulatedLink(0, 1, 0.0, 10e6), n), ("latency", EmulatedLink(0, 1, 0.05, None), 1)):
         comm.set_links([link])
         comm.barrier()
         if RANK in (0, 1):
@@ -419,7 +419,7 @@ def pairwise_averaging_serves_one_request_at_a_time(comm: Communicator) -> None:
         raise Skip("needs an even rank count >= 4: two active ranks asking one passive rank")
     n = 250_000
     x = np.full(n, float(RANK), dtype=np.float32)
-    comm.set_links([Link(1, dst, 0.0, 25e6) for dst in range(SIZE) if dst != 1])
+    comm.set_links([EmulatedLink(1, dst, 0.0, 25e6) for dst in range(SIZE) if dst != 1])
     avg = comm.pairwise_averager(x)
     posted, ended = math.inf, -math.inf
     WORLD.Barrier()
@@ -449,7 +449,7 @@ def bad_calls_raise_comm_error(comm: Communicator) -> None:
         "negative peer": lambda: comm.exchange(np.zeros(3, dtype=np.float32), np.zeros(3, dtype=np.float32), -1),
         "exchange length": lambda: comm.exchange(np.zeros(3, dtype=np.float32), np.zeros(4, dtype=np.float32), 0),
         "list": lambda: comm.allreduce([1.0, 2.0]),
-        "bad link": lambda: comm.set_links([Link(RANK, SIZE, 0.0, None)]),
+        "bad link": lambda: comm.set_links([EmulatedLink(RANK, SIZE, 0.0, None)]),
     }
     for name, call in cases.items():
         try:

@@ -26,7 +26,7 @@ mpi4py.rc.finalize = False
 import numpy as np  # noqa: E402  (after mpi4py's settings)
 from mpi4py import MPI  # noqa: E402
 
-from harness.comm import CommError, Communicator, Link  # noqa: E402
+from harness.comm import CommError, Communicator, EmulatedLink  # noqa: E402
 
 LINK_LATENCY_S = 1.0
 DIES_AFTER_S = 0.2  # well before the link releases rank 0's message
@@ -36,7 +36,7 @@ def main(out_path: str) -> int:
     world = MPI.COMM_WORLD
     comm = Communicator(world)
     if world.rank == 0:
-        comm.set_links([Link(0, 1, LINK_LATENCY_S, None)])
+        comm.set_links([EmulatedLink(0, 1, LINK_LATENCY_S, None)])
     world.Barrier()
     send = np.full(10, world.rank, dtype=np.float32)
     recv = np.zeros_like(send)

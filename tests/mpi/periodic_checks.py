@@ -22,7 +22,7 @@ from checklib import Checks, Skip, agree, agree_that, run_checks
 from harness.algorithms import algorithm_class, params_model
 from harness.algorithms.base import AlgorithmContext
 from harness.schedules import periodic_sync
-from harness.comm import Communicator, Link
+from harness.comm import Communicator, EmulatedLink
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.rank, WORLD.size
@@ -306,7 +306,7 @@ def overlap_variants_do_not_wait_at_sync_points(comm: Communicator) -> None:
         raise Skip("needs 2 ranks: one rank sends no messages")
     slow = Communicator(WORLD)
     latency = 0.1
-    slow.set_links([Link(0, r, latency) for r in range(1, SIZE)] + [Link(r, 0, latency) for r in range(1, SIZE)])
+    slow.set_links([EmulatedLink(0, r, latency) for r in range(1, SIZE)] + [EmulatedLink(r, 0, latency) for r in range(1, SIZE)])
     blocking_waits = []  # measured first, in this launch: what an overlapped sync is held against
     try:
         for name, params, blocking in (

@@ -14,6 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from checklib import Checks, Skip, agree_that, run_checks
+from harness._core import DType, ReduceOp
 from harness.testing.nic_exchange import exchange_through_nics, nic_topology, simulated_exchange_ends
 from harness.comm import Communicator
 
@@ -138,7 +139,7 @@ def tree_allreduce_matches_mpi() -> str:
                     for n in (7, 100_003):
                         x64 = tree_input(RANK, n, np.float64)
                         total = x64.copy()
-                        group.allreduce(total, total.ctypes.data, n, 1, 0, 1).wait()  # float64, sum, tag 1
+                        group.allreduce(total, total.ctypes.data, n, DType.float64, ReduceOp.SUM, 1).wait()  # tag 1
                         np.testing.assert_allclose(total, sum(tree_input(r, n, np.float64) for r in members),
                                                    rtol=1e-12, atol=1e-9, err_msg=f"{label}, group, n={n}")
                         lines.append(f"group {name} {chunk} {n} {sha1(total)}")

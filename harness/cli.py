@@ -11,7 +11,7 @@ Commands from outside the library are found through the ``harness.commands`` ent
 the library importing it. ``KEY=VALUE`` overrides may come anywhere on a command's line
 (``harness.commands.overrides``).
 
-A command reports bad input by raising a :class:`~harness.config.HarnessError` (a scenario
+A command reports bad input by raising a :class:`~harness.errors.HarnessError` (a scenario
 file that does not load, a calibration file that lacks what is needed, a launcher that cannot
 start the ranks): ``main`` prints it as ``error:`` lines and exits 2, for every command alike.
 """
@@ -26,7 +26,7 @@ from importlib.metadata import entry_points
 from types import ModuleType
 
 from harness.commands.overrides import parse_command_line
-from harness.config import HarnessError
+from harness.errors import HarnessError
 
 COMMANDS = ("run", "launch", "validate", "sbatch", "bench", "calibrate", "simulate", "compare", "report", "schema",
             "chakra")

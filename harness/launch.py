@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.config import HarnessError
+from harness.errors import HarnessError
 from harness.process_tree import stop_job
 
 LAUNCHERS = ("auto", "mpiexec", "slurm")

@@ -16,7 +16,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Discriminator, Field, Tag, field_validator, model_validator
 
-from harness.config import NonNegativeFloat, ParamError, PositiveFloat, StrictModel
+from harness.errors import ParamError
+from harness.strict_model import NonNegativeFloat, PositiveFloat, StrictModel
 from harness.user_code import UserCodeError, check_reference, is_reference
 
 BUILT_IN_OPTIMIZERS = ("sgd", "adam", "adamw")

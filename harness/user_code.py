@@ -27,7 +27,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from harness.config import HarnessError
+from harness.errors import HarnessError
 
 REFERENCE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 REFERENCE_FORM = "'module:attribute' (e.g. 'mynet:build')"

@@ -43,7 +43,7 @@ import yaml
 from tabulate import tabulate
 
 from harness.arguments import name_list
-from harness.config import HarnessError
+from harness.errors import HarnessError
 from harness.results import atomic
 from harness.scenario import load_scenario
 from harness.sim.calibration import DEFAULT_PATH

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from harness.comm.call_log import CALL_NAMES, CallLog
-from harness.config import HarnessError
+from harness.errors import HarnessError
 from harness.results.columns import COMM_CALL_COLUMNS
 from harness.results.records import COMM_CALLS_FILE, RunDirectory
 from harness.scenario.loader import scenario_from_dict

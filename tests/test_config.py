@@ -7,7 +7,8 @@ import pytest
 from harness.algorithms.params import AlgorithmParams, LocalSGDParams
 from harness.bench.sizes import SizeError
 from harness.cli import error_text, main
-from harness.config import HarnessError, ParamError, StrictModel
+from harness.errors import HarnessError, ParamError
+from harness.strict_model import StrictModel
 from harness.launch import LaunchError
 from harness.scenario import Scenario, ScenarioError, scenario_from_dict
 from harness.scenario.schema import Workload

@@ -52,7 +52,7 @@ def test_a_node_links_its_gpus_by_nvlink_unless_told() -> None:
     ({"staging": {"bandwidth_gbps": 10, "pcie": 3}}, "workload.staging.pcie: unknown key"),
 ])
 def test_bad_local_costs_are_named(workload, message) -> None:
-    from harness.config import ParamError
+    from harness.errors import ParamError
     from harness.scenario.loader import ScenarioError
 
     with pytest.raises((ScenarioError, ParamError)) as info:

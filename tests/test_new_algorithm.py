@@ -24,7 +24,7 @@ import yaml
 from harness.algorithms.base import Algorithm, AlgorithmContext
 from harness.algorithms.params import AlgorithmParams
 from harness.algorithms.registry import register, unregister
-from harness.config import PositiveInt
+from harness.strict_model import PositiveInt
 from harness.launch import run_ranks
 from harness.results.records import RunDirectory
 

@@ -22,7 +22,7 @@ import yaml
 from conftest import harness_cli, run_scenario
 from harness.algorithms.base import AlgorithmContext
 from harness.algorithms.registry import algorithm_class, params_model
-from harness.config import ParamError
+from harness.errors import ParamError
 from harness.injection import InjectionPlan
 from harness.runner.flat_sgd import FlatSGD
 from harness.runner.local_work import LocalWork

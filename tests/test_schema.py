@@ -20,7 +20,7 @@ from harness.algorithms import registry
 from harness.algorithms.user_class import ClassEntryParams
 from harness.algorithms.variant import VariantEntryParams
 from harness.cli import main
-from harness.config import StrictModel
+from harness.strict_model import StrictModel
 from harness.field_docs import document_models
 from harness.scenario import load_scenario, read_yaml
 from harness.scenario.json_schema import (

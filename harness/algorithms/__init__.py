@@ -17,7 +17,8 @@ from typing import Any
 from harness.algorithms.base import Algorithm, AlgorithmContext
 from harness.algorithms.params import AlgorithmParams
 from harness.algorithms.registry import Registration, algorithm_class, names, params_model, register, registration
-from harness.config import NonNegativeFloat, NonNegativeInt, ParamError, PositiveFloat, PositiveInt
+from harness.errors import ParamError
+from harness.strict_model import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 __all__ = [
     "Algorithm",

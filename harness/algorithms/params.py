@@ -24,8 +24,9 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, model_serializer, model_validator
 
-from harness.config import NonNegativeInt, ParamError, PositiveFloat, PositiveInt, StrictModel
+from harness.errors import ParamError
 from harness.optimizer_spec import AdamWOptimizer, OptimizerSpec
+from harness.strict_model import NonNegativeInt, PositiveFloat, PositiveInt, StrictModel
 
 Fraction = Annotated[float, Field(ge=0.0, lt=1.0)]  # momentum-like: 1.0 would never forget
 Rate = Annotated[float, Field(gt=0.0, le=1.0)]  # moving / pull rate: 0 would never move
@@ -180,7 +181,7 @@ class OSGPParams(SGPParams):
     Assran, Loizou, Ballas, Rabbat: Stochastic Gradient Push for Distributed Deep Learning, ICML 2019.
     """
 
-    name: Literal["osgp"] = "osgp"  # type: ignore[assignment]
+    name: Literal["osgp"] = "osgp"  # type: ignore[assignment]  # its own name: the scenario's discriminator
     """``osgp``."""
     synch_freq: NonNegativeInt = 0
     """Iterations a gossip round may stay in flight without being waited for: a rank takes at most
@@ -301,7 +302,7 @@ class WAGMAParams(AlgorithmParams):
         return [wagma_groups.group_note(self.name, ranks, self.group_size)]
 
     def run_facts(self, ranks: int) -> dict[str, Any]:
-        from harness.schedules import wagma_radices  # noqa: PLC0415
+        from harness.schedules import wagma_radices  # noqa: PLC0415  (numpy: not for importing the registry)
 
         return {"wagma_group_sizes": list(wagma_radices(ranks, self.group_size))}
 

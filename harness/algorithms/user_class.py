@@ -20,7 +20,7 @@ the class again: every process that loads it (each rank, ``compare``, ``figures`
 the same class. Registering a name again with the same class is a no-op; with another class it
 is an error, as is a built-in algorithm's name.
 
-Every failure is a :class:`~harness.config.ParamError` at ``name`` or ``class`` (the scenario
+Every failure is a :class:`~harness.errors.ParamError` at ``name`` or ``class`` (the scenario
 loader puts ``algorithms[i].`` in front).
 """
 
@@ -34,7 +34,7 @@ from pydantic import ConfigDict, Field, create_model
 from harness.algorithms import registry
 from harness.algorithms.base import Algorithm
 from harness.algorithms.params import AlgorithmParams
-from harness.config import ParamError
+from harness.errors import ParamError
 from harness.user_code import UserCodeError, load_reference
 
 CLASS_KEY: Final = "class"  # the scenario key naming the class

@@ -25,7 +25,7 @@ The registry lists a variant's registration under its label (``registry.registra
 ``registry.names()``: a label names an entry that says what it runs, not an algorithm that can
 be listed by name alone.
 
-Rules (each failure a :class:`~harness.config.ParamError` at ``name`` or ``algorithm``, which
+Rules (each failure a :class:`~harness.errors.ParamError` at ``name`` or ``algorithm``, which
 the scenario loader prefixes with ``algorithms[i].``):
 
 - ``algorithm`` names a built-in algorithm (``registry.BUILT_IN``);
@@ -46,7 +46,7 @@ from pydantic import create_model
 
 from harness.algorithms import registry
 from harness.algorithms.params import AlgorithmParams
-from harness.config import ParamError
+from harness.errors import ParamError
 
 ALGORITHM_KEY = "algorithm"  # the scenario key naming the built-in an entry runs
 

@@ -39,8 +39,8 @@ import torch
 
 from harness.algorithms import scenario_facts
 from harness.comm.call_log import CallLog
-from harness.config import HarnessError
 from harness.device import local_rank, torch_device
+from harness.errors import HarnessError
 from harness.faults import FaultPlan
 from harness.injection import InjectionPlan
 from harness.launch import srun_without_pmi

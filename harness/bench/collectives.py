@@ -26,7 +26,7 @@ from typing import Any
 from harness.arguments import argtype, int_at_least, split_list
 from harness.bench.collective_ops import OPS
 from harness.bench.sizes import MIB, parse_bytes, parse_sizes
-from harness.config import HarnessError
+from harness.errors import HarnessError
 from harness.scenario.network import NodeTopology
 from harness.scenario.network_fields import TOPOLOGY_PRESETS, Topology
 

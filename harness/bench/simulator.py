@@ -43,7 +43,7 @@ from tabulate import tabulate
 
 from harness.algorithms import registry
 from harness.arguments import argtype, split_list
-from harness.config import HarnessError
+from harness.errors import HarnessError
 from harness.scenario.loader import scenario_from_dict
 from harness.sim.calibration import CalibrationEntry, ComputePoint
 from harness.workload.names import workload_labels

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from harness.arguments import split_list
-from harness.config import HarnessError
+from harness.errors import HarnessError
 
 KIB = 1024
 MIB = 1024 * KIB

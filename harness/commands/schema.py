@@ -19,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.config import HarnessError
+from harness.errors import HarnessError
 from harness.scenario.json_schema import scenario_json_schema_text
 
 

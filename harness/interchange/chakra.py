@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.config import HarnessError
+from harness.errors import HarnessError
 from harness.interchange.et_format import COLLECTIVE_COMM_TYPES, COMM_TYPE, NODE_TYPE
 
 PRODUCER = "harness"

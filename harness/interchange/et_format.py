@@ -24,7 +24,7 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from harness.config import HarnessError
+from harness.errors import HarnessError
 from harness.results import atomic
 
 PACKAGE = "ChakraProtoMsg"

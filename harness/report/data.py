@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from harness.config import HarnessError
+from harness.errors import HarnessError
 from harness.results.atomic import CSV_NA_REP
 from harness.results.columns import EVAL_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS, read_frame
 from harness.results.layout import EVALS_FILE, RUN_FILE, SCENARIO_FILE, STEPS_FILE, SUMMARY_FILE

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from harness.config import ParamError
+from harness.errors import ParamError
 from harness.runner.flat_sgd import FlatSGD
 from harness.scenario.schema import (
     AdamOptimizer,

@@ -35,8 +35,8 @@ from harness.watchdog.heartbeat_row import Phase
 from harness.watchdog.in_job import join_watchdog, report_in_before_mpi
 from harness.watchdog.verdict import Verdict
 
-# Imported where used: mpi4py (importing it starts MPI), torch (`python -m harness` imports this
-# module), pandas (rank 0 alone writes results).
+# Imported where used: mpi4py (importing it starts MPI), torch (seconds of CPU: after this rank has
+# reported in to the watchdog), pandas (rank 0 alone writes results).
 
 
 def main(run_dir: str, resume: bool = False) -> int:
@@ -83,7 +83,7 @@ def main(run_dir: str, resume: bool = False) -> int:
 def _train_all(world, run_dir: Path, run, scenario, faults, beat) -> None:
     """Every algorithm not finished yet, in the scenario's order; rank 0 writes (into ``run``,
     None on the other ranks) after each."""
-    import torch  # noqa: PLC0415  (not for `python -m harness`, which imports this module)
+    import torch  # noqa: PLC0415  (seconds of CPU: after the rank reported in, see main)
 
     from harness.comm import Communicator  # noqa: PLC0415  (loads mpi4py.MPI)
     from harness.runner.local_work import LocalWork  # noqa: PLC0415  (torch)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from harness.config import ParamError
+from harness.errors import ParamError
 from harness.scenario.loader import ScenarioError
 from harness.user_code import is_reference
 from harness.workload.names import WorkloadCodeError, is_plain, resolve

@@ -6,8 +6,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from harness.config import NonNegativeFloat, NonNegativeInt, ParamError, StrictModel
+from harness.errors import ParamError
 from harness.scenario.ranks import Rank, check_rank
+from harness.strict_model import NonNegativeFloat, NonNegativeInt, StrictModel
 
 
 class FaultSpec(StrictModel):

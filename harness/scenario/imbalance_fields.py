@@ -9,8 +9,9 @@ from typing import Annotated, Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field, model_serializer, model_validator
 
-from harness.config import NonNegativeFloat, NonNegativeInt, ParamError, PositiveFloat, PositiveInt, StrictModel
+from harness.errors import ParamError
 from harness.scenario.ranks import Rank, check_ranks
+from harness.strict_model import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, StrictModel
 
 
 class InjectorSpec(StrictModel):

@@ -44,13 +44,13 @@ from harness.algorithms import registry
 from harness.algorithms.params import AlgorithmParams
 from harness.algorithms.user_class import CLASS_KEY, ClassEntryParams
 from harness.algorithms.variant import ALGORITHM_KEY, VariantEntryParams
-from harness.config import StrictModel
 from harness.field_docs import document_models
 from harness.optimizer_spec import BUILT_IN_OPTIMIZERS, ReferenceOptimizer, SGDOptimizer
 from harness.scenario.schema import (
     _NAME as SCENARIO_NAME,  # what Scenario._name_chars accepts
 )
 from harness.scenario.schema import Scenario
+from harness.strict_model import StrictModel
 from harness.user_code import REFERENCE
 from harness.workload.names import DATASETS, MODELS
 

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from harness.algorithms.params import RenamedParameterWarning
-from harness.config import HarnessError
+from harness.errors import HarnessError
 from harness.scenario.overrides import Override, OverrideError, apply_override, parse_override
 from harness.scenario.schema import Scenario
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.scenario.network_fields import Topology
 from harness.emulated_link import EmulatedLink
+from harness.scenario.network_fields import Topology
 from harness.scenario.schema import Scenario
 
 

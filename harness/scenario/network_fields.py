@@ -8,8 +8,9 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Discriminator, Field, Tag, model_serializer, model_validator
 
-from harness.config import NonNegativeFloat, NonNegativeInt, ParamError, PositiveFloat, PositiveInt, StrictModel
+from harness.errors import ParamError
 from harness.scenario.ranks import Rank, check_each, check_rank, check_ranks
+from harness.strict_model import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, StrictModel
 
 
 def _latency_ms_schema(schema: dict[str, Any]) -> None:

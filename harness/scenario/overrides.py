@@ -32,7 +32,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from harness.config import HarnessError
+from harness.errors import HarnessError
 
 DELETE = object()
 """The value of a ``~KEY`` override: remove the field."""

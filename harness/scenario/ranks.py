@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.config import NonNegativeInt, ParamError
+from harness.errors import ParamError
+from harness.strict_model import NonNegativeInt
 
 Rank = NonNegativeInt  # "< ranks" is checked by Scenario, which knows ranks
 MAX_RANKS = 1 << 16  # far beyond any run here; stops a typo from allocating per-rank tables

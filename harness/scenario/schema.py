@@ -28,7 +28,7 @@ from pydantic import (
 from harness.algorithms import user_class, variant
 from harness.algorithms.params import AlgorithmParams
 from harness.algorithms.registry import names, params_model
-from harness.config import NonNegativeFloat, NonNegativeInt, ParamError, PositiveFloat, PositiveInt, StrictModel
+from harness.errors import ParamError
 from harness.optimizer_spec import (  # noqa: F401  (re-exported: scenario code imports them from here)
     BUILT_IN_OPTIMIZERS,
     AdamOptimizer,
@@ -41,6 +41,7 @@ from harness.scenario.fault_fields import AnyFaultSpec, SlowStartFault
 from harness.scenario.imbalance_fields import AnyInjectorSpec
 from harness.scenario.network_fields import HostStaging, Network, NodeAgent
 from harness.scenario.ranks import MAX_RANKS, check_each
+from harness.strict_model import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, StrictModel
 from harness.user_code import UserCodeError, check_reference, is_reference
 from harness.workload.names import unknown_name
 

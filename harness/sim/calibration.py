@@ -48,8 +48,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from harness.calibrate.measure import MIN_RANKS
-from harness.config import HarnessError, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from harness.errors import HarnessError
 from harness.results import atomic
+from harness.strict_model import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 FORMAT_VERSION = 1
 DEFAULT_PATH = Path("results") / "calibration.json"
@@ -59,7 +60,7 @@ class CalibrationError(HarnessError):
 
 
 class _Strict(BaseModel):
-    # Not harness.config.StrictModel: the file is written by the harness itself (JSON numbers,
+    # Not harness.strict_model.StrictModel: the file is written by the harness itself (JSON numbers,
     # where an integral float reads back as an int), so lax number types are right here.
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -42,7 +42,7 @@ import pandas as pd
 
 from harness.algorithms.base import Algorithm, AlgorithmContext
 from harness.algorithms.params import AlgorithmParams
-from harness.config import HarnessError
+from harness.errors import HarnessError
 from harness.results.columns import COLLECTIVE_COLUMNS, COLLECTIVE_FILE, read_frame
 from harness.sim.collective_schedules import FLOAT_BYTES
 from harness.sim.engine import SimDeadlock

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from harness.compute_time import emulated_compute_s
-from harness.config import HarnessError
+from harness.errors import HarnessError
 from harness.local_costs import iteration_overhead_s
 from harness.scenario.schema import Scenario
 from harness.sim.calibration import CalibrationEntry, CalibrationError

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.cli import build_parser
-from harness.config import HarnessError
+from harness.errors import HarnessError
 from harness.scenario import ScenarioError, load_scenario
 from harness.scenario.overrides import OverrideError
 from harness.sweep.grid import Point, sweep_grid

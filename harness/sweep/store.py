@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from harness.config import HarnessError
+from harness.errors import HarnessError
 from harness.results import atomic
 
 SWEEP_FILE = "sweep.json"

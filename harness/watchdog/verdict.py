@@ -38,8 +38,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from harness.scenario.fault_fields import HangFault, KillFault, SlowStartFault
-from harness.scenario.schema import Scenario
-from harness.scenario.schema import WatchdogSettings
+from harness.scenario.schema import Scenario, WatchdogSettings
 from harness.watchdog.heartbeat_row import Cause, Field, Phase
 
 # The pace both supervisors consult the judge at.

@@ -58,7 +58,7 @@ TEST(callers_on_several_threads_while_links_change) {
   std::atomic<bool> done{false};
   std::atomic<int> wrong{0};
   std::vector<std::thread> callers;
-  const int threads = 3, ops = 25;
+  const int threads = 3, ops = 60;
   for (int t = 0; t < threads; ++t)
     callers.emplace_back([&, t] {
       const int64_t n = t == 0 ? 1 : (t == 1 ? 300 : 5000);

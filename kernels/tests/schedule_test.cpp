@@ -100,7 +100,7 @@ void expect_exact_sums(const Run<T>& r, int p, int64_t n, const std::string& wha
 template <class T>
 bool all_members_equal(const Run<T>& r) {
   for (const auto& d : r.data)
-    if (std::memcmp(d.data(), r.data[0].data(), d.size() * sizeof(T)) != 0) return false;
+    if (!d.empty() && std::memcmp(d.data(), r.data[0].data(), d.size() * sizeof(T)) != 0) return false;
   return true;
 }
 

@@ -19,7 +19,7 @@ from harness.testing.scenarios import (
 from harness.local_costs import iteration_overhead_s
 from harness.scenario import scenario_from_dict
 from harness.schedules import RING_THRESHOLD_BYTES
-from harness.sim.collective_schedules import allreduce_schedule
+from harness.sim.step_programs import allreduce_program
 
 
 @pytest.mark.mpi
@@ -40,7 +40,7 @@ def test_a_run_sends_what_the_schedule_says_and_takes_about_its_simulated_time(t
     cal = save_test_calibration(tmp_path / "cal.json", ranks, ALLREDUCE_RUN_COMPUTE)
     compared = run_and_compare(doc, tmp_path, cal, mode="trace")
     steps = pd.read_csv(compared.run / "steps.csv")
-    schedule = allreduce_schedule(ranks, floats, RING_THRESHOLD_BYTES, algorithm)
+    schedule = allreduce_program(ranks, floats, RING_THRESHOLD_BYTES, algorithm)
     per_rank = steps[steps["iteration"] > 0].groupby("rank")["bytes_sent"].agg(["min", "max"])
     expected = [int(b) for b in schedule.bytes_sent]
     assert per_rank["min"].tolist() == expected and per_rank["max"].tolist() == expected, (per_rank, expected)

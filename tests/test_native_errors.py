@@ -27,7 +27,7 @@ from harness.comm import CommError, Communicator, ErrorKind, PeerLostError
 from harness.dist.tensors import _REDUCE_CODES, DTYPE_CODES
 from harness.launch import mpiexec_path, stop_job
 from harness.scenario.network_fields import AllreduceAlgorithm
-from harness.sim.collective_schedules import ALLREDUCE_ALGORITHMS
+from harness.sim.step_programs import ALLREDUCE_ALGORITHMS
 
 
 @pytest.mark.parametrize("kind", list(_core.ErrorKind.__members__.values()), ids=str)

@@ -18,7 +18,7 @@ from harness.dist.sequence import Shape, StepMarks, sequence_rows
 from harness.results.columns import COLLECTIVE_COLUMNS, STEP_COLUMNS
 from harness.scenario import scenario_from_dict
 from harness.sim.calibration import NetworkModel
-from harness.sim.collective_schedules import GROUP_KINDS, group_schedule
+from harness.sim.step_programs import GROUP_KINDS, group_program
 from harness.sim.script_replay import ReplayError, ScriptTrace, replay_script
 
 
@@ -74,7 +74,7 @@ def test_another_rank_count_only_where_a_rule_scales_the_sequence():
 @pytest.mark.parametrize("kind", GROUP_KINDS)
 def test_group_schedules_send_what_the_native_layer_sends(kind, p):
     count = 12 * p  # floats
-    s = group_schedule(kind, p, count, root=1 % p)
+    s = group_program(kind, p, count, root=1 % p)
     piece = count // p * 4
     expected = {
         "allgather": [(p - 1) * count * 4] * p,

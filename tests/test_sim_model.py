@@ -20,9 +20,9 @@ from harness.scenario.loader import scenario_from_dict
 from harness.emulated_link import EmulatedLink
 from harness.sim.calibration import CalibrationEntry, NetworkModel
 from harness.schedules import RING_THRESHOLD_BYTES, TREE_CHUNK_BYTES
-from harness.sim.collective_schedules import (FLOAT_BYTES, RingSchedule, allreduce_schedule, tree_chunks,
+from harness.sim.step_programs import (FLOAT_BYTES, RingProgram, allreduce_program, tree_chunks,
                                               tree_shape)
-from harness.sim.network import SimNetwork, run_schedule
+from harness.sim.network import SimNetwork, run_program
 from harness.sim.runs import predict
 
 ALPHA, BANDWIDTH = 1e-3, 1e6
@@ -85,8 +85,8 @@ def test_emulated_link_slots_go_by_post_time_not_by_computation_order() -> None:
 
 def test_two_member_allreduce_waits_for_the_later_join() -> None:
     net = SimNetwork(2, NET)
-    schedule = allreduce_schedule(2, 100)  # recursive doubling: one exchange of 400 bytes
-    done = run_schedule(schedule, [0, 1], [0.0, 0.010], net)
+    schedule = allreduce_program(2, 100)  # recursive doubling: one exchange of 400 bytes
+    done = run_program(schedule, [0, 1], [0.0, 0.010], net)
     assert done == pytest.approx([0.010 + msg(400), max(0.010, msg(400))])
 
 
@@ -94,23 +94,23 @@ def test_three_member_recursive_doubling_folds_the_extra_rank() -> None:
     # p=3: member 0 folds into 1; 1 and 2 exchange; 1 unfolds to 0 (kernels/schedule.cpp).
     net = SimNetwork(3, NET)
     c = msg(400)
-    assert run_schedule(allreduce_schedule(3, 100), [0, 1, 2], [0.0] * 3, net) == pytest.approx([2 * c, c, 2 * c])
+    assert run_program(allreduce_program(3, 100), [0, 1, 2], [0.0] * 3, net) == pytest.approx([2 * c, c, 2 * c])
 
 
 def test_ring_is_chosen_and_sends_what_the_native_ring_sends() -> None:
     # 118,282 floats over 8 ranks: the byte counts the native layer recorded in a real run.
-    schedule = allreduce_schedule(8, 118_282, 64 * 1024)
+    schedule = allreduce_program(8, 118_282, 64 * 1024)
     assert schedule.steps == 14
     assert schedule.bytes_sent[0] == 827_972 and schedule.bytes_sent[1] == 827_976
     assert schedule.bytes_sent[7] == 827_968
-    assert allreduce_schedule(8, 100, 64 * 1024).steps == 3  # small: recursive doubling
+    assert allreduce_program(8, 100, 64 * 1024).steps == 3  # small: recursive doubling
 
 
 def _member_steps(schedule, me: int) -> list[tuple[list, list]]:
     """Member ``me``'s part of the simulator's aligned schedule, as the native layer lists it:
     its non-empty rounds (one native step each; a round of several steps, as the tree's, lists
     their messages in step order), each as (sends, receives) of (member, floats)."""
-    schedule = getattr(schedule, "steps_schedule", schedule)  # a ring keeps its table for whoever asks
+    schedule = getattr(schedule, "steps_program", schedule)  # a ring keeps its table for whoever asks
     out = []
     for steps in schedule.rounds:
         sends, recvs = [], []
@@ -140,7 +140,7 @@ def test_allreduce_schedule_is_the_native_layers(p: int, algorithm: str) -> None
     from harness import _core as core
 
     for count in _COUNTS:
-        schedule = allreduce_schedule(p, count, RING_THRESHOLD_BYTES, algorithm)
+        schedule = allreduce_program(p, count, RING_THRESHOLD_BYTES, algorithm)
         for me in range(p):
             native = [([tuple(x) for x in sends], [tuple(x) for x in recvs])
                       for sends, recvs in core.allreduce_steps(p, me, count, RING_THRESHOLD_BYTES, [], algorithm,
@@ -154,18 +154,18 @@ def test_whole_buffer_algorithms_take_log_steps_of_the_whole_buffer() -> None:
     fold and unfold beyond a power of two), reduce + broadcast 2 ceil(log2 p) steps, the root
     sending its whole buffer ceil(log2 p) times."""
     count = 250_000
-    ring = allreduce_schedule(8, count, RING_THRESHOLD_BYTES, "ring")
-    rd = allreduce_schedule(8, count, RING_THRESHOLD_BYTES, "recursive_doubling")
-    rb = allreduce_schedule(8, count, RING_THRESHOLD_BYTES, "reduce_broadcast")
+    ring = allreduce_program(8, count, RING_THRESHOLD_BYTES, "ring")
+    rd = allreduce_program(8, count, RING_THRESHOLD_BYTES, "recursive_doubling")
+    rb = allreduce_program(8, count, RING_THRESHOLD_BYTES, "reduce_broadcast")
     assert (ring.steps, rd.steps, rb.steps) == (14, 3, 6)
     assert max(ring.bytes_sent) == 2 * 7 * count // 8 * FLOAT_BYTES
     assert list(rd.bytes_sent) == [3 * count * FLOAT_BYTES] * 8
     assert rb.bytes_sent[0] == 3 * count * FLOAT_BYTES  # the root broadcasts to 3 members
-    assert allreduce_schedule(6, count, RING_THRESHOLD_BYTES, "recursive_doubling").steps == 4  # fold, 2, unfold
-    assert allreduce_schedule(6, count, RING_THRESHOLD_BYTES, "reduce_broadcast").steps == 6
-    assert allreduce_schedule(2, count, RING_THRESHOLD_BYTES, "ring").steps == 1  # no ring of 2: an exchange
+    assert allreduce_program(6, count, RING_THRESHOLD_BYTES, "recursive_doubling").steps == 4  # fold, 2, unfold
+    assert allreduce_program(6, count, RING_THRESHOLD_BYTES, "reduce_broadcast").steps == 6
+    assert allreduce_program(2, count, RING_THRESHOLD_BYTES, "ring").steps == 1  # no ring of 2: an exchange
     with pytest.raises(ValueError, match="unknown allreduce algorithm"):
-        allreduce_schedule(4, count, RING_THRESHOLD_BYTES, "butterfly")
+        allreduce_program(4, count, RING_THRESHOLD_BYTES, "butterfly")
 
 
 # Trees: every member its own node (a binary tree), nodes of 4, uneven and interleaved nodes, one node.
@@ -184,7 +184,7 @@ def test_tree_schedule_is_the_native_layers(p: int, nodes: tuple[int, ...]) -> N
 
     for count, chunk in [(0, TREE_CHUNK_BYTES), (1, TREE_CHUNK_BYTES), (3, TREE_CHUNK_BYTES), (100, TREE_CHUNK_BYTES),
                          (100, 64), (1001, 400), (7, 4), (3, 8), (600_001, TREE_CHUNK_BYTES)]:
-        schedule = allreduce_schedule(p, count, RING_THRESHOLD_BYTES, "tree", nodes, chunk)
+        schedule = allreduce_program(p, count, RING_THRESHOLD_BYTES, "tree", nodes, chunk)
         for me in range(p):
             native = [([tuple(x) for x in sends], [tuple(x) for x in recvs])
                       for sends, recvs in core.allreduce_steps(p, me, count, RING_THRESHOLD_BYTES, list(nodes), "tree",
@@ -200,7 +200,7 @@ def test_tree_crosses_between_nodes_with_the_buffer_once_each_way() -> None:
     broadcast's chunks reach every member but the root once)."""
     p, count = 16, 2_500_000
     nodes = tuple(r // 8 for r in range(p))
-    tree = allreduce_schedule(p, count, RING_THRESHOLD_BYTES, "tree", nodes)
+    tree = allreduce_program(p, count, RING_THRESHOLD_BYTES, "tree", nodes)
     k = tree_chunks(count)
     assert k == 10
 
@@ -215,7 +215,7 @@ def test_tree_crosses_between_nodes_with_the_buffer_once_each_way() -> None:
 
     nbytes = count * FLOAT_BYTES
     assert crossing(tree, 0) == crossing(tree, 1) == nbytes
-    ring = allreduce_schedule(p, count, RING_THRESHOLD_BYTES, "ring").steps_schedule
+    ring = allreduce_program(p, count, RING_THRESHOLD_BYTES, "ring").steps_program
     assert crossing(ring, 0) == crossing(ring, 1) == 2 * (p - 1) * nbytes // p
     for i in range(tree.steps):  # receivers name their senders, and a member talks to one peer per step
         for m in range(p):
@@ -242,21 +242,21 @@ def test_a_tree_round_posts_on_all_of_a_members_edges_at_once() -> None:
     on both links together (by colours, one after the other, the second would end at 3 ms)."""
     free = NetworkModel(latency_s=0.0, bandwidth_bytes_per_s=1e30)
     links = [EmulatedLink(a, b, 0.0, 400 / 1e-3) for a in range(3) for b in range(3) if a != b]
-    schedule = allreduce_schedule(3, 100, RING_THRESHOLD_BYTES, "tree")
+    schedule = allreduce_program(3, 100, RING_THRESHOLD_BYTES, "tree")
     assert [list(r) for r in schedule.rounds] == [[0], [1], [2, 3]]
-    assert run_schedule(schedule, [0, 1, 2], [0.0] * 3, SimNetwork(3, free, links)) == pytest.approx([2e-3] * 3)
+    assert run_program(schedule, [0, 1, 2], [0.0] * 3, SimNetwork(3, free, links)) == pytest.approx([2e-3] * 3)
 
 
 @pytest.mark.parametrize("p", [5, 9, 16])
 def test_tree_rounds_time_alike_in_python_and_numpy(p: int) -> None:
-    """The tree's rounds of several steps through both paths of run_schedule (the vectorised one
+    """The tree's rounds of several steps through both paths of run_program (the vectorised one
     by an emulated link that adds nothing), 11 chunks, members joining at different times."""
     rng = random.Random(p)
     joins = [rng.uniform(0, 0.01) for _ in range(p)]
-    schedule = allreduce_schedule(p, 1001, RING_THRESHOLD_BYTES, "tree", (), 400)
+    schedule = allreduce_program(p, 1001, RING_THRESHOLD_BYTES, "tree", (), 400)
     assert schedule.continues_round is not None
-    fast = run_schedule(schedule, list(range(p)), joins, SimNetwork(p, NET))
-    slow = run_schedule(schedule, list(range(p)), joins, SimNetwork(p, NET, [EmulatedLink(0, 1, 0.0, 1e30)]))
+    fast = run_program(schedule, list(range(p)), joins, SimNetwork(p, NET))
+    slow = run_program(schedule, list(range(p)), joins, SimNetwork(p, NET, [EmulatedLink(0, 1, 0.0, 1e30)]))
     assert fast == pytest.approx(slow, rel=1e-12, abs=1e-12)
 
 
@@ -265,14 +265,14 @@ def test_python_and_numpy_paths_agree(p: int, count: int) -> None:
     rng = random.Random(p)
     joins = [rng.uniform(0, 0.01) for _ in range(p)]
     net = SimNetwork(p, NET)
-    schedule = allreduce_schedule(p, count)
-    fast = run_schedule(schedule, list(range(p)), joins, net)
+    schedule = allreduce_program(p, count)
+    fast = run_program(schedule, list(range(p)), joins, net)
     # The same schedule through the vectorised path: an emulated link that adds nothing.
     slow_net = SimNetwork(p, NET, [EmulatedLink(0, 1, 0.0, 1e30)])
-    slow = run_schedule(schedule, list(range(p)), joins, slow_net)
+    slow = run_program(schedule, list(range(p)), joins, slow_net)
     # A ring on the base network takes its closed form with the largest chunk's cost: within one
     # float's transfer per step of the step-by-step times.
-    slack = schedule.steps * FLOAT_BYTES / BANDWIDTH if isinstance(schedule, RingSchedule) else 0.0
+    slack = schedule.steps * FLOAT_BYTES / BANDWIDTH if isinstance(schedule, RingProgram) else 0.0
     assert fast == pytest.approx(slow, rel=1e-9, abs=slack + 1e-12)
     assert all(f >= s - 1e-12 for f, s in zip(fast, slow))  # a bound, never early
 
@@ -283,9 +283,9 @@ def test_ring_closed_form_equals_the_steps(p: int) -> None:
     rng = random.Random(p)
     for _ in range(5):
         joins = [rng.choice([0.0, rng.uniform(0, 0.2)]) for _ in range(p)]
-        schedule = allreduce_schedule(p, 50_000 * p)
-        closed = run_schedule(schedule, list(range(p)), joins, SimNetwork(p, NET))
-        steps = run_schedule(schedule, list(range(p)), joins, SimNetwork(p, NET, [EmulatedLink(0, 1, 0.0, 1e30)]))
+        schedule = allreduce_program(p, 50_000 * p)
+        closed = run_program(schedule, list(range(p)), joins, SimNetwork(p, NET))
+        steps = run_program(schedule, list(range(p)), joins, SimNetwork(p, NET, [EmulatedLink(0, 1, 0.0, 1e30)]))
         assert closed == pytest.approx(steps, rel=1e-12, abs=1e-12)
 
 

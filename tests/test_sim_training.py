@@ -27,7 +27,7 @@ import torch
 
 from conftest import harness_cli as harness, run_scenario, write_scenario_file
 from harness.sim.calibration import save_fixed_calibration
-from harness.sim.collective_schedules import FLOAT_BYTES, allreduce_schedule, tree_chunks, tree_shape
+from harness.sim.step_programs import FLOAT_BYTES, allreduce_program, tree_chunks, tree_shape
 from harness.sim.sums import doubling_sum, native_sum, ring_sum, tree_sum
 
 # A trace-driven simulation with values ends with the real run's models (docs/algorithms/index.md,
@@ -109,7 +109,7 @@ def literal_tree(xs: list[torch.Tensor], nodes: tuple[int, ...], chunk_bytes: in
     Every message of a round (all of its steps) leaves before any arrives, and a member adds its
     children's chunks in child order; sizes are checked against the chunks."""
     p, n = len(xs), xs[0].numel()
-    schedule = allreduce_schedule(p, n, 0, "tree", nodes, chunk_bytes)
+    schedule = allreduce_program(p, n, 0, "tree", nodes, chunk_bytes)
     shape = tree_shape(nodes)
     parent, children = shape.parent, shape.children
     k = tree_chunks(n, chunk_bytes)
@@ -149,7 +149,7 @@ def test_tree_sum_adds_in_the_native_tree_order(nodes: tuple[int, ...], chunk_by
     xs = [torch.randn(37, generator=torch.Generator().manual_seed(p + i)) * 1e3 ** (i % 3) for i in range(p)]
     total = tree_sum(xs, nodes)
     assert all(torch.equal(b, total) for b in literal_tree(xs, nodes, chunk_bytes))
-    assert torch.equal(native_sum(xs, allreduce_schedule(p, 37, 0, "tree", nodes, chunk_bytes)), total)
+    assert torch.equal(native_sum(xs, allreduce_program(p, 37, 0, "tree", nodes, chunk_bytes)), total)
     rows = torch.stack(xs)
     assert torch.equal(tree_sum(list(rows), nodes), total)  # rows of one tensor: the strided path
     assert not torch.equal(total, rows.sum(0)) or p < 4

@@ -19,8 +19,8 @@ from harness.schedules import RING_THRESHOLD_BYTES
 from harness.scenario.network_fields import LinkSettings
 from harness.sim.calibration import NetworkModel
 from harness.sim.hosts import hosts_topology
-from harness.sim.collective_schedules import hierarchical_schedule
-from harness.sim.network import SimNetwork, run_schedule
+from harness.sim.step_programs import hierarchical_program
+from harness.sim.network import SimNetwork, run_program
 
 from harness import _core as core
 
@@ -88,7 +88,7 @@ def test_hierarchical_schedule_is_the_native_layers(node_of: tuple[int, ...]) ->
     p = len(node_of)
     for threshold in (RING_THRESHOLD_BYTES, 0):
         for count in _COUNTS:
-            schedule = hierarchical_schedule(node_of, count, threshold)
+            schedule = hierarchical_program(node_of, count, threshold)
             for me in range(p):
                 native = [([tuple(x) for x in sends], [tuple(x) for x in recvs])
                           for sends, recvs in core.allreduce_steps(p, me, count, threshold, list(node_of), "hierarchical")]
@@ -105,7 +105,7 @@ def test_hierarchical_allreduce_wins_on_a_slow_nic() -> None:
         topo = _topology(node_of, nic=(20e-6, 1.25e8), intra=(3e-6, 1.5e11))
         net = SimNetwork(len(node_of), FREE_BASE, topology=topo, allreduce="hierarchical" if hierarchical else "auto")
         members = range(len(node_of))
-        return max(run_schedule(net.allreduce_schedule(members, count), members, [0.0] * len(node_of), net))
+        return max(run_program(net.allreduce_program(members, count), members, [0.0] * len(node_of), net))
 
     two_nodes = [r // 4 for r in range(8)]
     flat, hier = allreduce_time(two_nodes, False), allreduce_time(two_nodes, True)
@@ -120,16 +120,16 @@ def test_tree_allreduce_crosses_a_nic_once_each_way_where_the_ring_does_almost_t
     through each NIC direction (15.6 ms), the tree the buffer once (its bound: 8 ms), pipelined in
     1 MiB chunks, all edges and both directions at once: 10.2 ms, the rest being each round
     waiting for the NIC's 20 us (96 rounds of a chunk) and the pipeline filling and draining."""
-    from harness.sim.collective_schedules import allreduce_schedule
+    from harness.sim.step_programs import allreduce_program
 
     p, count = 16, 25_000_000
     node_of = tuple(r // 8 for r in range(p))
     topo = _topology(node_of, nic=(20e-6, 1.25e10), intra=(3e-6, 1.5e11))
 
     def allreduce_time(algorithm: str) -> float:
-        schedule = allreduce_schedule(p, count, RING_THRESHOLD_BYTES, algorithm, node_of if algorithm == "tree" else ())
+        schedule = allreduce_program(p, count, RING_THRESHOLD_BYTES, algorithm, node_of if algorithm == "tree" else ())
         net = SimNetwork(p, FREE_BASE, topology=topo)
-        return max(run_schedule(schedule, range(p), [0.0] * p, net))
+        return max(run_program(schedule, range(p), [0.0] * p, net))
 
     once = count * 4 / 1.25e10  # the buffer through one NIC direction
     ring, tree = allreduce_time("ring"), allreduce_time("tree")
@@ -249,7 +249,7 @@ def test_tree_allreduce_under_mpi_is_the_simulated_sum(tmp_path_factory, ranks: 
 
     import torch
 
-    from harness.sim.collective_schedules import allreduce_schedule
+    from harness.sim.step_programs import allreduce_program
     from harness.sim.sums import native_sum
 
     result = TestTopologyChecks.reports(ranks, tmp_path_factory)["tree_allreduce_matches_mpi"]
@@ -264,7 +264,7 @@ def test_tree_allreduce_under_mpi_is_the_simulated_sum(tmp_path_factory, ranks: 
         dtype = np.float32 if kind == "sum" else np.float64
         xs = [torch.from_numpy(_tree_input(r, int(n), dtype)) for r in members]
         nodes = () if placements[name] is None else tuple(placements[name][r] for r in members)
-        schedule = allreduce_schedule(len(members), int(n), RING_THRESHOLD_BYTES, "tree", nodes, int(chunk))
+        schedule = allreduce_program(len(members), int(n), RING_THRESHOLD_BYTES, "tree", nodes, int(chunk))
         total = native_sum(xs, schedule).numpy()
         assert hashlib.sha1(total.tobytes()).hexdigest() == digest, line
         plain_differs += hashlib.sha1(torch.stack(xs).sum(0).numpy().tobytes()).hexdigest() != digest

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from harness.comm.op_record import OpRecord
 from harness.schedules import checked_quorum
-from harness.sim.collective_schedules import FLOAT_BYTES
+from harness.sim.step_programs import FLOAT_BYTES
 from harness.sim.engine import SimEngine
 from harness.sim.handles import (
     CollectiveHandle,
@@ -171,7 +171,7 @@ class SimCommunicator:
     def igroup(self, kind: str, members: Sequence[int], count: int, root: int = 0) -> Handle:
         """A collective over ``members`` (world ranks, this rank among them; the torch.distributed
         backend's groups): ``kind`` an allreduce, broadcast, barrier or one of
-        :data:`harness.sim.collective_schedules.GROUP_KINDS`, ``root`` a member index. Matched per member
+        :data:`harness.sim.step_programs.GROUP_KINDS`, ``root`` a member index. Matched per member
         list, in the order each member posts (the native layer's groups are communicators of
         their own)."""
         members = tuple(members)

@@ -15,15 +15,15 @@ The nodes may also be the hosts of a multi-host run (``hosts``, from ``harness.s
 their NICs are then real, not the native emulator's, and the same rule models how the messages
 of a host's ranks queue on its NIC; only the emulator's wake-up (``progress_s``) is left out.
 
-A send completes (its buffer may be reused, the next schedule step may start) at its release:
+A send completes (its buffer may be reused, the next program step may start) at its release:
 the native layer hands it to MPI then, and MPI's shared-memory sends complete locally.
 
 Collectives are decomposed into the point-to-point steps the native layer performs
-(``kernels/schedule.cpp``; the steps are :mod:`harness.sim.collective_schedules`) for the
+(``kernels/schedule.cpp``; the steps are :mod:`harness.sim.step_programs`) for the
 scenario's ``network.allreduce``: with ``auto``, recursive doubling below
 ``ring_threshold_bytes`` (with the same fold/unfold of the ranks beyond the largest power of
 two), ring reduce-scatter + allgather above it; or the one it names (ring, recursive doubling,
-binomial reduce + broadcast, hierarchical, tree). :func:`run_schedule` computes every member's
+binomial reduce + broadcast, hierarchical, tree). :func:`run_program` computes every member's
 completion time from the members' join times, step by step, as max-plus algebra over numpy
 vectors: a member starts step i when it finished step i-1, posts its send then, and finishes step
 i when its send is released and the message it receives in step i has arrived.
@@ -46,12 +46,12 @@ from harness.emulated_link import EmulatedLink
 from harness.scenario.network import NodeTopology
 from harness.schedules import RING_THRESHOLD_BYTES
 from harness.sim.calibration import NetworkModel
-from harness.sim.collective_schedules import (
+from harness.sim.step_programs import (
     ALLREDUCE_ALGORITHMS,
     FLOAT_BYTES,
-    RingSchedule,
-    Schedule,
-    allreduce_schedule,
+    RingProgram,
+    StepProgram,
+    allreduce_program,
 )
 from harness.sim.ring_paths import ring_over_held_paths
 
@@ -353,15 +353,15 @@ class SimNetwork:
                 release[i] = self._hold(int(src[i]), int(dst[i]), float(nbytes[i]), float(post[i]))
         return release, release + (self.alpha + nbytes * self.inv_bandwidth) * self.load_factor()
 
-    def allreduce_schedule(self, members: Sequence[int], count: int) -> Schedule | RingSchedule:
-        """The native layer's allreduce schedule over ``members`` (ranks) for ``count`` floats with
+    def allreduce_program(self, members: Sequence[int], count: int) -> StepProgram | RingProgram:
+        """The native layer's allreduce program over ``members`` (ranks) for ``count`` floats with
         this network's algorithm (hierarchical: by the members' nodes)."""
         # The native layer knows only the emulated nodes: the hierarchical allreduce and the tree
         # follow them, never the hosts a real multi-host run was on.
         by_node = self.allreduce == "hierarchical" or (
             self.allreduce == "tree" and self.topology is not None and self._wake_on_topology)
         nodes = tuple(self._node_list[m] for m in members) if by_node else ()
-        return allreduce_schedule(len(members), count, self.ring_threshold_bytes, self.allreduce, nodes)
+        return allreduce_program(len(members), count, self.ring_threshold_bytes, self.allreduce, nodes)
 
 
 def _ring_completion(join: np.ndarray, cost: float) -> np.ndarray:
@@ -422,35 +422,35 @@ def broadcast_times(p: int, root: int, world: Sequence[int], join: Sequence[floa
 _PYTHON_MAX_MEMBERS = 32  # below this, plain Python beats numpy's per-call overhead
 
 
-def run_schedule(schedule: Schedule | RingSchedule, world: Sequence[int], join: Sequence[float],
+def run_program(program: StepProgram | RingProgram, world: Sequence[int], join: Sequence[float],
                  network: SimNetwork) -> list[float]:
     """Completion time of every member of a collective that member m joined at ``join[m]``.
 
     ``world[m]`` is member m's rank (for link lookup). Max-plus over the aligned steps; see the
-    module docstring. The steps of a round (``Schedule.continues_round``: the tree's) are posted
+    module docstring. The steps of a round (``StepProgram.continues_round``: the tree's) are posted
     together, when the member finished its previous round. Small collectives on the base network
     run in plain Python (the common case of WAGMA groups), everything else vectorised; both
     compute the same times.
     """
     emulated = network.held_among(world)  # none of its messages held: the base network's fast paths
-    if isinstance(schedule, RingSchedule):
+    if isinstance(program, RingProgram):
         if not emulated:
             load = network.load_factor()
-            cost = (network.alpha + schedule.chunk_bytes * network.inv_bandwidth) * load
+            cost = (network.alpha + program.chunk_bytes * network.inv_bandwidth) * load
             return _ring_completion(np.asarray(join, dtype=float), cost).tolist()
-        done = ring_over_held_paths(schedule.sizes, world, join, network)  # every edge on paths of its own
+        done = ring_over_held_paths(program.sizes, world, join, network)  # every edge on paths of its own
         if done is not None:
             return done
-        schedule = schedule.steps_schedule
+        program = program.steps_program
     if not emulated and len(join) <= _PYTHON_MAX_MEMBERS:
-        return _run_small(schedule, list(join), network)
+        return _run_small(program, list(join), network)
     t = np.array(join, dtype=float)
     ranks = np.asarray(world)
     load = network.load_factor()  # the load when the collective is computed holds for all its steps
     alpha, inv_bw = network.alpha * load, network.inv_bandwidth * load
-    rounds = schedule.continues_round
+    rounds = program.continues_round
     start = t  # the posts: when each member finished its previous round (a step of its own: t)
-    for i, (senders, dst, nbytes, receivers, sources, source_bytes) in enumerate(schedule.compiled):
+    for i, (senders, dst, nbytes, receivers, sources, source_bytes) in enumerate(program.compiled):
         if rounds is not None and not rounds[i]:  # a round of several steps starts
             start = t.copy()
         if not emulated:  # releases are the posts: only arrivals move the receivers
@@ -466,11 +466,11 @@ def run_schedule(schedule: Schedule | RingSchedule, world: Sequence[int], join: 
     return t.tolist()
 
 
-def _run_small(schedule: Schedule, t: list[float], network: SimNetwork) -> list[float]:
+def _run_small(program: StepProgram, t: list[float], network: SimNetwork) -> list[float]:
     load = network.load_factor()
     alpha, inv_bw = network.alpha * load, network.inv_bandwidth * load
-    rounds = schedule.continues_round
-    for i, (receivers, sources, source_bytes) in enumerate(schedule.compiled_lists):
+    rounds = program.continues_round
+    for i, (receivers, sources, source_bytes) in enumerate(program.compiled_lists):
         if rounds is None or not rounds[i]:  # a round starts: its sends leave when it does
             before = t[:]
         for m, src, nbytes in zip(receivers, sources, source_bytes):
@@ -485,8 +485,8 @@ def predict_allreduce_s(ranks: int, nbytes: int, base: NetworkModel,
     """Predicted time of a blocking allreduce of ``nbytes`` per rank that all ranks join at once
     (no emulated links; on ``hosts``, see :class:`SimNetwork`): the slowest member's completion."""
     network = SimNetwork(ranks, base, ring_threshold_bytes=ring_threshold_bytes, hosts=hosts)
-    schedule = network.allreduce_schedule(range(ranks), max(0, nbytes // FLOAT_BYTES))
-    done = run_schedule(schedule, range(ranks), [0.0] * ranks, network)
+    program = network.allreduce_program(range(ranks), max(0, nbytes // FLOAT_BYTES))
+    done = run_program(program, range(ranks), [0.0] * ranks, network)
     return max(done) if ranks else 0.0
 
 

@@ -2,8 +2,8 @@
 
 - :class:`Collective`: an allreduce, barrier or broadcast over a member list. Members join
   (their own call, or a progress thread on their behalf); once the last one has joined, every
-  member's completion time follows from the join times by the native layer's step schedule
-  (:func:`harness.sim.network.run_schedule`), computed at once, so a waiting rank needs one
+  member's completion time follows from the join times by the native layer's step program
+  (:func:`harness.sim.network.run_program`), computed at once, so a waiting rank needs one
   timeout instead of an event per step.
 - :class:`Mailboxes`: point-to-point messages, counted per receiver and round (the push
   channel keeps arrivals by itself, per round) and sequenced per (src, dst) pair (exchanges,
@@ -20,16 +20,16 @@ from typing import TYPE_CHECKING
 
 import simpy
 
-from harness.sim.collective_schedules import (
+from harness.sim.step_programs import (
     FLOAT_BYTES,
     GROUP_KINDS,
-    RingSchedule,
-    Schedule,
-    barrier_schedule,
-    group_schedule,
+    RingProgram,
+    StepProgram,
+    barrier_program,
+    group_program,
 )
 from harness.sim.engine import SimEngine
-from harness.sim.network import SimNetwork, broadcast_times, run_schedule
+from harness.sim.network import SimNetwork, broadcast_times, run_program
 from harness.sim.payload import Deferred, Payload
 
 if TYPE_CHECKING:
@@ -37,11 +37,11 @@ if TYPE_CHECKING:
 
 
 class Collective:
-    """One collective over ``members`` (ranks, in the schedule's member order).
+    """One collective over ``members`` (ranks, in the program's member order).
 
     ``kind``: ``"allreduce"`` of ``count`` floats, ``"barrier"``, ``"broadcast"`` of
     ``count`` floats from member index ``root``, or one of the torch.distributed backend's group
-    operations (:data:`harness.sim.collective_schedules.GROUP_KINDS`, sized as :func:`group_schedule` says).
+    operations (:data:`harness.sim.step_programs.GROUP_KINDS`, sized as :func:`group_program` says).
     """
 
     __slots__ = (
@@ -61,7 +61,7 @@ class Collective:
         "reduce",
         "result",
         "root",
-        "schedule",
+        "program",
         "values_ready",
     )
 
@@ -86,15 +86,15 @@ class Collective:
         self.reduce, self.in_place = reduce, in_place
         self.result: torch.Tensor | None = None
         self.values_ready: simpy.Event | None = None  # made by a rank waiting for deferred values
-        self.schedule: Schedule | RingSchedule | None
+        self.program: StepProgram | RingProgram | None
         if kind == "allreduce":
-            self.schedule = network.allreduce_schedule(self.members, count)
+            self.program = network.allreduce_program(self.members, count)
         elif kind == "barrier":
-            self.schedule = barrier_schedule(len(self.members))
+            self.program = barrier_program(len(self.members))
         elif kind in GROUP_KINDS:
-            self.schedule = group_schedule(kind, len(self.members), count, root)
+            self.program = group_program(kind, len(self.members), count, root)
         else:
-            self.schedule = None
+            self.program = None
 
     def join(self, rank: int, buf=None) -> None:
         """``rank`` contributes now (its own call, or its progress thread on its behalf);
@@ -109,11 +109,11 @@ class Collective:
         if self.joined == len(self.members):
             if self.buffers is not None:
                 self._combine_when_filled()
-            if self.schedule is None:
+            if self.program is None:
                 self.done_at = broadcast_times(len(self.members), self.root, self.members, self.join_at,
                                                self.count * FLOAT_BYTES, self.network)
             else:
-                self.done_at = run_schedule(self.schedule, self.members, self.join_at, self.network)
+                self.done_at = run_program(self.program, self.members, self.join_at, self.network)
             self.complete.succeed()
 
     def _combine_when_filled(self) -> None:
@@ -126,7 +126,7 @@ class Collective:
             open_[0].when_filled(self._combine_when_filled)
             return
         buffers = [b.values if isinstance(b, Deferred) else b for b in held]
-        self.result = Payload.combine(self.kind, buffers, self.reduce, self.root, self.in_place, self.schedule)
+        self.result = Payload.combine(self.kind, buffers, self.reduce, self.root, self.in_place, self.program)
         self.buffers = None
         if self.values_ready is not None:
             self.values_ready.succeed()
@@ -156,9 +156,9 @@ class Collective:
 
     def sent_by(self, rank: int) -> int:
         """Bytes ``rank`` sends in this collective (the native layer's count)."""
-        if self.schedule is not None:
+        if self.program is not None:
             if self._sent is None:
-                self._sent = [int(b) for b in self.schedule.bytes_sent]
+                self._sent = [int(b) for b in self.program.bytes_sent]
             return self._sent[self.index[rank]]
         return broadcast_bytes_sent(len(self.members), self.root, self.index[rank], self.count * FLOAT_BYTES)
 

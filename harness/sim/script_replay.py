@@ -44,7 +44,7 @@ from harness.algorithms.base import Algorithm, AlgorithmContext
 from harness.algorithms.params import AlgorithmParams
 from harness.errors import HarnessError
 from harness.results.columns import COLLECTIVE_COLUMNS, COLLECTIVE_FILE, read_frame
-from harness.sim.collective_schedules import FLOAT_BYTES
+from harness.sim.step_programs import FLOAT_BYTES
 from harness.sim.engine import SimDeadlock
 from harness.sim.handles import SimCommError
 from harness.sim.script_scaling import ScalingError, ScriptStructure, scale_step

@@ -1,12 +1,12 @@
 """The native layer's arithmetic of a sum over members, rounding for rounding.
 
 A simulation with values (:mod:`harness.sim.payload`) must add what an allreduce adds in the
-order the native schedule adds it (``kernels/schedule.cpp``): float addition is commutative
+order the native program adds it (``kernels/schedule.cpp``): float addition is commutative
 but not associative, so only the same order gives the real run's numbers bit for bit. The ring
 accumulates every chunk along the ring from its own member; recursive doubling folds the
 members beyond a power of two and then adds partners' sums; the tree adds children's partial
 sums up a tree. ``tests/test_sim_training.py`` checks them against a literal step-by-step
-replay of the native schedules.
+replay of the native programs.
 
 Buffers that are equally spaced rows of one tensor (every simulated rank's ``ctx.params`` or
 ``ctx.grads``: rows of the replicas' stacked tensors) are read and written as one strided view.
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from harness.sim.collective_schedules import RingSchedule
+from harness.sim.step_programs import RingProgram
 
 
 def stacked_rows(buffers: Sequence[torch.Tensor]) -> torch.Tensor | None:
@@ -136,7 +136,7 @@ def tree_sum(buffers: Sequence[torch.Tensor], member_nodes: Sequence[int]) -> to
     rounding for rounding, over members on ``member_nodes``: every member adds to its own buffer
     its children's partial sums in child order, ``((x[m] + s[c1]) + s[c2]) + ...``, and the
     root's sum comes back down unchanged. Its chunks all add alike, so the sum does not depend on
-    the chunk size. The tree (:func:`harness.sim.collective_schedules.tree_shape`): a chain
+    the chunk size. The tree (:func:`harness.sim.step_programs.tree_shape`): a chain
     inside each node, so a chain's partial sum is ``x[l1] + (x[l2] + (... + x[tail]))``, and a
     binary heap over the nodes' heads, whose head j adds its chain, then heads 2j + 1 and 2j + 2.
     Computed a chain position at a time and a heap level at a time, over all nodes at once."""
@@ -191,19 +191,19 @@ def tree_sum(buffers: Sequence[torch.Tensor], member_nodes: Sequence[int]) -> to
     return below[0]
 
 
-def native_sum(buffers: Sequence[torch.Tensor], schedule: Any) -> torch.Tensor:
-    """The allreduce sum of ``buffers`` (member order) in the order the native schedule adds
-    (``schedule``: the collective's, :mod:`harness.sim.network`): a ring, recursive doubling or
+def native_sum(buffers: Sequence[torch.Tensor], program: Any) -> torch.Tensor:
+    """The allreduce sum of ``buffers`` (member order) in the order the native program adds
+    (``program``: the collective's, :mod:`harness.sim.network`): a ring, recursive doubling or
     the tree, so a simulation ends with the real run's numbers bit for bit; the hierarchical
-    schedules (node-local reduce, leaders' allreduce) are summed in plain order, within rounding
+    programs (node-local reduce, leaders' allreduce) are summed in plain order, within rounding
     of them."""
     if len(buffers) == 1:
         return buffers[0].clone()
-    if isinstance(schedule, RingSchedule):
+    if isinstance(program, RingProgram):
         return ring_sum(buffers)
-    if getattr(schedule, "recursive_doubling", False):
+    if getattr(program, "recursive_doubling", False):
         return doubling_sum(buffers)
-    tree = getattr(schedule, "tree", None)
+    tree = getattr(program, "tree", None)
     if tree is not None:
         return tree_sum(buffers, tree)
     return reduce_sum(buffers)

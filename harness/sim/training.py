@@ -44,7 +44,7 @@ from harness.results.provenance import human_bytes
 from harness.runner.evaluate import test_metrics
 from harness.runner.optimizers import build_optimizer
 from harness.scenario.schema import Scenario
-from harness.sim.collective_schedules import allreduce_schedule
+from harness.sim.step_programs import allreduce_program
 from harness.sim.payload import Payload
 from harness.sim.simulate import SimulatedWork
 from harness.sim.sums import native_sum
@@ -185,8 +185,8 @@ class Evaluations:
 def evaluation_average(models: list) -> torch.Tensor:
     """The average of the ranks' deployable models as a real run's evaluation averages them: an
     allreduce (mean) on its evaluation communicator, which has no emulated network, so the
-    default allreduce schedule's order of additions."""
-    return native_sum(models, allreduce_schedule(len(models), models[0].numel())).div_(len(models))
+    default allreduce program's order of additions."""
+    return native_sum(models, allreduce_program(len(models), models[0].numel())).div_(len(models))
 
 
 def final_average(algorithms: list) -> torch.Tensor:

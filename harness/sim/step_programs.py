@@ -1,7 +1,7 @@
-"""The collective schedules of the native layer, as the simulator runs them: which member sends
+"""The step programs of the native layer, as the simulator runs them: which member sends
 how many bytes to which in every step (``kernels/schedule.cpp`` for the allreduces and the
 barrier, ``kernels/group.cpp`` for the torch.distributed backend's group operations). Pure:
-no time here; :func:`harness.sim.network.run_schedule` times a schedule on a simulated network.
+no time here; :func:`harness.sim.network.run_program` times a program on a simulated network.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ StepRows = tuple[Sequence[int] | np.ndarray, Sequence[float] | np.ndarray, Seque
 
 
 @dataclass(frozen=True)
-class Schedule:
+class StepProgram:
     """A collective as aligned steps over its members (indices 0..p-1 into the member list).
 
     ``send_to[i, m]`` is the member that m sends to in step i (-1: none), ``send_bytes[i, m]``
@@ -76,11 +76,11 @@ class Schedule:
         return [range(a, b) for a, b in zip(starts, [*starts[1:], self.steps])]
 
 
-def _schedule(steps: Sequence[StepRows], p: int, recursive_doubling: bool = False,
-              tree: tuple[int, ...] | None = None, continues_round: list[bool] | None = None) -> Schedule:
+def _program(steps: Sequence[StepRows], p: int, recursive_doubling: bool = False,
+              tree: tuple[int, ...] | None = None, continues_round: list[bool] | None = None) -> StepProgram:
     if not steps:
         empty = np.zeros((0, p), dtype=np.int64)
-        return Schedule(empty, empty.astype(float), empty, recursive_doubling, tree)
+        return StepProgram(empty, empty.astype(float), empty, recursive_doubling, tree)
     send_to = np.array([s[0] for s in steps], dtype=np.int64)
     send_bytes = np.array([s[1] for s in steps], dtype=float)
     recv_from = np.array([s[2] for s in steps], dtype=np.int64)
@@ -91,7 +91,7 @@ def _schedule(steps: Sequence[StepRows], p: int, recursive_doubling: bool = Fals
         if len(continues_round) != len(steps) or continues_round[0]:
             raise ValueError("continues_round: one flag per step, the first step starting a round")
         rounds = tuple(bool(c) for c in continues_round) if any(continues_round) else None
-    return Schedule(send_to, send_bytes, recv_from, recursive_doubling, tree, rounds)
+    return StepProgram(send_to, send_bytes, recv_from, recursive_doubling, tree, rounds)
 
 
 def _rd_steps(p: int, count: int) -> list[tuple[list[int], list[int], list[int]]]:
@@ -145,14 +145,14 @@ ALLREDUCE_ALGORITHMS = ("auto", "ring", "recursive_doubling", "reduce_broadcast"
 
 
 @lru_cache(maxsize=256)
-def allreduce_schedule(p: int, count: int, ring_threshold_bytes: int = RING_THRESHOLD_BYTES,
+def allreduce_program(p: int, count: int, ring_threshold_bytes: int = RING_THRESHOLD_BYTES,
                        algorithm: str = "auto", member_nodes: tuple[int, ...] = (),
-                       tree_chunk_bytes: int = TREE_CHUNK_BYTES) -> Schedule | RingSchedule:
-    """The native ``allreduce_schedule`` (kernels/schedule.cpp) for ``algorithm``: ``auto`` is a
+                       tree_chunk_bytes: int = TREE_CHUNK_BYTES) -> StepProgram | RingProgram:
+    """The native ``allreduce_program`` (kernels/schedule.cpp) for ``algorithm``: ``auto`` is a
     ring for p > 2, count >= p and at least ``ring_threshold_bytes``, recursive doubling
     otherwise; ``ring`` is a ring whenever p > 2 and count >= p; ``reduce_broadcast`` is the
     hierarchical allreduce on one node; ``hierarchical`` goes by ``member_nodes``; ``tree`` is
-    :func:`tree_schedule` by ``member_nodes`` (empty: every member a node of its own) in chunks of
+    :func:`tree_program` by ``member_nodes`` (empty: every member a node of its own) in chunks of
     ``tree_chunk_bytes``. Nothing for p == 1. ``tests/test_sim_model.py`` compares it, member by
     member, with the native builder (``harness._core.allreduce_steps``)."""
     if p < 1 or count < 0:
@@ -160,34 +160,34 @@ def allreduce_schedule(p: int, count: int, ring_threshold_bytes: int = RING_THRE
     if algorithm not in ALLREDUCE_ALGORITHMS:
         raise ValueError(f"unknown allreduce algorithm {algorithm!r}")
     if p == 1:
-        return _schedule([], 1)
+        return _program([], 1)
     if algorithm == "tree":
         nodes = tuple(member_nodes) or tuple(range(p))
         if len(nodes) != p:
             raise ValueError(f"tree allreduce: {len(nodes)} node ids for {p} members")
-        return tree_schedule(nodes, count, tree_chunk_bytes)
+        return tree_program(nodes, count, tree_chunk_bytes)
     if algorithm == "hierarchical":
-        return hierarchical_schedule(tuple(member_nodes), count, ring_threshold_bytes)
+        return hierarchical_program(tuple(member_nodes), count, ring_threshold_bytes)
     if algorithm == "reduce_broadcast":
-        return hierarchical_schedule((0,) * p, count, ring_threshold_bytes)
+        return hierarchical_program((0,) * p, count, ring_threshold_bytes)
     ring_fits = p > 2 and count >= p
     if algorithm == "ring" and ring_fits:
-        return RingSchedule(p, count)
+        return RingProgram(p, count)
     if algorithm == "auto" and ring_fits and count * FLOAT_BYTES >= ring_threshold_bytes:
-        return RingSchedule(p, count)
-    return _schedule(_rd_steps(p, count), p, recursive_doubling=True)
+        return RingProgram(p, count)
+    return _program(_rd_steps(p, count), p, recursive_doubling=True)
 
 
 @lru_cache(maxsize=256)
-def hierarchical_schedule(member_nodes: tuple[int, ...], count: int,
-                          ring_threshold_bytes: int = RING_THRESHOLD_BYTES) -> Schedule:
+def hierarchical_program(member_nodes: tuple[int, ...], count: int,
+                          ring_threshold_bytes: int = RING_THRESHOLD_BYTES) -> StepProgram:
     """The native ``hierarchical_allreduce`` (kernels/schedule.cpp) as aligned steps: a binomial
     reduce inside every node to its first member, the leaders' allreduce (ring or recursive
-    doubling, as :func:`allreduce_schedule` picks for them), a binomial broadcast inside every
+    doubling, as :func:`allreduce_program` picks for them), a binomial broadcast inside every
     node. ``member_nodes[m]``: the node of member m."""
     p = len(member_nodes)
     if p == 1:
-        return _schedule([], 1)
+        return _program([], 1)
     nbytes = count * FLOAT_BYTES
     local: dict[int, list[int]] = {}
     for m, node in enumerate(member_nodes):
@@ -224,7 +224,7 @@ def hierarchical_schedule(member_nodes: tuple[int, ...], count: int,
         step([(ms[li], ms[li + mask]) for ms in local.values() for li in range(0, len(ms), 2 * mask)
               if li + mask < len(ms)])
         mask >>= 1
-    return _schedule(steps, p)
+    return _program(steps, p)
 
 
 @dataclass(frozen=True)
@@ -284,7 +284,7 @@ def tree_chunks(count: int, tree_chunk_bytes: int = TREE_CHUNK_BYTES) -> int:
 
 
 @lru_cache(maxsize=64)
-def tree_schedule(member_nodes: tuple[int, ...], count: int, tree_chunk_bytes: int = TREE_CHUNK_BYTES) -> Schedule:
+def tree_program(member_nodes: tuple[int, ...], count: int, tree_chunk_bytes: int = TREE_CHUNK_BYTES) -> StepProgram:
     """The native ``tree_allreduce`` (kernels/schedule.cpp) as rounds of aligned steps: NCCL's
     pipelined tree (:func:`tree_shape`: a chain inside each node, a binary tree across nodes),
     ``count`` floats in :func:`tree_chunks` chunks (split as the ring's), reduced up the tree and
@@ -302,7 +302,7 @@ def tree_schedule(member_nodes: tuple[int, ...], count: int, tree_chunk_bytes: i
     everything (NCCL runs two complementary binary trees, each with half of the buffer)."""
     p = len(member_nodes)
     if p == 1:
-        return _schedule([], 1, tree=member_nodes)
+        return _program([], 1, tree=member_nodes)
     shape = tree_shape(member_nodes)
     k = tree_chunks(count, tree_chunk_bytes)
     sizes = np.array(_ring_chunk_bytes(k, count), dtype=float)
@@ -347,24 +347,24 @@ def tree_schedule(member_nodes: tuple[int, ...], count: int, tree_chunk_bytes: i
         up[vu] += 1
         down[vd] += 1
         unfinished -= int(np.count_nonzero(down[vd] == k))
-    return _schedule(steps, p, tree=member_nodes, continues_round=joined)
+    return _program(steps, p, tree=member_nodes, continues_round=joined)
 
 
 def _allreduce_steps(p: int, count: int, ring_threshold_bytes: int) -> list[tuple[list[int], list[int], list[int]]]:
-    """The flat allreduce's steps (send_to, bytes, recv_from), as :func:`allreduce_schedule` picks."""
+    """The flat allreduce's steps (send_to, bytes, recv_from), as :func:`allreduce_program` picks."""
     if p > 2 and count >= p and count * FLOAT_BYTES >= ring_threshold_bytes:
         return _ring_steps(p, count)
     return _rd_steps(p, count)
 
 
-class RingSchedule:
+class RingProgram:
     """The ring allreduce of ``count`` floats over ``p`` members, without its 2(p-1) x p step
-    table unless someone asks for it (``steps_schedule``): at 16,384 members the table would
+    table unless someone asks for it (``steps_program``): at 16,384 members the table would
     hold half a billion entries.
 
     Member m sends every chunk but chunk m+1 in the reduce-scatter and every chunk but m+2 in
     the allgather (``_ring_steps``), which gives ``bytes_sent`` directly; on the base network
-    :func:`run_schedule` uses the closed form of the ring's max-plus recurrence
+    :func:`run_program` uses the closed form of the ring's max-plus recurrence
     (:func:`_ring_completion`) instead of walking the steps.
     """
 
@@ -379,12 +379,12 @@ class RingSchedule:
         self.steps = 2 * (p - 1)
 
     @functools.cached_property
-    def steps_schedule(self) -> Schedule:
-        return _schedule(_ring_steps(self.p, self.count), self.p)
+    def steps_program(self) -> StepProgram:
+        return _program(_ring_steps(self.p, self.count), self.p)
 
 
 @lru_cache(maxsize=64)
-def barrier_schedule(p: int) -> Schedule:
+def barrier_program(p: int) -> StepProgram:
     """The native dissemination barrier (``dissemination_barrier`` in kernels/schedule.cpp):
     in step d = 1, 2, 4, ... < p member m sends an empty message to m + d and receives one from m - d."""
     steps = []
@@ -392,7 +392,7 @@ def barrier_schedule(p: int) -> Schedule:
     while d < p:
         steps.append(([(m + d) % p for m in range(p)], [0] * p, [(m - d) % p for m in range(p)]))
         d <<= 1
-    return _schedule(steps, p)
+    return _program(steps, p)
 
 
 # The native group operations of the torch.distributed backend (kernels/group.cpp), by name.
@@ -400,13 +400,13 @@ GROUP_KINDS = ("allgather", "reduce_scatter", "reduce", "gather", "scatter", "al
 
 
 @lru_cache(maxsize=64)  # a script posts the same few operations every step, at up to thousands of members
-def group_schedule(kind: str, p: int, count: int, root: int = 0) -> Schedule:
-    """The native layer's schedule of a group operation of the torch.distributed backend over p
+def group_program(kind: str, p: int, count: int, root: int = 0) -> StepProgram:
+    """The native layer's program of a group operation of the torch.distributed backend over p
     members (``kernels/group.cpp``), ``count`` floats as collectives.csv sizes it
     (``harness.dist.sequence``): allgather and reduce_scatter in a ring, reduce down a binomial
     tree, gather, scatter and alltoall as direct messages. The native layer posts a gather's,
     scatter's or alltoall's messages at once; here they take p - 1 steps (the root's, or each
-    member's, link carries them one after another), which a schedule of one message per member
+    member's, link carries them one after another), which a program of one message per member
     and step needs."""
     if kind not in GROUP_KINDS:
         raise ValueError(f"unknown group operation {kind!r} (known: {', '.join(GROUP_KINDS)})")
@@ -437,4 +437,4 @@ def group_schedule(kind: str, p: int, count: int, root: int = 0) -> Schedule:
         piece = -(-count // p) * FLOAT_BYTES
         for k in range(1, p):
             steps.append(([(m + k) % p for m in range(p)], [piece] * p, [(m - k) % p for m in range(p)]))
-    return _schedule(steps, p)
+    return _program(steps, p)

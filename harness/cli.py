@@ -27,6 +27,7 @@ from types import ModuleType
 
 from harness.commands.overrides import parse_command_line
 from harness.errors import HarnessError
+from harness.sweep.store import PARSER_KEY
 
 COMMANDS = ("run", "launch", "validate", "sbatch", "bench", "calibrate", "simulate", "compare", "report", "schema",
             "chakra")
@@ -99,7 +100,11 @@ def add_examples(parser: argparse.ArgumentParser, prog: str, examples: list[str]
 def main(argv: list[str] | None = None) -> int:
     """Run the command ``argv`` names; its exit status. A user error (:class:`HarnessError`)
     from any command is printed without a traceback and exits 2."""
-    args = parse_command_line(build_parser(), argv)
+    parser = build_parser()
+    args = parse_command_line(parser, argv)
+    # A sweep's point re-reads its command's arguments with the parser that read them
+    # (harness.sweep.execute.run_point); handed down, so that the sweep never imports the CLI.
+    setattr(args, PARSER_KEY, parser)
     try:
         return int(args.func(args) or 0)
     except HarnessError as exc:  # a bad file or option, a machine that cannot do what was asked

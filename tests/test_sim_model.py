@@ -16,14 +16,14 @@ import pytest
 import harness.algorithms.sgp
 import harness.schedules
 import harness.sim
-from harness.scenario.loader import scenario_from_dict
 from harness.emulated_link import EmulatedLink
-from harness.sim.calibration import CalibrationEntry, NetworkModel
+from harness.scenario.loader import scenario_from_dict
 from harness.schedules import RING_THRESHOLD_BYTES, TREE_CHUNK_BYTES
-from harness.sim.step_programs import (FLOAT_BYTES, RingProgram, allreduce_program, tree_chunks,
-                                              tree_shape)
-from harness.sim.network import SimNetwork, run_program
+from harness.sim.calibration import CalibrationEntry, NetworkModel
+from harness.sim.collective_timing import run_program
+from harness.sim.network import SimNetwork
 from harness.sim.runs import predict
+from harness.sim.step_programs import FLOAT_BYTES, RingProgram, allreduce_program, tree_chunks, tree_shape
 
 ALPHA, BANDWIDTH = 1e-3, 1e6
 NET = NetworkModel(latency_s=ALPHA, bandwidth_bytes_per_s=BANDWIDTH)

@@ -8,21 +8,21 @@ import random
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import mpi_check_suite, save_test_calibration
-from harness.testing.real_runs import run_and_compare
-from harness.testing.scenarios import NIC_RUN_COMPUTE, NIC_RUN_LEAST_S, NIC_RUN_SCENARIO
-from harness.scenario import scenario_from_dict
-from harness.emulated_link import EmulatedLink
-from harness.scenario.network import NodeTopology, node_topology
-from harness.schedules import RING_THRESHOLD_BYTES
-from harness.scenario.network_fields import LinkSettings
-from harness.sim.calibration import NetworkModel
-from harness.sim.hosts import hosts_topology
-from harness.sim.step_programs import hierarchical_program
-from harness.sim.network import SimNetwork, run_program
 
 from harness import _core as core
+from harness.emulated_link import EmulatedLink
+from harness.scenario import scenario_from_dict
+from harness.scenario.network import NodeTopology, node_topology
+from harness.scenario.network_fields import LinkSettings
+from harness.schedules import RING_THRESHOLD_BYTES
+from harness.sim.calibration import NetworkModel
+from harness.sim.collective_timing import run_program
+from harness.sim.hosts import hosts_topology
+from harness.sim.network import SimNetwork
+from harness.sim.step_programs import hierarchical_program
+from harness.testing.real_runs import run_and_compare
+from harness.testing.scenarios import NIC_RUN_COMPUTE, NIC_RUN_LEAST_S, NIC_RUN_SCENARIO
 
 INF = float("inf")
 FREE_BASE = NetworkModel(latency_s=0.0, bandwidth_bytes_per_s=1e300)  # only the emulated path counts
@@ -181,8 +181,8 @@ def test_an_allreduce_across_hosts_is_slower_by_the_nic() -> None:
     """The same 3+2 ranks, a 4 MB ring allreduce: on one host it costs the base network only;
     on two hosts the ring crosses each NIC, and the predicted time grows by at least the bytes
     a NIC carries at its bandwidth; the allreduce fit on hosts recovers the base from such times."""
+    from harness.sim.collective_timing import predict_allreduce_s
     from harness.sim.fit import ALPHAS, BANDWIDTHS, fit_allreduce_on_hosts
-    from harness.sim.network import predict_allreduce_s
 
     truth = NetworkModel(latency_s=float(ALPHAS[5]), bandwidth_bytes_per_s=float(BANDWIDTHS[5]))
     hosts = hosts_topology(["a", "a", "a", "b", "b"], LinkSettings(latency_us=50, bandwidth_gbps=0.8))

@@ -82,9 +82,9 @@ from harness.runner.loop import train
 from harness.runner.workload_state import build_state, warm_up_torch
 from harness.scenario import scenario_from_dict
 from harness.sim.calibration import CalibrationEntry, ComputePoint, EvalPoint, OpPoint, P2PPoint, fit_alpha_beta
+from harness.sim.collective_timing import fit_to_allreduce
 from harness.sim.fit import fit_allreduce_on_hosts, fit_loaded_network
 from harness.sim.hosts import hosts_topology, nic_link
-from harness.sim.network import fit_to_allreduce
 from harness.workload import communicated_floats, configure_torch_threads, load_dataset, scenario_dataset
 
 

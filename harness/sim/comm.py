@@ -29,7 +29,6 @@ from typing import Any, TypeVar
 
 from harness.comm.op_record import OpRecord
 from harness.schedules import checked_quorum
-from harness.sim.step_programs import FLOAT_BYTES
 from harness.sim.engine import SimEngine
 from harness.sim.handles import (
     CollectiveHandle,
@@ -42,6 +41,7 @@ from harness.sim.handles import (
 from harness.sim.network import SimNetwork
 from harness.sim.payload import Pairwise, Payload
 from harness.sim.primitives import Collective, Mailboxes
+from harness.sim.step_programs import FLOAT_BYTES
 from harness.sim.wait_avoiding import SimWaitAvoidingAllreduce, WaitAvoidingState
 
 _H = TypeVar("_H", bound=Handle)

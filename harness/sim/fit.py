@@ -32,7 +32,7 @@ import pandas as pd
 from harness.scenario.network import NodeTopology
 from harness.scenario.schema import Scenario
 from harness.sim.calibration import NetworkModel
-from harness.sim.network import predict_allreduce_s
+from harness.sim.collective_timing import predict_allreduce_s
 from harness.sim.simulate import simulate_algorithm
 from harness.sim.timing import TraceTiming
 
@@ -74,7 +74,7 @@ def fit_loaded_network(references: list[tuple[Scenario, pd.DataFrame]], shared_c
 def fit_allreduce_on_hosts(points: list[tuple[int, int, float]], hosts: NodeTopology) -> tuple[NetworkModel, float]:
     """The grid point under which allreduces on ``hosts`` take the measured times (squared log
     error), and the rms relative error left. ``points``: (ranks, bytes per rank, seconds) of
-    allreduces all ranks joined at once. ``harness.sim.network.fit_to_allreduce`` solves this in
+    allreduces all ranks joined at once. ``harness.sim.collective_timing.fit_to_allreduce`` solves this in
     closed form on one host; the NICs' queues make the time nonlinear in alpha and beta."""
     points = [p for p in points if p[0] == len(hosts.node_of) and p[2] > 0]
     if len(points) < 2:

@@ -3,7 +3,7 @@
 - :class:`Collective`: an allreduce, barrier or broadcast over a member list. Members join
   (their own call, or a progress thread on their behalf); once the last one has joined, every
   member's completion time follows from the join times by the native layer's step program
-  (:func:`harness.sim.network.run_program`), computed at once, so a waiting rank needs one
+  (:func:`harness.sim.collective_timing.run_program`), computed at once, so a waiting rank needs one
   timeout instead of an event per step.
 - :class:`Mailboxes`: point-to-point messages, counted per receiver and round (the push
   channel keeps arrivals by itself, per round) and sequenced per (src, dst) pair (exchanges,
@@ -20,6 +20,10 @@ from typing import TYPE_CHECKING
 
 import simpy
 
+from harness.sim.collective_timing import broadcast_times, run_program
+from harness.sim.engine import SimEngine
+from harness.sim.network import SimNetwork
+from harness.sim.payload import Deferred, Payload
 from harness.sim.step_programs import (
     FLOAT_BYTES,
     GROUP_KINDS,
@@ -28,9 +32,6 @@ from harness.sim.step_programs import (
     barrier_program,
     group_program,
 )
-from harness.sim.engine import SimEngine
-from harness.sim.network import SimNetwork, broadcast_times, run_program
-from harness.sim.payload import Deferred, Payload
 
 if TYPE_CHECKING:
     import torch
@@ -58,10 +59,10 @@ class Collective:
         "kind",
         "members",
         "network",
+        "program",
         "reduce",
         "result",
         "root",
-        "program",
         "values_ready",
     )
 

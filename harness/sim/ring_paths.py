@@ -1,6 +1,6 @@
 """A ring allreduce whose messages the emulated network holds, computed for the whole ring at once.
 
-``harness.sim.network.run_program`` walks a collective's steps and, on an emulated network,
+``harness.sim.collective_timing.run_program`` walks a collective's steps and, on an emulated network,
 hands every held message to ``SimNetwork._hold`` one by one: a Python call per message, 2(p-1) x
 p of them for a ring (2 million at 1,024 ranks: a ring through nodes' NICs took minutes per
 iteration). This module computes the same times with a few vector operations per step, when

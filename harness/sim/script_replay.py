@@ -44,12 +44,12 @@ from harness.algorithms.base import Algorithm, AlgorithmContext
 from harness.algorithms.params import AlgorithmParams
 from harness.errors import HarnessError
 from harness.results.columns import COLLECTIVE_COLUMNS, COLLECTIVE_FILE, read_frame
-from harness.sim.step_programs import FLOAT_BYTES
 from harness.sim.engine import SimDeadlock
 from harness.sim.handles import SimCommError
 from harness.sim.script_scaling import ScalingError, ScriptStructure, scale_step
 from harness.sim.script_timing import ScriptComputeModel, reading_scale
 from harness.sim.simulate import injection_arrays, simulate_algorithm
+from harness.sim.step_programs import FLOAT_BYTES
 from harness.sim.timing import TraceTiming
 
 

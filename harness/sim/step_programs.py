@@ -1,7 +1,7 @@
 """The step programs of the native layer, as the simulator runs them: which member sends
 how many bytes to which in every step (``kernels/schedule.cpp`` for the allreduces and the
 barrier, ``kernels/group.cpp`` for the torch.distributed backend's group operations). Pure:
-no time here; :func:`harness.sim.network.run_program` times a program on a simulated network.
+no time here; :func:`harness.sim.collective_timing.run_program` times a program on a simulated network.
 """
 
 from __future__ import annotations

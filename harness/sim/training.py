@@ -44,9 +44,9 @@ from harness.results.provenance import human_bytes
 from harness.runner.evaluate import test_metrics
 from harness.runner.optimizers import build_optimizer
 from harness.scenario.schema import Scenario
-from harness.sim.step_programs import allreduce_program
 from harness.sim.payload import Payload
 from harness.sim.simulate import SimulatedWork
+from harness.sim.step_programs import allreduce_program
 from harness.sim.sums import native_sum
 from harness.workload import ShardBatches, communicated_floats, dataset_facts, scenario_dataset, shard_indices
 from harness.workload.models import flat_params, scenario_model, seat_flat

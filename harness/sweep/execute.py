@@ -20,12 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.cli import build_parser
 from harness.errors import HarnessError
 from harness.scenario import ScenarioError, load_scenario
 from harness.scenario.overrides import OverrideError
 from harness.sweep.grid import Point, sweep_grid
-from harness.sweep.store import SweepDirectory, SweepError, arguments_from_json, arguments_to_json
+from harness.sweep.store import PARSER_KEY, SweepDirectory, SweepError, arguments_from_json, arguments_to_json
 
 
 def start_sweep(command: str, args: argparse.Namespace) -> int:
@@ -84,7 +83,7 @@ def resume_sweep(command: str, args: argparse.Namespace) -> int:
         raise SweepError(f"{sweep.path} is a sweep of `{sweep.command}`: resume it with "
                          f"`python -m harness {sweep.command} --resume {sweep.path}`")
     if args.point is not None:
-        return run_point(sweep, args.point)
+        return run_point(sweep, args.point, getattr(args, PARSER_KEY))
     return _run_points(sweep, _jobs(command, args))
 
 
@@ -97,11 +96,12 @@ def _jobs(command: str, args: argparse.Namespace) -> int:
     return jobs
 
 
-def run_point(sweep: SweepDirectory, index: int) -> int:
-    """Run point ``index`` in this process: its command with the sweep's arguments, its
-    overrides after them, into its own run directory; record how it ended."""
+def run_point(sweep: SweepDirectory, index: int, parser: argparse.ArgumentParser) -> int:
+    """Run point ``index`` in this process: its command with the sweep's arguments (read back with
+    ``parser``, the command line's, ``harness.cli``), its overrides after them, into its own run
+    directory; record how it ended."""
     point = sweep.point(index)
-    args = arguments_from_json(build_parser(), sweep.command, sweep.spec["arguments"])
+    args = arguments_from_json(parser, sweep.command, sweep.spec["arguments"])
     args.assignments = [*(args.assignments or []), *point["overrides"]]
     args.sweep, args.resume, args.point = None, None, None
     args.into = sweep.begin_point(index)

@@ -30,7 +30,10 @@ from harness.results import atomic
 SWEEP_FILE = "sweep.json"
 POINTS_DIR = "points"
 # Arguments of the sweep itself, not of its points' commands.
-SWEEP_ONLY = ("sweep", "jobs", "resume", "point", "func", "into")
+PARSER_KEY = "command_line_parser"
+"""Where ``harness.cli`` leaves the parser that read the command line, for a sweep's points to read
+their stored arguments back with (:func:`harness.sweep.execute.run_point`)."""
+SWEEP_ONLY = ("sweep", "jobs", "resume", "point", "func", "into", PARSER_KEY)
 
 
 class SweepError(HarnessError):

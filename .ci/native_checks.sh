@@ -49,7 +49,7 @@ export ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1:detect_stack
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
 step "C++ unit tests under ASan + UBSan"
-run "$T/schedule_test"
+run "$T/step_program_test"
 run "$T/link_emulator_test"
 run mpiexec -n 3 "$T/shared_nics_test"
 run mpiexec -n 2 "$T/engine_threads_test"

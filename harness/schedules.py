@@ -19,12 +19,12 @@ import numpy as np
 
 RING_THRESHOLD_BYTES = 64 * 1024
 """Allreduces of at least this many bytes per rank use the ring algorithm, smaller ones recursive
-doubling (with more than 2 ranks and at least one float per rank; ``kernels/schedule.cpp``).
+doubling (with more than 2 ranks and at least one float per rank; ``kernels/step_program.cpp``).
 The communicator's default and the simulator's decomposition both take it from here."""
 
 TREE_CHUNK_BYTES = 1024 * 1024
 """The ``tree`` allreduce pipelines its buffer in ``max(1, ceil(bytes / TREE_CHUNK_BYTES))`` chunks
-(at most one per element; ``kernels/schedule.cpp``). The communicator hands it to the native layer
+(at most one per element; ``kernels/step_program.cpp``). The communicator hands it to the native layer
 (as ``RING_THRESHOLD_BYTES``) and the simulator's decomposition takes it from here.
 
 A round moves one chunk per edge and direction and pays the slowest link's latency, so larger

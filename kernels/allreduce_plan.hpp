@@ -1,4 +1,4 @@
-// Which allreduce algorithm a communicator runs, shared by the schedule builders and the link
+// Which allreduce algorithm a communicator runs, shared by the step program builders and the link
 // emulator (which knows the emulated nodes a hierarchical or tree allreduce needs).
 #pragma once
 
@@ -14,7 +14,7 @@ namespace harness {
 // kReduceBroadcast is a binomial reduce to member 0 and a binomial broadcast from it, both
 // moving the whole buffer at every step (the TCP backend of early PyTorch did this);
 // kHierarchical goes through the nodes of the emulated topology; kTree is NCCL's pipelined tree
-// (a chain inside each node, a binary tree across nodes; tree_allreduce in schedule.hpp).
+// (a chain inside each node, a binary tree across nodes; tree_allreduce in step program.hpp).
 enum class AllreduceAlgorithm : int { kAuto, kRing, kRecursiveDoubling, kReduceBroadcast, kHierarchical, kTree };
 
 // Every algorithm by its name in scenarios: the one list of them. Python reads it from
@@ -32,7 +32,7 @@ constexpr NamedAllreduceAlgorithm kAllreduceAlgorithms[] = {
     {"hierarchical", AllreduceAlgorithm::kHierarchical},
     {"tree", AllreduceAlgorithm::kTree},
 };
-AllreduceAlgorithm allreduce_algorithm_named(const std::string& name);  // throws CommError (schedule.cpp)
+AllreduceAlgorithm allreduce_algorithm_named(const std::string& name);  // throws CommError (step_program.cpp)
 
 // What an allreduce over some members runs: the algorithm and, for kHierarchical and kTree, the
 // node of every member (kTree: empty when there is no topology, every member a node of its own);

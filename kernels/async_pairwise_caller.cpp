@@ -28,14 +28,14 @@ std::shared_ptr<OpState> PairwiseAverager::request(FloatSpan buf, FloatSpan out,
     throw CommError("pairwise averaging peer " + std::to_string(peer) + " out of range: must be another rank in [0, " +
                     std::to_string(engine_->size()) + ")");
   if (buf.data == out.data) throw CommError("request and reply buffers must not be the same memory");
-  Schedule s;
+  StepProgram s;
   Step step;
   step.sends.push_back({1, buf.data, count_, kPairRequestTag});
   step.recvs.push_back({1, out.data, count_, kPairReplyTag});
   s.steps.push_back(std::move(step));
   auto st = std::make_shared<OpState>();
   const int me = engine_->rank();
-  engine_->submit(std::make_unique<ScheduleOp>(
+  engine_->submit(std::make_unique<StepProgramOp>(
       "pair_request", st, StepExecutor(comm_, {me, peer}, {me, peer}, kPairRequestTag, std::move(s))));
   return st;
 }

@@ -160,7 +160,7 @@ py::list allreduce_steps(int p, int me, int64_t count, int64_t ring_threshold_by
                     ", me=" + std::to_string(me) + ", count=" + std::to_string(count) + ")");
   std::vector<float> buf(static_cast<size_t>(count > 0 ? count : 1));
   AllreducePlan plan{allreduce_algorithm_named(algorithm), member_nodes, tree_chunk_bytes};
-  Schedule s = allreduce_schedule(p, me, buf.data(), count, ring_threshold_bytes, plan);
+  StepProgram s = allreduce_program(p, me, buf.data(), count, ring_threshold_bytes, plan);
   py::list steps;
   for (const Step& step : s.steps) {
     py::list sends, recvs;

@@ -20,7 +20,7 @@ std::shared_ptr<OpState> Communicator::iallreduce(FloatSpan buf, const std::stri
   if (op != "sum" && op != "mean") throw CommError("allreduce op must be 'sum' or 'mean' (got '" + op + "')");
   std::vector<int> everyone(static_cast<size_t>(size()));
   for (int i = 0; i < size(); ++i) everyone[i] = i;
-  Schedule s = allreduce_schedule(size(), rank(), buf.data, buf.count, ring_threshold_,
+  StepProgram s = allreduce_program(size(), rank(), buf.data, buf.count, ring_threshold_,
                                   engine_->links().allreduce_plan(everyone));
   s.result = buf.data;
   s.count = buf.count;
@@ -53,11 +53,11 @@ std::shared_ptr<OpState> Communicator::iexchange(FloatSpan send, FloatSpan recv,
     std::lock_guard<std::mutex> lock(seq_mu_);
     seq = exchange_seq_[peer]++;
   }
-  Schedule sch;
+  StepProgram sch;
   sch.steps.push_back({{{1, send.data, send.count}}, {{1, recv.data, recv.count}}, {}});
   auto st = std::make_shared<OpState>();
   const int me = rank();
-  engine_->submit(std::make_unique<ScheduleOp>(
+  engine_->submit(std::make_unique<StepProgramOp>(
       "exchange", st,
       StepExecutor(exchange_comm_, {me, peer}, {me, peer}, static_cast<int>(seq % engine_->tag_ub()), std::move(sch))));
   return st;
@@ -134,7 +134,7 @@ void Communicator::check_open() const {
   if (closed()) throw CommError("communicator is shut down");
 }
 
-std::shared_ptr<OpState> Communicator::submit(const char* name, Schedule s) {
+std::shared_ptr<OpState> Communicator::submit(const char* name, StepProgram s) {
   int64_t seq;
   {
     std::lock_guard<std::mutex> lock(seq_mu_);
@@ -145,7 +145,7 @@ std::shared_ptr<OpState> Communicator::submit(const char* name, Schedule s) {
   auto st = std::make_shared<OpState>();
   // The engine's communicator duplicates the world: members are world ranks as well.
   const int tag = static_cast<int>(seq % engine_->tag_ub());
-  engine_->submit(std::make_unique<ScheduleOp>(
+  engine_->submit(std::make_unique<StepProgramOp>(
       name, st, StepExecutor(engine_->shared_comm(), members, members, tag, std::move(s))));
   return st;
 }

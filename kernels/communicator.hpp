@@ -66,7 +66,7 @@ class Communicator {
 
  private:
   void check_open() const;
-  std::shared_ptr<OpState> submit(const char* name, Schedule s);
+  std::shared_ptr<OpState> submit(const char* name, StepProgram s);
 
   std::shared_ptr<Engine> engine_;
   int64_t ring_threshold_;

@@ -1,7 +1,7 @@
 // Element types and reduction operators of the typed collectives (harness.dist).
 //
 // MPI only moves bytes here: every reduction is done by the native layer itself, elementwise,
-// in a fixed order given by the schedule. float16 and bfloat16 are added (multiplied, ...) in
+// in a fixed order given by the step program. float16 and bfloat16 are added (multiplied, ...) in
 // float32 and rounded back to nearest even after each pairwise operation, as torch's CPU
 // kernels and gloo do.
 #pragma once

@@ -52,7 +52,7 @@ void Group::check_open(const char* what) const {
   if (!engine_->running()) throw CommError(std::string(what) + ": communicator is shut down");
 }
 
-std::shared_ptr<OpState> Group::submit(const char* name, Schedule s, bool p2p, int tag) {
+std::shared_ptr<OpState> Group::submit(const char* name, StepProgram s, bool p2p, int tag) {
   int64_t seq = tag >= 0 ? tag : 0;
   if (!p2p && tag < 0) {
     std::lock_guard<std::mutex> lock(seq_mu_);
@@ -60,7 +60,7 @@ std::shared_ptr<OpState> Group::submit(const char* name, Schedule s, bool p2p, i
   }
   auto st = std::make_shared<OpState>();
   const int mpi_tag = static_cast<int>(seq % engine_->tag_ub());
-  engine_->submit(std::make_unique<ScheduleOp>(
+  engine_->submit(std::make_unique<StepProgramOp>(
       name, st, StepExecutor(p2p ? p2p_comm_ : comm_, members_, world_, mpi_tag, std::move(s))));
   return st;
 }
@@ -72,7 +72,7 @@ std::shared_ptr<OpState> Group::allreduce(TypedSpan buf, DType dtype, ReduceOp o
   const ElemType et = elem_type(dtype);
   ReduceFn fn = reduce_fn(dtype, op, what);
   const int p = size();
-  Schedule s = allreduce_schedule(p, rank_, buf.data, buf.count, ring_threshold_, engine_->links().allreduce_plan(world_),
+  StepProgram s = allreduce_program(p, rank_, buf.data, buf.count, ring_threshold_, engine_->links().allreduce_plan(world_),
                                   et.size);
   s.elem = et;
   s.reduce = fn;
@@ -91,7 +91,7 @@ std::shared_ptr<OpState> Group::broadcast(TypedSpan buf, DType dtype, int root, 
   check_count(buf.count, what.c_str());
   check_rank(root, size(), "broadcast root");
   const ElemType et = elem_type(dtype);
-  Schedule s = binomial_bcast(size(), rank_, root, buf.data, buf.count, et.size);
+  StepProgram s = binomial_bcast(size(), rank_, root, buf.data, buf.count, et.size);
   s.elem = et;
   return submit("broadcast", std::move(s), false, tag);
 }
@@ -104,7 +104,7 @@ std::shared_ptr<OpState> Group::reduce(TypedSpan buf, DType dtype, ReduceOp op, 
   const ElemType et = elem_type(dtype);
   const int p = size(), esz = et.size;
   const int64_t n = buf.count;
-  Schedule s;
+  StepProgram s;
   s.elem = et;
   s.reduce = reduce_fn(dtype, op, what);
   s.count = n;
@@ -144,7 +144,7 @@ std::shared_ptr<OpState> Group::allgather(TypedSpan in, TypedSpan out, DType dty
   const int esz = et.size;
   char* mine = at(out.data, rank_ * n, esz);
   if (mine != in.data) std::memmove(mine, in.data, static_cast<size_t>(n * esz));
-  Schedule s;
+  StepProgram s;
   s.elem = et;
   s.count = out.count;
   const int right = (rank_ + 1) % p, left = (rank_ + p - 1) % p;
@@ -165,7 +165,7 @@ std::shared_ptr<OpState> Group::reduce_scatter(TypedSpan in, TypedSpan out, DTyp
                     " x " + std::to_string(n));
   const ElemType et = elem_type(dtype);
   const int esz = et.size;
-  Schedule s;
+  StepProgram s;
   s.elem = et;
   s.reduce = reduce_fn(dtype, op, what);
   // Ring reduce-scatter in a copy of the input: at step t a member sends chunk (me - t - 1) to
@@ -199,7 +199,7 @@ std::shared_ptr<OpState> Group::gather(TypedSpan in, TypedSpan out, DType dtype,
   const int p = size();
   const int64_t n = in.count;
   const ElemType et = elem_type(dtype);
-  Schedule s;
+  StepProgram s;
   s.elem = et;
   Step step;
   if (rank_ == root) {
@@ -224,7 +224,7 @@ std::shared_ptr<OpState> Group::scatter(TypedSpan in, TypedSpan out, DType dtype
   const int p = size();
   const int64_t n = out.count;
   const ElemType et = elem_type(dtype);
-  Schedule s;
+  StepProgram s;
   s.elem = et;
   Step step;
   if (rank_ == root) {
@@ -264,7 +264,7 @@ std::shared_ptr<OpState> Group::alltoall(TypedSpan in, TypedSpan out, DType dtyp
     throw CommError(what + ": this rank sends itself " + std::to_string(send_counts[rank_]) + " elements but expects " +
                     std::to_string(recv_counts[rank_]));
   const ElemType et = elem_type(dtype);
-  Schedule s;
+  StepProgram s;
   s.elem = et;
   Step step;
   int64_t so = 0, ro = 0;
@@ -295,7 +295,7 @@ std::shared_ptr<OpState> Group::send(TypedSpan buf, DType dtype, int dst, int ta
   if (dst == rank_) throw CommError(what + ": a rank cannot send to itself");
   if (tag < 0 || tag > engine_->tag_ub())
     throw CommError(what + ": tag " + std::to_string(tag) + " out of range [0, " + std::to_string(engine_->tag_ub()) + "]");
-  Schedule s;
+  StepProgram s;
   s.elem = elem_type(dtype);
   s.steps.push_back({{{dst, buf.data, buf.count, tag}}, {}, {}});
   return submit("send", std::move(s), true);
@@ -309,7 +309,7 @@ std::shared_ptr<OpState> Group::recv(TypedSpan buf, DType dtype, int src, int ta
   if (src == rank_) throw CommError(what + ": a rank cannot receive from itself");
   if (tag < 0 || tag > engine_->tag_ub())
     throw CommError(what + ": tag " + std::to_string(tag) + " out of range [0, " + std::to_string(engine_->tag_ub()) + "]");
-  Schedule s;
+  StepProgram s;
   s.elem = elem_type(dtype);
   s.steps.push_back({{}, {{src, buf.data, buf.count, tag}}, {}});
   return submit("recv", std::move(s), true);

@@ -7,7 +7,7 @@
 // every message between members a and b obeys the emulated link (and topology) between world
 // ranks a and b. Buffers are raw pointers lent by the caller (harness.dist checks the tensors
 // and keeps them alive until the operation is done); counts are in elements of `dtype`.
-// Reductions happen in the native layer (dtype.hpp), in an order fixed by the schedule.
+// Reductions happen in the native layer (dtype.hpp), in an order fixed by the step program.
 #pragma once
 
 #include <atomic>
@@ -18,7 +18,7 @@
 
 #include "caller.hpp"
 #include "dtype.hpp"
-#include "schedule.hpp"
+#include "step_program.hpp"
 
 namespace harness {
 
@@ -64,7 +64,7 @@ class Group {
   // tag: the collective's MPI tag (harness.dist derives it from the op's place in the program, so
   // that collectives posted by different threads match across ranks); -1: the next of this
   // group's own sequence.
-  std::shared_ptr<OpState> submit(const char* name, Schedule s, bool p2p = false, int tag = -1);
+  std::shared_ptr<OpState> submit(const char* name, StepProgram s, bool p2p = false, int tag = -1);
   void check_open(const char* what) const;
 
   std::shared_ptr<Engine> engine_;

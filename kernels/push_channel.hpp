@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "listener.hpp"
-#include "schedule.hpp"
+#include "step_program.hpp"
 
 namespace harness {
 

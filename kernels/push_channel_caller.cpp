@@ -22,7 +22,7 @@ std::shared_ptr<OpState> PushChannel::send(FloatSpan buf, const std::vector<int>
     if (p < 0 || p >= engine_->size() || p == engine_->rank())
       throw CommError("push peer " + std::to_string(p) + " out of range: must be another rank in [0, " +
                       std::to_string(engine_->size()) + ")");
-  Schedule s;
+  StepProgram s;
   s.scratch.reset(new float[count_ > 0 ? count_ : 1]);
   Step step;
   std::vector<int> members;
@@ -34,7 +34,7 @@ std::shared_ptr<OpState> PushChannel::send(FloatSpan buf, const std::vector<int>
   std::memcpy(s.scratch.get(), buf.data, sizeof(float) * count_);
   auto st = std::make_shared<OpState>();
   // The channel's communicator duplicates the world, so members are world ranks as well.
-  engine_->submit(std::make_unique<ScheduleOp>(
+  engine_->submit(std::make_unique<StepProgramOp>(
       "push", st,
       StepExecutor(comm_, members, members, static_cast<int>(round % kPushRoundModulus), std::move(s),
                    /*synchronous_sends=*/true)));

@@ -48,7 +48,7 @@ void WaitAvoidingOp::join(Engine& e, int64_t k) {
   slot.info.sync = sync;
   slot.info.group_size = static_cast<int>(members.size());
   slot.info.t_join = now();
-  Schedule s = allreduce_schedule(static_cast<int>(members.size()), me, slot.work.get(), cfg_.count,
+  StepProgram s = allreduce_program(static_cast<int>(members.size()), me, slot.work.get(), cfg_.count,
                                   cfg_.ring_threshold_bytes, e.links().allreduce_plan(members));
   std::vector<int> world = members;  // the op's communicator is a duplicate of the world
   slot.exec.emplace(shared_comm(), members, world, tag_for(k), std::move(s));

@@ -8,7 +8,7 @@
 //    activation message to every rank. A rank's progress thread that receives the activation
 //    of round k joins rounds up to k at once, even while the caller is still computing,
 //    contributing the last published buffer (stale; eager-SGD then zeroes it).
-//  * The group of round k (phases[k % L], computed by the Python schedule) sums the joined
+//  * The group of round k (phases[k % L], from harness.schedules) sums the joined
 //    contributions by allreduce. A caller that arrives after its round completed gets the
 //    stored sum without waiting.
 //  * Synchronous rounds (k % sync_every == sync_every - 1) are never joined on a rank's
@@ -37,7 +37,7 @@
 #include <vector>
 
 #include "listener.hpp"
-#include "schedule.hpp"
+#include "step_program.hpp"
 
 namespace harness {
 

@@ -425,16 +425,16 @@ UNTRACED = "bool traced() const override { return false; }"
 
 def _native_op_names() -> set[str]:
     """The names the C++ layer gives the operations it records, read from kernels/: the ops
-    built by name (``submit("allreduce", ...)``, ``make_unique<ScheduleOp>("push", ...)``) and
+    built by name (``submit("allreduce", ...)``, ``make_unique<StepProgramOp>("push", ...)``) and
     the records added by hand (``add_record({"wa_sync_round", ...})``). Ops that subclass
     ``Op`` directly (listeners, the persistent wait-avoiding op) must not be traced."""
     names: set[str] = set()
     for path in sorted((REPO / "kernels").glob("*.[ch]pp")):
         text = path.read_text()
         names |= set(re.findall(r'\bsubmit\(\s*"(\w+)"', text))
-        for first in re.findall(r"make_unique<ScheduleOp>\(\s*([^,\s]+)\s*,", text):
+        for first in re.findall(r"make_unique<StepProgramOp>\(\s*([^,\s]+)\s*,", text):
             # `name`: the generic submit(name, ...) helper, whose literal names are found above.
-            assert first == "name" or re.fullmatch(r'"\w+"', first), f"{path.name}: ScheduleOp named by {first}"
+            assert first == "name" or re.fullmatch(r'"\w+"', first), f"{path.name}: StepProgramOp named by {first}"
             names.add(first.strip('"'))
         for record in re.findall(r"add_record\(\{(.*?)\}", text, re.S):
             names |= set(re.findall(r'"(\w+)"', record))

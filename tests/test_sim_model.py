@@ -91,7 +91,7 @@ def test_two_member_allreduce_waits_for_the_later_join() -> None:
 
 
 def test_three_member_recursive_doubling_folds_the_extra_rank() -> None:
-    # p=3: member 0 folds into 1; 1 and 2 exchange; 1 unfolds to 0 (kernels/schedule.cpp).
+    # p=3: member 0 folds into 1; 1 and 2 exchange; 1 unfolds to 0 (kernels/step_program.cpp).
     net = SimNetwork(3, NET)
     c = msg(400)
     assert run_program(allreduce_program(3, 100), [0, 1, 2], [0.0] * 3, net) == pytest.approx([2 * c, c, 2 * c])

@@ -3,7 +3,7 @@
 Three kinds of proof:
 
 * The numerics of the simulated network: an allreduce adds in the order of the native ring,
-  recursive-doubling and tree schedules (kernels/schedule.cpp), checked against a literal
+  recursive-doubling and tree schedules (kernels/step_program.cpp), checked against a literal
   step-by-step replay of those schedules written here.
 * Equal to the real run: real runs under mpiexec (3 ranks on a ring allreduce, 4 on recursive
   doubling, a straggler injected), then ``compare --train --mode trace``: every algorithm whose
@@ -40,7 +40,7 @@ ORDER_DEPENDENT = ("osgp", "adpsgd", "quorum_diloco")
 
 # -- the native orders of addition ----------------------------------------------------------------
 def literal_ring(xs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """kernels/schedule.cpp's ring_allreduce, step by step: reduce-scatter (member m sends chunk
+    """kernels/step_program.cpp's ring_allreduce, step by step: reduce-scatter (member m sends chunk
     m - st, receives chunk m - st - 1 and adds it into its own), then allgather."""
     p, n = len(xs), xs[0].numel()
     buf = [x.clone() for x in xs]
@@ -62,7 +62,7 @@ def literal_ring(xs: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def literal_doubling(xs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """kernels/schedule.cpp's rd_allreduce: fold the members beyond a power of two into their
+    """kernels/step_program.cpp's rd_allreduce: fold the members beyond a power of two into their
     neighbours, exchange and add with partner v ^ mask, unfold."""
     p = len(xs)
     buf = [x.clone() for x in xs]
@@ -103,7 +103,7 @@ def test_doubling_sum_adds_in_the_native_recursive_doubling_order(p: int) -> Non
 
 
 def literal_tree(xs: list[torch.Tensor], nodes: tuple[int, ...], chunk_bytes: int) -> list[torch.Tensor]:
-    """kernels/schedule.cpp's tree_allreduce, round by round from the simulator's schedule: the
+    """kernels/step_program.cpp's tree_allreduce, round by round from the simulator's schedule: the
     k-th message a member sends its parent carries its chunk k, which the parent adds into its
     own; the k-th message a parent sends a child carries its chunk k, which replaces the child's.
     Every message of a round (all of its steps) leaves before any arrives, and a member adds its

@@ -2,7 +2,7 @@
 alpha-beta model fitted to measured allreduces.
 
 Collectives are decomposed into the point-to-point steps the native layer performs
-(``kernels/schedule.cpp``; the steps are :mod:`harness.sim.step_programs`) for the
+(``kernels/step_program.cpp``; the steps are :mod:`harness.sim.step_programs`) for the
 scenario's ``network.allreduce``: with ``auto``, recursive doubling below
 ``ring_threshold_bytes`` (with the same fold/unfold of the ranks beyond the largest power of
 two), ring reduce-scatter + allgather above it; or the one it names (ring, recursive doubling,
@@ -59,7 +59,7 @@ def _ring_completion(join: np.ndarray, cost: float) -> np.ndarray:
 def broadcast_times(p: int, root: int, world: Sequence[int], join: Sequence[float], nbytes: int,
                     network: SimNetwork) -> list[float]:
     """Completion time of every member of the native binomial broadcast (``binomial_bcast`` in
-    kernels/schedule.cpp): member v (counted from the root) receives from v minus its lowest set
+    kernels/step_program.cpp): member v (counted from the root) receives from v minus its lowest set
     bit, then sends to v + mask for every lower mask, all posted when its data is there; it
     completes when it has the data and its sends are released."""
     ready = [0.0] * p

@@ -1,5 +1,5 @@
 """The step programs of the native layer, as the simulator runs them: which member sends
-how many bytes to which in every step (``kernels/schedule.cpp`` for the allreduces and the
+how many bytes to which in every step (``kernels/step_program.cpp`` for the allreduces and the
 barrier, ``kernels/group.cpp`` for the torch.distributed backend's group operations). Pure:
 no time here; :func:`harness.sim.collective_timing.run_program` times a program on a simulated network.
 """
@@ -95,7 +95,7 @@ def _program(steps: Sequence[StepRows], p: int, recursive_doubling: bool = False
 
 
 def _rd_steps(p: int, count: int) -> list[tuple[list[int], list[int], list[int]]]:
-    """Recursive doubling as ``rd_allreduce`` in kernels/schedule.cpp (fold, exchanges, unfold)."""
+    """Recursive doubling as ``rd_allreduce`` in kernels/step_program.cpp (fold, exchanges, unfold)."""
     nbytes = count * FLOAT_BYTES
     pow2 = 1 << (p.bit_length() - 1)
     rem = p - pow2
@@ -128,7 +128,7 @@ def _ring_chunk_bytes(p: int, count: int) -> list[int]:
 
 
 def _ring_steps(p: int, count: int) -> list[tuple[list[int], list[int], list[int]]]:
-    """Ring reduce-scatter then allgather as ``ring_allreduce`` in kernels/schedule.cpp."""
+    """Ring reduce-scatter then allgather as ``ring_allreduce`` in kernels/step_program.cpp."""
     sizes = _ring_chunk_bytes(p, count)
     right = [(m + 1) % p for m in range(p)]
     left = [(m - 1) % p for m in range(p)]
@@ -148,7 +148,7 @@ ALLREDUCE_ALGORITHMS = ("auto", "ring", "recursive_doubling", "reduce_broadcast"
 def allreduce_program(p: int, count: int, ring_threshold_bytes: int = RING_THRESHOLD_BYTES,
                        algorithm: str = "auto", member_nodes: tuple[int, ...] = (),
                        tree_chunk_bytes: int = TREE_CHUNK_BYTES) -> StepProgram | RingProgram:
-    """The native ``allreduce_program`` (kernels/schedule.cpp) for ``algorithm``: ``auto`` is a
+    """The native ``allreduce_program`` (kernels/step_program.cpp) for ``algorithm``: ``auto`` is a
     ring for p > 2, count >= p and at least ``ring_threshold_bytes``, recursive doubling
     otherwise; ``ring`` is a ring whenever p > 2 and count >= p; ``reduce_broadcast`` is the
     hierarchical allreduce on one node; ``hierarchical`` goes by ``member_nodes``; ``tree`` is
@@ -181,7 +181,7 @@ def allreduce_program(p: int, count: int, ring_threshold_bytes: int = RING_THRES
 @lru_cache(maxsize=256)
 def hierarchical_program(member_nodes: tuple[int, ...], count: int,
                           ring_threshold_bytes: int = RING_THRESHOLD_BYTES) -> StepProgram:
-    """The native ``hierarchical_allreduce`` (kernels/schedule.cpp) as aligned steps: a binomial
+    """The native ``hierarchical_allreduce`` (kernels/step_program.cpp) as aligned steps: a binomial
     reduce inside every node to its first member, the leaders' allreduce (ring or recursive
     doubling, as :func:`allreduce_program` picks for them), a binomial broadcast inside every
     node. ``member_nodes[m]``: the node of member m."""
@@ -229,7 +229,7 @@ def hierarchical_program(member_nodes: tuple[int, ...], count: int,
 
 @dataclass(frozen=True)
 class TreeShape:
-    """The tree of the tree allreduce (``tree_shape`` in kernels/schedule.cpp): every member's
+    """The tree of the tree allreduce (``tree_shape`` in kernels/step_program.cpp): every member's
     ``parent`` (-1: the root, member 0), its ``children`` in order (its chain successor, then its
     tree children in heap order) and the ``colour`` of its edge to its parent (-1: the root),
     ``colours`` of them."""
@@ -285,7 +285,7 @@ def tree_chunks(count: int, tree_chunk_bytes: int = TREE_CHUNK_BYTES) -> int:
 
 @lru_cache(maxsize=64)
 def tree_program(member_nodes: tuple[int, ...], count: int, tree_chunk_bytes: int = TREE_CHUNK_BYTES) -> StepProgram:
-    """The native ``tree_allreduce`` (kernels/schedule.cpp) as rounds of aligned steps: NCCL's
+    """The native ``tree_allreduce`` (kernels/step_program.cpp) as rounds of aligned steps: NCCL's
     pipelined tree (:func:`tree_shape`: a chain inside each node, a binary tree across nodes),
     ``count`` floats in :func:`tree_chunks` chunks (split as the ring's), reduced up the tree and
     broadcast back down, each edge carrying the buffer once each way.
@@ -385,7 +385,7 @@ class RingProgram:
 
 @lru_cache(maxsize=64)
 def barrier_program(p: int) -> StepProgram:
-    """The native dissemination barrier (``dissemination_barrier`` in kernels/schedule.cpp):
+    """The native dissemination barrier (``dissemination_barrier`` in kernels/step_program.cpp):
     in step d = 1, 2, 4, ... < p member m sends an empty message to m + d and receives one from m - d."""
     steps = []
     d = 1

@@ -1,7 +1,7 @@
 """The native layer's arithmetic of a sum over members, rounding for rounding.
 
 A simulation with values (:mod:`harness.sim.payload`) must add what an allreduce adds in the
-order the native program adds it (``kernels/schedule.cpp``): float addition is commutative
+order the native program adds it (``kernels/step_program.cpp``): float addition is commutative
 but not associative, so only the same order gives the real run's numbers bit for bit. The ring
 accumulates every chunk along the ring from its own member; recursive doubling folds the
 members beyond a power of two and then adds partners' sums; the tree adds children's partial
@@ -60,7 +60,7 @@ def _rows(buffers: Sequence[torch.Tensor]) -> torch.Tensor:
 
 def ring_sum(buffers: Sequence[torch.Tensor]) -> torch.Tensor:
     """The sum the native ring allreduce computes, rounding for rounding: chunk c (``chunk_begin``
-    of kernels/schedule.cpp: p chunks, the first ``n % p`` one element longer) is accumulated
+    of kernels/step_program.cpp: p chunks, the first ``n % p`` one element longer) is accumulated
     along the ring from member c, ``acc = x[c + j] + acc`` for j = 1 .. p-1 (its
     reduce-scatter), so every chunk's additions happen in that order. Chunk c of member c + j,
     for every c at once, is a (wrapped) diagonal of the ``[members, chunks, length]`` view of
@@ -132,7 +132,7 @@ def doubling_sum(buffers: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def tree_sum(buffers: Sequence[torch.Tensor], member_nodes: Sequence[int]) -> torch.Tensor:
-    """The sum the native tree allreduce computes (``tree_allreduce`` in kernels/schedule.cpp),
+    """The sum the native tree allreduce computes (``tree_allreduce`` in kernels/step_program.cpp),
     rounding for rounding, over members on ``member_nodes``: every member adds to its own buffer
     its children's partial sums in child order, ``((x[m] + s[c1]) + s[c2]) + ...``, and the
     root's sum comes back down unchanged. Its chunks all add alike, so the sum does not depend on

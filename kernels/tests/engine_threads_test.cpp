@@ -19,7 +19,7 @@
 
 #include "check.hpp"
 #include "communicator.hpp"
-#include "schedule.hpp"
+#include "step_program.hpp"
 
 using namespace harness;
 
@@ -36,9 +36,9 @@ std::vector<int> everyone() {
 
 // One allreduce on `engine`'s communicator with its own tag, as Communicator::iallreduce posts it.
 std::shared_ptr<OpState> post_allreduce(Engine& engine, float* buf, int64_t n, int tag, int64_t threshold) {
-  Schedule s = allreduce_schedule(size_, rank_, buf, n, threshold, engine.links().allreduce_plan(everyone()));
+  StepProgram s = allreduce_program(size_, rank_, buf, n, threshold, engine.links().allreduce_plan(everyone()));
   auto st = std::make_shared<OpState>();
-  engine.submit(std::make_unique<ScheduleOp>("allreduce", st,
+  engine.submit(std::make_unique<StepProgramOp>("allreduce", st,
                                              StepExecutor(engine.shared_comm(), everyone(), everyone(), tag, std::move(s))));
   return st;
 }
@@ -91,11 +91,11 @@ TEST(shutdown_fails_operations_in_flight) {
   Engine engine(MPI_COMM_WORLD, kOptions);
   // A receive nobody sends: the op stays in flight until the shutdown.
   float x = 0;
-  Schedule s;
+  StepProgram s;
   s.steps.push_back({{}, {{(rank_ + 1) % size_, &x, 1, 999}}, {}});
   auto st = std::make_shared<OpState>();
   engine.submit(
-      std::make_unique<ScheduleOp>("never", st, StepExecutor(engine.shared_comm(), everyone(), everyone(), 999, std::move(s))));
+      std::make_unique<StepProgramOp>("never", st, StepExecutor(engine.shared_comm(), everyone(), everyone(), 999, std::move(s))));
   std::string seen;
   std::thread waiter([&] {
     st->wait(-1);

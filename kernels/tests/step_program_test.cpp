@@ -1,5 +1,5 @@
-// Unit tests of the collectives' step programs (kernels/schedule.hpp): every member's program is
-// built and all of them are run together by the simulation in schedule_sim.hpp, for many member
+// Unit tests of the collectives' step programs (kernels/step_program.hpp): every member's program is
+// built and all of them are run together by the simulation in step_program_sim.hpp, for many member
 // counts (odd, even, powers of two and not) and lengths (empty, shorter than the group, long).
 // Properties: every send meets a receive of the same size in the peer's program and nothing is
 // left unmatched (else a hang or a size-mismatch error on real ranks), peers in range, no step
@@ -16,12 +16,12 @@
 #include <vector>
 
 #include "check.hpp"
-#include "schedule_sim.hpp"
+#include "step_program_sim.hpp"
 
 using harness::AllreduceAlgorithm;
 using harness::AllreducePlan;
 using harness::CommError;
-using harness::Schedule;
+using harness::StepProgram;
 using harness_test::SimMember;
 using harness_test::SimResult;
 using harness_test::Simulation;
@@ -47,7 +47,7 @@ struct Run {
 };
 
 template <class T>
-Run<T> simulate(int p, int64_t n, const std::function<Schedule(int, void*)>& build,
+Run<T> simulate(int p, int64_t n, const std::function<StepProgram(int, void*)>& build,
                 const std::function<T(int, int64_t)>& data) {
   Run<T> r;
   r.data.resize(static_cast<size_t>(p));
@@ -154,7 +154,7 @@ TEST(recursive_doubling_sums_and_exchanges_whole_buffers) {
 TEST(ring_sums_with_chunks_that_cover_the_buffer) {
   for (int p : kSizes)
     for (int64_t n : kLengths) {
-      if (n < p) continue;  // allreduce_schedule runs a ring only with a float per member
+      if (n < p) continue;  // allreduce_program runs a ring only with a float per member
       auto r = simulate<float>(p, n, [&](int m, void* b) { return harness::ring_allreduce(p, m, b, n); },
                                int_valued);
       expect_exact_sums(r, p, n, name("ring", p, n));
@@ -363,8 +363,8 @@ TEST(other_element_sizes_use_byte_offsets) {
     }
 }
 
-TEST(allreduce_schedule_picks_the_algorithm_it_documents) {
-  auto shape = [](const Schedule& s) {
+TEST(allreduce_program_picks_the_algorithm_it_documents) {
+  auto shape = [](const StepProgram& s) {
     std::vector<std::vector<std::pair<int, int64_t>>> out;
     for (const auto& st : s.steps) {
       out.emplace_back();
@@ -379,7 +379,7 @@ TEST(allreduce_schedule_picks_the_algorithm_it_documents) {
       for (int m = 0; m < p; ++m) {
         std::vector<float> b(static_cast<size_t>(n) + 1);
         const bool ring_fits = p > 2 && n >= p;
-        auto got = [&](AllreducePlan plan) { return shape(harness::allreduce_schedule(p, m, b.data(), n, thr, plan)); };
+        auto got = [&](AllreducePlan plan) { return shape(harness::allreduce_program(p, m, b.data(), n, thr, plan)); };
         auto ring = shape(harness::ring_allreduce(p, m, b.data(), n));
         auto rd = shape(harness::rd_allreduce(p, m, b.data(), n));
         CHECK(got({}) == (ring_fits && n * 4 >= thr ? ring : rd));
@@ -409,23 +409,23 @@ TEST(bad_arguments_raise_comm_error) {
 TEST(the_simulation_catches_broken_programs) {
   // The checks above are only as good as the simulation: a program whose peers disagree must
   // fail it (a deadlock, a size mismatch, a message never received).
-  auto run = [](std::function<Schedule(int, void*)> build) {
+  auto run = [](std::function<StepProgram(int, void*)> build) {
     return simulate<float>(2, 4, build, int_valued).result;
   };
   auto one_way = [](int m, void* b) {  // both send first, neither receives
-    Schedule s;
+    StepProgram s;
     s.steps.push_back({{{1 - m, b, 4}}, {}, {}});
     return s;
   };
   CHECK(!run(one_way).ok);
   auto sizes_differ = [](int m, void* b) {
-    Schedule s;
+    StepProgram s;
     s.steps.push_back({{{1 - m, b, 4 - m}}, {{1 - m, static_cast<float*>(b) + 2, 2}}, {}});
     return s;
   };
   CHECK(!run(sizes_differ).ok);
   auto crossed = [](int m, void* b) {  // 0 waits to receive before sending, so does 1
-    Schedule s;
+    StepProgram s;
     s.steps.push_back({{}, {{1 - m, b, 1}}, {}});
     s.steps.push_back({{{1 - m, b, 1}}, {}, {}});
     return s;
@@ -433,7 +433,7 @@ TEST(the_simulation_catches_broken_programs) {
   SimResult dl = run(crossed);
   CHECK(!dl.ok && dl.error.find("deadlock") != std::string::npos);
   auto aliasing = [](int m, void* b) {
-    Schedule s;
+    StepProgram s;
     s.steps.push_back({{{1 - m, b, 2}}, {{1 - m, static_cast<float*>(b) + 1, 2}}, {}});
     return s;
   };

@@ -1,8 +1,8 @@
 // Runs the step programs of all members of a collective together, in one process, without MPI:
-// what the executor (StepExecutor) would do on p ranks, so that schedule tests check the data
+// what the executor (StepExecutor) would do on p ranks, so that step program tests check the data
 // that actually arrives, not only the shape of the steps.
 //
-// Model (stricter than MPI, so a schedule that passes cannot deadlock under it): a member posts
+// Model (stricter than MPI, so a step program that passes cannot deadlock under it): a member posts
 // all receives and sends of its current step; the k-th send from a to b matches the k-th receive
 // at b from a (MPI's non-overtaking order on one tag); a send completes only once matched (as a
 // rendezvous send does); a step ends when all its messages are matched, then its reductions run.
@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "schedule.hpp"
+#include "step_program.hpp"
 
 namespace harness_test {
 
@@ -28,7 +28,7 @@ namespace harness_test {
 using AddFn = void (*)(void* dst, const void* src, int64_t n);
 
 struct SimMember {
-  harness::Schedule sched;
+  harness::StepProgram sched;
   char* buf = nullptr;  // the member's buffer (owned by the caller), n elements of esz bytes
   size_t cur = 0;       // current step
   bool posted = false;

@@ -1,4 +1,4 @@
-#include "schedule.hpp"
+#include "step_program.hpp"
 
 #include <algorithm>
 #include <climits>
@@ -18,8 +18,8 @@ int64_t chunk_begin(int64_t n, int64_t p, int64_t k) {
   return k * base + (k < extra ? k : extra);
 }
 
-// The tree allreduce's tree (tree_allreduce in schedule.hpp), which harness/sim/
-// collective_schedules.py builds alike: every member's parent (-1: the root, member 0) and
+// The tree allreduce's tree (tree_allreduce in step program.hpp), which harness/sim/
+// step_programs.py builds alike: every member's parent (-1: the root, member 0) and
 // children in order, and the colour of every member's edge to its parent (a round lists a
 // member's messages in colour order; the simulator stores a round as one step per colour).
 struct TreeShape {
@@ -73,8 +73,8 @@ TreeShape tree_shape(int p, const std::vector<int>& member_nodes) {
 
 }  // namespace
 
-Schedule rd_allreduce(int p, int me, void* buf, int64_t n, int esz) {
-  Schedule s;
+StepProgram rd_allreduce(int p, int me, void* buf, int64_t n, int esz) {
+  StepProgram s;
   s.result = buf;
   s.count = n;
   if (p == 1) return s;
@@ -110,8 +110,8 @@ Schedule rd_allreduce(int p, int me, void* buf, int64_t n, int esz) {
   return s;
 }
 
-Schedule ring_allreduce(int p, int me, void* buf, int64_t n, int esz) {
-  Schedule s;
+StepProgram ring_allreduce(int p, int me, void* buf, int64_t n, int esz) {
+  StepProgram s;
   s.result = buf;
   s.count = n;
   if (p == 1) return s;
@@ -136,8 +136,8 @@ Schedule ring_allreduce(int p, int me, void* buf, int64_t n, int esz) {
   return s;
 }
 
-Schedule binomial_bcast(int p, int me, int root, void* buf, int64_t n, int) {
-  Schedule s;
+StepProgram binomial_bcast(int p, int me, int root, void* buf, int64_t n, int) {
+  StepProgram s;
   s.count = n;
   if (p == 1) return s;
   int v = (me - root + p) % p;
@@ -157,19 +157,19 @@ Schedule binomial_bcast(int p, int me, int root, void* buf, int64_t n, int) {
   return s;
 }
 
-Schedule dissemination_barrier(int p, int me) {
-  Schedule s;
+StepProgram dissemination_barrier(int p, int me) {
+  StepProgram s;
   for (int d = 1; d < p; d <<= 1)
     s.steps.push_back({{{(me + d) % p, nullptr, 0}}, {{(me - d % p + p) % p, nullptr, 0}}, {}});
   return s;
 }
 
-Schedule hierarchical_allreduce(int p, int me, const std::vector<int>& member_nodes, void* buf, int64_t n,
+StepProgram hierarchical_allreduce(int p, int me, const std::vector<int>& member_nodes, void* buf, int64_t n,
                                 int64_t ring_threshold_bytes, int esz) {
   if (static_cast<int>(member_nodes.size()) != p)
     throw CommError("hierarchical allreduce: " + std::to_string(member_nodes.size()) + " node ids for " +
                     std::to_string(p) + " members");
-  Schedule s;
+  StepProgram s;
   s.result = buf;
   s.count = n;
   if (p == 1) return s;
@@ -194,7 +194,7 @@ Schedule hierarchical_allreduce(int p, int me, const std::vector<int>& member_no
   const int L = static_cast<int>(leaders.size());
   if (li == 0 && L > 1) {
     const int lid = static_cast<int>(std::find(leaders.begin(), leaders.end(), me) - leaders.begin());
-    Schedule among = allreduce_schedule(L, lid, buf, n, ring_threshold_bytes, {}, esz);
+    StepProgram among = allreduce_program(L, lid, buf, n, ring_threshold_bytes, {}, esz);
     for (Step& st : among.steps) {
       for (Xfer& x : st.sends) x.peer = leaders[x.peer];
       for (Xfer& x : st.recvs) x.peer = leaders[x.peer];
@@ -214,13 +214,13 @@ Schedule hierarchical_allreduce(int p, int me, const std::vector<int>& member_no
   return s;
 }
 
-Schedule tree_allreduce(int p, int me, const std::vector<int>& member_nodes, void* buf, int64_t n,
+StepProgram tree_allreduce(int p, int me, const std::vector<int>& member_nodes, void* buf, int64_t n,
                         int64_t chunk_bytes, int esz) {
   if (!member_nodes.empty() && static_cast<int>(member_nodes.size()) != p)
     throw CommError("tree allreduce: " + std::to_string(member_nodes.size()) + " node ids for " + std::to_string(p) +
                     " members");
   if (chunk_bytes <= 0) throw CommError("tree allreduce: chunks of " + std::to_string(chunk_bytes) + " bytes");
-  Schedule s;
+  StepProgram s;
   s.result = buf;
   s.count = n;
   if (p == 1) return s;
@@ -247,7 +247,7 @@ Schedule tree_allreduce(int p, int me, const std::vector<int>& member_nodes, voi
   }
   // Every edge (by its child), in colour order (then member order): a member has at most one
   // edge of a colour, so its sends and receives of a round come in colour order, as the
-  // simulator's steps of a round (harness/sim/collective_schedules.py) list them.
+  // simulator's steps of a round (harness/sim/step_programs.py) list them.
   std::vector<int> edges;
   for (int m = 1; m < p; ++m) edges.push_back(m);
   std::stable_sort(edges.begin(), edges.end(), [&](int x, int y) { return t.colour[x] < t.colour[y]; });
@@ -315,7 +315,7 @@ AllreduceAlgorithm allreduce_algorithm_named(const std::string& name) {
   throw CommError("unknown allreduce algorithm '" + name + "' (one of " + known + ")");
 }
 
-Schedule allreduce_schedule(int p, int me, void* buf, int64_t n, int64_t ring_threshold_bytes,
+StepProgram allreduce_program(int p, int me, void* buf, int64_t n, int64_t ring_threshold_bytes,
                             const AllreducePlan& plan, int esz) {
   const bool ring_fits = p > 2 && n >= p;
   switch (plan.algorithm) {
@@ -339,12 +339,12 @@ Schedule allreduce_schedule(int p, int me, void* buf, int64_t n, int64_t ring_th
 }
 
 StepExecutor::StepExecutor(SharedComm comm, std::vector<int> members, std::vector<int> world, int tag,
-                           Schedule schedule, bool synchronous_sends)
+                           StepProgram program, bool synchronous_sends)
     : comm_(std::move(comm)),
       members_(std::move(members)),
       world_(std::move(world)),
       tag_(tag),
-      sched_(std::move(schedule)),
+      sched_(std::move(program)),
       sync_sends_(synchronous_sends) {}
 
 void StepExecutor::post(Engine& engine, int64_t* bytes_sent) {

@@ -1,9 +1,9 @@
-// Collective algorithms as explicit step schedules, and the executor that runs them.
+// Collective algorithms as explicit step step programs, and the executor that runs them.
 //
-// A schedule is a list of steps; each step posts its receives and sends, waits for all of them,
+// A step program is a list of steps; each step posts its receives and sends, waits for all of them,
 // then applies its local reductions. Builders are pure functions of (group size, my index,
 // length), so every member derives the same pattern; a member's peers are indices into
-// `members` (ranks of the communicator the schedule runs on).
+// `members` (ranks of the communicator the step program runs on).
 #pragma once
 
 #include <functional>
@@ -20,7 +20,7 @@ namespace harness {
 struct Xfer {
   int peer;  // index into members
   void* buf;
-  int64_t count;  // elements of the schedule's type
+  int64_t count;  // elements of the step program's type
   int tag = -1;   // -1: the executor's tag
 };
 
@@ -35,15 +35,15 @@ struct Step {
   std::vector<Reduce> reduces;
 };
 
-struct Schedule {
+struct StepProgram {
   std::vector<Step> steps;
   std::unique_ptr<float[]> scratch;  // receive space referenced by steps (any element type)
-  std::vector<std::unique_ptr<float[]>> more_scratch;  // of schedules merged into this one
+  std::vector<std::unique_ptr<float[]>> more_scratch;  // of step programs merged into this one
   void* result = nullptr;            // buffer to scale at the end (mean), if divide_by > 1
   int64_t count = 0;
   int divide_by = 1;
   // The element type MPI moves and how a Reduce combines two buffers; the default is float32
-  // addition (every float-only schedule). `divide` scales `result` by 1 / divide_by.
+  // addition (every float-only step program). `divide` scales `result` by 1 / divide_by.
   ElemType elem;
   ReduceFn reduce = nullptr;  // nullptr: float32 sum
   DivideFn divide = nullptr;  // nullptr: float32
@@ -53,12 +53,12 @@ struct Schedule {
 };
 
 // Scratch space of `bytes` bytes in `s` (aligned for any element type); returns its start.
-inline char* alloc_scratch(Schedule& s, int64_t bytes) {
+inline char* alloc_scratch(StepProgram& s, int64_t bytes) {
   const int64_t floats = (bytes + 3) / 4;
   s.scratch.reset(new float[floats > 0 ? floats : 1]);
   return reinterpret_cast<char*>(s.scratch.get());
 }
-inline char* alloc_more_scratch(Schedule& s, int64_t bytes) {
+inline char* alloc_more_scratch(StepProgram& s, int64_t bytes) {
   const int64_t floats = (bytes + 3) / 4;
   s.more_scratch.emplace_back(new float[floats > 0 ? floats : 1]);
   return reinterpret_cast<char*>(s.more_scratch.back().get());
@@ -69,20 +69,20 @@ inline char* alloc_more_scratch(Schedule& s, int64_t bytes) {
 // on all members (each pairwise sum is commutative).
 //
 // Every builder takes the buffer as `buf` of `n` elements of `esz` bytes (default float32) and
-// leaves the element type and reduction of the returned schedule at float32 sum: the caller
+// leaves the element type and reduction of the returned step program at float32 sum: the caller
 // sets `elem`, `reduce` and `divide` for other types.
-Schedule rd_allreduce(int p, int me, void* buf, int64_t n, int esz = 4);
+StepProgram rd_allreduce(int p, int me, void* buf, int64_t n, int esz = 4);
 // Ring reduce-scatter + allgather: 2(p-1) steps of n/p elements. For large messages.
-Schedule ring_allreduce(int p, int me, void* buf, int64_t n, int esz = 4);
+StepProgram ring_allreduce(int p, int me, void* buf, int64_t n, int esz = 4);
 // Binomial tree broadcast from member `root`.
-Schedule binomial_bcast(int p, int me, int root, void* buf, int64_t n, int esz = 4);
+StepProgram binomial_bcast(int p, int me, int root, void* buf, int64_t n, int esz = 4);
 // Dissemination barrier: ceil(log2 p) steps of empty messages.
-Schedule dissemination_barrier(int p, int me);
+StepProgram dissemination_barrier(int p, int me);
 // Hierarchical allreduce over members on nodes (member_nodes[i]: node of member i): a binomial
 // reduce inside each node to its leader (the node's first member), an allreduce among the
-// leaders (ring or recursive doubling, as allreduce_schedule picks for them), then a binomial
+// leaders (ring or recursive doubling, as allreduce_program picks for them), then a binomial
 // broadcast inside each node. Results are bitwise equal on all members.
-Schedule hierarchical_allreduce(int p, int me, const std::vector<int>& member_nodes, void* buf, int64_t n,
+StepProgram hierarchical_allreduce(int p, int me, const std::vector<int>& member_nodes, void* buf, int64_t n,
                                 int64_t ring_threshold_bytes, int esz = 4);
 // NCCL's tree allreduce, pipelined (member_nodes[i]: node of member i; empty: every member a node
 // of its own). Inside each node a chain of its members in member order (the node's first member
@@ -101,22 +101,22 @@ Schedule hierarchical_allreduce(int p, int me, const std::vector<int>& member_no
 // Every link then carries the buffer once each way, both ways at once. Unlike NCCL, one tree
 // carries all of it (NCCL runs two complementary trees with half each), and a round waits for
 // all of its messages (NCCL keeps several chunks in flight per edge).
-Schedule tree_allreduce(int p, int me, const std::vector<int>& member_nodes, void* buf, int64_t n,
+StepProgram tree_allreduce(int p, int me, const std::vector<int>& member_nodes, void* buf, int64_t n,
                         int64_t chunk_bytes, int esz = 4);
-// The schedule `plan` names for member `me` of `p`.
-Schedule allreduce_schedule(int p, int me, void* buf, int64_t n, int64_t ring_threshold_bytes,
+// The step program `plan` names for member `me` of `p`.
+StepProgram allreduce_program(int p, int me, void* buf, int64_t n, int64_t ring_threshold_bytes,
                             const AllreducePlan& plan = {}, int esz = 4);
 
-// Runs a schedule on `comm`. members[i] is the comm rank of member i and world[i] its world
+// Runs a step program on `comm`. members[i] is the comm rank of member i and world[i] its world
 // rank (link emulation is per world-rank link). Embeddable in ops; holds `comm` while it runs.
 class StepExecutor {
  public:
-  StepExecutor(SharedComm comm, std::vector<int> members, std::vector<int> world, int tag, Schedule schedule,
+  StepExecutor(SharedComm comm, std::vector<int> members, std::vector<int> world, int tag, StepProgram program,
                bool synchronous_sends = false);
   // Advances; true if anything happened. Throws CommError on MPI errors or size mismatch.
   bool progress(Engine& engine, int64_t* bytes_sent);
   bool done() const { return cur_ >= sched_.steps.size() && finalized_; }
-  // Gives up: the step's requests go to the engine's quarantine with the schedule's scratch
+  // Gives up: the step's requests go to the engine's quarantine with the step program's scratch
   // space and `op_memory` (memory of the embedding op the steps use, if any); `lender` is the op
   // whose caller lent the buffers the steps use (null: none).
   void abort(Engine& engine, const std::shared_ptr<OpState>& lender, std::shared_ptr<void> op_memory = nullptr);
@@ -129,7 +129,7 @@ class StepExecutor {
   SharedComm comm_;
   std::vector<int> members_, world_;
   int tag_;
-  Schedule sched_;
+  StepProgram sched_;
   bool sync_sends_;
   size_t cur_ = 0;
   bool posted_ = false, finalized_ = false;
@@ -138,9 +138,9 @@ class StepExecutor {
 };
 
 // A one-shot collective submitted by a caller.
-class ScheduleOp : public Op {
+class StepProgramOp : public Op {
  public:
-  ScheduleOp(std::string name, std::shared_ptr<OpState> st, StepExecutor exec)
+  StepProgramOp(std::string name, std::shared_ptr<OpState> st, StepExecutor exec)
       : Op(std::move(name), std::move(st)), exec_(std::move(exec)) {}
   bool progress(Engine& e) override { return exec_.progress(e, &bytes_sent); }
   bool finished() const override { return exec_.done(); }

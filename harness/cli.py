@@ -29,8 +29,19 @@ from harness.commands.overrides import parse_command_line
 from harness.errors import HarnessError
 from harness.sweep.store import PARSER_KEY
 
-COMMANDS = ("run", "launch", "validate", "sbatch", "bench", "calibrate", "simulate", "compare", "report", "schema",
-            "chakra")
+COMMANDS = (
+    "run",
+    "launch",
+    "validate",
+    "sbatch",
+    "bench",
+    "calibrate",
+    "simulate",
+    "compare",
+    "report",
+    "schema",
+    "chakra",
+)
 """The library's own commands, modules of ``harness.commands``, in the order ``--help`` lists them."""
 
 PLUGIN_GROUP = "harness.commands"
@@ -43,8 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m harness",
         description="Decentralized and wait-avoiding distributed SGD under stragglers and slow links.",
         epilog="examples:\n  python -m harness run scenarios/straggler.yaml\n"
-               "  python -m harness simulate scenarios/straggler.yaml --ranks 1024\n"
-               "each command's --help has its own",
+        "  python -m harness simulate scenarios/straggler.yaml --ranks 1024\n"
+        "each command's --help has its own",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

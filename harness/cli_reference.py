@@ -15,9 +15,13 @@ PROG = "python -m harness"
 def cli_reference_markdown() -> str:
     """The whole page, in Markdown."""
     parser = build_parser()
-    lines = ["# Command line", "",
-             f"Every command is `{PROG} COMMAND ...`; `--help` prints what this page says about it. "
-             "Generated from the commands' own parsers.", ""]
+    lines = [
+        "# Command line",
+        "",
+        f"Every command is `{PROG} COMMAND ...`; `--help` prints what this page says about it. "
+        "Generated from the commands' own parsers.",
+        "",
+    ]
     for prog, command in _commands(parser, PROG):
         lines += _section(prog, command)
     return "\n".join(lines).rstrip() + "\n"
@@ -42,15 +46,24 @@ def _section(prog: str, parser: argparse.ArgumentParser) -> list[str]:
         lines += [_escape_text(summary[:1].upper() + summary[1:]), ""]
     usage = parser.format_usage().removeprefix("usage: ").strip()
     lines += ["```text", " ".join(usage.split()), "```", ""]
-    rows = [_row(action) for action in parser._actions
-            if not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction))
-            and action.help is not argparse.SUPPRESS]
+    rows = [
+        _row(action)
+        for action in parser._actions
+        if not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction))
+        and action.help is not argparse.SUPPRESS
+    ]
     if rows:
         lines += ["| argument | default | what |", "|---|---|---|", *rows, ""]
     if parser.epilog and "examples:" in parser.epilog:
         examples = parser.epilog.split("examples:", 1)[1].strip("\n")
-        lines += ["Examples:", "", "```bash", *(line[2:] if line.startswith("  ") else line
-                                               for line in examples.splitlines()), "```", ""]
+        lines += [
+            "Examples:",
+            "",
+            "```bash",
+            *(line[2:] if line.startswith("  ") else line for line in examples.splitlines()),
+            "```",
+            "",
+        ]
     return lines
 
 

@@ -23,7 +23,8 @@ def jitter_factors(seed: int, iteration: int, ranks: int, sigma: float) -> np.nd
     return np.exp(rng.normal(0.0, sigma, size=ranks))
 
 
-def emulated_compute_s(emulate_ms: float, jitter: float, seed: int, iteration: int, ranks: int,
-                       factors: np.ndarray) -> np.ndarray:
+def emulated_compute_s(
+    emulate_ms: float, jitter: float, seed: int, iteration: int, ranks: int, factors: np.ndarray
+) -> np.ndarray:
     """Seconds each rank sleeps for its emulated compute of ``iteration`` (``factors``: injected)."""
     return emulate_ms / 1000.0 * np.asarray(factors, dtype=float) * jitter_factors(seed, iteration, ranks, jitter)

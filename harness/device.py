@@ -38,8 +38,10 @@ def unavailable_reason(device: str) -> str | None:
 
     if not torch.cuda.is_available():
         build = f"a CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU-only build"
-        return (f"no CUDA device is usable on this machine (torch {torch.__version__} is {build}, "
-                f"torch.cuda.is_available() is False); use device: cpu")
+        return (
+            f"no CUDA device is usable on this machine (torch {torch.__version__} is {build}, "
+            f"torch.cuda.is_available() is False); use device: cpu"
+        )
     return None
 
 
@@ -92,7 +94,7 @@ def mpi_cuda_aware() -> bool | None:
         return None
     for path in sorted(set(re.findall(r"(/\S*/libmpi[^/\s]*\.so[^/\s]*)", maps))):
         try:
-            query = getattr(ctypes.CDLL(path), "MPIX_Query_cuda_support")
+            query = ctypes.CDLL(path).MPIX_Query_cuda_support
         except (OSError, AttributeError):
             continue
         query.restype = ctypes.c_int

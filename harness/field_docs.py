@@ -76,9 +76,13 @@ def _docstrings(module_name: str) -> dict[str, dict[str, str]]:
                 fields = out.setdefault(qualname, {})
                 body = child.body
                 for stmt, following in itertools.pairwise(body):
-                    if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
-                            and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
-                            and isinstance(following.value.value, str)):
+                    if (
+                        isinstance(stmt, ast.AnnAssign)
+                        and isinstance(stmt.target, ast.Name)
+                        and isinstance(following, ast.Expr)
+                        and isinstance(following.value, ast.Constant)
+                        and isinstance(following.value.value, str)
+                    ):
                         fields[stmt.target.id] = _clean(following.value.value)
                 visit(child, f"{qualname}.")
 

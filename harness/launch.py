@@ -91,9 +91,11 @@ def srun_without_pmi() -> str | None:
     if "PMI_FD" in os.environ or "PMI_SIZE" in os.environ:
         return None
     plugin = "PMIx, which this MPI library (MPICH from PyPI) cannot use" if "PMIX_RANK" in os.environ else "no PMI"
-    return (f"srun started {os.environ['SLURM_NTASKS']} tasks with {plugin}, so MPI cannot join them into one job: "
-            "start them with `srun --mpi=pmi2 ...`, or run `python -m harness run FILE` once in the batch script "
-            "(it starts the ranks itself)")
+    return (
+        f"srun started {os.environ['SLURM_NTASKS']} tasks with {plugin}, so MPI cannot join them into one job: "
+        "start them with `srun --mpi=pmi2 ...`, or run `python -m harness run FILE` once in the batch script "
+        "(it starts the ranks itself)"
+    )
 
 
 def slurm_allocation() -> str | None:
@@ -125,8 +127,10 @@ class Launch:
             read_hosts(hosts)  # fails early, with the line, on a bad file
             return cls("mpiexec", Path(hosts).absolute())
         if launcher == "slurm" and slurm_allocation() is None:
-            raise LaunchError("--launcher slurm: not inside a SLURM allocation (no SLURM_JOB_ID); write a batch "
-                              "script with `python -m harness sbatch FILE` and submit it, or get one with salloc")
+            raise LaunchError(
+                "--launcher slurm: not inside a SLURM allocation (no SLURM_JOB_ID); write a batch "
+                "script with `python -m harness sbatch FILE` and submit it, or get one with salloc"
+            )
         return cls(launcher)
 
     def command(self, ranks: int, argv: Sequence[str]) -> list[str]:
@@ -164,8 +168,7 @@ class Launch:
 
 
 def _names_of_this_host() -> set[str]:
-    return {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.gethostname().split(".")[0],
-            socket.getfqdn()}
+    return {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.gethostname().split(".")[0], socket.getfqdn()}
 
 
 def hydra_placement(hosts: Sequence[tuple[str, int | None]], ranks: int) -> list[str]:
@@ -187,8 +190,9 @@ def _slurm_placement(ranks: int) -> Sequence[str | None]:
     if not nodelist or not tasks:
         return [None] * ranks
     try:
-        names = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                               timeout=10, check=True).stdout.split()
+        names = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.split()
         slots: list[int] = []
         for part in tasks.split(","):
             count, _, times = part.partition("(x")
@@ -215,16 +219,18 @@ def read_hosts(path: str | Path) -> list[tuple[str, int | None]]:
             continue
         host, _, slots = text.partition(":")
         if not host or any(c.isspace() for c in host) or (slots and not slots.isdigit()) or slots == "0":
-            raise LaunchError(f"--hosts {path}:{number}: expected 'host' or 'host:slots' with slots >= 1, "
-                              f"got {line.strip()!r}")
+            raise LaunchError(
+                f"--hosts {path}:{number}: expected 'host' or 'host:slots' with slots >= 1, got {line.strip()!r}"
+            )
         hosts.append((host, int(slots) if slots else None))
     if not hosts:
         raise LaunchError(f"--hosts {path}: no hosts in it")
     return hosts
 
 
-def start_ranks(ranks: int, argv: Sequence[str], *, env: dict | None = None,
-                capture: bool = False, launch: Launch | None = None) -> subprocess.Popen:
+def start_ranks(
+    ranks: int, argv: Sequence[str], *, env: dict | None = None, capture: bool = False, launch: Launch | None = None
+) -> subprocess.Popen:
     """Start ``argv`` on ``ranks`` processes and return the launcher; end it with
     ``harness.process_tree.stop_job``.
 
@@ -241,8 +247,15 @@ def start_ranks(ranks: int, argv: Sequence[str], *, env: dict | None = None,
     )
 
 
-def run_ranks(ranks: int, argv: Sequence[str], *, timeout: float | None = None, env: dict | None = None,
-              capture: bool = False, launch: Launch | None = None) -> subprocess.CompletedProcess:
+def run_ranks(
+    ranks: int,
+    argv: Sequence[str],
+    *,
+    timeout: float | None = None,
+    env: dict | None = None,
+    capture: bool = False,
+    launch: Launch | None = None,
+) -> subprocess.CompletedProcess:
     """Run ``argv`` on ``ranks`` processes and wait; on timeout or Ctrl+C stop the whole job."""
     proc = start_ranks(ranks, argv, env=env, capture=capture, launch=launch)
     try:

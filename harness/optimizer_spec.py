@@ -107,8 +107,12 @@ class ReferenceOptimizer(StrictModel):
         return value
 
 
-_OPTIMIZER_TAGS = {SGDOptimizer: "(sgd)", AdamOptimizer: "(adam)", AdamWOptimizer: "(adamw)",
-                   ReferenceOptimizer: "(reference)"}
+_OPTIMIZER_TAGS = {
+    SGDOptimizer: "(sgd)",
+    AdamOptimizer: "(adam)",
+    AdamWOptimizer: "(adamw)",
+    ReferenceOptimizer: "(reference)",
+}
 
 
 def _optimizer_name(value: Any) -> Any:

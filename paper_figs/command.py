@@ -59,18 +59,28 @@ class FiguresError(HarnessError):
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("figures", help="run the missing experiments and draw the papers' figures",
-                       description=__doc__.splitlines()[0])
+    p = sub.add_parser(
+        "figures", help="run the missing experiments and draw the papers' figures", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--quick", action="store_true", help="smaller runs and sweeps (minutes, for a first look)")
-    p.add_argument("--only", type=name_list("figure", "fig5_real_vs_sim,fig6_timeline"), metavar="FIG[,FIG...]",
-                   help="comma-separated figure names (default: all of paper_figs/manifest.py)")
+    p.add_argument(
+        "--only",
+        type=name_list("figure", "fig5_real_vs_sim,fig6_timeline"),
+        metavar="FIG[,FIG...]",
+        help="comma-separated figure names (default: all of paper_figs/manifest.py)",
+    )
     p.add_argument("--results", type=Path, default=Path("results"), help="results root (default: results/)")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--out", type=Path, help=f"output directory (default: RESULTS/{FIGURES_DIR}/, "
-                                                f"RESULTS/{FIGURES_DIR}/{QUICK_DIR}/ with --quick)")
-    where.add_argument("--gallery", action="store_true",
-                       help="write into paper_figs/out/, the committed images the README and the docs show "
-                            "(not with --quick)")
+    where.add_argument(
+        "--out",
+        type=Path,
+        help=f"output directory (default: RESULTS/{FIGURES_DIR}/, RESULTS/{FIGURES_DIR}/{QUICK_DIR}/ with --quick)",
+    )
+    where.add_argument(
+        "--gallery",
+        action="store_true",
+        help="write into paper_figs/out/, the committed images the README and the docs show (not with --quick)",
+    )
     p.add_argument("--rerun", action="store_true", help="make every experiment again instead of reusing results")
     p.set_defaults(func=run)
 
@@ -92,15 +102,17 @@ def _complete_run(root: Path, name: str, ranks: int, iterations: int) -> Path | 
     directory = root / name
     if not directory.is_dir():
         return None
-    for run in sorted((p for p in directory.iterdir() if p.is_dir() and not p.name.startswith("sim-")),
-                      reverse=True):
+    for run in sorted((p for p in directory.iterdir() if p.is_dir() and not p.name.startswith("sim-")), reverse=True):
         try:
             meta = json.loads((run / "run.json").read_text())
             resolved = yaml.safe_load((run / "scenario.resolved.yaml").read_text())
         except (OSError, ValueError, yaml.YAMLError):
             continue
-        if (meta.get("status") == "complete" and resolved.get("ranks") == ranks
-                and resolved.get("workload", {}).get("iterations") == iterations):
+        if (
+            meta.get("status") == "complete"
+            and resolved.get("ranks") == ranks
+            and resolved.get("workload", {}).get("iterations") == iterations
+        ):
             return run
     return None
 
@@ -120,8 +132,14 @@ def real_run(experiment, args: argparse.Namespace) -> Path:
         _say(f"reusing {run}")
     if experiment.compare and (args.rerun or not (run / "compare.csv").is_file()):
         if not DEFAULT_PATH.is_file():
-            _harness("calibrate", "--scenario", experiment.scenario, "--ranks", str(scenario.ranks),
-                     *(["--quick"] if args.quick else []))
+            _harness(
+                "calibrate",
+                "--scenario",
+                experiment.scenario,
+                "--ranks",
+                str(scenario.ranks),
+                *(["--quick"] if args.quick else []),
+            )
         _harness("compare", str(run))
     return run
 
@@ -156,8 +174,11 @@ def run(args: argparse.Namespace) -> int:
     from harness.report import style  # noqa: PLC0415  (matplotlib and pandas: not for --help)
 
     if args.gallery and args.quick:
-        print("error: --gallery with --quick: the gallery shows the full experiments; drop --quick, or draw the "
-              "quick figures elsewhere (the default, or --out DIR)", file=sys.stderr)
+        print(
+            "error: --gallery with --quick: the gallery shows the full experiments; drop --quick, or draw the "
+            "quick figures elsewhere (the default, or --out DIR)",
+            file=sys.stderr,
+        )
         return 2
     out = output_dir(args)
     figures = manifest.FIGURES
@@ -166,8 +187,10 @@ def run(args: argparse.Namespace) -> int:
         known = {f.module for f in figures}
         unknown = [name for name in wanted if name not in known]
         if unknown:
-            print(f"error: --only: unknown figures {', '.join(unknown)} (known: {', '.join(sorted(known))})",
-                  file=sys.stderr)
+            print(
+                f"error: --only: unknown figures {', '.join(unknown)} (known: {', '.join(sorted(known))})",
+                file=sys.stderr,
+            )
             return 2
         figures = [f for f in figures if f.module in wanted]
     inputs: dict[str, Path] = {}

@@ -131,8 +131,13 @@ TIME_TO_ACCURACY_EVAL_EVERY = 25
 SWEEP_WORKERS = max(1, min(2, os.cpu_count() or 1))
 
 
-def wagma_scaling(quick: bool, ranks: Sequence[int] | None = None, iterations: int | None = None,
-                  compute_ms: float = WAGMA_REPO_COMPUTE_MS, batch_size: int = WAGMA_REPO_BATCH) -> pd.DataFrame:
+def wagma_scaling(
+    quick: bool,
+    ranks: Sequence[int] | None = None,
+    iterations: int | None = None,
+    compute_ms: float = WAGMA_REPO_COMPUTE_MS,
+    batch_size: int = WAGMA_REPO_BATCH,
+) -> pd.DataFrame:
     """WAGMA-SGD paper: throughput vs number of workers under injected stragglers, from the
     repository's ResNet-50 configuration (:data:`WAGMA_REPO_RANKS` workers of one P100, batch
     128, :data:`WAGMA_REPO_COMPUTE_MS` of compute, :data:`WAGMA_REPO_STRAGGLERS`, Piz Daint's
@@ -146,20 +151,41 @@ def wagma_scaling(quick: bool, ranks: Sequence[int] | None = None, iterations: i
     iterations = iterations or (22 if quick else 100)
     rows = []
     for p in ranks:
-        simulated = simulate_series("wagma_scaling", p, WAGMA_SERIES, iterations, batch_size, compute_ms,
-                                     WAGMA_REPO_STRAGGLERS, ARIES, jitter=0.0)
+        simulated = simulate_series(
+            "wagma_scaling",
+            p,
+            WAGMA_SERIES,
+            iterations,
+            batch_size,
+            compute_ms,
+            WAGMA_REPO_STRAGGLERS,
+            ARIES,
+            jitter=0.0,
+        )
         for key, row in simulated.items():
-            rows.append({"algorithm": key, "ranks": p, "iterations": iterations,
-                         "samples_per_s": row["samples_per_s"], "iter_time_s": row["wall_s"] / iterations})
+            rows.append(
+                {
+                    "algorithm": key,
+                    "ranks": p,
+                    "iterations": iterations,
+                    "samples_per_s": row["samples_per_s"],
+                    "iter_time_s": row["wall_s"] / iterations,
+                }
+            )
     table = pd.DataFrame(rows)
     base = table[table["algorithm"] == "allreduce_sgd"].set_index("ranks")["samples_per_s"]
     table["relative_to_allreduce"] = table["samples_per_s"] / table["ranks"].map(base)
     return table
 
 
-def sgp_scaling(quick: bool, nodes: Sequence[int] | None = None, iterations: int | None = None,
-                workers_per_node: int = SGP_WORKERS_PER_NODE, compute_ms: float = SGP_COMPUTE_MS,
-                batch_size: int = SGP_BATCH_SIZE) -> pd.DataFrame:
+def sgp_scaling(
+    quick: bool,
+    nodes: Sequence[int] | None = None,
+    iterations: int | None = None,
+    workers_per_node: int = SGP_WORKERS_PER_NODE,
+    compute_ms: float = SGP_COMPUTE_MS,
+    batch_size: int = SGP_BATCH_SIZE,
+) -> pd.DataFrame:
     """SGP paper: time per iteration vs nodes on 10 GbE and 100 Gb InfiniBand, in two setups.
 
     ``setup == "paper"`` (:func:`sgp_paper_rows`): the cluster as the paper ran it, one rank per
@@ -185,11 +211,30 @@ def sgp_scaling(quick: bool, nodes: Sequence[int] | None = None, iterations: int
                 if topology.get("placement") == "round_robin":
                     topology = {**topology, "placement": [r % n for r in range(p)]}
                     del topology["ranks_per_node"]
-                row = simulate_one("sgp_scaling", p, algorithm, iterations, batch_size, compute_ms, [], FREE_NETWORK,
-                                topology, network_fields=network_fields)
-                rows.append({"setup": "per_worker", "algorithm": key, "network": network_name, "nodes": n, "ranks": p,
-                             "iterations": iterations, "iter_time_s": row["wall_s"] / iterations,
-                             "samples_per_s": row["samples_per_s"]})
+                row = simulate_one(
+                    "sgp_scaling",
+                    p,
+                    algorithm,
+                    iterations,
+                    batch_size,
+                    compute_ms,
+                    [],
+                    FREE_NETWORK,
+                    topology,
+                    network_fields=network_fields,
+                )
+                rows.append(
+                    {
+                        "setup": "per_worker",
+                        "algorithm": key,
+                        "network": network_name,
+                        "nodes": n,
+                        "ranks": p,
+                        "iterations": iterations,
+                        "iter_time_s": row["wall_s"] / iterations,
+                        "samples_per_s": row["samples_per_s"],
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -206,14 +251,29 @@ def sgp_paper_rows(nodes: Sequence[int], iterations: int) -> list[dict]:
         for n in nodes:
             for run in runs:
                 row = sgp_stack.simulate_run(network_name, run, n, iterations, local_ms, jitter=0.1)
-                rows.append({"setup": "paper", "algorithm": run[0], "network": network_name, "nodes": n, "ranks": n,
-                             "iterations": iterations, "iter_time_s": row["wall_s"] / iterations,
-                             "samples_per_s": row["samples_per_s"]})
+                rows.append(
+                    {
+                        "setup": "paper",
+                        "algorithm": run[0],
+                        "network": network_name,
+                        "nodes": n,
+                        "ranks": n,
+                        "iterations": iterations,
+                        "iter_time_s": row["wall_s"] / iterations,
+                        "samples_per_s": row["samples_per_s"],
+                    }
+                )
     return rows
 
 
-def imbalance_sweep(quick: bool, delays_ms: Sequence[float] | None = None, ranks: int = 64,
-                    iterations: int | None = None, compute_ms: float = 250.0, batch_size: int = 64) -> pd.DataFrame:
+def imbalance_sweep(
+    quick: bool,
+    delays_ms: Sequence[float] | None = None,
+    ranks: int = 64,
+    iterations: int | None = None,
+    compute_ms: float = 250.0,
+    batch_size: int = 64,
+) -> pd.DataFrame:
     """Time per iteration vs injected delay: 2 random ranks of 64 sleep ``delay_ms`` per iteration.
 
     Allreduce-SGD, eager-SGD solo and majority (sync every 33 rounds), WAGMA-SGD (groups of 8,
@@ -228,11 +288,20 @@ def imbalance_sweep(quick: bool, delays_ms: Sequence[float] | None = None, ranks
     rows = []
     for delay in delays:
         imbalance = [{"kind": "random_ranks", "count": 2, "delay_ms": float(delay)}] if delay > 0 else []
-        simulated = simulate_series("imbalance_sweep", ranks, IMBALANCE_SERIES, iterations, batch_size, compute_ms,
-                                     imbalance, DEFAULT_NETWORK)
+        simulated = simulate_series(
+            "imbalance_sweep", ranks, IMBALANCE_SERIES, iterations, batch_size, compute_ms, imbalance, DEFAULT_NETWORK
+        )
         for key, row in simulated.items():
-            rows.append({"algorithm": key, "delay_ms": float(delay), "ranks": ranks, "iterations": iterations,
-                         "iter_time_s": row["wall_s"] / iterations, "samples_per_s": row["samples_per_s"]})
+            rows.append(
+                {
+                    "algorithm": key,
+                    "delay_ms": float(delay),
+                    "ranks": ranks,
+                    "iterations": iterations,
+                    "iter_time_s": row["wall_s"] / iterations,
+                    "samples_per_s": row["samples_per_s"],
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -244,9 +313,14 @@ def low_communication_series() -> tuple[dict[str, Any], list[dict]]:
     return series, list(data.get("imbalance", []))
 
 
-def low_communication_scaling(quick: bool, ranks: Sequence[int] | None = None, iterations: int | None = None,
-                              workers_per_node: int = SGP_WORKERS_PER_NODE, compute_ms: float = SGP_COMPUTE_MS,
-                              batch_size: int = SGP_BATCH_SIZE) -> pd.DataFrame:
+def low_communication_scaling(
+    quick: bool,
+    ranks: Sequence[int] | None = None,
+    iterations: int | None = None,
+    workers_per_node: int = SGP_WORKERS_PER_NODE,
+    compute_ms: float = SGP_COMPUTE_MS,
+    batch_size: int = SGP_BATCH_SIZE,
+) -> pd.DataFrame:
     """Low-communication methods at scale: time per iteration vs ranks on 10 Gb Ethernet.
 
     The methods, their parameters (H = 20 inner steps for Local SGD and the DiLoCo family, ...)
@@ -272,12 +346,30 @@ def low_communication_scaling(quick: bool, ranks: Sequence[int] | None = None, i
     topology = {"preset": SGP_NETWORKS[LOW_COMMUNICATION_NETWORK], "ranks_per_node": workers_per_node}
     rows = []
     for p in ranks:
-        simulated = simulate_series("low_communication_scaling", p, series, iterations, batch_size, compute_ms,
-                                     imbalance, FREE_NETWORK, topology, network_fields={"allreduce": "hierarchical"})
+        simulated = simulate_series(
+            "low_communication_scaling",
+            p,
+            series,
+            iterations,
+            batch_size,
+            compute_ms,
+            imbalance,
+            FREE_NETWORK,
+            topology,
+            network_fields={"allreduce": "hierarchical"},
+        )
         for key, row in simulated.items():
-            rows.append({"algorithm": key, "network": LOW_COMMUNICATION_NETWORK, "ranks": p,
-                         "nodes": p // workers_per_node, "iterations": iterations,
-                         "iter_time_s": row["wall_s"] / iterations, "samples_per_s": row["samples_per_s"]})
+            rows.append(
+                {
+                    "algorithm": key,
+                    "network": LOW_COMMUNICATION_NETWORK,
+                    "ranks": p,
+                    "nodes": p // workers_per_node,
+                    "iterations": iterations,
+                    "iter_time_s": row["wall_s"] / iterations,
+                    "samples_per_s": row["samples_per_s"],
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -294,12 +386,22 @@ def at_scale_entry(scenario) -> CalibrationEntry:
     (:data:`~harness.sim.runs.DEFAULT_NETWORK`) and the scenario's workload computing for
     :data:`AT_SCALE_COMPUTE_S` per iteration (:data:`AT_SCALE_EVAL_S` per evaluation)."""
     model, dataset = workload_labels(scenario.workload)
-    compute = ComputePoint(model=model, dataset=dataset, batch_size=scenario.workload.batch_size,
-                           median_s=AT_SCALE_COMPUTE_S, p95_s=AT_SCALE_COMPUTE_S, samples=1,
-                           alone_s=AT_SCALE_COMPUTE_S)
-    return CalibrationEntry(ranks=scenario.ranks, network=DEFAULT_NETWORK, network_source="default cluster network",
-                            compute=[compute], evaluation=[EvalPoint(model=model, dataset=dataset,
-                                                                     median_s=AT_SCALE_EVAL_S)])
+    compute = ComputePoint(
+        model=model,
+        dataset=dataset,
+        batch_size=scenario.workload.batch_size,
+        median_s=AT_SCALE_COMPUTE_S,
+        p95_s=AT_SCALE_COMPUTE_S,
+        samples=1,
+        alone_s=AT_SCALE_COMPUTE_S,
+    )
+    return CalibrationEntry(
+        ranks=scenario.ranks,
+        network=DEFAULT_NETWORK,
+        network_source="default cluster network",
+        compute=[compute],
+        evaluation=[EvalPoint(model=model, dataset=dataset, median_s=AT_SCALE_EVAL_S)],
+    )
 
 
 def evaluation_ready_s(steps: pd.DataFrame, evals: pd.DataFrame) -> pd.Series:
@@ -311,12 +413,14 @@ def evaluation_ready_s(steps: pd.DataFrame, evals: pd.DataFrame) -> pd.Series:
     drift apart (AD-PSGD, WAGMA-SGD, SGP, D-PSGD) evaluates an average of models that the slower
     ranks finish later, up to a straggler's sleeps later."""
     average = evals[evals["model"] == "average"]
-    return pd.Series(ready_s(steps, average).to_numpy(), index=average["iteration"].astype(int).to_numpy(),
-                     name="ready_s")
+    return pd.Series(
+        ready_s(steps, average).to_numpy(), index=average["iteration"].astype(int).to_numpy(), name="ready_s"
+    )
 
 
-def time_to_accuracy_point(ranks: int, key: str, algorithm: Any, iterations: int, eval_every: int,
-                           target_accuracy: float | None = None) -> list[dict]:
+def time_to_accuracy_point(
+    ranks: int, key: str, algorithm: Any, iterations: int, eval_every: int, target_accuracy: float | None = None
+) -> list[dict]:
     """One method of ``scenarios/at_scale.yaml`` on ``ranks`` ranks for ``iterations`` iterations,
     simulated with values (``harness.sim.runs.predict`` with a ``TrainedRun``) on
     :func:`at_scale_entry`'s timing: one row per evaluation of the averaged model (columns of
@@ -352,25 +456,46 @@ def time_to_accuracy_point(ranks: int, key: str, algorithm: Any, iterations: int
     rank0 = evals[evals["model"] == "rank0"].set_index("iteration")["test_accuracy"]
     reached = average[average["test_accuracy"] >= target]
     hit = int(reached["iteration"].iloc[0]) if len(reached) else -1
-    rows = [{"ranks": ranks, "algorithm": key, "iterations": iterations, "eval_every": eval_every,
-             "iteration": int(rec.iteration), "time_s": float(rec.time_s) - t0, "ready_s": float(ready[rec.iteration]),
-             "test_accuracy": float(rec.test_accuracy), "test_loss": float(rec.test_loss),
-             "rank0_accuracy": float(rank0.get(rec.iteration, float("nan"))),
-             "consensus_distance": float(rec.consensus_distance)}
-            for rec in average.itertuples(index=False)]
+    rows = [
+        {
+            "ranks": ranks,
+            "algorithm": key,
+            "iterations": iterations,
+            "eval_every": eval_every,
+            "iteration": int(rec.iteration),
+            "time_s": float(rec.time_s) - t0,
+            "ready_s": float(ready[rec.iteration]),
+            "test_accuracy": float(rec.test_accuracy),
+            "test_loss": float(rec.test_loss),
+            "rank0_accuracy": float(rank0.get(rec.iteration, float("nan"))),
+            "consensus_distance": float(rec.consensus_distance),
+        }
+        for rec in average.itertuples(index=False)
+    ]
     for row in rows:
-        row.update({"target_accuracy": float(target), "iteration_to_target": hit,
-                    "time_to_target_s": float(ready[hit]) if hit >= 0 else float("nan"),
-                    "summary_time_to_target_s": float(summary["time_to_target_s"]),
-                    "final_accuracy": float(summary["final_accuracy"]),
-                    "wall_s": float(summary["wall_s"]), "host_s": host_s})
+        row.update(
+            {
+                "target_accuracy": float(target),
+                "iteration_to_target": hit,
+                "time_to_target_s": float(ready[hit]) if hit >= 0 else float("nan"),
+                "summary_time_to_target_s": float(summary["time_to_target_s"]),
+                "final_accuracy": float(summary["final_accuracy"]),
+                "wall_s": float(summary["wall_s"]),
+                "host_s": host_s,
+            }
+        )
     return rows
 
 
-def time_to_accuracy(quick: bool, ranks: Sequence[int] | None = None,
-                     iterations: int | Mapping[int, int] | None = None,
-                     eval_every: int = TIME_TO_ACCURACY_EVAL_EVERY, algorithms: Sequence[str] | None = None,
-                     workers: int | None = None, target_accuracy: float | None = None) -> pd.DataFrame:
+def time_to_accuracy(
+    quick: bool,
+    ranks: Sequence[int] | None = None,
+    iterations: int | Mapping[int, int] | None = None,
+    eval_every: int = TIME_TO_ACCURACY_EVAL_EVERY,
+    algorithms: Sequence[str] | None = None,
+    workers: int | None = None,
+    target_accuracy: float | None = None,
+) -> pd.DataFrame:
     """Time to accuracy at scale: ``scenarios/at_scale.yaml`` simulated with values at 16, 64,
     256 and 1,024 ranks (quick: 16 and 64), every method of the scenario (``algorithms``: a
     subset of their names).

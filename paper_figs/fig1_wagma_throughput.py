@@ -44,11 +44,26 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
     for algorithm in sim_algorithms:
         part = sweep[sweep["algorithm"] == algorithm].sort_values("ranks").dropna(subset=["relative_to_allreduce"])
         name = f"{style.label(algorithm)} (sim.)"
-        ax0.plot(part["ranks"], part["relative_to_allreduce"], color=style.color(algorithm),
-                 marker=style.marker(algorithm), label=name)
-        rows += [{"panel": 0, "series": name, "x": float(x), "y": float(y), "algorithm": algorithm,
-                  "source": "simulated", "x_unit": "ranks", "y_unit": "throughput / Allreduce-SGD's"}
-                 for x, y in zip(part["ranks"], part["relative_to_allreduce"])]
+        ax0.plot(
+            part["ranks"],
+            part["relative_to_allreduce"],
+            color=style.color(algorithm),
+            marker=style.marker(algorithm),
+            label=name,
+        )
+        rows += [
+            {
+                "panel": 0,
+                "series": name,
+                "x": float(x),
+                "y": float(y),
+                "algorithm": algorithm,
+                "source": "simulated",
+                "x_unit": "ranks",
+                "y_unit": "throughput / Allreduce-SGD's",
+            }
+            for x, y in zip(part["ranks"], part["relative_to_allreduce"])
+        ]
 
     # Panel 0: the real run's ratios at its rank count.
     if "allreduce_sgd" in set(summary["algorithm"]):
@@ -59,23 +74,46 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
         if len(real):
             n = int(real["ranks"].iloc[0])
             name = f"measured here ({n} ranks)"
-            ax0.scatter(real["ranks"], real["ratio"], c=[style.color(a) for a in real["algorithm"]], marker="D",
-                        s=60, edgecolors="black", linewidths=1.0, zorder=5, label=name)
-            rows += [{"panel": 0, "series": name, "x": float(x), "y": float(y), "algorithm": a,
-                      "source": f"real run {run.name}", "x_unit": "ranks", "y_unit": "throughput / Allreduce-SGD's"}
-                     for x, y, a in zip(real["ranks"], real["ratio"], real["algorithm"])]
+            ax0.scatter(
+                real["ranks"],
+                real["ratio"],
+                c=[style.color(a) for a in real["algorithm"]],
+                marker="D",
+                s=60,
+                edgecolors="black",
+                linewidths=1.0,
+                zorder=5,
+                label=name,
+            )
+            rows += [
+                {
+                    "panel": 0,
+                    "series": name,
+                    "x": float(x),
+                    "y": float(y),
+                    "algorithm": a,
+                    "source": f"real run {run.name}",
+                    "x_unit": "ranks",
+                    "y_unit": "throughput / Allreduce-SGD's",
+                }
+                for x, y, a in zip(real["ranks"], real["ratio"], real["algorithm"])
+            ]
     ax0.set_xscale("log", base=2)
     ax0.set_xlabel("workers (ranks)")
     ax0.set_ylabel("throughput relative to Allreduce-SGD (x)")
-    title = ("Throughput vs workers, the WAGMA-SGD repository's ResNet-50 runs\n(a P100 and 128 images per worker, "
-             "2 random stragglers of 320 ms per step, Aries network; simulated)")
+    title = (
+        "Throughput vs workers, the WAGMA-SGD repository's ResNet-50 runs\n(a P100 and 128 images per worker, "
+        "2 random stragglers of 320 ms per step, Aries network; simulated)"
+    )
     largest = sweep["ranks"].max()
     at = sweep[sweep["ranks"] == largest].set_index("algorithm")["samples_per_s"]
     others = at.drop(labels=[a for a in ("wagma", "allreduce_sgd") if a in at.index])
     if "wagma" in at.index and len(others):
         best = others.idxmax()
-        title += (f"\nWAGMA-SGD / best other ({style.label(best)}) at {largest} ranks: "
-                  f"{at['wagma'] / others.max():.2f}x (paper: {PAPER_RATIO}x at 1,024 GPUs)")
+        title += (
+            f"\nWAGMA-SGD / best other ({style.label(best)}) at {largest} ranks: "
+            f"{at['wagma'] / others.max():.2f}x (paper: {PAPER_RATIO}x at 1,024 GPUs)"
+        )
     ax0.set_title(title, fontsize=10)
     ax0.legend(loc="best")
 
@@ -85,9 +123,19 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
         x = part["elapsed_s"]
         name = style.label(algorithm)
         ax1.plot(x, part["test_accuracy"], color=style.color(algorithm), marker=style.marker(algorithm), label=name)
-        rows += [{"panel": 1, "series": name, "x": float(a), "y": float(b), "algorithm": algorithm,
-                  "source": f"real run {run.name}", "x_unit": "s", "y_unit": "test accuracy (fraction)"}
-                 for a, b in zip(x, part["test_accuracy"])]
+        rows += [
+            {
+                "panel": 1,
+                "series": name,
+                "x": float(a),
+                "y": float(b),
+                "algorithm": algorithm,
+                "source": f"real run {run.name}",
+                "x_unit": "s",
+                "y_unit": "test accuracy (fraction)",
+            }
+            for a, b in zip(x, part["test_accuracy"])
+        ]
     ranks = int(summary["ranks"].iloc[0]) if len(summary) else 0
     ax1.set_xlabel("wall-clock time since the algorithm's start (s)")
     ax1.set_ylabel("test accuracy, average model (fraction)")

@@ -55,11 +55,28 @@ def _lines(ax, part: pd.DataFrame, panel: int, setup: str, network: str) -> list
     for algorithm in style.ordered(part["algorithm"].unique()):
         series = part[part["algorithm"] == algorithm].sort_values("nodes").dropna(subset=["iter_time_s"])
         name = style.label(algorithm)
-        ax.plot(series["nodes"], series["iter_time_s"], color=style.color(algorithm), marker=style.marker(algorithm),
-                label=name)
-        rows += [{"panel": panel, "setup": setup, "series": name, "x": float(x), "y": float(y), "algorithm": algorithm,
-                  "network": network, "source": "simulated", "x_unit": "nodes", "y_unit": "s per iteration"}
-                 for x, y in zip(series["nodes"], series["iter_time_s"])]
+        ax.plot(
+            series["nodes"],
+            series["iter_time_s"],
+            color=style.color(algorithm),
+            marker=style.marker(algorithm),
+            label=name,
+        )
+        rows += [
+            {
+                "panel": panel,
+                "setup": setup,
+                "series": name,
+                "x": float(x),
+                "y": float(y),
+                "algorithm": algorithm,
+                "network": network,
+                "source": "simulated",
+                "x_unit": "nodes",
+                "y_unit": "s per iteration",
+            }
+            for x, y in zip(series["nodes"], series["iter_time_s"])
+        ]
     nodes = sorted(part["nodes"].unique())
     ax.set_xscale("log", base=2)
     ax.set_xticks(nodes, [str(n) for n in nodes])
@@ -93,10 +110,14 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
             target = " (paper: >= 1.5x)" if network == "10 GbE" else ""
             facts.append(f"AR-SGD {most}/{fewest} nodes: {growth:.2f}x{target}")
         if ratio is not None:
-            facts.append(f"SGP / AR-SGD at {most}: {ratio:.2f}"
-                         + (" (paper: about 0.33)" if network == "10 GbE" else " (paper: about 1)"))
-        ax.set_title(f"The paper's cluster on {network}: a rank per node of 8 V100s (simulated)\n"
-                     + "; ".join(facts), fontsize=10)
+            facts.append(
+                f"SGP / AR-SGD at {most}: {ratio:.2f}"
+                + (" (paper: about 0.33)" if network == "10 GbE" else " (paper: about 1)")
+            )
+        ax.set_title(
+            f"The paper's cluster on {network}: a rank per node of 8 V100s (simulated)\n" + "; ".join(facts),
+            fontsize=10,
+        )
         ax.set_xlabel("nodes (one process each, 8 GPUs)")
         ax.set_ylim(0, top)
 
@@ -108,8 +129,11 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
         rows += _lines(ax, per_worker, 2, "per_worker", PER_WORKER_NETWORK)
         ax.set_xlabel("nodes (8 workers each)")
         ax.set_ylim(0, per_worker["iter_time_s"].max() * 1.45)
-        ax.set_title(f"A modern cluster: one process per GPU, 8 share a {PER_WORKER_NETWORK} NIC\n"
-                     "(simulated, ring allreduce unless hierarchical, no stragglers)", fontsize=10)
+        ax.set_title(
+            f"A modern cluster: one process per GPU, 8 share a {PER_WORKER_NETWORK} NIC\n"
+            "(simulated, ring allreduce unless hierarchical, no stragglers)",
+            fontsize=10,
+        )
 
     ax = axes[3]
     accuracy = readers.accuracy_over_time(run)
@@ -118,10 +142,21 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
         x, y = part["elapsed_s"], 1.0 - part["test_accuracy"]
         name = style.label(algorithm)
         ax.plot(x, y, color=style.color(algorithm), marker=style.marker(algorithm), label=name)
-        rows += [{"panel": 3, "setup": "measured", "series": name, "x": float(a), "y": float(b), "algorithm": algorithm,
-                  "network": "slow link to rank 0", "source": f"real run {run.name}",
-                  "x_unit": "s", "y_unit": "test error (fraction)"}
-                 for a, b in zip(x, y)]
+        rows += [
+            {
+                "panel": 3,
+                "setup": "measured",
+                "series": name,
+                "x": float(a),
+                "y": float(b),
+                "algorithm": algorithm,
+                "network": "slow link to rank 0",
+                "source": f"real run {run.name}",
+                "x_unit": "s",
+                "y_unit": "test error (fraction)",
+            }
+            for a, b in zip(x, y)
+        ]
     ax.set_xlabel("wall-clock time since the algorithm's start (s)")
     ax.set_ylabel("test error, average model (1 - accuracy)")
     ax.set_title(f"Test error vs time, measured here\n({ranks} ranks, rank 0 on a slow link)", fontsize=10)

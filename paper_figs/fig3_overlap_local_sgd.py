@@ -94,22 +94,35 @@ def table(path: Path) -> pd.DataFrame:
         ranks, batch = _sizes(path, algorithm)
         for rec in accuracy[accuracy["algorithm"] == algorithm].itertuples(index=False):
             samples = int(rec.iteration) * ranks * batch
-            rows.append({
-                "algorithm": algorithm,
-                "iteration": int(rec.iteration),
-                "time_s": float(rec.elapsed_s),
-                "epochs": samples / train if train else float("nan"),
-                "samples": samples,
-                "test_accuracy": float(rec.test_accuracy),
-                "train_samples": train if train else -1,
-            })
+            rows.append(
+                {
+                    "algorithm": algorithm,
+                    "iteration": int(rec.iteration),
+                    "time_s": float(rec.elapsed_s),
+                    "epochs": samples / train if train else float("nan"),
+                    "samples": samples,
+                    "test_accuracy": float(rec.test_accuracy),
+                    "train_samples": train if train else -1,
+                }
+            )
     data = pd.DataFrame(rows)
     data["series"] = data["algorithm"].map(_series_label)
     data["y"] = 100.0 * data["test_accuracy"]
     wall = data.assign(panel=0, x=data["time_s"])
     progress = data.assign(panel=1, x=data["epochs"] if train else data["samples"] / 1000.0)
-    columns = ["panel", "series", "x", "y", "algorithm", "iteration", "time_s", "epochs", "samples",
-               "test_accuracy", "train_samples"]
+    columns = [
+        "panel",
+        "series",
+        "x",
+        "y",
+        "algorithm",
+        "iteration",
+        "time_s",
+        "epochs",
+        "samples",
+        "test_accuracy",
+        "train_samples",
+    ]
     return pd.concat([wall, progress], ignore_index=True)[columns]
 
 
@@ -122,9 +135,15 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
         part = data[data["panel"] == panel]
         for algorithm in dict.fromkeys(part["algorithm"]):
             rows = part[part["algorithm"] == algorithm]
-            ax.plot(rows["x"].to_numpy(), rows["y"].to_numpy(), color=style.color(algorithm),
-                    marker=style.marker(algorithm), linewidth=1.8, markersize=6,
-                    label=_series_label(algorithm))
+            ax.plot(
+                rows["x"].to_numpy(),
+                rows["y"].to_numpy(),
+                color=style.color(algorithm),
+                marker=style.marker(algorithm),
+                linewidth=1.8,
+                markersize=6,
+                label=_series_label(algorithm),
+            )
     has_epochs = bool((data["train_samples"] > 0).all())
     axes[0].set_xlabel("wall-clock time since the algorithm's first step (s)")
     axes[0].set_ylabel("test accuracy of the averaged model (%)")
@@ -141,6 +160,8 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
     axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     scenario = readers.resolved_scenario(path)
     ranks = scenario.get("ranks", "?")
-    fig.suptitle(f"Overlap Local SGD family on '{scenario.get('name', path.parent.name)}' "
-                 f"({ranks} ranks, run {path.name})", fontsize=12)
+    fig.suptitle(
+        f"Overlap Local SGD family on '{scenario.get('name', path.parent.name)}' ({ranks} ranks, run {path.name})",
+        fontsize=12,
+    )
     return fig, data

@@ -26,11 +26,25 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
     for algorithm in style.ordered(set(sweep["algorithm"])):
         part = sweep[sweep["algorithm"] == algorithm].sort_values("delay_ms").dropna(subset=["iter_time_s"])
         name = style.label(algorithm)
-        ax.plot(part["delay_ms"], part["iter_time_s"], color=style.color(algorithm), marker=style.marker(algorithm),
-                label=name)
-        rows += [{"panel": 0, "series": name, "x": float(x), "y": float(y), "algorithm": algorithm,
-                  "x_unit": "ms injected per iteration", "y_unit": "s per iteration"}
-                 for x, y in zip(part["delay_ms"], part["iter_time_s"])]
+        ax.plot(
+            part["delay_ms"],
+            part["iter_time_s"],
+            color=style.color(algorithm),
+            marker=style.marker(algorithm),
+            label=name,
+        )
+        rows += [
+            {
+                "panel": 0,
+                "series": name,
+                "x": float(x),
+                "y": float(y),
+                "algorithm": algorithm,
+                "x_unit": "ms injected per iteration",
+                "y_unit": "s per iteration",
+            }
+            for x, y in zip(part["delay_ms"], part["iter_time_s"])
+        ]
     ranks = ", ".join(str(r) for r in sorted(sweep["ranks"].unique())) if "ranks" in sweep else "?"
     ax.set_xlabel("injected delay of 2 random ranks per iteration (ms)")
     ax.set_ylabel("time per iteration (s)")

@@ -32,9 +32,17 @@ def table(inputs: dict[str, Path]) -> pd.DataFrame:
         frame = pd.read_csv(path)
         for panel, (mode, _) in enumerate(MODES):
             for row in frame[frame["mode"] == mode].itertuples(index=False):
-                rows.append({"panel": panel, "series": scenario, "x": row.measured_samples_per_s,
-                             "y": row.predicted_samples_per_s, "mode": mode, "algorithm": row.algorithm,
-                             "throughput_error": row.throughput_error})
+                rows.append(
+                    {
+                        "panel": panel,
+                        "series": scenario,
+                        "x": row.measured_samples_per_s,
+                        "y": row.predicted_samples_per_s,
+                        "mode": mode,
+                        "algorithm": row.algorithm,
+                        "throughput_error": row.throughput_error,
+                    }
+                )
     return pd.DataFrame(rows, columns=["panel", "series", "x", "y", "mode", "algorithm", "throughput_error"])
 
 
@@ -52,11 +60,13 @@ def draw(inputs: dict[str, Path]):
         part = data[data["panel"] == panel]
         for i, scenario in enumerate(inputs):
             points = part[part["series"] == scenario]
-            ax.scatter(points["x"], points["y"], label=scenario, color=SCENARIO_COLORS[i % len(SCENARIO_COLORS)],
-                       s=28)
+            ax.scatter(points["x"], points["y"], label=scenario, color=SCENARIO_COLORS[i % len(SCENARIO_COLORS)], s=28)
         errors = part["throughput_error"].abs()
-        ax.set_title(f"{title}: median |error| {errors.median() * 100:.1f}%, worst {errors.max() * 100:.1f}%"
-                     if len(part) else title)
+        ax.set_title(
+            f"{title}: median |error| {errors.median() * 100:.1f}%, worst {errors.max() * 100:.1f}%"
+            if len(part)
+            else title
+        )
         ax.set_xscale("log")
         ax.set_yscale("log")
         for axis in (ax.xaxis, ax.yaxis):  # set_*scale resets the locators

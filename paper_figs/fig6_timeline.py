@@ -71,8 +71,10 @@ def table(path: Path) -> pd.DataFrame:
     for algorithm in ALGORITHMS:
         if not (steps["algorithm"] == algorithm).any():
             found = ", ".join(dict.fromkeys(steps["algorithm"])) or "none"
-            raise ValueError(f"{NAME}: run {path} has no steps of '{algorithm}' (algorithms in the run: {found}); "
-                             f"the timeline needs {' and '.join(ALGORITHMS)}")
+            raise ValueError(
+                f"{NAME}: run {path} has no steps of '{algorithm}' (algorithms in the run: {found}); "
+                f"the timeline needs {' and '.join(ALGORITHMS)}"
+            )
     iterations = window(steps)
     rows = []
     for panel, algorithm in enumerate(ALGORITHMS):
@@ -83,9 +85,17 @@ def table(path: Path) -> pd.DataFrame:
             for kind, duration in zip(KINDS, (rec.injected_delay_s, rec.compute_s, rec.comm_blocked_s)):
                 stop = min(cursor + float(duration), end)
                 if stop > cursor:
-                    rows.append({"panel": panel, "series": kind, "x": 1000.0 * (cursor - t0), "y": int(rec.rank),
-                                 "width": 1000.0 * (stop - cursor), "algorithm": algorithm,
-                                 "iteration": int(rec.iteration)})
+                    rows.append(
+                        {
+                            "panel": panel,
+                            "series": kind,
+                            "x": 1000.0 * (cursor - t0),
+                            "y": int(rec.rank),
+                            "width": 1000.0 * (stop - cursor),
+                            "algorithm": algorithm,
+                            "iteration": int(rec.iteration),
+                        }
+                    )
                 cursor = max(cursor, stop)
     return pd.DataFrame(rows, columns=COLUMNS)
 
@@ -99,8 +109,15 @@ def bars(fig) -> pd.DataFrame:
             if not isinstance(container, BarContainer) or container.get_label().startswith("_"):
                 continue
             for rect in container.patches:
-                rows.append((panel, container.get_label(), float(rect.get_x()),
-                             float(rect.get_y() + rect.get_height() / 2), float(rect.get_width())))
+                rows.append(
+                    (
+                        panel,
+                        container.get_label(),
+                        float(rect.get_x()),
+                        float(rect.get_y() + rect.get_height() / 2),
+                        float(rect.get_width()),
+                    )
+                )
     return pd.DataFrame(rows, columns=["panel", "series", "x", "y", "width"])
 
 
@@ -117,15 +134,27 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
         for kind in KINDS:
             rows = part[part["series"] == kind]
             if len(rows):
-                ax.barh(rows["y"].to_numpy(), rows["width"].to_numpy(), left=rows["x"].to_numpy(),
-                        height=BAR_HEIGHT, color=KIND_COLORS[kind], edgecolor="none", label=kind)
+                ax.barh(
+                    rows["y"].to_numpy(),
+                    rows["width"].to_numpy(),
+                    left=rows["x"].to_numpy(),
+                    height=BAR_HEIGHT,
+                    color=KIND_COLORS[kind],
+                    edgecolor="none",
+                    label=kind,
+                )
         # Iteration ends, as thin unlabelled ticks over each rank's row (reference marks).
         window_steps = steps[(steps["algorithm"] == algorithm) & steps["iteration"].isin(iterations)]
         t0 = float(window_steps["start_s"].min())
         for rec in window_steps.itertuples(index=False):
             x = 1000.0 * (float(rec.end_s) - t0)
-            ax.plot([x, x], [rec.rank - BAR_HEIGHT / 2, rec.rank + BAR_HEIGHT / 2], color="0.2",
-                    linewidth=0.8, label="_iteration end")
+            ax.plot(
+                [x, x],
+                [rec.rank - BAR_HEIGHT / 2, rec.rank + BAR_HEIGHT / 2],
+                color="0.2",
+                linewidth=0.8,
+                label="_iteration end",
+            )
         ax.set_title(f"{style.label(algorithm)}: iterations {iterations[0]}-{iterations[-1]}")
         ax.set_xlabel("time since the window's first step (ms)")
         ax.set_xlim(left=0)

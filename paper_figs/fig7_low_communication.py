@@ -45,18 +45,41 @@ def table(run: Path, sweep: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for algorithm in style.ordered(accuracy["algorithm"].unique()):
         part = accuracy[accuracy["algorithm"] == algorithm]
-        rows += [{"panel": 0, "series": style.label(algorithm), "x": float(rec.elapsed_s),
-                  "y": 100.0 * float(rec.test_accuracy), "algorithm": algorithm, "iteration": int(rec.iteration),
-                  "ranks": ranks, "source": f"real run {run.name}", "network": network, "x_unit": "s",
-                  "y_unit": "test accuracy of the averaged model (%)"}
-                 for rec in part.itertuples(index=False)]
+        rows += [
+            {
+                "panel": 0,
+                "series": style.label(algorithm),
+                "x": float(rec.elapsed_s),
+                "y": 100.0 * float(rec.test_accuracy),
+                "algorithm": algorithm,
+                "iteration": int(rec.iteration),
+                "ranks": ranks,
+                "source": f"real run {run.name}",
+                "network": network,
+                "x_unit": "s",
+                "y_unit": "test accuracy of the averaged model (%)",
+            }
+            for rec in part.itertuples(index=False)
+        ]
     sweep = sweep.dropna(subset=["iter_time_s"])
     for algorithm in style.ordered(sweep["algorithm"].unique()):
         part = sweep[sweep["algorithm"] == algorithm].sort_values("ranks")
-        rows += [{"panel": 1, "series": style.label(algorithm), "x": float(rec.ranks), "y": float(rec.iter_time_s),
-                  "algorithm": algorithm, "iteration": -1, "ranks": int(rec.ranks), "source": "simulated",
-                  "network": str(rec.network), "x_unit": "ranks", "y_unit": "s per iteration"}
-                 for rec in part.itertuples(index=False)]
+        rows += [
+            {
+                "panel": 1,
+                "series": style.label(algorithm),
+                "x": float(rec.ranks),
+                "y": float(rec.iter_time_s),
+                "algorithm": algorithm,
+                "iteration": -1,
+                "ranks": int(rec.ranks),
+                "source": "simulated",
+                "network": str(rec.network),
+                "x_unit": "ranks",
+                "y_unit": "s per iteration",
+            }
+            for rec in part.itertuples(index=False)
+        ]
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -71,9 +94,12 @@ def _network(scenario: dict) -> str:
 
 def _stragglers(scenario: dict) -> str:
     """The real run's injected stragglers in words (``", 2 random ranks sleep 40 ms"``), or ``""``."""
-    parts = [f"{entry.get('count', 1)} random ranks sleep {float(entry.get('delay_ms', 0)):g} ms"
-             if entry.get("kind") == "random_ranks" else str(entry.get("kind", "imbalance"))
-             for entry in scenario.get("imbalance") or []]
+    parts = [
+        f"{entry.get('count', 1)} random ranks sleep {float(entry.get('delay_ms', 0)):g} ms"
+        if entry.get("kind") == "random_ranks"
+        else str(entry.get("kind", "imbalance"))
+        for entry in scenario.get("imbalance") or []
+    ]
     return "".join(f", {part}" for part in parts)
 
 
@@ -86,8 +112,15 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
         part = data[data["panel"] == panel]
         for algorithm in dict.fromkeys(part["algorithm"]):
             rows = part[part["algorithm"] == algorithm]
-            ax.plot(rows["x"].to_numpy(), rows["y"].to_numpy(), color=style.color(algorithm),
-                    marker=style.marker(algorithm), linewidth=1.8, markersize=6, label=style.label(algorithm))
+            ax.plot(
+                rows["x"].to_numpy(),
+                rows["y"].to_numpy(),
+                color=style.color(algorithm),
+                marker=style.marker(algorithm),
+                linewidth=1.8,
+                markersize=6,
+                label=style.label(algorithm),
+            )
 
     ax = axes[0]
     real = data[data["panel"] == 0]
@@ -95,9 +128,11 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
     ax.set_xlim(left=0)
     ax.set_xlabel("wall-clock time since the algorithm's first step (s)")
     ax.set_ylabel("test accuracy of the averaged model (%)")
-    ax.set_title(f"Accuracy vs time, measured here\n({ranks if ranks > 0 else '?'} ranks, "
-                 f"{real['network'].iloc[0]}{_stragglers(readers.resolved_scenario(run))}; run {run.name})",
-                 fontsize=10)
+    ax.set_title(
+        f"Accuracy vs time, measured here\n({ranks if ranks > 0 else '?'} ranks, "
+        f"{real['network'].iloc[0]}{_stragglers(readers.resolved_scenario(run))}; run {run.name})",
+        fontsize=10,
+    )
 
     ax = axes[1]
     sim = data[data["panel"] == 1]
@@ -110,8 +145,11 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
         ax.set_ylim(0, sim["y"].max() * 1.1)
         ax.set_xlabel("ranks (nodes of 8)")
         ax.set_ylabel("time per iteration (s)")
-        ax.set_title(f"Time per iteration vs ranks, simulated: {sim['network'].iloc[0]} NICs shared by 8 ranks,\n"
-                     "ResNet-50 buffer, the scenario's methods and stragglers", fontsize=10)
+        ax.set_title(
+            f"Time per iteration vs ranks, simulated: {sim['network'].iloc[0]} NICs shared by 8 ranks,\n"
+            "ResNet-50 buffer, the scenario's methods and stragglers",
+            fontsize=10,
+        )
     # One legend for both panels (the same methods, one colour each), beside the axes: the
     # accuracy curves fill their panel.
     handles = {}
@@ -119,6 +157,8 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
         for line in ax.get_lines():
             handles.setdefault(line.get_label(), line)
     axes[1].legend(handles.values(), handles.keys(), loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    fig.suptitle("Low-communication training: the DiLoCo family against Allreduce-SGD, Local SGD and the "
-                 "wait-avoiding methods", fontsize=12)
+    fig.suptitle(
+        "Low-communication training: the DiLoCo family against Allreduce-SGD, Local SGD and the wait-avoiding methods",
+        fontsize=12,
+    )
     return fig, data

@@ -61,25 +61,58 @@ def table(sweep: pd.DataFrame) -> pd.DataFrame:
     curves = sweep[sweep["ranks"] == at].dropna(subset=["ready_s", "test_accuracy"])
     for algorithm in style.ordered(curves["algorithm"].unique()):
         part = curves[curves["algorithm"] == algorithm].sort_values("iteration")
-        rows += [{"panel": 0, "series": style.label(algorithm), "x": float(rec.ready_s),
-                  "y": 100.0 * float(rec.test_accuracy), "algorithm": algorithm, "ranks": at,
-                  "iteration": int(rec.iteration), "reached": bool(rec.test_accuracy >= rec.target_accuracy),
-                  "source": SOURCE, "x_unit": "simulated s", "y_unit": "test accuracy of the averaged model (%)"}
-                 for rec in part.itertuples(index=False)]
+        rows += [
+            {
+                "panel": 0,
+                "series": style.label(algorithm),
+                "x": float(rec.ready_s),
+                "y": 100.0 * float(rec.test_accuracy),
+                "algorithm": algorithm,
+                "ranks": at,
+                "iteration": int(rec.iteration),
+                "reached": bool(rec.test_accuracy >= rec.target_accuracy),
+                "source": SOURCE,
+                "x_unit": "simulated s",
+                "y_unit": "test accuracy of the averaged model (%)",
+            }
+            for rec in part.itertuples(index=False)
+        ]
     missed = []
     for algorithm in style.ordered(sweep["algorithm"].unique()):
         for ranks, part in sorted(sweep[sweep["algorithm"] == algorithm].groupby("ranks")):
             first = part.iloc[0]
-            row = {"algorithm": algorithm, "ranks": int(ranks), "source": SOURCE, "x_unit": "workers",
-                   "y_unit": f"simulated s to {first['target_accuracy']:.0%} test accuracy"}
+            row = {
+                "algorithm": algorithm,
+                "ranks": int(ranks),
+                "source": SOURCE,
+                "x_unit": "workers",
+                "y_unit": f"simulated s to {first['target_accuracy']:.0%} test accuracy",
+            }
             if int(first["iteration_to_target"]) >= 0:
-                rows.append({"panel": 1, "series": style.label(algorithm), "x": float(ranks),
-                             "y": float(first["time_to_target_s"]), "iteration": int(first["iteration_to_target"]),
-                             "reached": True, **row})
+                rows.append(
+                    {
+                        "panel": 1,
+                        "series": style.label(algorithm),
+                        "x": float(ranks),
+                        "y": float(first["time_to_target_s"]),
+                        "iteration": int(first["iteration_to_target"]),
+                        "reached": True,
+                        **row,
+                    }
+                )
             else:
                 last = part.sort_values("iteration").iloc[-1]
-                missed.append({"panel": 1, "series": NOT_REACHED, "x": float(ranks), "y": float(last["ready_s"]),
-                               "iteration": int(last["iteration"]), "reached": False, **row})
+                missed.append(
+                    {
+                        "panel": 1,
+                        "series": NOT_REACHED,
+                        "x": float(ranks),
+                        "y": float(last["ready_s"]),
+                        "iteration": int(last["iteration"]),
+                        "reached": False,
+                        **row,
+                    }
+                )
     return pd.DataFrame(rows + missed, columns=COLUMNS)
 
 
@@ -103,33 +136,63 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
     curves = data[data["panel"] == 0]
     for algorithm in dict.fromkeys(curves["algorithm"]):
         rows = curves[curves["algorithm"] == algorithm]
-        ax.plot(rows["x"].to_numpy(), rows["y"].to_numpy(), color=style.color(algorithm),
-                marker=style.marker(algorithm), linewidth=1.8, markersize=6, label=style.label(algorithm))
+        ax.plot(
+            rows["x"].to_numpy(),
+            rows["y"].to_numpy(),
+            color=style.color(algorithm),
+            marker=style.marker(algorithm),
+            linewidth=1.8,
+            markersize=6,
+            label=style.label(algorithm),
+        )
     ax.axhline(100.0 * target, color="black", linestyle="--", linewidth=1.0, label="_target")
     ax.set_xscale("log")
     ax.set_xlabel("simulated time until the averaged model exists (s, log scale)")
     ax.set_ylabel("test accuracy of the averaged model (%)")
     at = int(curves["ranks"].iloc[0])
     _plain_log(ax.xaxis)
-    ax.set_title(f"Accuracy vs time at {at:,} workers (dashed: the {target:.0%} target)\n"
-                 f"MLP on teacher, 256 samples per worker; 2 random workers\nsleep 150 ms per iteration",
-                 fontsize=10)
+    ax.set_title(
+        f"Accuracy vs time at {at:,} workers (dashed: the {target:.0%} target)\n"
+        f"MLP on teacher, 256 samples per worker; 2 random workers\nsleep 150 ms per iteration",
+        fontsize=10,
+    )
 
     ax = axes[1]
     times = data[data["panel"] == 1]
     for algorithm in dict.fromkeys(times.loc[times["reached"], "algorithm"]):
         rows = times[(times["algorithm"] == algorithm) & times["reached"]].sort_values("x")
-        ax.plot(rows["x"].to_numpy(), rows["y"].to_numpy(), color=style.color(algorithm),
-                marker=style.marker(algorithm), linewidth=1.8, markersize=6, label=style.label(algorithm))
+        ax.plot(
+            rows["x"].to_numpy(),
+            rows["y"].to_numpy(),
+            color=style.color(algorithm),
+            marker=style.marker(algorithm),
+            linewidth=1.8,
+            markersize=6,
+            label=style.label(algorithm),
+        )
     missed = times[~times["reached"].astype(bool)]
     if len(missed):
-        ax.scatter(missed["x"], missed["y"], marker="^", s=90, facecolors="none",
-                   edgecolors=[style.color(a) for a in missed["algorithm"]], linewidths=2.0, zorder=5,
-                   label=NOT_REACHED)
+        ax.scatter(
+            missed["x"],
+            missed["y"],
+            marker="^",
+            s=90,
+            facecolors="none",
+            edgecolors=[style.color(a) for a in missed["algorithm"]],
+            linewidths=2.0,
+            zorder=5,
+            label=NOT_REACHED,
+        )
         final = sweep.groupby(["algorithm", "ranks"])["final_accuracy"].first()
         for rec in missed.itertuples(index=False):  # what it got to instead
-            ax.annotate(f"{100 * final[(rec.algorithm, rec.ranks)]:.1f}%", (rec.x, rec.y), xytext=(7, -3),
-                        textcoords="offset points", fontsize=8, color=style.color(rec.algorithm))
+            ax.annotate(
+                f"{100 * final[(rec.algorithm, rec.ranks)]:.1f}%",
+                (rec.x, rec.y),
+                xytext=(7, -3),
+                textcoords="offset points",
+                fontsize=8,
+                color=style.color(rec.algorithm),
+            )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ticks = sorted(set(int(x) for x in times["x"]))
@@ -139,9 +202,12 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
     ax.set_ylim(low, high * 1.15)  # room above the highest point
     ax.set_xlabel(f"workers (weak scaling: 256 samples each; {_iterations(sweep)})", fontsize=9)
     ax.set_ylabel(f"simulated time to {target:.0%} test accuracy (s, log scale)")
-    ax.set_title(f"Time to {target:.0%} vs workers, simulated with values\n(the first evaluation, every "
-                 f"{int(sweep['eval_every'].iloc[0])} iterations, at or above the target"
-                 + (";\nnot reached: the accuracy it ended at)" if len(missed) else ")"), fontsize=10)
+    ax.set_title(
+        f"Time to {target:.0%} vs workers, simulated with values\n(the first evaluation, every "
+        f"{int(sweep['eval_every'].iloc[0])} iterations, at or above the target"
+        + (";\nnot reached: the accuracy it ended at)" if len(missed) else ")"),
+        fontsize=10,
+    )
 
     handles = {}
     for axis in axes:
@@ -149,9 +215,20 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
             if not artist.get_label().startswith("_"):
                 handles.setdefault(artist.get_label(), artist)
     if NOT_REACHED in handles:  # one grey triangle for the series drawn in every method's colour
-        handles[NOT_REACHED] = Line2D([], [], marker="^", markersize=9, markerfacecolor="none",
-                                      markeredgecolor="dimgray", markeredgewidth=2.0, linestyle="none")
+        handles[NOT_REACHED] = Line2D(
+            [],
+            [],
+            marker="^",
+            markersize=9,
+            markerfacecolor="none",
+            markeredgecolor="dimgray",
+            markeredgewidth=2.0,
+            linestyle="none",
+        )
     axes[1].legend(handles.values(), handles.keys(), loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    fig.suptitle(f"Time to accuracy at scale: the at_scale scenario's methods under stragglers, {min(ticks):,} to "
-                 f"{max(ticks):,} workers (simulated, every worker training for real)", fontsize=12)
+    fig.suptitle(
+        f"Time to accuracy at scale: the at_scale scenario's methods under stragglers, {min(ticks):,} to "
+        f"{max(ticks):,} workers (simulated, every worker training for real)",
+        fontsize=12,
+    )
     return fig, data

@@ -23,8 +23,9 @@ def accuracy_over_time(run: Path) -> pd.DataFrame:
     averaged = evals[(evals["model"] == "average") & evals["algorithm"].isin(first_start.index)]
     averaged = averaged.dropna(subset=["test_accuracy"])
     order = {name: i for i, name in enumerate(dict.fromkeys(steps["algorithm"]))}
-    averaged = averaged.assign(elapsed_s=averaged["time_s"] - averaged["algorithm"].map(first_start),
-                               _order=averaged["algorithm"].map(order))
+    averaged = averaged.assign(
+        elapsed_s=averaged["time_s"] - averaged["algorithm"].map(first_start), _order=averaged["algorithm"].map(order)
+    )
     averaged = averaged.sort_values(["_order", "iteration", "time_s"], kind="stable")
     return averaged[["algorithm", "iteration", "time_s", "elapsed_s", "test_accuracy"]].reset_index(drop=True)
 

@@ -8,13 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from harness.scenario.schema import Workload
-from harness.workload.data import (
-    DATASET_NAMES,
-    DATASET_SHAPES,
-    batch_indices,
-    load_dataset,
-    shard_indices,
-)
+from harness.workload.data import DATASET_NAMES, DATASET_SHAPES, load_dataset
+from harness.workload.shards import batch_indices, shard_indices
 from harness.workload.models import (
     MODEL_NAMES,
     build_model,

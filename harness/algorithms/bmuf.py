@@ -31,8 +31,9 @@ class BMUF(SlowMo):
     params: BMUFParams
 
     def __init__(self, params: BMUFParams, ctx: AlgorithmContext) -> None:
-        as_slowmo = SlowMoParams(base="local_sgd", period=params.period, slow_momentum=params.block_momentum,
-                                 slow_lr=params.block_lr)
+        as_slowmo = SlowMoParams(
+            base="local_sgd", period=params.period, slow_momentum=params.block_momentum, slow_lr=params.block_lr
+        )
         super().__init__(as_slowmo, ctx)
         self.params = params  # results and the docs speak of BMUF's own parameters
         self.name = params.name

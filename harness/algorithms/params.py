@@ -128,8 +128,11 @@ class EASGDParams(AlgorithmParams):
         # At each sync the gap between the mean worker and the center is multiplied by
         # 1 - (P + 1) * alpha: it only shrinks when alpha < 2 / (P + 1) (the paper uses ~0.9/P).
         if ranks > 1 and self.alpha * (ranks + 1) >= 2:
-            raise self._fail("alpha", f"must be < 2 / (ranks + 1) = {2 / (ranks + 1):.4g} with {ranks} ranks, "
-                             "or the center diverges (0.9 / ranks is a safe choice)")
+            raise self._fail(
+                "alpha",
+                f"must be < 2 / (ranks + 1) = {2 / (ranks + 1):.4g} with {ranks} ranks, "
+                "or the center diverges (0.9 / ranks is a safe choice)",
+            )
 
 
 class CoCoDSGDParams(AlgorithmParams):
@@ -243,8 +246,12 @@ def _renamed_sync_period(data: Any, name: str, extra_rounds: int) -> Any:
     if type(old) is not int or old < lowest:
         raise ParamError("sync_period", f"must be an integer >= {lowest}", old).to_pydantic()
     period = old + extra_rounds
-    warnings.warn(f"{name}: sync_period: {old} is the old spelling of period: {period} (a synchronous "
-                  f"round every {period} rounds); write period: {period}", RenamedParameterWarning, stacklevel=2)
+    warnings.warn(
+        f"{name}: sync_period: {old} is the old spelling of period: {period} (a synchronous "
+        f"round every {period} rounds); write period: {period}",
+        RenamedParameterWarning,
+        stacklevel=2,
+    )
     return {**{key: value for key, value in data.items() if key != "sync_period"}, "period": period}
 
 
@@ -255,7 +262,9 @@ def _sync_period_schema(extra_rounds: int) -> Callable[[dict[str, Any]], None]:
 
     def add(schema: dict[str, Any]) -> None:
         schema["properties"]["sync_period"] = {
-            "type": "integer", "minimum": 1 - extra_rounds, "deprecated": True,
+            "type": "integer",
+            "minimum": 1 - extra_rounds,
+            "deprecated": True,
             "description": f"Old spelling: sync_period: S is read as {meaning} (write period instead).",
         }
         schema["not"] = {"required": ["period", "sync_period"]}
@@ -331,7 +340,6 @@ class EagerSGDParams(AlgorithmParams):
         return _renamed_sync_period(data, "eager_sgd", extra_rounds=0)
 
 
-
 # ---------------------------------------------------------------------------------------------
 # The low-communication family (docs/algorithms/low-communication.md)
 
@@ -387,11 +395,17 @@ class StreamingDiLoCoParams(_OuterStep):
 
     def check(self, ranks: int) -> None:
         if self.fragments > self.inner_steps:
-            raise self._fail("fragments", f"must be <= inner_steps ({self.inner_steps}): each fragment needs "
-                             "its own iteration of the staggered schedule")
+            raise self._fail(
+                "fragments",
+                f"must be <= inner_steps ({self.inner_steps}): each fragment needs "
+                "its own iteration of the staggered schedule",
+            )
         if self.overlap >= self.inner_steps:
-            raise self._fail("overlap", f"must be < inner_steps ({self.inner_steps}): a fragment's outer "
-                             "allreduce must land before the fragment's next one starts")
+            raise self._fail(
+                "overlap",
+                f"must be < inner_steps ({self.inner_steps}): a fragment's outer "
+                "allreduce must land before the fragment's next one starts",
+            )
 
 
 class QuorumDiLoCoParams(_OuterStep):

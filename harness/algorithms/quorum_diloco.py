@@ -58,8 +58,9 @@ class QuorumDiLoCo(DiLoCo):
         self.total = ctx.params.new_zeros(n + 1)  # the round's [S, W]
         self.info: dict = {}
         # Collective. Accumulating: publishing adds, a contribution takes and zeroes the buffer.
-        self._op = ctx.comm.wait_avoiding(self.message, phases=[list(range(ctx.size))], sync_every=0,
-                                          accumulate=True, quorum=self.quorum)
+        self._op = ctx.comm.wait_avoiding(
+            self.message, phases=[list(range(ctx.size))], sync_every=0, accumulate=True, quorum=self.quorum
+        )
 
     def outer_step(self) -> None:
         n = self.ctx.params.numel()

@@ -99,32 +99,64 @@ class Registration:
 
 
 BUILT_IN = (
-    Registration("allreduce_sgd", AllreduceSGDParams, "harness.algorithms.allreduce_sgd:AllreduceSGD",
-                 "Allreduce-SGD", "#000000", "synchronous"),
-    Registration("local_sgd", LocalSGDParams, "harness.algorithms.local_sgd:LocalSGD",
-                 "Local SGD", "#1f77b4", "periodic"),
-    Registration("overlap_local_sgd", OverlapLocalSGDParams, "harness.algorithms.overlap_local_sgd:OverlapLocalSGD",
-                 "Overlap Local SGD", "#aec7e8", "periodic"),
+    Registration(
+        "allreduce_sgd",
+        AllreduceSGDParams,
+        "harness.algorithms.allreduce_sgd:AllreduceSGD",
+        "Allreduce-SGD",
+        "#000000",
+        "synchronous",
+    ),
+    Registration(
+        "local_sgd", LocalSGDParams, "harness.algorithms.local_sgd:LocalSGD", "Local SGD", "#1f77b4", "periodic"
+    ),
+    Registration(
+        "overlap_local_sgd",
+        OverlapLocalSGDParams,
+        "harness.algorithms.overlap_local_sgd:OverlapLocalSGD",
+        "Overlap Local SGD",
+        "#aec7e8",
+        "periodic",
+    ),
     Registration("easgd", EASGDParams, "harness.algorithms.easgd:EASGD", "EASGD", "#17becf", "periodic"),
-    Registration("cocod_sgd", CoCoDSGDParams, "harness.algorithms.cocod_sgd:CoCoDSGD",
-                 "CoCoD-SGD", "#9edae5", "periodic"),
+    Registration(
+        "cocod_sgd", CoCoDSGDParams, "harness.algorithms.cocod_sgd:CoCoDSGD", "CoCoD-SGD", "#9edae5", "periodic"
+    ),
     Registration("bmuf", BMUFParams, "harness.algorithms.bmuf:BMUF", "BMUF", "#7f7f7f", "periodic"),
     Registration("sgp", SGPParams, "harness.algorithms.sgp:SGP", "SGP", "#2ca02c", "gossip"),
     Registration("osgp", OSGPParams, "harness.algorithms.osgp:OSGP", "1-OSGP", "#98df8a", "gossip"),
     Registration("dpsgd", DPSGDParams, "harness.algorithms.dpsgd:DPSGD", "D-PSGD", "#8c564b", "gossip"),
     Registration("adpsgd", ADPSGDParams, "harness.algorithms.adpsgd:ADPSGD", "AD-PSGD", "#c49c94", "gossip"),
     Registration("wagma", WAGMAParams, "harness.algorithms.wagma:WAGMA", "WAGMA-SGD", "#d62728", "wait_avoiding"),
-    Registration("eager_sgd", EagerSGDParams, "harness.algorithms.eager_sgd:EagerSGD",
-                 "eager-SGD", "#ff7f0e", "wait_avoiding"),
+    Registration(
+        "eager_sgd", EagerSGDParams, "harness.algorithms.eager_sgd:EagerSGD", "eager-SGD", "#ff7f0e", "wait_avoiding"
+    ),
     Registration("diloco", DiLoCoParams, "harness.algorithms.diloco:DiLoCo", "DiLoCo", "#6a3d9a", "low_communication"),
-    Registration("streaming_diloco", StreamingDiLoCoParams, "harness.algorithms.streaming_diloco:StreamingDiLoCo",
-                 "Streaming DiLoCo", "#b15928", "low_communication"),
-    Registration("quorum_diloco", QuorumDiLoCoParams, "harness.algorithms.quorum_diloco:QuorumDiLoCo",
-                 "Quorum DiLoCo", "#cab2d6", "low_communication"),
-    Registration("slowmo", SlowMoParams, "harness.algorithms.slowmo:SlowMo", "SlowMo", "#bcbd22",
-                 "low_communication"),
-    Registration("gossip_pga", GossipPGAParams, "harness.algorithms.gossip_pga:GossipPGA", "Gossip-PGA", "#fdbf6f",
-                 "low_communication"),
+    Registration(
+        "streaming_diloco",
+        StreamingDiLoCoParams,
+        "harness.algorithms.streaming_diloco:StreamingDiLoCo",
+        "Streaming DiLoCo",
+        "#b15928",
+        "low_communication",
+    ),
+    Registration(
+        "quorum_diloco",
+        QuorumDiLoCoParams,
+        "harness.algorithms.quorum_diloco:QuorumDiLoCo",
+        "Quorum DiLoCo",
+        "#cab2d6",
+        "low_communication",
+    ),
+    Registration("slowmo", SlowMoParams, "harness.algorithms.slowmo:SlowMo", "SlowMo", "#bcbd22", "low_communication"),
+    Registration(
+        "gossip_pga",
+        GossipPGAParams,
+        "harness.algorithms.gossip_pga:GossipPGA",
+        "Gossip-PGA",
+        "#fdbf6f",
+        "low_communication",
+    ),
 )
 """The seventeen algorithms of the harness, in the order figures list them."""
 
@@ -148,7 +180,9 @@ def register(
     already registered.
     """
     entry = Registration(
-        name, params, cls,
+        name,
+        params,
+        cls,
         label=name if label is None else label,
         colour=_spare_colour() if colour is None else colour,
         family=family,
@@ -175,8 +209,11 @@ def names() -> list[str]:
 def variants(of: str | None = None) -> list[str]:
     """The labels of the registered variants (of algorithm ``of``; None: of any), in the order
     they were registered."""
-    return [name for name, entry in _REGISTRATIONS.items()
-            if entry.variant_of is not None and (of is None or entry.variant_of == of)]
+    return [
+        name
+        for name, entry in _REGISTRATIONS.items()
+        if entry.variant_of is not None and (of is None or entry.variant_of == of)
+    ]
 
 
 def algorithm_of(name: str) -> str:
@@ -251,33 +288,40 @@ def _add(entry: Registration) -> None:
     if not valid_name(name):
         raise ValueError(f"algorithm name must be a letter, then letters, digits and '_' (got {name!r})")
     if name in _REGISTRATIONS:
-        raise ValueError(f"algorithm {name!r} is already registered (class {_REGISTRATIONS[name].cls}); "
-                         "pick another name")
+        raise ValueError(
+            f"algorithm {name!r} is already registered (class {_REGISTRATIONS[name].cls}); pick another name"
+        )
     if not (isinstance(entry.params, type) and issubclass(entry.params, AlgorithmParams)):
         raise ValueError(f"algorithm {name!r}: params must be an AlgorithmParams subclass (got {entry.params!r})")
     declared = entry.params.model_fields["name"].default
     if declared != name:
         # A scenario entry is validated as {"name": name, ...}: the model must accept that name.
-        raise ValueError(f"algorithm {name!r}: {entry.params.__name__} must declare "
-                         f"name: Literal[{name!r}] = {name!r} (its name defaults to {declared!r})")
+        raise ValueError(
+            f"algorithm {name!r}: {entry.params.__name__} must declare "
+            f"name: Literal[{name!r}] = {name!r} (its name defaults to {declared!r})"
+        )
     cls = entry.cls
     if isinstance(cls, str):
         valid = _CLASS_PATH.fullmatch(cls) is not None  # whether it imports is known on first use
     else:
         valid = isinstance(cls, type) and issubclass(cls, Algorithm)
     if not valid:
-        raise ValueError(f"algorithm {name!r}: cls must be an Algorithm subclass or a 'module:Class' path "
-                         f"(got {cls!r})")
+        raise ValueError(
+            f"algorithm {name!r}: cls must be an Algorithm subclass or a 'module:Class' path (got {cls!r})"
+        )
     for field in ("label", "colour"):
         value = getattr(entry, field)
         if not isinstance(value, str) or not value:
             raise ValueError(f"algorithm {name!r}: {field} must be a non-empty string (got {value!r})")
     if entry.variant_of is not None and entry.variant_of not in names():
-        raise ValueError(f"algorithm {name!r}: variant_of must name a registered algorithm that is not a variant "
-                         f"(got {entry.variant_of!r})")
+        raise ValueError(
+            f"algorithm {name!r}: variant_of must name a registered algorithm that is not a variant "
+            f"(got {entry.variant_of!r})"
+        )
     if entry.family is not None and entry.family not in FAMILIES:
-        raise ValueError(f"algorithm {name!r}: family must be one of {', '.join(FAMILIES)} or None "
-                         f"(got {entry.family!r})")
+        raise ValueError(
+            f"algorithm {name!r}: family must be one of {', '.join(FAMILIES)} or None (got {entry.family!r})"
+        )
     _REGISTRATIONS[name] = entry
 
 

@@ -66,17 +66,25 @@ def entry_model(name: str, reference: Any, search_path: Sequence[str]) -> type[A
     if name in {entry.name for entry in registry.BUILT_IN}:
         raise ParamError("name", "is a built-in algorithm's name; give your class a name of its own", name)
     if name in registry.variants():  # harness.algorithms.variant
-        raise ParamError("name", f"already names a variant of {registry.algorithm_of(name)} (by an earlier entry, or a "
-                         "scenario loaded earlier in this process); give your class a name of its own", name)
+        raise ParamError(
+            "name",
+            f"already names a variant of {registry.algorithm_of(name)} (by an earlier entry, or a "
+            "scenario loaded earlier in this process); give your class a name of its own",
+            name,
+        )
     cls = load_class(reference, search_path)
     if name in registry.names():
         existing = registry.registration(name)
         if existing.cls is not cls:
-            raise ParamError("name", f"already names another algorithm class ({_describe(existing.cls)}); "
-                             "give this one a name of its own", name)
+            raise ParamError(
+                "name",
+                f"already names another algorithm class ({_describe(existing.cls)}); give this one a name of its own",
+                name,
+            )
         if not issubclass(existing.params, ClassEntryParams):  # registered by code, with its own model
-            raise ParamError("name", "is registered by code already (harness.algorithms.register); list it "
-                             "without `class`", name)
+            raise ParamError(
+                "name", "is registered by code already (harness.algorithms.register); list it without `class`", name
+            )
         return existing.params
     model = _derived_model(name, reference, cls)
     registry.register(name, model, cls, label=_label(cls, name), colour=cls.colour)
@@ -96,19 +104,31 @@ def load_class(reference: Any, search_path: Sequence[str]) -> type[Algorithm]:
         raise ParamError(CLASS_KEY, f"is {kind}, not a subclass of harness.algorithms.Algorithm", reference)
     params = getattr(cls, "Params", None)
     if params is None:
-        raise ParamError(CLASS_KEY, f"{cls.__name__} has no parameter model: give it a class attribute Params, "
-                         "a subclass of harness.algorithms.AlgorithmParams", reference)
+        raise ParamError(
+            CLASS_KEY,
+            f"{cls.__name__} has no parameter model: give it a class attribute Params, "
+            "a subclass of harness.algorithms.AlgorithmParams",
+            reference,
+        )
     if not (isinstance(params, type) and issubclass(params, AlgorithmParams)):
-        raise ParamError(CLASS_KEY, f"{cls.__name__}.Params is {params!r}, not a subclass of "
-                         "harness.algorithms.AlgorithmParams", reference)
+        raise ParamError(
+            CLASS_KEY,
+            f"{cls.__name__}.Params is {params!r}, not a subclass of harness.algorithms.AlgorithmParams",
+            reference,
+        )
     for attribute in ("label", "colour"):
         value = getattr(cls, attribute)
         if value is not None and not (isinstance(value, str) and value):
-            raise ParamError(CLASS_KEY, f"{cls.__name__}.{attribute} must be a non-empty string or None, "
-                             f"not {value!r}", reference)
+            raise ParamError(
+                CLASS_KEY, f"{cls.__name__}.{attribute} must be a non-empty string or None, not {value!r}", reference
+            )
     if any((f.alias or key) == CLASS_KEY for key, f in params.model_fields.items()):
-        raise ParamError(CLASS_KEY, f"{cls.__name__}.Params declares a parameter {CLASS_KEY!r}, which names "
-                         "the class in a scenario entry; rename it", reference)
+        raise ParamError(
+            CLASS_KEY,
+            f"{cls.__name__}.Params declares a parameter {CLASS_KEY!r}, which names "
+            "the class in a scenario entry; rename it",
+            reference,
+        )
     return cls
 
 

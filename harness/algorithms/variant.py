@@ -54,10 +54,26 @@ ALGORITHM_KEY = "algorithm"  # the scenario key naming the built-in an entry run
 # shades first. The built-ins use tab10 and tab20 shades and algorithms registered at run time
 # take the rest of tab20 (``registry.SPARE_COLOURS``), so a variant looks like none of them.
 COLOURS = (
-    "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173",
-    "#6b6ecf", "#b5cf6b", "#e7ba52", "#d6616b", "#ce6dbd",
-    "#5254a3", "#8ca252", "#bd9e39", "#ad494a", "#a55194",
-    "#9c9ede", "#cedb9c", "#e7cb94", "#e7969c", "#de9ed6",
+    "#393b79",
+    "#637939",
+    "#8c6d31",
+    "#843c39",
+    "#7b4173",
+    "#6b6ecf",
+    "#b5cf6b",
+    "#e7ba52",
+    "#d6616b",
+    "#ce6dbd",
+    "#5254a3",
+    "#8ca252",
+    "#bd9e39",
+    "#ad494a",
+    "#a55194",
+    "#9c9ede",
+    "#cedb9c",
+    "#e7cb94",
+    "#e7969c",
+    "#de9ed6",
 )
 
 
@@ -95,21 +111,40 @@ def entry_model(name: str, algorithm: Any) -> type[AlgorithmParams]:
     if not registry.valid_name(name):
         raise ParamError("name", "must be a letter, then letters, digits and '_'", name)
     if name in valid:
-        raise ParamError("name", f"is another built-in algorithm's name; give this variant of {algorithm} a "
-                         f"name of its own (e.g. {algorithm}_2)", name)
+        raise ParamError(
+            "name",
+            f"is another built-in algorithm's name; give this variant of {algorithm} a "
+            f"name of its own (e.g. {algorithm}_2)",
+            name,
+        )
     if name in registry.names():
-        raise ParamError("name", f"names a registered algorithm (class {_describe(registry.registration(name).cls)}); "
-                         f"give this variant of {algorithm} a name of its own", name)
+        raise ParamError(
+            "name",
+            f"names a registered algorithm (class {_describe(registry.registration(name).cls)}); "
+            f"give this variant of {algorithm} a name of its own",
+            name,
+        )
     if name in registry.variants():
         existing = registry.registration(name)
         if existing.variant_of != algorithm:
-            raise ParamError("name", f"already names a variant of {existing.variant_of} (by an earlier entry, or a "
-                             "scenario loaded earlier in this process); give this one another name", name)
+            raise ParamError(
+                "name",
+                f"already names a variant of {existing.variant_of} (by an earlier entry, or a "
+                "scenario loaded earlier in this process); give this one another name",
+                name,
+            )
         return existing.params
     base = registry.registration(algorithm)
     model = _derived_model(name, algorithm, base.params)
-    registry.register(name, model, base.cls, label=f"{base.label} ({name})", colour=_colour(),
-                      family=base.family, variant_of=algorithm)
+    registry.register(
+        name,
+        model,
+        base.cls,
+        label=f"{base.label} ({name})",
+        colour=_colour(),
+        family=base.family,
+        variant_of=algorithm,
+    )
     return model
 
 

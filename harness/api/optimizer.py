@@ -70,7 +70,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ScriptError(f"DistributedOptimizer wraps a torch.optim.Optimizer (got {type(optimizer).__name__})")
         if not isinstance(model, torch.nn.Module):
             raise ScriptError(
-                f"DistributedOptimizer needs the model (a torch.nn.Module) too (got {type(model).__name__})")
+                f"DistributedOptimizer needs the model (a torch.nn.Module) too (got {type(model).__name__})"
+            )
         if getattr(model, _WRAPPED, False):
             raise ScriptError("this model already has a DistributedOptimizer: wrap one optimizer per model, once")
         run = run if run is not None else Run.current()
@@ -102,8 +103,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._factor = 1.0
         self._compute_start = 0.0
         self._hooks = [model.register_forward_pre_hook(self._on_forward)]
-        self._hooks += [p.register_post_accumulate_grad_hook(self._on_gradient) for p in model.parameters()
-                        if p.requires_grad]
+        self._hooks += [
+            p.register_post_accumulate_grad_hook(self._on_gradient) for p in model.parameters() if p.requires_grad
+        ]
         setattr(model, _WRAPPED, True)
         run.optimizer = self
         self.clock = Clock.synchronize(run.world)  # every rank's offset from rank 0's clock, for run.json too
@@ -135,8 +137,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.inner.load_state_dict(state_dict)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        raise ScriptError("add_param_group: the algorithm communicates the parameters the model had when it was "
-                          "wrapped; build the optimizer with all its groups before wrapping it")
+        raise ScriptError(
+            "add_param_group: the algorithm communicates the parameters the model had when it was "
+            "wrapped; build the optimizer with all its groups before wrapping it"
+        )
 
     def __repr__(self) -> str:
         return f"DistributedOptimizer({self.run.algorithm}, {self.inner!r})"
@@ -168,11 +172,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _check_ready(self, what: str) -> None:
         if not self._began:
-            raise ScriptError(f"{what} without a forward pass since the last step (iteration {self.t}): run the "
-                              "model on a batch with gradients enabled first")
+            raise ScriptError(
+                f"{what} without a forward pass since the last step (iteration {self.t}): run the "
+                "model on a batch with gradients enabled first"
+            )
         if not self._backward:
-            raise ScriptError(f"{what} without a backward pass since the forward pass of iteration {self.t}: call "
-                              "loss.backward() first")
+            raise ScriptError(
+                f"{what} without a backward pass since the forward pass of iteration {self.t}: call "
+                "loss.backward() first"
+            )
 
     def synchronize(self) -> None:
         """The algorithm's gradient communication (``after_backward``) now, before ``step()``."""
@@ -231,8 +239,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Collective: test the ranks' averaged model and rank 0's own with ``test(model) -> (loss,
         accuracy)`` (called on rank 0 only); recorded as the harness's evaluations are."""
         if self._began:
-            raise ScriptError(f"evaluate() inside iteration {self.t} (after its forward pass, before step()): "
-                              "evaluate between steps")
+            raise ScriptError(
+                f"evaluate() inside iteration {self.t} (after its forward pass, before step()): evaluate between steps"
+            )
         self.loop.evaluation(self.t)
         local = self.algorithm.eval_params()
         params, model = self.staging.device_params, self.model
@@ -242,8 +251,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 loss, accuracy = test(model)
             return float(loss), float(accuracy)
 
-        records = evaluate_models(self.run.eval_comm, self.run.algorithm, self.t, time.monotonic() - self.t0, local,
-                                  test_flat)
+        records = evaluate_models(
+            self.run.eval_comm, self.run.algorithm, self.t, time.monotonic() - self.t0, local, test_flat
+        )
         self.evals += records
         return records
 
@@ -293,8 +303,10 @@ def _check_optimizer_covers(optimizer: torch.optim.Optimizer, model: torch.nn.Mo
     if stepped - {id(p) for p in model.parameters()}:
         raise ScriptError("the optimizer steps parameters that are not the model's: wrap the optimizer of this model")
     if mine - stepped:
-        raise ScriptError(f"the optimizer leaves {len(mine - stepped)} of the model's trainable parameters alone: "
-                          "build it over model.parameters()")
+        raise ScriptError(
+            f"the optimizer leaves {len(mine - stepped)} of the model's trainable parameters alone: "
+            "build it over model.parameters()"
+        )
 
 
 def _check_same_model(run: Run, model: torch.nn.Module) -> None:
@@ -309,8 +321,10 @@ def _check_same_model(run: Run, model: torch.nn.Module) -> None:
             a = everyone[0][i] if i < len(everyone[0]) else None
             b = theirs[i] if i < len(theirs) else None
             if a != b:
-                raise ScriptError(f"ranks have different models: parameter {i} is {_show(a)} on rank 0 but "
-                                  f"{_show(b)} on rank {rank}; every rank must build the same model")
+                raise ScriptError(
+                    f"ranks have different models: parameter {i} is {_show(a)} on rank 0 but "
+                    f"{_show(b)} on rank {rank}; every rank must build the same model"
+                )
 
 
 def _show(entry) -> str:

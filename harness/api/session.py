@@ -89,13 +89,24 @@ class Run:
 
     _current: ClassVar[Run | None] = None
 
-    def __init__(self, scenario: str | Path | dict | None = None, *, algorithm: str | None = None,
-                 iterations: int | None = None, batch_size: int | None = None, seed: int | None = None,
-                 name: str | None = None, out: str | Path = "results", threads: int | None = 1,
-                 **params: Any) -> None:
+    def __init__(
+        self,
+        scenario: str | Path | dict | None = None,
+        *,
+        algorithm: str | None = None,
+        iterations: int | None = None,
+        batch_size: int | None = None,
+        seed: int | None = None,
+        name: str | None = None,
+        out: str | Path = "results",
+        threads: int | None = 1,
+        **params: Any,
+    ) -> None:
         if Run._current is not None:
-            raise ScriptError("a harness.api.Run is already open in this process: close it first (one Run, one "
-                              "algorithm at a time; `python -m harness launch` runs the script once per algorithm)")
+            raise ScriptError(
+                "a harness.api.Run is already open in this process: close it first (one Run, one "
+                "algorithm at a time; `python -m harness launch` runs the script once per algorithm)"
+            )
         problem = srun_without_pmi()  # each srun task would otherwise train alone, as a job of one
         if problem is not None:
             raise ScriptError(problem.replace("`python -m harness run FILE`", "`python -m harness launch ...`"))
@@ -111,11 +122,21 @@ class Run:
             self.scenario, self.algorithm_params = _launched_scenario(Path(launched), os.environ.get(ENV_ALGORITHM))
         else:
             self.scenario, self.algorithm_params = _script_scenario(
-                scenario, algorithm, params, iterations=iterations, batch_size=batch_size, seed=seed,
-                name=name or re.sub(r"[^A-Za-z0-9_-]", "_", Path(self.script).stem), ranks=self.size, rank=self.rank)
+                scenario,
+                algorithm,
+                params,
+                iterations=iterations,
+                batch_size=batch_size,
+                seed=seed,
+                name=name or re.sub(r"[^A-Za-z0-9_-]", "_", Path(self.script).stem),
+                ranks=self.size,
+                rank=self.rank,
+            )
         if self.scenario.ranks != self.size:
-            raise ScriptError(f"the scenario {self.scenario.name!r} has {self.scenario.ranks} ranks, this MPI job "
-                              f"{self.size}: start it with -n {self.scenario.ranks}")
+            raise ScriptError(
+                f"the scenario {self.scenario.name!r} has {self.scenario.ranks} ranks, this MPI job "
+                f"{self.size}: start it with -n {self.scenario.ranks}"
+            )
         self._start(Path(launched) if launched else None, Path(out), threads)
         Run._current = self
 
@@ -148,8 +169,10 @@ class Run:
     def current(cls) -> Run:
         """The open Run of this process; ScriptError when there is none."""
         if cls._current is None:
-            raise ScriptError("no harness.api.Run is open: create one (`with harness.api.Run(...) as run:`) before "
-                              "the DistributedOptimizer")
+            raise ScriptError(
+                "no harness.api.Run is open: create one (`with harness.api.Run(...) as run:`) before "
+                "the DistributedOptimizer"
+            )
         return cls._current
 
     # -- set-up and the end ----------------------------------------------------------------------
@@ -223,9 +246,24 @@ class Run:
         scenario, median_ms = self._recorded_scenario(opt.model_floats)
         run.write_resolved_scenario(scenario.resolved_dict())
         workload = {"params": opt.model_floats, "compute_median_ms": median_ms, "optimizer": repr(opt.inner)}
-        publish(run, scenario, name, steps, evals, ops, calls, finished, hosts=self.hosts,
-                extra={"script": self.script, "script_workload": workload, "device": str(self.device),
-                       **scenario_facts(scenario), **opt.clock.run_json()})
+        publish(
+            run,
+            scenario,
+            name,
+            steps,
+            evals,
+            ops,
+            calls,
+            finished,
+            hosts=self.hosts,
+            extra={
+                "script": self.script,
+                "script_workload": workload,
+                "device": str(self.device),
+                **scenario_facts(scenario),
+                **opt.clock.run_json(),
+            },
+        )
         print(f"{name}: results in {run.path}", file=sys.stderr)
 
     def _recorded_scenario(self, model_floats: int):
@@ -238,7 +276,9 @@ class Run:
         data = self.scenario.resolved_dict()
         iterations = int(steps["iteration"].max()) + 1
         data["workload"] = {
-            **data["workload"], "iterations": iterations, "params": int(model_floats),
+            **data["workload"],
+            "iterations": iterations,
+            "params": int(model_floats),
             "compute": {"emulate_ms": round(median_ms, 4), "jitter": 0.0},
             "eval_every": min(data["workload"]["eval_every"], iterations),
         }
@@ -266,8 +306,7 @@ def _launched_scenario(run_dir: Path, algorithm: str | None):
     return scenario, _pick(scenario, algorithm, ENV_ALGORITHM)
 
 
-def _script_scenario(source, algorithm: str | None, params: dict, *, iterations, batch_size, seed, name, ranks,
-                     rank):
+def _script_scenario(source, algorithm: str | None, params: dict, *, iterations, batch_size, seed, name, ranks, rank):
     """The scenario of a script run from a file, a mapping or the arguments alone."""
     base_dir = None
     if source is None:
@@ -277,8 +316,10 @@ def _script_scenario(source, algorithm: str | None, params: dict, *, iterations,
         where = "harness.api.Run(...)"
     else:
         if params:
-            raise ScriptError(f"algorithm parameters {sorted(params)} go into the scenario's algorithms entry "
-                              "when a scenario is given")
+            raise ScriptError(
+                f"algorithm parameters {sorted(params)} go into the scenario's algorithms entry "
+                "when a scenario is given"
+            )
         if isinstance(source, dict):
             data, where = dict(source), "harness.api.Run(scenario={...})"
         else:
@@ -295,8 +336,9 @@ def _script_scenario(source, algorithm: str | None, params: dict, *, iterations,
             if value is not None:
                 workload.setdefault(key, value)
             elif key not in workload:
-                raise ScriptError(f"{where}: give {key}= (or workload.{key} in the scenario): the summary and the "
-                                  "injection need it")
+                raise ScriptError(
+                    f"{where}: give {key}= (or workload.{key} in the scenario): the summary and the injection need it"
+                )
         data["workload"] = workload
     scenario = scenario_from_dict(data, source=where, base_dir=base_dir)
     return scenario, _pick(scenario, algorithm, "algorithm=", say_note=rank == 0)
@@ -307,13 +349,18 @@ def _pick(scenario, algorithm: str | None, where: str, say_note: bool = False):
     are others)."""
     names = [a.name for a in scenario.algorithms]
     if not names:
-        raise ScriptError(f"{where}: the scenario lists no algorithms: harness.api.Run trains one of them (a "
-                          "torch.distributed script needs no Run: `python -m harness launch --scenario FILE` runs it "
-                          "as the algorithm)")
+        raise ScriptError(
+            f"{where}: the scenario lists no algorithms: harness.api.Run trains one of them (a "
+            "torch.distributed script needs no Run: `python -m harness launch --scenario FILE` runs it "
+            "as the algorithm)"
+        )
     if algorithm is None:
         if len(names) > 1 and say_note:
-            print(f"note: the scenario lists {len(names)} algorithms; this run trains the first, {names[0]} "
-                  "(`python -m harness launch --scenario FILE` runs the script once per algorithm)", file=sys.stderr)
+            print(
+                f"note: the scenario lists {len(names)} algorithms; this run trains the first, {names[0]} "
+                "(`python -m harness launch --scenario FILE` runs the script once per algorithm)",
+                file=sys.stderr,
+            )
         return scenario.algorithms[0]
     if algorithm not in names:
         raise ScriptError(f"{where}: {algorithm!r} is not among the scenario's algorithms ({', '.join(names)})")

@@ -108,8 +108,10 @@ def cpu_steal() -> tuple[int, int]:
 
 def compared_items(table) -> list[Item]:
     """compare.csv's rows as items: the time per iteration of each algorithm and mode."""
-    return [Item(f"{row.algorithm} ({row.mode})", float(row.measured_iter_s), float(row.predicted_iter_s), row.mode)
-            for row in table.itertuples()]
+    return [
+        Item(f"{row.algorithm} ({row.mode})", float(row.measured_iter_s), float(row.predicted_iter_s), row.mode)
+        for row in table.itertuples()
+    ]
 
 
 def _small_run(out: Path, args: argparse.Namespace) -> list[Item]:
@@ -123,8 +125,10 @@ def _allreduce_runs(out: Path, args: argparse.Namespace) -> list[Item]:
         where = out / algorithm
         cal = save_fixed_calibration(where / "calibration.json", ranks, ALLREDUCE_RUN_COMPUTE)
         table = run_and_compare(allreduce_run_scenario(algorithm, ranks), where, cal, mode="trace").table
-        items += [Item(f"{algorithm} on {ranks} ranks", item.real_s, item.simulated_s, item.group)
-                  for item in compared_items(table)]
+        items += [
+            Item(f"{algorithm} on {ranks} ranks", item.real_s, item.simulated_s, item.group)
+            for item in compared_items(table)
+        ]
     return items
 
 
@@ -137,15 +141,20 @@ def _nic_messages(out: Path, args: argparse.Namespace) -> list[Item]:
     out.mkdir(parents=True, exist_ok=True)
     report = out / "nic_messages.json"
     try:
-        proc = run_ranks(NIC_RANKS, worker_command("harness.bench.nic_exchange_worker", [str(report)]),
-                         timeout=RUN_TIMEOUT_S, capture=True)
+        proc = run_ranks(
+            NIC_RANKS,
+            worker_command("harness.bench.nic_exchange_worker", [str(report)]),
+            timeout=RUN_TIMEOUT_S,
+            capture=True,
+        )
     except subprocess.TimeoutExpired:
         raise CaseFailed(f"the exchange on {NIC_RANKS} ranks did not finish in {RUN_TIMEOUT_S} s") from None
     if proc.returncode != 0 or not report.exists():
         raise CaseFailed(f"the exchange on {NIC_RANKS} ranks exited {proc.returncode}\n{proc.stderr[-3000:]}")
     data = json.loads(report.read_text())
-    exchange = NicExchange([tuple(s) for s in data["spans"]], [tuple(s) for s in data["control"]],
-                           data["received_right"])
+    exchange = NicExchange(
+        [tuple(s) for s in data["spans"]], [tuple(s) for s in data["control"]], data["received_right"]
+    )
     if not all(exchange.received_right):
         raise CaseFailed(f"wrong data received: {exchange.received_right}")
     return [Item(*compared) for compared in nic_comparisons(exchange)]
@@ -156,9 +165,11 @@ def _kernel_shaping(out: Path, args: argparse.Namespace) -> list[Item]:
     if reason:
         raise CaseSkipped(reason)
     t = kernel_shaping_times(out)
-    return [Item("kernel tbf vs native emulator", t.kernel_s, t.native_s),
-            Item("kernel tbf vs simulator", t.kernel_s, t.simulated_s),
-            Item("native emulator vs simulator", t.native_s, t.simulated_s)]
+    return [
+        Item("kernel tbf vs native emulator", t.kernel_s, t.native_s),
+        Item("kernel tbf vs simulator", t.kernel_s, t.simulated_s),
+        Item("native emulator vs simulator", t.native_s, t.simulated_s),
+    ]
 
 
 # -- the scenario files, with this machine's calibration ------------------------------------------
@@ -172,8 +183,10 @@ def _scenario_case(name: str) -> Callable[[Path, argparse.Namespace], list[Item]
         calibration = args.calibration or DEFAULT_PATH
         if not calibration.is_file():
             ranks = yaml.safe_load(path.read_text())["ranks"]
-            raise CaseSkipped(f"no calibration file {calibration}; measure this machine with: "
-                              f"{calibrate_command(path, ranks, calibration)}")
+            raise CaseSkipped(
+                f"no calibration file {calibration}; measure this machine with: "
+                f"{calibrate_command(path, ranks, calibration)}"
+            )
         return compared_items(run_and_compare(path, out, calibration.absolute()).table)
 
     return measure
@@ -190,11 +203,14 @@ CASES: dict[str, Case] = {
     "small_run": Case(_small_run, True, "4 ranks, 4 algorithms, a random straggler: compare, both modes"),
     "nic_run": Case(_nic_run, True, "4 ranks as 2 nodes behind 0.2 Gb/s NICs: compare, trace-driven"),
     "nic_messages": Case(_nic_messages, True, "8 ranks as 2 nodes of 4: 1 MB exchanges through 1 Gb/s NICs"),
-    "allreduce_runs": Case(_allreduce_runs, True,
-                           "recursive doubling and reduce + broadcast runs: compare, trace-driven"),
+    "allreduce_runs": Case(
+        _allreduce_runs, True, "recursive doubling and reduce + broadcast runs: compare, trace-driven"
+    ),
     "kernel_shaping": Case(_kernel_shaping, True, "2 virtual hosts, a 100 Mb/s link: kernel tbf, emulator, simulator"),
-    **{name: Case(_scenario_case(name), False, f"scenarios/{name}.yaml with this machine's calibration")
-       for name in ("straggler", "slow_link", "balanced", "two_nodes")},
+    **{
+        name: Case(_scenario_case(name), False, f"scenarios/{name}.yaml with this machine's calibration")
+        for name in ("straggler", "slow_link", "balanced", "two_nodes")
+    },
 }
 
 
@@ -211,16 +227,32 @@ def _case_list(text: str) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     default = ",".join(n for n, c in CASES.items() if c.default)
-    parser.add_argument("--only", type=argtype(_case_list), metavar="CASES",
-                        help=f"comma-separated cases (default: {default}; also: "
-                             f"{', '.join(n for n, c in CASES.items() if not c.default)})")
-    parser.add_argument("--repeats", type=int_at_least(1), default=DEFAULT_REPEATS,
-                        help=f"measurements of each case (default {DEFAULT_REPEATS}); the table gives medians")
+    parser.add_argument(
+        "--only",
+        type=argtype(_case_list),
+        metavar="CASES",
+        help=f"comma-separated cases (default: {default}; also: "
+        f"{', '.join(n for n, c in CASES.items() if not c.default)})",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int_at_least(1),
+        default=DEFAULT_REPEATS,
+        help=f"measurements of each case (default {DEFAULT_REPEATS}); the table gives medians",
+    )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write every measurement to FILE")
-    parser.add_argument("--out", type=Path, metavar="DIR",
-                        help="keep the runs in DIR (default: a temporary directory, removed at the end)")
-    parser.add_argument("--calibration", type=Path, metavar="FILE",
-                        help="this machine's calibration, for the scenario cases (default results/calibration.json)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="keep the runs in DIR (default: a temporary directory, removed at the end)",
+    )
+    parser.add_argument(
+        "--calibration",
+        type=Path,
+        metavar="FILE",
+        help="this machine's calibration, for the scenario cases (default results/calibration.json)",
+    )
 
 
 def measure_case(name: str, out: Path, args: argparse.Namespace) -> CaseResult:
@@ -244,8 +276,11 @@ def measure_case(name: str, out: Path, args: argparse.Namespace) -> CaseResult:
         result.stolen.append(stolen)
         result.seconds.append(time.monotonic() - began)
         worst = max(abs(it.error) for it in items) if items else math.nan
-        print(f"{name}: repeat {k}/{args.repeats} in {result.seconds[-1]:.1f} s, {len(items)} items, "
-              f"worst |error| {100 * worst:.1f}%, {100 * stolen:.0f}% of the CPU time stolen", flush=True)
+        print(
+            f"{name}: repeat {k}/{args.repeats} in {result.seconds[-1]:.1f} s, {len(items)} items, "
+            f"worst |error| {100 * worst:.1f}%, {100 * stolen:.0f}% of the CPU time stolen",
+            flush=True,
+        )
     return result
 
 

@@ -46,11 +46,19 @@ def summarize(result: CaseResult) -> list[dict]:
     for i, first in enumerate(result.repeats[0] if result.repeats else []):
         items = [r[i] for r in result.repeats if i < len(r) and r[i].name == first.name]
         errors = [it.error for it in items]
-        rows.append({"case": result.name, "item": first.name, "group": first.group,
-                     "real_s": statistics.median(it.real_s for it in items),
-                     "simulated_s": statistics.median(it.simulated_s for it in items),
-                     "error": statistics.median(errors), "error_min": min(errors), "error_max": max(errors),
-                     "repeats": len(items)})
+        rows.append(
+            {
+                "case": result.name,
+                "item": first.name,
+                "group": first.group,
+                "real_s": statistics.median(it.real_s for it in items),
+                "simulated_s": statistics.median(it.simulated_s for it in items),
+                "error": statistics.median(errors),
+                "error_min": min(errors),
+                "error_max": max(errors),
+                "repeats": len(items),
+            }
+        )
     return rows
 
 
@@ -69,15 +77,31 @@ def print_report(results: list[CaseResult], repeats: int) -> None:
         if result.skipped or result.failed:
             continue
         for row in summarize(result):
-            table.append([row["case"], row["item"], f"{1e3 * row['real_s']:.1f}", f"{1e3 * row['simulated_s']:.1f}",
-                          _fmt_pct(row["error"]), f"{_fmt_pct(row['error_min'])} .. {_fmt_pct(row['error_max'])}"])
+            table.append(
+                [
+                    row["case"],
+                    row["item"],
+                    f"{1e3 * row['real_s']:.1f}",
+                    f"{1e3 * row['simulated_s']:.1f}",
+                    _fmt_pct(row["error"]),
+                    f"{_fmt_pct(row['error_min'])} .. {_fmt_pct(row['error_max'])}",
+                ]
+            )
     print()
     plural = "s" if repeats > 1 else ""
-    print(f"real against simulated, each column the median of its own over {repeats} repeat{plural} "
-          "(error: real / simulated - 1 of a repeat's times = the simulated throughput's error)")
+    print(
+        f"real against simulated, each column the median of its own over {repeats} repeat{plural} "
+        "(error: real / simulated - 1 of a repeat's times = the simulated throughput's error)"
+    )
     if table:
-        print(tabulate(table, headers=["case", "what", "real ms", "simulated ms", "error %", "error % range"],
-                       colalign=("left", "left", "right", "right", "right", "right"), disable_numparse=True))
+        print(
+            tabulate(
+                table,
+                headers=["case", "what", "real ms", "simulated ms", "error %", "error % range"],
+                colalign=("left", "left", "right", "right", "right", "right"),
+                disable_numparse=True,
+            )
+        )
     print()
     for result in results:
         if result.skipped:
@@ -85,8 +109,10 @@ def print_report(results: list[CaseResult], repeats: int) -> None:
         elif result.failed:
             print(f"{result.name}: FAILED: {result.failed.splitlines()[0] if result.failed else ''}")
         else:
-            parts = [f"{group + ': ' if group else ''}median |error| {100 * med:.1f}%, worst {100 * worst:.1f}%"
-                     for group, med, worst in case_summary(summarize(result))]
+            parts = [
+                f"{group + ': ' if group else ''}median |error| {100 * med:.1f}%, worst {100 * worst:.1f}%"
+                for group, med, worst in case_summary(summarize(result))
+            ]
             stolen = f"; {100 * max(result.stolen):.0f}% of the CPU time stolen at most" if result.stolen else ""
             print(f"{result.name}: {'; '.join(parts)}{stolen}")
 
@@ -101,8 +127,20 @@ def to_json(results: list[CaseResult], repeats: int) -> dict:
         else:
             cases[result.name] = {
                 "summary": summarize(result),
-                "repeats": [[{"item": it.name, "group": it.group, "real_s": it.real_s, "simulated_s": it.simulated_s,
-                              "error": it.error} for it in items] for items in result.repeats],
-                "stolen": result.stolen, "seconds": result.seconds,
+                "repeats": [
+                    [
+                        {
+                            "item": it.name,
+                            "group": it.group,
+                            "real_s": it.real_s,
+                            "simulated_s": it.simulated_s,
+                            "error": it.error,
+                        }
+                        for it in items
+                    ]
+                    for items in result.repeats
+                ],
+                "stolen": result.stolen,
+                "seconds": result.seconds,
             }
     return {"repeats": repeats, "cases": cases}

@@ -28,8 +28,13 @@ def say(line: str = "") -> None:
     print(line, flush=True)
 
 
-def worker_main(prog: str, doc: str, add_arguments: Callable[[argparse.ArgumentParser], None],
-                run_worker: Callable[[argparse.Namespace], int], argv: list[str] | None = None) -> int:
+def worker_main(
+    prog: str,
+    doc: str,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    run_worker: Callable[[argparse.Namespace], int],
+    argv: list[str] | None = None,
+) -> int:
     """A benchmark worker's entry point: parse, run; on any error print it and abort the whole
     MPI job, so no rank waits for a dead one."""
     parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])

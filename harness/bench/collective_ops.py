@@ -93,18 +93,20 @@ OPS: dict[str, Op] = {
     # every rank (harness._core.Group, the torch.distributed backend's).
     "allgather": Op(
         native=lambda comm, buf: _native_allgather(comm, buf),
-        mpi=lambda world, inp, buf: world.Allgather(_block(inp, world), buf[:_blocks(inp, world)]),
+        mpi=lambda world, inp, buf: world.Allgather(_block(inp, world), buf[: _blocks(inp, world)]),
         bus_factor=lambda n: (n - 1) / n,
         scale=lambda world, inp, expected: np.abs(expected),
     ),
     "reduce_scatter": Op(
         native=lambda comm, buf: _native_reduce_scatter(comm, buf),
-        mpi=lambda world, inp, buf: world.Reduce_scatter_block(inp[:_blocks(inp, world)],
-                                                               buf[:_blocks(inp, world) // world.Get_size()]),
+        mpi=lambda world, inp, buf: world.Reduce_scatter_block(
+            inp[: _blocks(inp, world)], buf[: _blocks(inp, world) // world.Get_size()]
+        ),
         bus_factor=lambda n: (n - 1) / n,
         scale=_abs_sum,
     ),
 }
+
 
 def _blocks(buf: np.ndarray, world: Any) -> int:
     """Elements of ``buf`` in whole blocks, one per rank."""
@@ -115,7 +117,7 @@ def _blocks(buf: np.ndarray, world: Any) -> int:
 def _block(buf: np.ndarray, world: Any) -> np.ndarray:
     """This rank's block of ``buf``."""
     k = buf.size // world.Get_size()
-    return buf[world.Get_rank() * k:(world.Get_rank() + 1) * k]
+    return buf[world.Get_rank() * k : (world.Get_rank() + 1) * k]
 
 
 def _group(comm: Any) -> Any:
@@ -128,8 +130,8 @@ def _native_allgather(comm: Any, buf: np.ndarray) -> None:
 
     g = _group(comm)
     k = buf.size // g.size
-    out = buf[:k * g.size]
-    g.allgather(buf, out[g.rank * k:].ctypes.data, k, out.ctypes.data, out.size, DType.float32, 0).wait()
+    out = buf[: k * g.size]
+    g.allgather(buf, out[g.rank * k :].ctypes.data, k, out.ctypes.data, out.size, DType.float32, 0).wait()
 
 
 def _native_reduce_scatter(comm: Any, buf: np.ndarray) -> None:
@@ -141,7 +143,9 @@ def _native_reduce_scatter(comm: Any, buf: np.ndarray) -> None:
 
 
 ABOUT = {  # what the worker's table headers add to an op's name
-    "allreduce": ", sum", "broadcast": ", root 0", "allgather": ", size = the gathered buffer",
+    "allreduce": ", sum",
+    "broadcast": ", root 0",
+    "allgather": ", size = the gathered buffer",
     "reduce_scatter": ", sum, size = the input",
 }
 
@@ -168,8 +172,9 @@ def _timed(world: Any, run: Callable[[], None], refill: Callable[[], None], iter
     return statistics.median(times.tolist())
 
 
-def measure(comm: Any, world: Any, name: str, size: int, iters: int, warmup: int,
-            baseline: bool = True) -> dict[str, Any]:
+def measure(
+    comm: Any, world: Any, name: str, size: int, iters: int, warmup: int, baseline: bool = True
+) -> dict[str, Any]:
     """One row: native and MPI timings of op ``name`` on ``size`` bytes, and the #wrong check
     (without ``baseline``, the MPI columns are NaN)."""
     from mpi4py import MPI  # noqa: PLC0415  (initializes MPI: on the ranks only)
@@ -200,11 +205,21 @@ def measure(comm: Any, world: Any, name: str, size: int, iters: int, warmup: int
     n_wrong = world.allreduce(int(np.count_nonzero(wrong)), op=MPI.SUM)
     algbw = size / native_s / 1e9
     row = {
-        "op": name, "size_bytes": size, "count": count, "iters": iters, "warmup": warmup,
-        "time_us": native_s * 1e6, "algbw_gbs": algbw, "busbw_gbs": algbw * op.bus_factor(n), "wrong": n_wrong,
-        "mpi_time_us": None, "mpi_busbw_gbs": None, "ratio": None,
+        "op": name,
+        "size_bytes": size,
+        "count": count,
+        "iters": iters,
+        "warmup": warmup,
+        "time_us": native_s * 1e6,
+        "algbw_gbs": algbw,
+        "busbw_gbs": algbw * op.bus_factor(n),
+        "wrong": n_wrong,
+        "mpi_time_us": None,
+        "mpi_busbw_gbs": None,
+        "ratio": None,
     }
     if mpi_s is not None:
-        row.update(mpi_time_us=mpi_s * 1e6, mpi_busbw_gbs=size / mpi_s / 1e9 * op.bus_factor(n),
-                   ratio=mpi_s / native_s)  # = native busbw / mpi busbw, defined at 1 rank too
+        row.update(
+            mpi_time_us=mpi_s * 1e6, mpi_busbw_gbs=size / mpi_s / 1e9 * op.bus_factor(n), ratio=mpi_s / native_s
+        )  # = native busbw / mpi busbw, defined at 1 rank too
     return row

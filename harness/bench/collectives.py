@@ -38,8 +38,18 @@ DEFAULT_OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter")
 DEFAULT_ITERS = 20
 DEFAULT_WARMUP = 5
 ROW_FIELDS = (
-    "op", "size_bytes", "count", "iters", "warmup", "time_us", "algbw_gbs", "busbw_gbs", "wrong",
-    "mpi_time_us", "mpi_busbw_gbs", "ratio",
+    "op",
+    "size_bytes",
+    "count",
+    "iters",
+    "warmup",
+    "time_us",
+    "algbw_gbs",
+    "busbw_gbs",
+    "wrong",
+    "mpi_time_us",
+    "mpi_busbw_gbs",
+    "ratio",
 )
 
 
@@ -72,47 +82,109 @@ def parse_ops(text: str) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser, *, ranks_default: int | None = None) -> None:
     """The benchmark's options (the parent command and the worker take the same ones)."""
-    parser.add_argument("--ranks", type=int_at_least(1), default=ranks_default,
-                        help="number of ranks (default 4, or the size of the MPI job already running)")
-    parser.add_argument("--sizes", type=argtype(parse_sizes), default=parse_sizes(DEFAULT_SIZES),
-                        help=f"comma-separated buffer sizes in bytes, K/M/G = 2^10/2^20/2^30 (default {DEFAULT_SIZES})")
-    parser.add_argument("--iters", type=int_at_least(1), default=DEFAULT_ITERS,
-                        help=f"timed iterations per size (default {DEFAULT_ITERS}; fewer above 1M)")
-    parser.add_argument("--warmup", type=int_at_least(0), default=DEFAULT_WARMUP,
-                        help=f"untimed iterations before timing (default {DEFAULT_WARMUP}; at most 3 above 1M)")
-    parser.add_argument("--ops", type=argtype(parse_ops), default=list(DEFAULT_OPS),
-                        help=f"comma-separated ops: {', '.join(OPS)} (default {','.join(DEFAULT_OPS)})")
+    parser.add_argument(
+        "--ranks",
+        type=int_at_least(1),
+        default=ranks_default,
+        help="number of ranks (default 4, or the size of the MPI job already running)",
+    )
+    parser.add_argument(
+        "--sizes",
+        type=argtype(parse_sizes),
+        default=parse_sizes(DEFAULT_SIZES),
+        help=f"comma-separated buffer sizes in bytes, K/M/G = 2^10/2^20/2^30 (default {DEFAULT_SIZES})",
+    )
+    parser.add_argument(
+        "--iters",
+        type=int_at_least(1),
+        default=DEFAULT_ITERS,
+        help=f"timed iterations per size (default {DEFAULT_ITERS}; fewer above 1M)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int_at_least(0),
+        default=DEFAULT_WARMUP,
+        help=f"untimed iterations before timing (default {DEFAULT_WARMUP}; at most 3 above 1M)",
+    )
+    parser.add_argument(
+        "--ops",
+        type=argtype(parse_ops),
+        default=list(DEFAULT_OPS),
+        help=f"comma-separated ops: {', '.join(OPS)} (default {','.join(DEFAULT_OPS)})",
+    )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write all rows as JSON (rank 0)")
     nic, intra = _PRESET["nic"], _PRESET["intra"]
     topo = parser.add_argument_group(
         f"emulated nodes (flat and hierarchical side by side; no MPI baseline, which would not be emulated); "
-        f"defaults: the {_PRESET_NAME} preset of network.topology")
-    topo.add_argument("--ranks-per-node", type=int_at_least(1), metavar="K",
-                      help="emulate nodes of K ranks (must divide the ranks) sharing one NIC each")
-    topo.add_argument("--nic-gbps", type=argtype(_positive_float), default=nic["bandwidth_gbps"],
-                      help=f"each node's NIC (default {nic['bandwidth_gbps']:g} Gb/s)")
-    topo.add_argument("--nic-latency-us", type=argtype(_nonnegative_float), default=nic["latency_us"],
-                      help=f"latency between nodes (default {nic['latency_us']:g} us)")
-    topo.add_argument("--intra-gbps", type=argtype(_positive_float), default=intra["bandwidth_gbps"],
-                      help=f"link between two ranks of a node (default {intra['bandwidth_gbps']:g} Gb/s)")
+        f"defaults: the {_PRESET_NAME} preset of network.topology"
+    )
+    topo.add_argument(
+        "--ranks-per-node",
+        type=int_at_least(1),
+        metavar="K",
+        help="emulate nodes of K ranks (must divide the ranks) sharing one NIC each",
+    )
+    topo.add_argument(
+        "--nic-gbps",
+        type=argtype(_positive_float),
+        default=nic["bandwidth_gbps"],
+        help=f"each node's NIC (default {nic['bandwidth_gbps']:g} Gb/s)",
+    )
+    topo.add_argument(
+        "--nic-latency-us",
+        type=argtype(_nonnegative_float),
+        default=nic["latency_us"],
+        help=f"latency between nodes (default {nic['latency_us']:g} us)",
+    )
+    topo.add_argument(
+        "--intra-gbps",
+        type=argtype(_positive_float),
+        default=intra["bandwidth_gbps"],
+        help=f"link between two ranks of a node (default {intra['bandwidth_gbps']:g} Gb/s)",
+    )
     comm = parser.add_argument_group("native communicator options (default: the Communicator's)")
     comm.add_argument("--spin-us", type=argtype(_nonnegative_float), help="progress thread spin before sleeping")
     comm.add_argument("--max-sleep-us", type=argtype(_nonnegative_float), help="longest progress thread sleep")
-    comm.add_argument("--ring-threshold", type=argtype(parse_bytes), metavar="BYTES",
-                      help="allreduces of at least this size use the ring algorithm")
+    comm.add_argument(
+        "--ring-threshold",
+        type=argtype(parse_bytes),
+        metavar="BYTES",
+        help="allreduces of at least this size use the ring algorithm",
+    )
 
 
 def to_argv(args: argparse.Namespace, ranks: int) -> list[str]:
     """The worker's command-line arguments for parsed ``args``."""
-    argv = ["--ranks", str(ranks), "--sizes", ",".join(map(str, args.sizes)), "--iters", str(args.iters),
-            "--warmup", str(args.warmup), "--ops", ",".join(args.ops)]
+    argv = [
+        "--ranks",
+        str(ranks),
+        "--sizes",
+        ",".join(map(str, args.sizes)),
+        "--iters",
+        str(args.iters),
+        "--warmup",
+        str(args.warmup),
+        "--ops",
+        ",".join(args.ops),
+    ]
     if args.json is not None:
         argv += ["--json", str(Path(args.json).absolute())]
     if args.ranks_per_node is not None:
-        argv += ["--ranks-per-node", str(args.ranks_per_node), "--nic-gbps", str(args.nic_gbps),
-                 "--nic-latency-us", str(args.nic_latency_us), "--intra-gbps", str(args.intra_gbps)]
-    for flag, value in (("--spin-us", args.spin_us), ("--max-sleep-us", args.max_sleep_us),
-                        ("--ring-threshold", args.ring_threshold)):
+        argv += [
+            "--ranks-per-node",
+            str(args.ranks_per_node),
+            "--nic-gbps",
+            str(args.nic_gbps),
+            "--nic-latency-us",
+            str(args.nic_latency_us),
+            "--intra-gbps",
+            str(args.intra_gbps),
+        ]
+    for flag, value in (
+        ("--spin-us", args.spin_us),
+        ("--max-sleep-us", args.max_sleep_us),
+        ("--ring-threshold", args.ring_threshold),
+    ):
         if value is not None:
             argv += [flag, str(value)]
     return argv
@@ -125,9 +197,14 @@ def comm_options(args: argparse.Namespace) -> dict[str, Any]:
 
 # -- printing -----------------------------------------------------------------------------------
 _COLUMNS = (  # (header, width, format of the row value)
-    ("size(B)", 12, "{size_bytes:d}"), ("count(elems)", 13, "{count:d}"), ("time(us)", 10, "{time_us:.1f}"),
-    ("algbw(GB/s)", 12, "{algbw_gbs:.2f}"), ("busbw(GB/s)", 12, "{busbw_gbs:.2f}"), ("#wrong", 7, "{wrong:d}"),
-    ("mpi_time(us)", 14, "{mpi_time_us:.1f}"), ("mpi_busbw(GB/s)", 16, "{mpi_busbw_gbs:.2f}"),
+    ("size(B)", 12, "{size_bytes:d}"),
+    ("count(elems)", 13, "{count:d}"),
+    ("time(us)", 10, "{time_us:.1f}"),
+    ("algbw(GB/s)", 12, "{algbw_gbs:.2f}"),
+    ("busbw(GB/s)", 12, "{busbw_gbs:.2f}"),
+    ("#wrong", 7, "{wrong:d}"),
+    ("mpi_time(us)", 14, "{mpi_time_us:.1f}"),
+    ("mpi_busbw(GB/s)", 16, "{mpi_busbw_gbs:.2f}"),
     ("ratio", 7, "{ratio:.2f}"),
 )
 
@@ -138,8 +215,10 @@ def table_header() -> str:
 
 def table_row(row: dict[str, Any]) -> str:
     """One printed row; a column without a value (no MPI baseline) shows '-'."""
-    return "".join((f.format(**row) if row[f[1:f.index("}")].split(":")[0]] is not None else "-").rjust(w)
-                   for _, w, f in _COLUMNS)
+    return "".join(
+        (f.format(**row) if row[f[1 : f.index("}")].split(":")[0]] is not None else "-").rjust(w)
+        for _, w, f in _COLUMNS
+    )
 
 
 def min_large_ratio(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -156,15 +235,21 @@ def topologies(args: argparse.Namespace, ranks: int) -> list[tuple[Any, str]]:
         return [(None, "auto")]
     if ranks % args.ranks_per_node:
         raise HarnessError(f"--ranks-per-node {args.ranks_per_node} must divide the ranks ({ranks})")
-    nodes = Topology.model_validate({"ranks_per_node": args.ranks_per_node,
-                                     "nic": {"latency_us": args.nic_latency_us, "bandwidth_gbps": args.nic_gbps},
-                                     "intra": {**_PRESET["intra"], "bandwidth_gbps": args.intra_gbps}})
+    nodes = Topology.model_validate(
+        {
+            "ranks_per_node": args.ranks_per_node,
+            "nic": {"latency_us": args.nic_latency_us, "bandwidth_gbps": args.nic_gbps},
+            "intra": {**_PRESET["intra"], "bandwidth_gbps": args.intra_gbps},
+        }
+    )
     return [(NodeTopology.of(nodes, ranks), kind) for kind in ("auto", "hierarchical")]
 
 
 def describe(topology: Any, kind: str) -> str:
     if topology is None:
         return ""
-    return (f", {kind} allreduce: {topology.nodes} nodes of {len(topology.node_of) // topology.nodes} ranks, NIC "
-            f"{topology.nic_bandwidth_bytes_per_s * 8 / 1e9:g} Gb/s {topology.nic_latency_s * 1e6:g} us, "
-            f"intra-node {topology.intra_bandwidth_bytes_per_s * 8 / 1e9:g} Gb/s")
+    return (
+        f", {kind} allreduce: {topology.nodes} nodes of {len(topology.node_of) // topology.nodes} ranks, NIC "
+        f"{topology.nic_bandwidth_bytes_per_s * 8 / 1e9:g} Gb/s {topology.nic_latency_s * 1e6:g} us, "
+        f"intra-node {topology.intra_bandwidth_bytes_per_s * 8 / 1e9:g} Gb/s"
+    )

@@ -46,18 +46,33 @@ def run_worker(args: argparse.Namespace, world: Any) -> int:
 
     n, rank = world.Get_size(), world.Get_rank()
     library = " ".join(MPI.Get_library_version().splitlines()[0].split())
-    header = {"benchmark": "collectives", "ranks": n, "warmup": args.warmup, "iters": args.iters,
-              "sizes": args.sizes, "ops": args.ops, "mpi_library": library, "comm_options": comm_options(args),
-              "emulated_nodes": None if args.ranks_per_node is None else {
-                  "ranks_per_node": args.ranks_per_node, "nic_gbps": args.nic_gbps,
-                  "nic_latency_us": args.nic_latency_us, "intra_gbps": args.intra_gbps}}
+    header = {
+        "benchmark": "collectives",
+        "ranks": n,
+        "warmup": args.warmup,
+        "iters": args.iters,
+        "sizes": args.sizes,
+        "ops": args.ops,
+        "mpi_library": library,
+        "comm_options": comm_options(args),
+        "emulated_nodes": None
+        if args.ranks_per_node is None
+        else {
+            "ranks_per_node": args.ranks_per_node,
+            "nic_gbps": args.nic_gbps,
+            "nic_latency_us": args.nic_latency_us,
+            "intra_gbps": args.intra_gbps,
+        },
+    }
     cuts = {s: iterations_for(s, args.iters, args.warmup) for s in args.sizes}
     reduced = [f"{format_size(s)}: {i}+{w}" for s, (i, w) in cuts.items() if (i, w) != (args.iters, args.warmup)]
     if rank == 0:
         options = " ".join(f"{k}={v:g}" for k, v in header["comm_options"].items()) or "defaults"
-        say(f"# collectives: {n} ranks, warmup {args.warmup}, iters {args.iters}"
-             + (f" (iters+warmup cut for {', '.join(reduced)})" if reduced else "")
-             + "; time = median over iters of the slowest rank")
+        say(
+            f"# collectives: {n} ranks, warmup {args.warmup}, iters {args.iters}"
+            + (f" (iters+warmup cut for {', '.join(reduced)})" if reduced else "")
+            + "; time = median over iters of the slowest rank"
+        )
         say(f"# native: harness.comm.Communicator ({options}); baseline: mpi4py {library}")
 
     rows: list[dict[str, Any]] = []
@@ -84,12 +99,24 @@ def run_worker(args: argparse.Namespace, world: Any) -> int:
             comm.close()
     if rank == 0 and args.ranks_per_node is not None:
         say("#")
-        say("# hierarchical / auto (flat) allreduce time, per size: " + ", ".join(
-            f"{format_size(size)} {h['time_us'] / f['time_us']:.2f}"
-            for size in args.sizes
-            for f, h in [[next(r for r in rows if r["op"] == "allreduce" and r["size_bytes"] == size
-                               and r.get("allreduce_kind") == kind) for kind in ("auto", "hierarchical")]]
-            if "allreduce" in args.ops))
+        say(
+            "# hierarchical / auto (flat) allreduce time, per size: "
+            + ", ".join(
+                f"{format_size(size)} {h['time_us'] / f['time_us']:.2f}"
+                for size in args.sizes
+                for f, h in [
+                    [
+                        next(
+                            r
+                            for r in rows
+                            if r["op"] == "allreduce" and r["size_bytes"] == size and r.get("allreduce_kind") == kind
+                        )
+                        for kind in ("auto", "hierarchical")
+                    ]
+                ]
+                if "allreduce" in args.ops
+            )
+        )
 
     total_wrong = sum(r["wrong"] for r in rows)
     worst = min_large_ratio(rows)
@@ -97,13 +124,17 @@ def run_worker(args: argparse.Namespace, world: Any) -> int:
         say("#")
         say(f"# #wrong total: {total_wrong}" + ("  OK" if total_wrong == 0 else "  FAILED"))
         if worst is not None:
-            say(f"# allreduce busbw ratio native/mpi, min over sizes >= 1M: {worst['ratio']:.2f}"
-                 f" (at {format_size(worst['size_bytes'])})")
+            say(
+                f"# allreduce busbw ratio native/mpi, min over sizes >= 1M: {worst['ratio']:.2f}"
+                f" (at {format_size(worst['size_bytes'])})"
+            )
         elif "allreduce" in args.ops:
             say("# allreduce busbw ratio native/mpi, min over sizes >= 1M: n/a (no such size)")
         if args.json is not None:
-            write_json(args.json, {**header, "rows": rows,
-                                   "min_allreduce_ratio_ge_1MiB": None if worst is None else worst["ratio"]})
+            write_json(
+                args.json,
+                {**header, "rows": rows, "min_allreduce_ratio_ge_1MiB": None if worst is None else worst["ratio"]},
+            )
     return 1 if total_wrong else 0
 
 

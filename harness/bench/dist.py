@@ -69,19 +69,49 @@ def parse_models(text: str) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The benchmark's options (the parent command and the worker take the same ones)."""
-    parser.add_argument("--ranks", type=int_at_least(1), default=None,
-                        help="number of ranks (default 4, or the size of the MPI job already running)")
-    parser.add_argument("--sizes", type=argtype(parse_models), default=parse_models(DEFAULT_SIZES),
-                        help=f"comma-separated model sizes out of {', '.join(MODELS)} (default {DEFAULT_SIZES})")
-    parser.add_argument("--steps", type=int_at_least(1), default=DEFAULT_STEPS,
-                        help=f"timed steps per backend, model and repetition (default {DEFAULT_STEPS})")
-    parser.add_argument("--repeats", type=int_at_least(1), default=DEFAULT_REPEATS,
-                        help=f"repetitions per model, the backends alternating (default {DEFAULT_REPEATS})")
-    parser.add_argument("--warmup", type=int_at_least(0), default=DEFAULT_WARMUP,
-                        help=f"untimed steps before each timed run (default {DEFAULT_WARMUP})")
+    parser.add_argument(
+        "--ranks",
+        type=int_at_least(1),
+        default=None,
+        help="number of ranks (default 4, or the size of the MPI job already running)",
+    )
+    parser.add_argument(
+        "--sizes",
+        type=argtype(parse_models),
+        default=parse_models(DEFAULT_SIZES),
+        help=f"comma-separated model sizes out of {', '.join(MODELS)} (default {DEFAULT_SIZES})",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int_at_least(1),
+        default=DEFAULT_STEPS,
+        help=f"timed steps per backend, model and repetition (default {DEFAULT_STEPS})",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int_at_least(1),
+        default=DEFAULT_REPEATS,
+        help=f"repetitions per model, the backends alternating (default {DEFAULT_REPEATS})",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int_at_least(0),
+        default=DEFAULT_WARMUP,
+        help=f"untimed steps before each timed run (default {DEFAULT_WARMUP})",
+    )
 
 
 def to_argv(args: argparse.Namespace, ranks: int) -> list[str]:
     """The worker's command-line arguments for parsed ``args``."""
-    return ["--ranks", str(ranks), "--sizes", ",".join(args.sizes), "--steps", str(args.steps),
-            "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
+    return [
+        "--ranks",
+        str(ranks),
+        "--sizes",
+        ",".join(args.sizes),
+        "--steps",
+        str(args.steps),
+        "--repeats",
+        str(args.repeats),
+        "--warmup",
+        str(args.warmup),
+    ]

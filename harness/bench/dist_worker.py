@@ -32,8 +32,9 @@ def worker_argv(args: argparse.Namespace, ranks: int) -> list[str]:
     return worker_command("harness.bench.dist_worker", to_argv(args, ranks))
 
 
-def _run_backend(group: Any, widths: tuple[int, ...], batch: int, steps: int, warmup: int,
-                 world: Any) -> tuple[list[float], Any]:
+def _run_backend(
+    group: Any, widths: tuple[int, ...], batch: int, steps: int, warmup: int, world: Any
+) -> tuple[list[float], Any]:
     """Steps of DDP over ``group``: the slowest rank's time of each timed step (s), and the final
     parameters (flat)."""
     import torch  # noqa: PLC0415  (seconds to load: on the ranks only)
@@ -81,12 +82,18 @@ def run_worker(args: argparse.Namespace, world: Any) -> int:
     try:
         groups = {"gloo": dist.new_group(backend="gloo"), "harness": dist.group.WORLD}
         if rank == 0:
-            say(f"# dist: DDP on harness vs gloo, {n} ranks, torch {torch.__version__}, 1 thread per rank; "
-                f"{args.steps} timed steps after {args.warmup} warm-up, x {args.repeats} repetitions alternating")
-            say("# time per step = median over steps and repetitions of the slowest rank; ratio = gloo / harness "
-                "(> 1: harness faster)")
-            say(f"{'model':>6} {'params':>11} {'batch':>6} {'gloo ms':>9} {'harness ms':>11} {'ratio':>6} "
-                f"{'max |diff|':>11}")
+            say(
+                f"# dist: DDP on harness vs gloo, {n} ranks, torch {torch.__version__}, 1 thread per rank; "
+                f"{args.steps} timed steps after {args.warmup} warm-up, x {args.repeats} repetitions alternating"
+            )
+            say(
+                "# time per step = median over steps and repetitions of the slowest rank; ratio = gloo / harness "
+                "(> 1: harness faster)"
+            )
+            say(
+                f"{'model':>6} {'params':>11} {'batch':>6} {'gloo ms':>9} {'harness ms':>11} {'ratio':>6} "
+                f"{'max |diff|':>11}"
+            )
         for name in args.sizes:
             widths, batch = MODELS[name]
             times: dict[str, list[float]] = {"gloo": [], "harness": []}
@@ -100,8 +107,10 @@ def run_worker(args: argparse.Namespace, world: Any) -> int:
                 diff = max(diff, float((params["gloo"] - params["harness"]).abs().max()))
             if rank == 0:
                 g, h = (statistics.median(times[b]) * 1e3 for b in ("gloo", "harness"))
-                say(f"{name:>6} {parameter_count(widths):>11,d} {batch:>6d} {g:>9.2f} {h:>11.2f} {g / h:>6.2f} "
-                    f"{diff:>11.2g}")
+                say(
+                    f"{name:>6} {parameter_count(widths):>11,d} {batch:>6d} {g:>9.2f} {h:>11.2f} {g / h:>6.2f} "
+                    f"{diff:>11.2g}"
+                )
     finally:
         dist.destroy_process_group()
     return 0

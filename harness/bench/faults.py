@@ -95,8 +95,13 @@ class Case:
             "name": "bench_faults",
             "ranks": self.ranks,
             "seed": 1 + self.repeat,
-            "workload": {"model": "mlp", "dataset": "mnist5k", "batch_size": 32, "iterations": ITERATIONS,
-                         "eval_every": EVAL_EVERY},
+            "workload": {
+                "model": "mlp",
+                "dataset": "mnist5k",
+                "batch_size": 32,
+                "iterations": ITERATIONS,
+                "eval_every": EVAL_EVERY,
+            },
             "algorithms": [{"name": self.algorithm, **PARAMS.get(self.algorithm, {})}],
             "faults": [fault],
             "watchdog": WATCHDOG,
@@ -130,7 +135,8 @@ def cases(algorithms: list[str], kinds: list[str], points: list[str], ranks: lis
     """The matrix, the faulted rank rotating over the ranks from case to case."""
     out = []
     for i, (repeat, n, algorithm, kind, during) in enumerate(
-            itertools.product(range(repeats), ranks, algorithms, kinds, points)):
+        itertools.product(range(repeats), ranks, algorithms, kinds, points)
+    ):
         out.append(Case(algorithm, kind, during, n, (i + repeat) % n, repeat))
     return out
 
@@ -162,8 +168,15 @@ def run_case(case: Case, workdir: Path) -> Outcome:
     fault = _recorded_fault(here / "out")
     verdict_rank = None if fault is None else fault.get("rank")
     after = None if fault is None else fault.get("after_s")
-    outcome = Outcome(case, verdict_rank == case.rank, verdict_rank, None if fault is None else fault.get("evidence"),
-                      after, left, wall)
+    outcome = Outcome(
+        case,
+        verdict_rank == case.rank,
+        verdict_rank,
+        None if fault is None else fault.get("evidence"),
+        after,
+        left,
+        wall,
+    )
     if timed_out:
         outcome.problem = f"no verdict within {CASE_TIMEOUT_S:g} s"
     elif rc == 0:
@@ -205,14 +218,28 @@ def busy_loops(on: bool) -> Iterator[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--only", type=name_list("algorithm", "wagma,sgp"), default=None,
-                        help="algorithms (default: every built-in)")
-    parser.add_argument("--kinds", type=name_list("fault kind", "kill,hang"), default=list(KINDS),
-                        help="fault kinds (default kill,hang)")
-    parser.add_argument("--during", type=name_list("point", "iteration,communication"), default=list(POINTS),
-                        help=f"where they strike (default {','.join(POINTS)})")
-    parser.add_argument("--ranks", type=argtype(parse_ranks), default=list(DEFAULT_RANKS), metavar="N[,N...]",
-                        help="rank counts, odd and even (default 4,5)")
+    parser.add_argument(
+        "--only", type=name_list("algorithm", "wagma,sgp"), default=None, help="algorithms (default: every built-in)"
+    )
+    parser.add_argument(
+        "--kinds",
+        type=name_list("fault kind", "kill,hang"),
+        default=list(KINDS),
+        help="fault kinds (default kill,hang)",
+    )
+    parser.add_argument(
+        "--during",
+        type=name_list("point", "iteration,communication"),
+        default=list(POINTS),
+        help=f"where they strike (default {','.join(POINTS)})",
+    )
+    parser.add_argument(
+        "--ranks",
+        type=argtype(parse_ranks),
+        default=list(DEFAULT_RANKS),
+        metavar="N[,N...]",
+        help="rank counts, odd and even (default 4,5)",
+    )
     parser.add_argument("--repeats", type=int_at_least(1), default=1, help="times over the matrix (default 1)")
     parser.add_argument("--load", action="store_true", help="a busy loop on every core throughout")
     parser.add_argument("--jobs", type=int_at_least(1), default=1, help="cases run side by side (default 1)")
@@ -238,19 +265,27 @@ def run(args: argparse.Namespace) -> int:
             matrix.append(case)
         else:
             print(f"skip {case.label}: {why}", flush=True)
-    print(f"bench faults: {len(matrix)} cases ({len(algorithms)} algorithms x {len(args.kinds)} kinds x "
-          f"{len(args.during)} points x ranks {','.join(map(str, ranks))} x {args.repeats} repeats)"
-          f"{', a busy loop on every core' if args.load else ''}, {args.jobs} at a time", flush=True)
+    print(
+        f"bench faults: {len(matrix)} cases ({len(algorithms)} algorithms x {len(args.kinds)} kinds x "
+        f"{len(args.during)} points x ranks {','.join(map(str, ranks))} x {args.repeats} repeats)"
+        f"{', a busy loop on every core' if args.load else ''}, {args.jobs} at a time",
+        flush=True,
+    )
     outcomes: list[Outcome] = []
-    with (tempfile.TemporaryDirectory(prefix="harness-bench-faults-") as tmp, busy_loops(args.load) as loops,
-          ThreadPoolExecutor(max_workers=args.jobs) as pool):
+    with (
+        tempfile.TemporaryDirectory(prefix="harness-bench-faults-") as tmp,
+        busy_loops(args.load) as loops,
+        ThreadPoolExecutor(max_workers=args.jobs) as pool,
+    ):
         for outcome in pool.map(lambda c: run_case(c, Path(tmp)), matrix):
             outcomes.append(outcome)
             _print_line(outcome)
     _print_summary(outcomes, loops)
     if args.json is not None:
-        rows = [{**dataclasses.asdict(o.case), **{k: v for k, v in dataclasses.asdict(o).items() if k != "case"}}
-                for o in outcomes]
+        rows = [
+            {**dataclasses.asdict(o.case), **{k: v for k, v in dataclasses.asdict(o).items() if k != "case"}}
+            for o in outcomes
+        ]
         args.json.write_text(json.dumps(rows, indent=1))
     return 0 if all(o.ok for o in outcomes) else 1
 
@@ -258,8 +293,11 @@ def run(args: argparse.Namespace) -> int:
 def _print_line(o: Outcome) -> None:
     after = "-" if o.after_s is None else f"{o.after_s:.2f}"
     status = "ok  " if o.ok else "MISS"
-    print(f"{status} {o.case.label:58s} named={'yes' if o.named else 'no ':3s} evidence={o.evidence or '-':17s} "
-          f"after_s={after:>6s} left={o.left} wall={o.wall_s:5.1f}s{'  ' + o.problem if o.problem else ''}", flush=True)
+    print(
+        f"{status} {o.case.label:58s} named={'yes' if o.named else 'no ':3s} evidence={o.evidence or '-':17s} "
+        f"after_s={after:>6s} left={o.left} wall={o.wall_s:5.1f}s{'  ' + o.problem if o.problem else ''}",
+        flush=True,
+    )
 
 
 def _print_summary(outcomes: list[Outcome], loops: int) -> None:
@@ -272,8 +310,10 @@ def _print_summary(outcomes: list[Outcome], loops: int) -> None:
         values = sorted(o.after_s for o in outcomes if o.case.kind == kind and o.after_s is not None)
         if values:
             by_kind[kind] = (values[len(values) // 2], values[-1])
-    print(f"\n{ok}/{len(outcomes)} cases ok; faulted rank named first in {named}/{len(outcomes)}; "
-          f"cases that left a process running: {left}; busy loops: {loops}")
+    print(
+        f"\n{ok}/{len(outcomes)} cases ok; faulted rank named first in {named}/{len(outcomes)}; "
+        f"cases that left a process running: {left}; busy loops: {loops}"
+    )
     for kind, (median, worst) in by_kind.items():
         print(f"  {kind}: time from the fault to the verdict, median {median:.2f} s, worst {worst:.2f} s")
     if not afters:

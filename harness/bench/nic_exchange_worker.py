@@ -28,14 +28,18 @@ def run_worker(args: argparse.Namespace) -> int:
 
     exchange = exchange_through_nics(MPI.COMM_WORLD)
     if MPI.COMM_WORLD.Get_rank() == 0:
-        args.out.write_text(json.dumps({"spans": exchange.spans, "control": exchange.control,
-                                        "received_right": exchange.received_right}))
+        args.out.write_text(
+            json.dumps(
+                {"spans": exchange.spans, "control": exchange.control, "received_right": exchange.received_right}
+            )
+        )
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    return worker_main(f"mpiexec -n {NIC_RANKS} python -m harness.bench.nic_exchange_worker", __doc__,
-                       add_arguments, run_worker, argv)
+    return worker_main(
+        f"mpiexec -n {NIC_RANKS} python -m harness.bench.nic_exchange_worker", __doc__, add_arguments, run_worker, argv
+    )
 
 
 if __name__ == "__main__":

@@ -45,13 +45,25 @@ HSDP_SHARD = 2  # the example's default --shard: HSDP runs at multiples of it
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--modes", type=argtype(lambda t: split_list(t, "mode", "fsdp,zero")), default=",".join(MODES),
-                   help=f"the example's --parallel modes (default {','.join(MODES)})")
+    p.add_argument(
+        "--modes",
+        type=argtype(lambda t: split_list(t, "mode", "fsdp,zero")),
+        default=",".join(MODES),
+        help=f"the example's --parallel modes (default {','.join(MODES)})",
+    )
     p.add_argument("--record", type=int_at_least(2), default=4, help="the recorded run's rank count (default 4)")
-    p.add_argument("--ranks", type=argtype(lambda t: split_list(t, "rank count", "2,3,8")), default="2,3,8",
-                   help="rank counts of the real runs to check against (default 2,3,8)")
-    p.add_argument("--simulate", type=argtype(lambda t: split_list(t, "rank count", "64,1024")), default="64,1024",
-                   help="rank counts only simulated (default 64,1024)")
+    p.add_argument(
+        "--ranks",
+        type=argtype(lambda t: split_list(t, "rank count", "2,3,8")),
+        default="2,3,8",
+        help="rank counts of the real runs to check against (default 2,3,8)",
+    )
+    p.add_argument(
+        "--simulate",
+        type=argtype(lambda t: split_list(t, "rank count", "64,1024")),
+        default="64,1024",
+        help="rank counts only simulated (default 64,1024)",
+    )
     p.add_argument("--steps", type=int_at_least(3), default=12, help="steps per run (default 12)")
     p.add_argument("--out", type=Path, default=Path("results/bench-scripts"), help="where the runs go")
     p.add_argument("--calibration", type=Path, default=Path("results/calibration.json"))
@@ -61,9 +73,25 @@ def _launch(mode: str, ranks: int, steps: int, out: Path) -> Path:
     """Launch the example at ``ranks``; its run directory."""
     out.mkdir(parents=True, exist_ok=True)
     before = set(out.glob("*/*"))
-    cmd = [sys.executable, "-m", "harness", "launch", "-n", str(ranks), "--scenario", str(EXAMPLE / "scenario.yaml"),
-           "--out", str(out), "--label", f"{mode}{ranks}", str(EXAMPLE / "train.py"), "--parallel", mode,
-           "--steps", str(steps)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness",
+        "launch",
+        "-n",
+        str(ranks),
+        "--scenario",
+        str(EXAMPLE / "scenario.yaml"),
+        "--out",
+        str(out),
+        "--label",
+        f"{mode}{ranks}",
+        str(EXAMPLE / "train.py"),
+        "--parallel",
+        mode,
+        "--steps",
+        str(steps),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
@@ -79,8 +107,10 @@ def _sequence_difference(scaled, real) -> str | None:
             other = [(o.op, o.members, o.nbytes, o.peer) for o in b]
             if key != other:
                 i = next((i for i, (x, y) in enumerate(zip(key, other)) if x != y), min(len(key), len(other)))
-                return (f"rank {r} step {t} op {i}: scaled {key[i] if i < len(key) else '-'}, "
-                        f"real {other[i] if i < len(other) else '-'}")
+                return (
+                    f"rank {r} step {t} op {i}: scaled {key[i] if i < len(key) else '-'}, "
+                    f"real {other[i] if i < len(other) else '-'}"
+                )
     return None
 
 
@@ -96,9 +126,18 @@ def _simulate(run_dir: Path, ranks: int, calibration, reading: str = "machine"):
     entry, _ = calibration_entry(scenario, calibration, run_dir / SCENARIO_FILE, needs_compute=False, reading=reading)
     run = RunDirectory.open(run_dir)
     trace = ScriptTrace.read(run_dir, recorded.ranks, recorded.workload.iterations)
-    frame, _ = replay_script(scenario, script_label(meta), run.steps, trace, recorded, entry.network,
-                             mode="predictive", structure=ScriptStructure.read(run_dir), reading=reading,
-                             cpus=calibration.cpus)
+    frame, _ = replay_script(
+        scenario,
+        script_label(meta),
+        run.steps,
+        trace,
+        recorded,
+        entry.network,
+        mode="predictive",
+        structure=ScriptStructure.read(run_dir),
+        reading=reading,
+        cpus=calibration.cpus,
+    )
     return frame, recorded
 
 
@@ -112,8 +151,12 @@ def _median_step(steps) -> float:
 def _compare_errors(run_dir: Path, calibration: Path) -> dict[str, float]:
     import pandas as pd  # noqa: PLC0415  (loads pandas)
 
-    done = subprocess.run([sys.executable, "-m", "harness", "compare", str(run_dir), "--mode", "both",
-                           "--calibration", str(calibration)], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "compare", str(run_dir), "--mode", "both", "--calibration", str(calibration)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         return {}
     table = pd.read_csv(run_dir / "compare.csv")
@@ -125,8 +168,11 @@ def run(args: argparse.Namespace) -> int:
     from harness.sim.script_replay import ScriptTrace  # noqa: PLC0415  (loads torch)
 
     if not args.calibration.is_file():
-        print(f"error: --calibration {args.calibration}: no such file; measure it with `python -m harness calibrate "
-              "--ranks 2,4,8`", file=sys.stderr)
+        print(
+            f"error: --calibration {args.calibration}: no such file; measure it with `python -m harness calibrate "
+            "--ranks 2,4,8`",
+            file=sys.stderr,
+        )
         return 2
     calibration = load_calibration(args.calibration)
     rows, sims = [], []
@@ -150,11 +196,19 @@ def run(args: argparse.Namespace) -> int:
             bytes_gap = int((merged["bytes_sent_sim"] - merged["bytes_sent_real"]).abs().max())
             measured, predicted = _median_step(real.steps), _median_step(frame)
             errors = _compare_errors(real_dir, args.calibration)
-            rows.append([mode, n, "equal" if difference is None else difference,
-                         "equal" if bytes_gap == 0 else f"differ by up to {bytes_gap} B",
-                         f"{measured * 1e3:.1f}", f"{predicted * 1e3:.1f}", f"{(predicted / measured - 1) * 100:+.1f}",
-                         f"{errors.get('trace', float('nan')) * 100:+.1f}",
-                         f"{errors.get('predictive', float('nan')) * 100:+.1f}"])
+            rows.append(
+                [
+                    mode,
+                    n,
+                    "equal" if difference is None else difference,
+                    "equal" if bytes_gap == 0 else f"differ by up to {bytes_gap} B",
+                    f"{measured * 1e3:.1f}",
+                    f"{predicted * 1e3:.1f}",
+                    f"{(predicted / measured - 1) * 100:+.1f}",
+                    f"{errors.get('trace', float('nan')) * 100:+.1f}",
+                    f"{errors.get('predictive', float('nan')) * 100:+.1f}",
+                ]
+            )
         for n in [int(x) for x in args.simulate]:
             if mode == "hsdp" and n % HSDP_SHARD:
                 continue
@@ -165,10 +219,26 @@ def run(args: argparse.Namespace) -> int:
                 sims.append([mode, n, f"refused: {exc}", ""])
                 continue
             sims.append([mode, n, f"{_median_step(frame) * 1e3:.1f}", f"{time.perf_counter() - began:.1f}"])
-    print(f"recorded at {args.record} ranks, {args.steps} steps; real runs at {', '.join(args.ranks)} "
-          f"(predicted from the recording: the script's compute model, machine reading)")
-    print(tabulate(rows, headers=["mode", "ranks", "sequence", "bytes per rank and step", "real ms/step",
-                                  "predicted ms/step", "error %", "compare trace %", "compare predictive %"]))
+    print(
+        f"recorded at {args.record} ranks, {args.steps} steps; real runs at {', '.join(args.ranks)} "
+        f"(predicted from the recording: the script's compute model, machine reading)"
+    )
+    print(
+        tabulate(
+            rows,
+            headers=[
+                "mode",
+                "ranks",
+                "sequence",
+                "bytes per rank and step",
+                "real ms/step",
+                "predicted ms/step",
+                "error %",
+                "compare trace %",
+                "compare predictive %",
+            ],
+        )
+    )
     print()
     print("simulated only (predictive, cluster reading: a core per rank, the default cluster network):")
     print(tabulate(sims, headers=["mode", "ranks", "predicted ms/step", "simulation s"]))

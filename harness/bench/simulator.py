@@ -61,19 +61,36 @@ SETTINGS: dict[str, dict[str, Any]] = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks", type=int, default=DEFAULT_RANKS, help=f"simulated ranks (default {DEFAULT_RANKS})")
-    parser.add_argument("--iterations", type=int, default=DEFAULT_ITERATIONS,
-                        help=f"iterations (default {DEFAULT_ITERATIONS})")
-    parser.add_argument("--setting", choices=sorted(SETTINGS), default="resnet50",
-                        help="workload size and compute (default resnet50: 25.6M floats, 250 ms)")
+    parser.add_argument(
+        "--iterations", type=int, default=DEFAULT_ITERATIONS, help=f"iterations (default {DEFAULT_ITERATIONS})"
+    )
+    parser.add_argument(
+        "--setting",
+        choices=sorted(SETTINGS),
+        default="resnet50",
+        help="workload size and compute (default resnet50: 25.6M floats, 250 ms)",
+    )
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--algorithm", action="append", metavar="YAML",
-                       help=f"an algorithm entry as YAML, repeatable (default: {DEFAULT_ALGORITHM})")
+    which.add_argument(
+        "--algorithm",
+        action="append",
+        metavar="YAML",
+        help=f"an algorithm entry as YAML, repeatable (default: {DEFAULT_ALGORITHM})",
+    )
     which.add_argument("--all", action="store_true", help="every registered algorithm with its defaults")
     parser.add_argument("--repeat", type=int, default=1, help="repetitions (default 1); medians are reported")
-    parser.add_argument("--shapes", action="store_true",
-                        help="the matrix of shapes with their speed targets (see the module's description)")
-    parser.add_argument("--only", type=argtype(_shape_list), default=None, metavar="LABELS",
-                        help="with --shapes: comma-separated shape labels (default: all)")
+    parser.add_argument(
+        "--shapes",
+        action="store_true",
+        help="the matrix of shapes with their speed targets (see the module's description)",
+    )
+    parser.add_argument(
+        "--only",
+        type=argtype(_shape_list),
+        default=None,
+        metavar="LABELS",
+        help="with --shapes: comma-separated shape labels (default: all)",
+    )
 
 
 def _shape_list(text: str) -> list[str]:
@@ -101,18 +118,27 @@ def default_entries(ranks: int) -> list[dict]:
 def benchmark_scenario(ranks: int, iterations: int, algorithms: list, setting: str = "resnet50"):
     """The benchmark's scenario (raises ScenarioError naming a bad entry)."""
     s = SETTINGS[setting]
-    workload = {"model": s["model"], "dataset": "synthetic", "batch_size": 32, "iterations": iterations,
-                "eval_every": iterations, "compute": {"emulate_ms": s["emulate_ms"], "jitter": 0.1}}
+    workload = {
+        "model": s["model"],
+        "dataset": "synthetic",
+        "batch_size": 32,
+        "iterations": iterations,
+        "eval_every": iterations,
+        "compute": {"emulate_ms": s["emulate_ms"], "jitter": 0.1},
+    }
     if s["params"]:
         workload["params"] = s["params"]
-    return scenario_from_dict({
-        "name": "bench_simulator",
-        "ranks": ranks,
-        "seed": 1,
-        "workload": workload,
-        "algorithms": algorithms,
-        "imbalance": [{"kind": "random_ranks", "count": 2, "delay_ms": 320}],
-    }, source="--algorithm")
+    return scenario_from_dict(
+        {
+            "name": "bench_simulator",
+            "ranks": ranks,
+            "seed": 1,
+            "workload": workload,
+            "algorithms": algorithms,
+            "imbalance": [{"kind": "random_ranks", "count": 2, "delay_ms": 320}],
+        },
+        source="--algorithm",
+    )
 
 
 def _prepared(scenario, compute: list | None = None):
@@ -159,19 +185,40 @@ def run(args: argparse.Namespace) -> int:
             frame, stats = simulate_algorithm(scenario, params, timing, entry.network, delays, factors)
             wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
             rows.append((stats.events, wall, cpu, stats.events / wall, float(frame["end_s"].max())))
-            print(f"{params.name} repetition {repetition + 1}: {wall:.1f} s wall, {cpu:.1f} s CPU, "
-                  f"{rows[-1][3]:,.0f} events/s", flush=True)
-        table.append([params.name, scenario.ranks, scenario.workload.iterations, f"{rows[0][0]:,}",
-                      f"{statistics.median(r[1] for r in rows):.1f}", f"{statistics.median(r[2] for r in rows):.1f}",
-                      f"{statistics.median(r[3] for r in rows):,.0f}", f"{rows[0][4]:.1f}"])
-    print(f"setting {args.setting}: {scenario.workload.params or 'model-sized'} floats, "
-          f"{SETTINGS[args.setting]['emulate_ms']} ms compute, 2 random ranks sleeping 320 ms per iteration")
-    print(tabulate(table, headers=["algorithm", "ranks", "iterations", "events", "wall s", "CPU s", "events/s",
-                                   "simulated s"], tablefmt="simple", disable_numparse=True))
+            print(
+                f"{params.name} repetition {repetition + 1}: {wall:.1f} s wall, {cpu:.1f} s CPU, "
+                f"{rows[-1][3]:,.0f} events/s",
+                flush=True,
+            )
+        table.append(
+            [
+                params.name,
+                scenario.ranks,
+                scenario.workload.iterations,
+                f"{rows[0][0]:,}",
+                f"{statistics.median(r[1] for r in rows):.1f}",
+                f"{statistics.median(r[2] for r in rows):.1f}",
+                f"{statistics.median(r[3] for r in rows):,.0f}",
+                f"{rows[0][4]:.1f}",
+            ]
+        )
+    print(
+        f"setting {args.setting}: {scenario.workload.params or 'model-sized'} floats, "
+        f"{SETTINGS[args.setting]['emulate_ms']} ms compute, 2 random ranks sleeping 320 ms per iteration"
+    )
+    print(
+        tabulate(
+            table,
+            headers=["algorithm", "ranks", "iterations", "events", "wall s", "CPU s", "events/s", "simulated s"],
+            tablefmt="simple",
+            disable_numparse=True,
+        )
+    )
     return 0
 
 
 # -- the matrix of shapes (--shapes) ------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -197,17 +244,34 @@ def shapes() -> list[Shape]:
     slow_link = {"network": {"links": [{"rank": 3, "latency_ms": 2, "bandwidth_gbps": 5}]}}
     big = ("allreduce_sgd", "local_sgd", "diloco", "sgp")
     return [
-        *(Shape(f"wagma_g{g}_p{p}", ({"name": "wagma", "group_size": g, "period": p},), 1024, 1000, 30.0)
-          for g, p in ((2, 2), (3, 6), (8, 11), (6, 50), (32, 20))),
-        Shape("slow_link", ({"name": "wagma", "group_size": 4, "period": 11}, "allreduce_sgd", "sgp"), 1024, 1000, 30.0,
-              slow_link),
+        *(
+            Shape(f"wagma_g{g}_p{p}", ({"name": "wagma", "group_size": g, "period": p},), 1024, 1000, 30.0)
+            for g, p in ((2, 2), (3, 6), (8, 11), (6, 50), (32, 20))
+        ),
+        Shape(
+            "slow_link",
+            ({"name": "wagma", "group_size": 4, "period": 11}, "allreduce_sgd", "sgp"),
+            1024,
+            1000,
+            30.0,
+            slow_link,
+        ),
         Shape("flat_ring_nics", ("allreduce_sgd", {"name": "local_sgd", "period": 4}, "dpsgd"), 1024, 1000, 30.0, nics),
-        Shape("real_compute", ("allreduce_sgd", {"name": "wagma", "group_size": 8, "period": 11}), 1024, 1000, 30.0,
-              {"workload": {"compute": "real"}}, real_compute_s=0.05, setting="resnet20"),
+        Shape(
+            "real_compute",
+            ("allreduce_sgd", {"name": "wagma", "group_size": 8, "period": 11}),
+            1024,
+            1000,
+            30.0,
+            {"workload": {"compute": "real"}},
+            real_compute_s=0.05,
+            setting="resnet20",
+        ),
         Shape("all_1024", tuple(default_entries(1024)), 1024, 1000, 30.0),
         Shape("all_16384", tuple(default_entries(16384)), 16384, 100, 60.0),
-        Shape("big_65536", tuple(e for e in default_entries(65536) if e["name"] in big), 65536, 100, 300.0,
-              memory_gb=8.0),
+        Shape(
+            "big_65536", tuple(e for e in default_entries(65536) if e["name"] in big), 65536, 100, 300.0, memory_gb=8.0
+        ),
     ]
 
 
@@ -229,8 +293,16 @@ def _simulate_shape(shape: Shape, algorithm: Any) -> tuple[str, int, float, floa
     compute = []
     if shape.real_compute_s is not None:
         model, dataset = workload_labels(scenario.workload)
-        compute = [ComputePoint(model=model, dataset=dataset, batch_size=scenario.workload.batch_size,
-                                median_s=shape.real_compute_s, p95_s=shape.real_compute_s, samples=1)]
+        compute = [
+            ComputePoint(
+                model=model,
+                dataset=dataset,
+                batch_size=scenario.workload.batch_size,
+                median_s=shape.real_compute_s,
+                p95_s=shape.real_compute_s,
+                samples=1,
+            )
+        ]
     entry, timing, delays, factors = _prepared(scenario, compute)
     wall0 = time.perf_counter()
     _, stats = simulate_algorithm(scenario, scenario.algorithms[0], timing, entry.network, delays, factors)
@@ -253,10 +325,37 @@ def run_shapes(only: list[str] | None) -> int:
             ok = wall <= shape.target_s and (shape.memory_gb is None or rss_gb <= shape.memory_gb)
             missed += not ok
             target = f"<= {shape.target_s:g} s" + (f", {shape.memory_gb:g} GB" if shape.memory_gb else "")
-            rows.append([shape.label, name, f"{shape.ranks:,} x {shape.iterations:,}", f"{wall:.1f}", f"{events:,}",
-                         f"{events / wall:,.0f}", f"{rss_gb:.2f}", target, "ok" if ok else "MISSED"])
+            rows.append(
+                [
+                    shape.label,
+                    name,
+                    f"{shape.ranks:,} x {shape.iterations:,}",
+                    f"{wall:.1f}",
+                    f"{events:,}",
+                    f"{events / wall:,.0f}",
+                    f"{rss_gb:.2f}",
+                    target,
+                    "ok" if ok else "MISSED",
+                ]
+            )
             print(" ".join(rows[-1]), flush=True)
-    print(tabulate(rows, headers=["shape", "algorithm", "ranks x iterations", "wall s", "events", "events/s",
-                                  "peak GB", "target", ""], tablefmt="simple", disable_numparse=True))
+    print(
+        tabulate(
+            rows,
+            headers=[
+                "shape",
+                "algorithm",
+                "ranks x iterations",
+                "wall s",
+                "events",
+                "events/s",
+                "peak GB",
+                "target",
+                "",
+            ],
+            tablefmt="simple",
+            disable_numparse=True,
+        )
+    )
     print(f"{len(rows) - missed} of {len(rows)} within their targets")
     return 1 if missed else 0

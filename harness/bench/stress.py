@@ -80,33 +80,74 @@ def parse_parts(text: str) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser, *, ranks_default: int | None = None) -> None:
     """The stress test's options (the parent command and the worker take the same ones)."""
-    parser.add_argument("--ranks", type=int_at_least(1), default=ranks_default,
-                        help="number of ranks (default 8, or the size of the MPI job already running)")
-    parser.add_argument("--rounds", type=int_at_least(1), default=DEFAULT_ROUNDS,
-                        help=f"rounds per part (default {DEFAULT_ROUNDS}; eager-SGD rounds up to a synchronous round)")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
-                        help=f"seed of every rank's RNG (default {DEFAULT_SEED})")
-    parser.add_argument("--max-delay-ms", type=_float_in(0, 10_000), default=DEFAULT_MAX_DELAY_MS,
-                        help=f"longest random sleep before a round (default {DEFAULT_MAX_DELAY_MS:g} ms)")
-    parser.add_argument("--delay-fraction", type=_float_in(0, 1), default=DEFAULT_DELAY_FRACTION,
-                        help=f"fraction of rounds with a sleep (default {DEFAULT_DELAY_FRACTION:g})")
-    parser.add_argument("--parts", type=argtype(parse_parts), default=list(PARTS),
-                        help=f"comma-separated parts: {', '.join(PARTS)} (default all)")
-    parser.add_argument("--group-size", type=int_at_least(1), default=DEFAULT_GROUP_SIZE,
-                        help=f"WAGMA group size (default {DEFAULT_GROUP_SIZE})")
-    parser.add_argument("--sync-every", type=int_at_least(1), default=DEFAULT_SYNC_EVERY,
-                        help=f"synchronous round every this many rounds (default {DEFAULT_SYNC_EVERY})")
-    parser.add_argument("--payload", type=int_at_least(0), default=DEFAULT_PAYLOAD,
-                        help=f"float32 elements after the 2*ranks header (default {DEFAULT_PAYLOAD}; "
-                             "16384 and more take the ring algorithm)")
-    parser.add_argument("--max-peers", type=int_at_least(1), default=DEFAULT_MAX_PEERS,
-                        help=f"push-sum: most out-peers per push (default {DEFAULT_MAX_PEERS})")
-    parser.add_argument("--flush-every", type=int_at_least(1), default=DEFAULT_FLUSH_EVERY,
-                        help="push-sum: flush and check the mass every this many rounds "
-                             f"(default {DEFAULT_FLUSH_EVERY})")
+    parser.add_argument(
+        "--ranks",
+        type=int_at_least(1),
+        default=ranks_default,
+        help="number of ranks (default 8, or the size of the MPI job already running)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int_at_least(1),
+        default=DEFAULT_ROUNDS,
+        help=f"rounds per part (default {DEFAULT_ROUNDS}; eager-SGD rounds up to a synchronous round)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=DEFAULT_SEED, help=f"seed of every rank's RNG (default {DEFAULT_SEED})"
+    )
+    parser.add_argument(
+        "--max-delay-ms",
+        type=_float_in(0, 10_000),
+        default=DEFAULT_MAX_DELAY_MS,
+        help=f"longest random sleep before a round (default {DEFAULT_MAX_DELAY_MS:g} ms)",
+    )
+    parser.add_argument(
+        "--delay-fraction",
+        type=_float_in(0, 1),
+        default=DEFAULT_DELAY_FRACTION,
+        help=f"fraction of rounds with a sleep (default {DEFAULT_DELAY_FRACTION:g})",
+    )
+    parser.add_argument(
+        "--parts",
+        type=argtype(parse_parts),
+        default=list(PARTS),
+        help=f"comma-separated parts: {', '.join(PARTS)} (default all)",
+    )
+    parser.add_argument(
+        "--group-size",
+        type=int_at_least(1),
+        default=DEFAULT_GROUP_SIZE,
+        help=f"WAGMA group size (default {DEFAULT_GROUP_SIZE})",
+    )
+    parser.add_argument(
+        "--sync-every",
+        type=int_at_least(1),
+        default=DEFAULT_SYNC_EVERY,
+        help=f"synchronous round every this many rounds (default {DEFAULT_SYNC_EVERY})",
+    )
+    parser.add_argument(
+        "--payload",
+        type=int_at_least(0),
+        default=DEFAULT_PAYLOAD,
+        help=f"float32 elements after the 2*ranks header (default {DEFAULT_PAYLOAD}; "
+        "16384 and more take the ring algorithm)",
+    )
+    parser.add_argument(
+        "--max-peers",
+        type=int_at_least(1),
+        default=DEFAULT_MAX_PEERS,
+        help=f"push-sum: most out-peers per push (default {DEFAULT_MAX_PEERS})",
+    )
+    parser.add_argument(
+        "--flush-every",
+        type=int_at_least(1),
+        default=DEFAULT_FLUSH_EVERY,
+        help=f"push-sum: flush and check the mass every this many rounds (default {DEFAULT_FLUSH_EVERY})",
+    )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON (rank 0)")
-    parser.add_argument("--corrupt", metavar="PART:RANK:ROUND", default=None,
-                        help=argparse.SUPPRESS)  # tests only: falsify one result to see the checks fail
+    parser.add_argument(
+        "--corrupt", metavar="PART:RANK:ROUND", default=None, help=argparse.SUPPRESS
+    )  # tests only: falsify one result to see the checks fail
     comm = parser.add_argument_group("native communicator options (default: the Communicator's)")
     comm.add_argument("--spin-us", type=_float_in(0, math.inf), help="progress thread spin before sleeping")
     comm.add_argument("--max-sleep-us", type=_float_in(0, math.inf), help="longest progress thread sleep")
@@ -114,11 +155,30 @@ def add_arguments(parser: argparse.ArgumentParser, *, ranks_default: int | None 
 
 def to_argv(args: argparse.Namespace, ranks: int) -> list[str]:
     """The worker's command-line options for parsed ``args`` (like ``collectives.to_argv``)."""
-    argv = ["--ranks", str(ranks), "--rounds", str(args.rounds), "--seed", str(args.seed),
-            "--max-delay-ms", repr(args.max_delay_ms), "--delay-fraction", repr(args.delay_fraction),
-            "--parts", ",".join(args.parts), "--group-size", str(args.group_size),
-            "--sync-every", str(args.sync_every), "--payload", str(args.payload),
-            "--max-peers", str(args.max_peers), "--flush-every", str(args.flush_every)]
+    argv = [
+        "--ranks",
+        str(ranks),
+        "--rounds",
+        str(args.rounds),
+        "--seed",
+        str(args.seed),
+        "--max-delay-ms",
+        repr(args.max_delay_ms),
+        "--delay-fraction",
+        repr(args.delay_fraction),
+        "--parts",
+        ",".join(args.parts),
+        "--group-size",
+        str(args.group_size),
+        "--sync-every",
+        str(args.sync_every),
+        "--payload",
+        str(args.payload),
+        "--max-peers",
+        str(args.max_peers),
+        "--flush-every",
+        str(args.flush_every),
+    ]
     if args.json is not None:
         argv += ["--json", str(Path(args.json).absolute())]
     if args.corrupt is not None:
@@ -134,19 +194,22 @@ def comm_options(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in names.items() if v is not None}
 
 
-
 # -- the report --------------------------------------------------------------------------------
 def report_line(row: dict[str, Any]) -> str:
     rate = f"{row['rounds_per_s']:.0f} rounds/s" if row["rounds_per_s"] else "- rounds/s"
     head = f"# {row['part']:6s} {row['rounds']} rounds in {row['seconds']:.1f} s ({rate})"
     if row["part"] == "push":
-        body = (f", {row['messages_sent']} messages sent / {row['messages_received']} received, "
-                f"{row['flushes']} flushes, mass {row['mass_final']} (initially {row['mass_initial']})")
+        body = (
+            f", {row['messages_sent']} messages sent / {row['messages_received']} received, "
+            f"{row['flushes']} flushes, mass {row['mass_final']} (initially {row['mass_initial']})"
+        )
     else:
         sizes = "/".join(map(str, row["group_sizes"]))
-        body = (f", groups of {sizes} over {row['phases']} phase(s), {row['sync_rounds']} sync rounds, "
-                f"max staleness {row['max_staleness']}, mean {row['mean_staleness']:.2f}, "
-                f"{row['early_joins']} early joins")
+        body = (
+            f", groups of {sizes} over {row['phases']} phase(s), {row['sync_rounds']} sync rounds, "
+            f"max staleness {row['max_staleness']}, mean {row['mean_staleness']:.2f}, "
+            f"{row['early_joins']} early joins"
+        )
         if row["summed_out_equals_published"] is not None:
             body += f", summed out == published: {row['summed_out_equals_published']}"
     return head + body + f", violations {row['violations']}"

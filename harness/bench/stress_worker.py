@@ -93,8 +93,9 @@ class _Failures:
                 self.first.append(f"{where}: {p}")
 
 
-def _combine(world: Any, local: _Failures, global_count: int = 0,
-             global_first: Sequence[str] = ()) -> tuple[int, list[str]]:
+def _combine(
+    world: Any, local: _Failures, global_count: int = 0, global_first: Sequence[str] = ()
+) -> tuple[int, list[str]]:
     """Every rank's failures plus rank 0's cross-rank ones: the total count (on every rank) and the
     first MAX_REPORTED descriptions (on rank 0; empty elsewhere)."""
     from mpi4py import MPI  # noqa: PLC0415  (initializes MPI: on the ranks only)
@@ -147,7 +148,7 @@ def run_group_part(comm: Any, world: Any, args: argparse.Namespace, part: str) -
         staleness[k] = info["staleness"]
         early[k] = info["joined_early"]
         if np.all(np.isfinite(out)):
-            headers[k] = np.rint(out[:2 * n]).astype(np.int64)
+            headers[k] = np.rint(out[: 2 * n]).astype(np.int64)
             summed += np.rint(out).astype(np.int64)
         digests[k] = zlib.crc32(out.tobytes())
     t1 = time.perf_counter()
@@ -155,8 +156,9 @@ def run_group_part(comm: Any, world: Any, args: argparse.Namespace, part: str) -
     elapsed = world.allreduce(t1 - t0, op=MPI.MAX)
 
     if accumulate:
-        fails.add(f"{part} rank {rank} after round {rounds - 1}",
-                  check_totals(summed, published_totals(n, rounds, weights)))
+        fails.add(
+            f"{part} rank {rank} after round {rounds - 1}", check_totals(summed, published_totals(n, rounds, weights))
+        )
     all_phases = world.gather(phases, root=0)
     all_stale = world.gather(staleness, root=0)
     all_headers = world.gather(headers, root=0)
@@ -164,23 +166,30 @@ def run_group_part(comm: Any, world: Any, args: argparse.Namespace, part: str) -
     g_count = 0
     g_first: list[str] = []
     if rank == 0:
-        g_count, g_first = check_group_rounds(all_phases, np.stack(all_stale), np.stack(all_headers),
-                                              np.stack(all_digests), se, accumulate)
+        g_count, g_first = check_group_rounds(
+            all_phases, np.stack(all_stale), np.stack(all_headers), np.stack(all_digests), se, accumulate
+        )
         g_first = [f"{part} {f}" for f in g_first]
     violations, first = _combine(world, fails, g_count, g_first)
     sync_rounds = int(np.count_nonzero(is_sync(np.arange(rounds), se)))
     slept = world.allreduce(delays.slept, op=MPI.SUM)
     return {
-        "part": part, "rounds": rounds, "seconds": elapsed, "rounds_per_s": rounds / elapsed if elapsed > 0 else None,
-        "sync_rounds": sync_rounds, "phases": len(phases),
+        "part": part,
+        "rounds": rounds,
+        "seconds": elapsed,
+        "rounds_per_s": rounds / elapsed if elapsed > 0 else None,
+        "sync_rounds": sync_rounds,
+        "phases": len(phases),
         "group_sizes": sorted({len(p) for p in phases}),
         "max_staleness": world.allreduce(int(staleness.max(initial=0)), op=MPI.MAX),
         "mean_staleness": world.allreduce(float(staleness.sum()), op=MPI.SUM) / (rounds * n),
         "early_joins": world.allreduce(int(early.sum()), op=MPI.SUM),
         "mean_sleep_s_per_rank": slept / n,
-        "summed_out_equals_published": None if not accumulate else
-        bool(world.allreduce(int(np.array_equal(summed, published_totals(n, rounds, weights))), op=MPI.MIN)),
-        "violations": violations, "failures": first,
+        "summed_out_equals_published": None
+        if not accumulate
+        else bool(world.allreduce(int(np.array_equal(summed, published_totals(n, rounds, weights))), op=MPI.MIN)),
+        "violations": violations,
+        "failures": first,
     }
 
 
@@ -212,7 +221,7 @@ def run_push_part(comm: Any, world: Any, args: argparse.Namespace) -> dict[str, 
         fails.add(where, check_drained(out, got, n))
         if np.all(np.isfinite(out)):
             held = held + np.rint(out[:MASS_SLOTS]).astype(np.int64)
-            received[:] += np.rint(out[MASS_SLOTS + 1:]).astype(np.int64)
+            received[:] += np.rint(out[MASS_SLOTS + 1 :]).astype(np.int64)
         return got
 
     def checkpoint(where: str) -> None:
@@ -257,14 +266,18 @@ def run_push_part(comm: Any, world: Any, args: argparse.Namespace) -> dict[str, 
     total_held = np.sum(world.allgather(held), axis=0)
     slept = world.allreduce(delays.slept, op=MPI.SUM)
     return {
-        "part": "push", "rounds": args.rounds, "seconds": elapsed,
+        "part": "push",
+        "rounds": args.rounds,
+        "seconds": elapsed,
         "rounds_per_s": args.rounds / elapsed if elapsed > 0 else None,
         "messages_sent": world.allreduce(int(sent.sum()), op=MPI.SUM),
         "messages_received": world.allreduce(int(received.sum()), op=MPI.SUM),
         "flushes": flushes,
-        "mass_initial": initial_total.tolist(), "mass_final": total_held.tolist(),
+        "mass_initial": initial_total.tolist(),
+        "mass_final": total_held.tolist(),
         "mean_sleep_s_per_rank": slept / n,
-        "violations": violations, "failures": first,
+        "violations": violations,
+        "failures": first,
     }
 
 
@@ -279,14 +292,27 @@ def run_worker(args: argparse.Namespace, world: Any) -> int:
         if rank == 0:
             print(f"error: {problem}", file=sys.stderr, flush=True)
         return 2
-    header = {"benchmark": "stress", "ranks": n, "rounds": args.rounds, "seed": args.seed,
-              "max_delay_ms": args.max_delay_ms, "delay_fraction": args.delay_fraction, "parts": args.parts,
-              "group_size": args.group_size, "sync_every": args.sync_every, "payload": args.payload,
-              "max_peers": args.max_peers, "flush_every": args.flush_every, "comm_options": comm_options(args)}
+    header = {
+        "benchmark": "stress",
+        "ranks": n,
+        "rounds": args.rounds,
+        "seed": args.seed,
+        "max_delay_ms": args.max_delay_ms,
+        "delay_fraction": args.delay_fraction,
+        "parts": args.parts,
+        "group_size": args.group_size,
+        "sync_every": args.sync_every,
+        "payload": args.payload,
+        "max_peers": args.max_peers,
+        "flush_every": args.flush_every,
+        "comm_options": comm_options(args),
+    }
     if rank == 0:
-        say(f"# stress: {n} ranks, {args.rounds} rounds per part, seed {args.seed}, sleep before "
-             f"{args.delay_fraction:.0%} of rounds uniform in [0, {args.max_delay_ms:g}] ms; "
-             f"sync every {args.sync_every}, payload {args.payload} floats")
+        say(
+            f"# stress: {n} ranks, {args.rounds} rounds per part, seed {args.seed}, sleep before "
+            f"{args.delay_fraction:.0%} of rounds uniform in [0, {args.max_delay_ms:g}] ms; "
+            f"sync every {args.sync_every}, payload {args.payload} floats"
+        )
 
     results: list[dict[str, Any]] = []
     start = time.perf_counter()
@@ -307,8 +333,16 @@ def run_worker(args: argparse.Namespace, world: Any) -> int:
     if rank == 0:
         say(f"# violations total: {total}" + ("  OK" if total == 0 else "  FAILED") + f" ({wall:.1f} s)")
         if args.json is not None:
-            write_json(args.json, {**header, "wall_s": wall, "violations": total, "ok": total == 0,
-                                   "results": {r["part"]: r for r in results}})
+            write_json(
+                args.json,
+                {
+                    **header,
+                    "wall_s": wall,
+                    "violations": total,
+                    "ok": total == 0,
+                    "results": {r["part"]: r for r in results},
+                },
+            )
     return 1 if total else 0
 
 

@@ -55,12 +55,18 @@ MAIN_JOB = Path(__file__).resolve().parents[2] / "scenarios" / "straggler.yaml"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks", type=int, default=DEFAULT_RANKS, help=f"simulated ranks (default {DEFAULT_RANKS})")
-    parser.add_argument("--iterations", type=int, default=DEFAULT_ITERATIONS,
-                        help=f"iterations (default {DEFAULT_ITERATIONS})")
-    parser.add_argument("--only", type=algorithm_list, metavar="A[,B...]",
-                        help="these built-in algorithms (default: every one)")
-    parser.add_argument("--naive-steps", type=int, default=DEFAULT_NAIVE_STEPS,
-                        help=f"plain training steps timed for the naive cost (default {DEFAULT_NAIVE_STEPS})")
+    parser.add_argument(
+        "--iterations", type=int, default=DEFAULT_ITERATIONS, help=f"iterations (default {DEFAULT_ITERATIONS})"
+    )
+    parser.add_argument(
+        "--only", type=algorithm_list, metavar="A[,B...]", help="these built-in algorithms (default: every one)"
+    )
+    parser.add_argument(
+        "--naive-steps",
+        type=int,
+        default=DEFAULT_NAIVE_STEPS,
+        help=f"plain training steps timed for the naive cost (default {DEFAULT_NAIVE_STEPS})",
+    )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the rows as JSON")
 
 
@@ -152,14 +158,28 @@ def run(args: argparse.Namespace) -> int:
     naive = naive_step_s(scenario, args.naive_steps)
     floats = communicated_floats(scenario)
     # Compute as the calibration would give it (any value does: the timing does not change the work).
-    entry = CalibrationEntry(ranks=scenario.ranks, network=DEFAULT_NETWORK, compute=[ComputePoint(
-        model="mlp", dataset="mnist5k", batch_size=scenario.workload.batch_size, median_s=naive, p95_s=naive * 1.25,
-        samples=args.naive_steps, alone_s=naive)])
+    entry = CalibrationEntry(
+        ranks=scenario.ranks,
+        network=DEFAULT_NETWORK,
+        compute=[
+            ComputePoint(
+                model="mlp",
+                dataset="mnist5k",
+                batch_size=scenario.workload.batch_size,
+                median_s=naive,
+                p95_s=naive * 1.25,
+                samples=args.naive_steps,
+                alone_s=naive,
+            )
+        ],
+    )
     _, factors = injection_arrays(scenario)
     dataset = scenario_dataset(scenario)
-    print(f"simulated training: {scenario.ranks} ranks x {scenario.workload.iterations} iterations of the main job's "
-          f"model ({floats:,} floats); one plain step {naive * 1e3:.3f} ms (median of {args.naive_steps} steps)",
-          flush=True)
+    print(
+        f"simulated training: {scenario.ranks} ranks x {scenario.workload.iterations} iterations of the main job's "
+        f"model ({floats:,} floats); one plain step {naive * 1e3:.3f} ms (median of {args.naive_steps} steps)",
+        flush=True,
+    )
     measured_peak = _reset_peak()
     gc.collect()
     before_kb = _status_kb("VmRSS")  # the data and the naive step's model: the simulation's starting point
@@ -169,34 +189,75 @@ def run(args: argparse.Namespace) -> int:
         _reset_peak()
         t0 = time.perf_counter()
         training = SimTraining(scenario, params, dataset, torch.device("cpu"), keep_rank_models=False)
-        simulate_algorithm(scenario, params, PredictiveTiming(scenario, entry, factors), DEFAULT_NETWORK,
-                           training=training)
+        simulate_algorithm(
+            scenario, params, PredictiveTiming(scenario, entry, factors), DEFAULT_NETWORK, training=training
+        )
         seconds = time.perf_counter() - t0
         peak = (_status_kb("VmHWM") - before_kb) * 1024 if measured_peak else float("nan")
         # The plain step again right after, so that both are timed under the same load.
         optimizer = scenario.optimizer_of(params).name  # the DiLoCo family's own AdamW
         replica_bytes = scenario.ranks * floats * 4 * (2 + OPTIMIZER_BUFFERS.get(optimizer, 2))
-        naive_s = (statistics.median([naive, naive_step_s(scenario, 300)])
-                   * scenario.ranks * scenario.workload.iterations)
-        rows.append({"algorithm": params.name, "ranks": scenario.ranks, "iterations": scenario.workload.iterations,
-                     "seconds": seconds, "naive_s": naive_s, "ratio": seconds / naive_s, "peak_bytes": peak,
-                     "replica_bytes": replica_bytes, "beyond_replicas_bytes": peak - replica_bytes,
-                     "rank_state_bytes": training.rank_state_bytes,
-                     "simulator_bytes": peak - training.rank_state_bytes})
+        naive_s = (
+            statistics.median([naive, naive_step_s(scenario, 300)]) * scenario.ranks * scenario.workload.iterations
+        )
+        rows.append(
+            {
+                "algorithm": params.name,
+                "ranks": scenario.ranks,
+                "iterations": scenario.workload.iterations,
+                "seconds": seconds,
+                "naive_s": naive_s,
+                "ratio": seconds / naive_s,
+                "peak_bytes": peak,
+                "replica_bytes": replica_bytes,
+                "beyond_replicas_bytes": peak - replica_bytes,
+                "rank_state_bytes": training.rank_state_bytes,
+                "simulator_bytes": peak - training.rank_state_bytes,
+            }
+        )
         row = rows[-1]
         del training
-        print(f"  {params.name}: {seconds:.1f} s, {row['ratio']:.2f}x the naive cost, peak {peak / 1e9:.2f} GB",
-              flush=True)
-    print(tabulate([[r["algorithm"], f"{r['seconds']:.1f}", f"{r['naive_s']:.1f}", f"{r['ratio']:.2f}",
-                     f"{r['peak_bytes'] / 1e9:.2f}", f"{r['replica_bytes'] / 1e9:.2f}",
-                     f"{r['beyond_replicas_bytes'] / 1e9:.2f}", f"{r['rank_state_bytes'] / 1e9:.2f}",
-                     f"{r['simulator_bytes'] / 1e9:.2f}"] for r in rows],
-                   headers=["algorithm", "simulated s", "naive s", "ratio", "peak GB", "replicas GB", "beyond GB",
-                            "ranks' state GB", "simulator GB"],
-                   tablefmt="simple", disable_numparse=True, colalign=("left",) + ("right",) * 8))
+        print(
+            f"  {params.name}: {seconds:.1f} s, {row['ratio']:.2f}x the naive cost, peak {peak / 1e9:.2f} GB",
+            flush=True,
+        )
+    print(
+        tabulate(
+            [
+                [
+                    r["algorithm"],
+                    f"{r['seconds']:.1f}",
+                    f"{r['naive_s']:.1f}",
+                    f"{r['ratio']:.2f}",
+                    f"{r['peak_bytes'] / 1e9:.2f}",
+                    f"{r['replica_bytes'] / 1e9:.2f}",
+                    f"{r['beyond_replicas_bytes'] / 1e9:.2f}",
+                    f"{r['rank_state_bytes'] / 1e9:.2f}",
+                    f"{r['simulator_bytes'] / 1e9:.2f}",
+                ]
+                for r in rows
+            ],
+            headers=[
+                "algorithm",
+                "simulated s",
+                "naive s",
+                "ratio",
+                "peak GB",
+                "replicas GB",
+                "beyond GB",
+                "ranks' state GB",
+                "simulator GB",
+            ],
+            tablefmt="simple",
+            disable_numparse=True,
+            colalign=("left",) + ("right",) * 8,
+        )
+    )
     ratios = [r["ratio"] for r in rows]
-    print(f"median ratio {statistics.median(ratios):.2f}x (worst {max(ratios):.2f}x); worst beyond the replicas "
-          f"{max(r['beyond_replicas_bytes'] for r in rows) / 1e9:.2f} GB")
+    print(
+        f"median ratio {statistics.median(ratios):.2f}x (worst {max(ratios):.2f}x); worst beyond the replicas "
+        f"{max(r['beyond_replicas_bytes'] for r in rows) / 1e9:.2f} GB"
+    )
     if args.json is not None:
         args.json.write_text(json.dumps({"naive_step_s": naive, "floats": floats, "rows": rows}, indent=2) + "\n")
     return 0

@@ -45,8 +45,13 @@ def _case_names(text: str) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--only", type=argtype(_case_names), default=None, metavar="NAMES",
-                        help="comma-separated case names (default: all)")
+    parser.add_argument(
+        "--only",
+        type=argtype(_case_names),
+        default=None,
+        metavar="NAMES",
+        help="comma-separated case names (default: all)",
+    )
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write one object per case here")
     parser.add_argument("--verbose", action="store_true", help="print every case's setup, constants and source")
 
@@ -60,11 +65,24 @@ def print_report(outcomes: list[Outcome], verbose: bool) -> None:
     for o in outcomes:
         p = o.case.published
         order = "" if o.order_matches is None else ("yes" if o.order_matches else "NO")
-        rows.append([o.case.name, f"{_fmt(p.value)} {p.unit}" if p.value is not None else "(an order)", p.read_from,
-                     _fmt(o.prediction.value) if o.prediction.value is not None else "-",
-                     f"{100 * o.error:+.1f}" if o.error is not None else "-", order, "yes" if o.meets else "NO"])
-    print(tabulate(rows, headers=["case", "published", "read from", "predicted", "error %", "order as source",
-                                  "within bar"], disable_numparse=True))
+        rows.append(
+            [
+                o.case.name,
+                f"{_fmt(p.value)} {p.unit}" if p.value is not None else "(an order)",
+                p.read_from,
+                _fmt(o.prediction.value) if o.prediction.value is not None else "-",
+                f"{100 * o.error:+.1f}" if o.error is not None else "-",
+                order,
+                "yes" if o.meets else "NO",
+            ]
+        )
+    print(
+        tabulate(
+            rows,
+            headers=["case", "published", "read from", "predicted", "error %", "order as source", "within bar"],
+            disable_numparse=True,
+        )
+    )
     print()
     for label, kinds in (("text or tables", ("text", "table")), ("plots", ("plot",))):
         median = median_abs_error(outcomes, kinds)
@@ -74,19 +92,27 @@ def print_report(outcomes: list[Outcome], verbose: bool) -> None:
     misses = [o for o in outcomes if not o.meets]
     for o in misses:
         how = f"{100 * o.error:+.1f}%" if o.error is not None and abs(o.error) > o.bar else "out of the source's order"
-        print(textwrap.fill(f"{o.case.name} misses ({how}): {o.case.gap or 'no reason recorded'}",
-                            width=100, subsequent_indent="    "))
+        print(
+            textwrap.fill(
+                f"{o.case.name} misses ({how}): {o.case.gap or 'no reason recorded'}",
+                width=100,
+                subsequent_indent="    ",
+            )
+        )
     if verbose:
         for o in outcomes:
             c = o.case
             value = "an order" if c.published.value is None else f"{_fmt(c.published.value)} {c.published.unit}"
-            print(f"\n{c.name}: {c.claim}\n  published: {value} "
-                  f"({c.published.read_from}; {c.published.source})\n  quote: {c.published.quote}\n  setup: {c.setup}")
+            print(
+                f"\n{c.name}: {c.claim}\n  published: {value} "
+                f"({c.published.read_from}; {c.published.source})\n  quote: {c.published.quote}\n  setup: {c.setup}"
+            )
             for constant in c.constants:
                 print(textwrap.fill(constant, width=100, initial_indent="  - ", subsequent_indent="    "))
             if c.order:
-                print(f"  order, the source's: {' > '.join(c.order)}; simulated: "
-                      f"{' > '.join(o.prediction.order or ())}")
+                print(
+                    f"  order, the source's: {' > '.join(c.order)}; simulated: {' > '.join(o.prediction.order or ())}"
+                )
             if o.prediction.note:
                 print(f"  simulated: {o.prediction.note}")
 

@@ -64,14 +64,38 @@ class Effort:
         return min(reps, max(self.min_reps, self.byte_budget // size)), min(self.warmup, 3)
 
 
-FULL = Effort(p2p_reps=400, rounds=8, op_reps=64, warmup=10, byte_budget=256 * MIB, min_reps=5,
-              reference_min_iters=40, reference_budget_s=1.0, compute_warmup=10,
-              compute_min_iters=30, compute_max_iters=300, compute_budget_s=8.0, eval_reps=10,
-              overhead_iters=300)
-QUICK = Effort(p2p_reps=20, rounds=2, op_reps=10, warmup=3, byte_budget=16 * MIB, min_reps=3,
-               reference_min_iters=12, reference_budget_s=0.2, compute_warmup=2,
-               compute_min_iters=5, compute_max_iters=20, compute_budget_s=1.0, eval_reps=2,
-               overhead_iters=40)
+FULL = Effort(
+    p2p_reps=400,
+    rounds=8,
+    op_reps=64,
+    warmup=10,
+    byte_budget=256 * MIB,
+    min_reps=5,
+    reference_min_iters=40,
+    reference_budget_s=1.0,
+    compute_warmup=10,
+    compute_min_iters=30,
+    compute_max_iters=300,
+    compute_budget_s=8.0,
+    eval_reps=10,
+    overhead_iters=300,
+)
+QUICK = Effort(
+    p2p_reps=20,
+    rounds=2,
+    op_reps=10,
+    warmup=3,
+    byte_budget=16 * MIB,
+    min_reps=3,
+    reference_min_iters=12,
+    reference_budget_s=0.2,
+    compute_warmup=2,
+    compute_min_iters=5,
+    compute_max_iters=20,
+    compute_budget_s=1.0,
+    eval_reps=2,
+    overhead_iters=40,
+)
 
 
 @dataclass(frozen=True)
@@ -93,8 +117,17 @@ class TimedWorkload:
     def of_scenario(cls, scenario: Any) -> TimedWorkload:
         """The workload of a ``harness.scenario.Scenario``."""
         w = scenario.workload
-        return cls(w.model, w.dataset, w.batch_size, scenario.seed, scenario.optimizer.model_dump(),
-                   dict(w.model_args), dict(w.dataset_args), w.num_classes, tuple(scenario.python_path))
+        return cls(
+            w.model,
+            w.dataset,
+            w.batch_size,
+            scenario.seed,
+            scenario.optimizer.model_dump(),
+            dict(w.model_args),
+            dict(w.dataset_args),
+            w.num_classes,
+            tuple(scenario.python_path),
+        )
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TimedWorkload:
@@ -222,8 +255,9 @@ def parse_ranks(text: str) -> list[int]:
         except ValueError:
             raise ValueError(f"bad rank count {p!r}: expected a whole number") from None
         if n < MIN_RANKS:
-            raise ValueError(f"rank counts must be >= {MIN_RANKS}: the point-to-point measurement needs two "
-                             f"ranks (got {n})")
+            raise ValueError(
+                f"rank counts must be >= {MIN_RANKS}: the point-to-point measurement needs two ranks (got {n})"
+            )
         counts.append(n)
     return sorted(set(counts))
 
@@ -309,8 +343,12 @@ def format_table(calibration: Any, measured: Iterable[int] = ()) -> str:
             put("  rms error of the fit (%)", col, f"{e.network_fit_error * 100:.1f}")
         if len(e.hosts) > 1:  # single-host tables stay as they were
             put("hosts (ranks)", col, ", ".join(f"{h} ({n})" for h, n in zip(e.hosts, e.ranks_per_host)))
-            put("point-to-point pair", col, f"{e.p2p_pair[0]}-{e.p2p_pair[1]}"
-                + (" (one host)" if e.rank_hosts[e.p2p_pair[0]] == e.rank_hosts[e.p2p_pair[1]] else " (two hosts)"))
+            put(
+                "point-to-point pair",
+                col,
+                f"{e.p2p_pair[0]}-{e.p2p_pair[1]}"
+                + (" (one host)" if e.rank_hosts[e.p2p_pair[0]] == e.rank_hosts[e.p2p_pair[1]] else " (two hosts)"),
+            )
         if e.p2p_network is not None:
             put("quiet point-to-point alpha (us)", col, f"{e.p2p_network.latency_s * 1e6:.1f}")
             put("quiet point-to-point bandwidth (GB/s)", col, f"{e.p2p_network.bandwidth_bytes_per_s / 1e9:.2f}")
@@ -332,7 +370,6 @@ def format_table(calibration: Any, measured: Iterable[int] = ()) -> str:
         for ev in e.evaluation:
             put(f"eval {ev.model}/{ev.dataset} (ms)", col, f"{ev.median_s * 1e3:.2f}")
         put("loop overhead (us)", col, f"{e.loop_overhead_s * 1e6:.1f}")
-    headers = ["", *(f"{e.ranks} ranks" + ("" if e.ranks in measured or not measured else " (kept)")
-                     for e in entries)]
+    headers = ["", *(f"{e.ranks} ranks" + ("" if e.ranks in measured or not measured else " (kept)") for e in entries)]
     body = [[label, *values] for label, values in rows.items()]
     return tabulate(body, headers=headers, tablefmt="simple", stralign="right", disable_numparse=True)

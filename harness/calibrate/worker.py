@@ -7,7 +7,8 @@ communication goes through the native layer (``harness.comm.Communicator``); mpi
 gathers the timings to rank 0 and keeps idle ranks waiting without spinning (a non-blocking
 barrier polled every millisecond).
 
-What is measured, in this order (times on ``time.perf_counter`` / ``time.monotonic``):
+What is measured, in this order (times on ``time.perf_counter`` / ``time.monotonic``; steps 3-6,
+which train, in ``harness.calibrate.training_measures``):
 
 0. where the ranks run: every rank's ``socket.gethostname()``, gathered (``rank_hosts``,
    ``hosts``, ``ranks_per_host``); they choose the point-to-point pairs
@@ -60,32 +61,30 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from harness.algorithms import algorithm_class
-from harness.algorithms.base import Algorithm, AlgorithmContext
-from harness.algorithms.params import AlgorithmParams
 from harness.calibrate import measure
-from harness.calibrate.measure import Plan, TimedWorkload
+from harness.calibrate.measure import Plan
+from harness.calibrate.training_measures import (
+    data_key,
+    measure_compute,
+    measure_evaluation,
+    measure_loop_overhead,
+    measure_reference_runs,
+    workload_scenario,
+)
 from harness.comm.asleep import quiet_barrier
-from harness.injection import InjectionPlan
 from harness.rank_exit import abort_job_after_error
 from harness.results.atomic import write_text
-from harness.results.columns import STEP_COLUMNS, to_frame
-from harness.runner.evaluate import test_metrics
-from harness.runner.local_work import LocalWork
-from harness.runner.loop import train
-from harness.runner.workload_state import build_state, warm_up_torch
-from harness.scenario import scenario_from_dict
-from harness.sim.calibration import CalibrationEntry, ComputePoint, EvalPoint, OpPoint, P2PPoint, fit_alpha_beta
+from harness.runner.workload_state import warm_up_torch
+from harness.sim.calibration import CalibrationEntry, OpPoint, P2PPoint, fit_alpha_beta
 from harness.sim.collective_timing import fit_to_allreduce
 from harness.sim.fit import fit_allreduce_on_hosts, fit_loaded_network
 from harness.sim.hosts import hosts_topology, nic_link
-from harness.workload import communicated_floats, configure_torch_threads, load_dataset, scenario_dataset
+from harness.workload import communicated_floats, configure_torch_threads, scenario_dataset
 
 
 def _say(rank: int, text: str) -> None:
@@ -132,8 +131,10 @@ def measure_p2p(comm: Any, world: Any, effort: measure.Effort, pair: tuple[int, 
     if rank != 0:
         return []
     a, b = pair
-    return [P2PPoint(bytes=size, one_way_s=measure.per_rep_mean_median([gathered[a][size], gathered[b][size]]))
-            for size in measure.P2P_SIZES]
+    return [
+        P2PPoint(bytes=size, one_way_s=measure.per_rep_mean_median([gathered[a][size], gathered[b][size]]))
+        for size in measure.P2P_SIZES
+    ]
 
 
 # -- 2. collectives -------------------------------------------------------------------------------
@@ -167,151 +168,10 @@ def measure_ops(comm: Any, world: Any, effort: measure.Effort, sizes: list[int])
     gathered = world.gather(times, root=0)
     if comm.rank != 0:
         return []
-    return [OpPoint(op=op, bytes=size, median_s=measure.per_rep_mean_median([g[j] for g in gathered]))
-            for j, (op, size) in enumerate(cases)]
-
-
-# -- 3-5. the training loop -----------------------------------------------------------------------
-def _scenario(ranks: int, seed: int, workload: dict[str, Any], iterations: int, optimizer: dict[str, Any],
-              algorithm: str | dict[str, Any] = "allreduce_sgd", python_path: Sequence[str] = ()) -> Any:
-    return scenario_from_dict({
-        "name": "calibrate", "ranks": ranks, "seed": seed, "python_path": list(python_path),
-        "workload": {**workload, "iterations": iterations, "eval_every": iterations},
-        "optimizer": optimizer, "algorithms": [algorithm],
-    }, source="<calibration>")
-
-
-def _workload_scenario(ranks: int, workload: TimedWorkload, iterations: int = 1,
-                       algorithm: str | dict[str, Any] = "allreduce_sgd") -> Any:
-    """A scenario training ``workload`` (with its seed, optimizer and python_path)."""
-    return _scenario(ranks, workload.seed, workload.scenario_fields(), iterations, workload.optimizer, algorithm,
-                     workload.python_path)
-
-
-def _data_key(workload: TimedWorkload) -> tuple[Any, ...]:
-    """Workloads that train on the same data share one loaded dataset."""
-    return workload.labels[1], workload.seed, workload.num_classes, workload.python_path
-
-
-def _run_loop(comm: Any, scenario: Any, state: Any) -> list[float]:
-    """Run ``train`` on every rank at once with no-op hooks; this rank's iteration start times."""
-    class Idle(Algorithm):
-        name = "calibrate"
-
-    ctx = AlgorithmContext(comm, state.params, state.grads, scenario.optimizer.lr, scenario.seed)
-    comm.barrier()
-    work = LocalWork(scenario, state, comm.rank, InjectionPlan.from_scenario(scenario), comm, Idle.name)
-    steps, _, _ = train(scenario, Idle(AlgorithmParams(name=Idle.name), ctx), comm, work, time.monotonic())
-    comm.drain_records()
-    return [s.start_s for s in steps]
-
-
-def measure_compute(comm: Any, world: Any, effort: measure.Effort, workload: TimedWorkload, dataset: Any) -> Any:
-    """Per-iteration time of ``workload`` with all ranks training at once; (ComputePoint, state) on rank 0."""
-    from mpi4py import MPI  # noqa: PLC0415  (lazy: importing mpi4py initializes MPI)
-
-    n = comm.size
-    warm = _workload_scenario(n, workload, effort.compute_warmup + 1)
-    state = build_state(warm, comm.rank, dataset)
-    starts = _run_loop(comm, warm, state)
-    per_iter = max(measure.iteration_times(starts) or [float("nan")])
-    per_iter = world.allreduce(per_iter, op=MPI.MAX)
-    iters = measure.timed_iterations(per_iter, effort) + 1  # +1: n iterations give n-1 differences
-    timed = _workload_scenario(n, workload, iters)
-    samples = measure.iteration_times(_run_loop(comm, timed, state))
-    gathered = world.gather(samples, root=0)
-    alone = measure_compute_alone(comm, timed, state, iters)  # collective
-    if comm.rank != 0:
-        return None, state
-    windows = measure.window_means(gathered)
-    model, data = workload.labels
-    return ComputePoint(model=model, dataset=data, batch_size=workload.batch_size,
-                        median_s=measure.median(windows), p95_s=measure.p95(windows),
-                        samples=sum(len(g) for g in gathered), alone_s=alone), state
-
-
-def measure_compute_alone(comm: Any, scenario: Any, state: Any, iterations: int) -> float | None:
-    """Rank 0's local work per iteration (batch, forward, backward, optimizer step) while the
-    other ranks wait in a native barrier, which sleeps: what a rank with cores of its own takes
-    (the cluster reading's compute). The median over ``iterations`` after two warm-up ones;
-    rank 0 returns it, the others None."""
-    took = []
-    if comm.rank == 0:
-        work = LocalWork(scenario, state, 0, InjectionPlan.from_scenario(scenario), comm, "calibrate")
-        for t in range(iterations + 2):
-            t0 = time.perf_counter()
-            work.injected(t)
-            gradient_s, _ = work.gradient(t, 1.0)
-            work.step(t, 1.0, gradient_s)
-            took.append(time.perf_counter() - t0)
-    comm.ibarrier().wait()  # the others wait here without taking a core
-    return measure.median(took[2:]) if took else None
-
-
-def measure_evaluation(comm: Any, world: Any, effort: measure.Effort, workload: TimedWorkload, state: Any) -> Any:
-    """Rank 0's time of one evaluation point's test metrics (average and rank0 models)."""
-    point = None
-    if comm.rank == 0:
-        avg = state.params.detach().clone()
-        local = state.params
-        times = []
-        for i in range(-1, effort.eval_reps):
-            t0 = time.perf_counter()
-            for flat in (avg, local):
-                test_metrics(state.model, flat, state.params, state.data)
-            if i >= 0:
-                times.append(time.perf_counter() - t0)
-        model, data = workload.labels
-        point = EvalPoint(model=model, dataset=data, median_s=measure.median(times))
-    quiet_barrier(world)
-    return point
-
-
-def measure_loop_overhead(comm: Any, world: Any, effort: measure.Effort) -> float:
-    """Mean excess of an emulated-compute iteration over its nominal sleep (rank 0 returns it)."""
-    spec = {"model": "logreg", "dataset": "synthetic", "batch_size": 1, "params": 1,
-            "compute": {"emulate_ms": measure.OVERHEAD_SLEEP_S * 1e3}}
-    scenario = _scenario(comm.size, 0, spec, effort.overhead_iters, {})
-    state = build_state(scenario, comm.rank, load_dataset("synthetic", 0))
-    starts = _run_loop(comm, scenario, state)
-    excess = (starts[-1] - starts[0]) / (len(starts) - 1) - measure.OVERHEAD_SLEEP_S
-    gathered = world.gather(excess, root=0)
-    return max(0.0, float(np.mean(gathered))) if comm.rank == 0 else 0.0
-
-
-# -- 6. the network under training load ----------------------------------------------------------
-def reference_algorithms(ranks: int) -> list[str | dict[str, Any]]:
-    """The reference trainings' algorithms: a collective per iteration, whole-model exchanges,
-    push-sum gossip and wait-avoiding group rounds (groups of up to 4, as in the scenarios)."""
-    return ["allreduce_sgd", "dpsgd", "sgp", {"name": "wagma", "group_size": min(4, ranks), "period": 11}]
-
-
-def measure_reference_runs(comm: Any, world: Any, effort: measure.Effort, workload: TimedWorkload,
-                           dataset: Any, compute_s: float) -> list[tuple[Any, Any]]:
-    """Short real trainings of ``workload`` with each reference algorithm on all ranks.
-
-    Each lasts about ``effort.reference_budget_s`` of compute (``compute_s`` per iteration,
-    the same on every rank), at least ``effort.reference_min_iters`` iterations.
-
-    Returns, on rank 0, (scenario, steps frame) pairs for ``harness.sim.fit``; [] elsewhere.
-    """
-    iterations = max(effort.reference_min_iters, min(200, int(effort.reference_budget_s / max(compute_s, 1e-4))))
-    references = []
-    for entry in reference_algorithms(comm.size):
-        scenario = _workload_scenario(comm.size, workload, iterations, entry)
-        state = build_state(scenario, comm.rank, dataset)
-        params = scenario.algorithms[0]
-        name = params.name
-        ctx = AlgorithmContext(comm, state.params, state.grads, scenario.optimizer.lr, scenario.seed)
-        algorithm = algorithm_class(name)(params, ctx)
-        comm.barrier()
-        work = LocalWork(scenario, state, comm.rank, InjectionPlan.from_scenario(scenario), comm, name)
-        steps, _, _ = train(scenario, algorithm, comm, work, time.monotonic())  # finish() included
-        comm.drain_records()
-        gathered = world.gather(steps, root=0)
-        if comm.rank == 0:
-            references.append((scenario, to_frame([s for part in gathered for s in part], STEP_COLUMNS)))
-    return references
+    return [
+        OpPoint(op=op, bytes=size, median_s=measure.per_rep_mean_median([g[j] for g in gathered]))
+        for j, (op, size) in enumerate(cases)
+    ]
 
 
 # -- the job --------------------------------------------------------------------------------------
@@ -336,9 +196,9 @@ def run_worker(plan: Plan) -> Any:
     model_bytes: list[int] = []
     if rank == 0:
         for w in plan.workloads:
-            if _data_key(w) not in datasets:
-                datasets[_data_key(w)] = scenario_dataset(_workload_scenario(n, w))
-        model_bytes = [4 * communicated_floats(_workload_scenario(n, w)) for w in plan.op_models]
+            if data_key(w) not in datasets:
+                datasets[data_key(w)] = scenario_dataset(workload_scenario(n, w))
+        model_bytes = [4 * communicated_floats(workload_scenario(n, w)) for w in plan.op_models]
     quiet_barrier(world)
     datasets, model_bytes = world.bcast((datasets, model_bytes), root=0)
     sizes = measure.allreduce_sizes([*model_bytes, *plan.op_bytes])
@@ -347,8 +207,7 @@ def run_worker(plan: Plan) -> Any:
     pairs = measure.p2p_pairs(rank_hosts)
     hosts = list(dict.fromkeys(rank_hosts))
     if len(hosts) > 1:
-        _say(rank, f"[{n} ranks] on {len(hosts)} hosts: "
-                   + ", ".join(f"{h} ({rank_hosts.count(h)})" for h in hosts))
+        _say(rank, f"[{n} ranks] on {len(hosts)} hosts: " + ", ".join(f"{h} ({rank_hosts.count(h)})" for h in hosts))
     comm = Communicator(world)
     try:
         t = time.monotonic()
@@ -364,7 +223,7 @@ def run_worker(plan: Plan) -> Any:
         compute, evaluation, evaluated = [], [], set()
         for w in plan.workloads:
             t = time.monotonic()
-            point, state = measure_compute(comm, world, effort, w, datasets[_data_key(w)])
+            point, state = measure_compute(comm, world, effort, w, datasets[data_key(w)])
             compute.append(point)
             if w.labels not in evaluated:
                 evaluated.add(w.labels)
@@ -378,29 +237,44 @@ def run_worker(plan: Plan) -> Any:
             t = time.monotonic()
             w = plan.workloads[0]
             compute_s = world.bcast(compute[0].median_s if rank == 0 else None, root=0)
-            references = measure_reference_runs(comm, world, effort, w, datasets[_data_key(w)], compute_s)
+            references = measure_reference_runs(comm, world, effort, w, datasets[data_key(w)], compute_s)
             _say(rank, f"[{n} ranks] reference trainings: {time.monotonic() - t:.1f} s")
     finally:
         comm.close()
     if rank != 0:
         return None
     places = host_fields(rank_hosts, p2p_pair, inter_pair, inter)
-    return CalibrationEntry(ranks=n, p2p=p2p, ops=ops, compute=compute, evaluation=evaluation,
-                            loop_overhead_s=overhead, **places,
-                            **network_fields(n, p2p, ops, references, places))
+    return CalibrationEntry(
+        ranks=n,
+        p2p=p2p,
+        ops=ops,
+        compute=compute,
+        evaluation=evaluation,
+        loop_overhead_s=overhead,
+        **places,
+        **network_fields(n, p2p, ops, references, places),
+    )
 
 
-def host_fields(rank_hosts: list[str], p2p_pair: tuple[int, int], inter_pair: tuple[int, int] | None,
-                inter: list[Any]) -> dict[str, Any]:
+def host_fields(
+    rank_hosts: list[str], p2p_pair: tuple[int, int], inter_pair: tuple[int, int] | None, inter: list[Any]
+) -> dict[str, Any]:
     """The entry's fields saying where the ranks ran and what was measured between hosts."""
     hosts = list(dict.fromkeys(rank_hosts))
-    return {"rank_hosts": list(rank_hosts), "hosts": hosts, "ranks_per_host": [rank_hosts.count(h) for h in hosts],
-            "p2p_pair": p2p_pair, "inter_host_pair": inter_pair, "inter_host_p2p": inter,
-            "inter_host_network": fit_alpha_beta(inter) if inter else None}
+    return {
+        "rank_hosts": list(rank_hosts),
+        "hosts": hosts,
+        "ranks_per_host": [rank_hosts.count(h) for h in hosts],
+        "p2p_pair": p2p_pair,
+        "inter_host_pair": inter_pair,
+        "inter_host_p2p": inter,
+        "inter_host_network": fit_alpha_beta(inter) if inter else None,
+    }
 
 
-def network_fields(ranks: int, p2p: list[Any], ops: list[Any], references: list[tuple[Any, Any]],
-                   places: dict[str, Any] | None = None) -> dict[str, Any]:
+def network_fields(
+    ranks: int, p2p: list[Any], ops: list[Any], references: list[tuple[Any, Any]], places: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The entry's ``network`` (what ``simulate`` uses) and how it was obtained.
 
     Preferred: fitted to the reference trainings under load (``harness.sim.fit``), with the
@@ -428,8 +302,11 @@ def network_fields(ranks: int, p2p: list[Any], ops: list[Any], references: list[
             network, error = fit_to_allreduce(points), None
         else:
             network, error = fit_allreduce_on_hosts(points, hosts)
-        fields.update(network=network.model_copy(update={"shared_cores": shared}),
-                      network_source="quiet allreduce times", network_fit_error=error)
+        fields.update(
+            network=network.model_copy(update={"shared_cores": shared}),
+            network_source="quiet allreduce times",
+            network_fit_error=error,
+        )
     return fields
 
 
@@ -445,7 +322,6 @@ def main(argv: list[str] | None = None) -> int:
             write_text(Path(argv[1]), entry.model_dump_json(indent=2) + "\n")
         return 0
     except BaseException:  # noqa: BLE001  (any failure, Ctrl-C included, must abort the whole job)
-
         return abort_job_after_error()
 
 

@@ -36,6 +36,6 @@ def as_float32_buffer(obj: Any, what: str = "buffer") -> Any:
         if not obj.is_contiguous():
             raise CommError(f"{what} must be contiguous (call .contiguous() on it)")
         return obj.detach().numpy()
-    if isinstance(obj, np.ndarray) or isinstance(obj, memoryview):
+    if isinstance(obj, (np.ndarray, memoryview)):
         return obj
     raise CommError(f"{what} must be a numpy array or a CPU torch tensor (got {type(obj).__name__})")

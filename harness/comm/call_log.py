@@ -32,16 +32,36 @@ from typing import Any, NamedTuple
 
 CALL_NAMES = (
     # the communicator
-    "allreduce", "iallreduce", "broadcast", "ibroadcast", "barrier", "ibarrier", "exchange", "iexchange",
-    "push_channel", "wait_avoiding", "pairwise_averager",
+    "allreduce",
+    "iallreduce",
+    "broadcast",
+    "ibroadcast",
+    "barrier",
+    "ibarrier",
+    "exchange",
+    "iexchange",
+    "push_channel",
+    "wait_avoiding",
+    "pairwise_averager",
     # a handle a non-blocking call returned
-    "wait", "done", "info",
+    "wait",
+    "done",
+    "info",
     # a push channel
-    "push.send", "push.drain", "push.pending", "push.flush", "push.close",
+    "push.send",
+    "push.drain",
+    "push.pending",
+    "push.flush",
+    "push.close",
     # the wait-avoiding group allreduce
-    "wa.iround", "wa.round", "wa.close",
+    "wa.iround",
+    "wa.round",
+    "wa.close",
     # pairwise averaging
-    "pair.publish", "pair.irequest", "pair.drain", "pair.close",
+    "pair.publish",
+    "pair.irequest",
+    "pair.drain",
+    "pair.close",
 )
 """Every value :attr:`Call.op` can take (comm_calls.csv's ``op``; ``results/README.md`` lists them)."""
 
@@ -166,15 +186,26 @@ class CallLog:
         self.log("push_channel", floats=int(count))
         return LoggedPushChannel(channel, self)
 
-    def wait_avoiding(self, initial: Any, *, phases: Sequence[Sequence[int]], sync_every: int,
-                      accumulate: bool = False, quorum: int = 1) -> LoggedWaitAvoiding:
-        op = self._comm.wait_avoiding(initial, phases=phases, sync_every=sync_every, accumulate=accumulate,
-                                      quorum=quorum)
+    def wait_avoiding(
+        self,
+        initial: Any,
+        *,
+        phases: Sequence[Sequence[int]],
+        sync_every: int,
+        accumulate: bool = False,
+        quorum: int = 1,
+    ) -> LoggedWaitAvoiding:
+        op = self._comm.wait_avoiding(
+            initial, phases=phases, sync_every=sync_every, accumulate=accumulate, quorum=quorum
+        )
         groups = "|".join(_peers(g) for g in phases)
         # quorum= only when it is not the default 1, so logs of ops without a quorum read as before.
         extra = "" if quorum == 1 else f" quorum={int(quorum)}"
-        self.log("wait_avoiding", floats=_floats(initial),
-                 detail=f"sync_every={int(sync_every)} accumulate={_flag(accumulate)} phases={groups}{extra}")
+        self.log(
+            "wait_avoiding",
+            floats=_floats(initial),
+            detail=f"sync_every={int(sync_every)} accumulate={_flag(accumulate)} phases={groups}{extra}",
+        )
         return LoggedWaitAvoiding(op, self)
 
     def pairwise_averager(self, initial: Any) -> LoggedPairwiseAverager:
@@ -226,8 +257,11 @@ class LoggedPushChannel:
 
     def drain(self, out: Any, min_messages: int = 0, timeout: float | None = None, round: int | None = None) -> int:
         got = self._channel.drain(out, min_messages, timeout, round)
-        detail = f"min_messages={int(min_messages)}" + ("" if round is None else f" round={int(round)}") \
+        detail = (
+            f"min_messages={int(min_messages)}"
+            + ("" if round is None else f" round={int(round)}")
             + ("" if timeout is None else f" timeout={timeout:g}")
+        )
         self._log.log("push.drain", floats=_floats(out), detail=detail, result=str(int(got)))
         return got
 
@@ -262,8 +296,9 @@ class LoggedWaitAvoiding:
 
     def round(self, buf: Any, out: Any, may_activate: bool = True) -> dict:
         info = self._op.round(buf, out, may_activate)
-        self._log.log("wa.round", floats=_floats(buf), detail=f"may_activate={_flag(may_activate)}",
-                      result=round_info(info))
+        self._log.log(
+            "wa.round", floats=_floats(buf), detail=f"may_activate={_flag(may_activate)}", result=round_info(info)
+        )
         return info
 
     def close(self) -> None:

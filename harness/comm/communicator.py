@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from harness.scenario.network import NodeTopology
     from harness.scenario.schema import Scenario
 
-_live: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
+_live: weakref.WeakSet[Communicator] = weakref.WeakSet()
 
 
 @atexit.register
@@ -135,7 +135,7 @@ class Communicator:
         self.iexchange(send, recv, peer).wait()
 
     # -- persistent operations ----------------------------------------------------------------
-    def push_channel(self, count: int) -> "PushChannel":
+    def push_channel(self, count: int) -> PushChannel:
         """A push-sum gossip channel for buffers of ``count`` floats (collective)."""
         return PushChannel(self._native.push_channel(int(count)))
 
@@ -147,7 +147,7 @@ class Communicator:
         sync_every: int,
         accumulate: bool = False,
         quorum: int = 1,
-    ) -> "WaitAvoidingAllreduce":
+    ) -> WaitAvoidingAllreduce:
         """The externally triggerable group allreduce of WAGMA-SGD / eager-SGD (collective).
 
         Args:
@@ -182,7 +182,7 @@ class Communicator:
             )
         )
 
-    def pairwise_averager(self, initial: Any) -> "PairwiseAverager":
+    def pairwise_averager(self, initial: Any) -> PairwiseAverager:
         """AD-PSGD's asynchronous pairwise averaging, answered by passive ranks' progress threads
         (collective)."""
         return PairwiseAverager(self._native.pairwise_averager(as_float32_buffer(initial, "initial model")))
@@ -202,7 +202,7 @@ class Communicator:
             table.append((int(link.dst), float(link.latency_s), bw))
         self._native.set_links(table)
 
-    def set_topology(self, topology: "NodeTopology | None") -> None:
+    def set_topology(self, topology: NodeTopology | None) -> None:
         """Emulate nodes that share NICs (collective: every rank calls it with the same topology).
 
         Messages between nodes queue on the source node's NIC, the fabric and the destination
@@ -232,10 +232,12 @@ class Communicator:
         sets the same."""
         self._native.set_allreduce(str(algorithm))
 
-    def emulate_network(self, scenario: "Scenario") -> None:
+    def emulate_network(self, scenario: Scenario) -> None:
         """Emulate the scenario's ``network``: its link rules, its topology and its allreduce
         algorithm (collective)."""
-        from harness.scenario.network import link_table, node_topology
+        # The scenario's models (pydantic) load only for a communicator emulating a scenario: a
+        # torch.distributed script's backend never needs them.
+        from harness.scenario.network import link_table, node_topology  # noqa: PLC0415
 
         self.set_links(link_table(scenario))
         self.set_topology(node_topology(scenario))
@@ -251,7 +253,7 @@ class Communicator:
         if not self._native.closed:
             self._native.shutdown()
 
-    def __enter__(self) -> "Communicator":
+    def __enter__(self) -> Communicator:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -325,7 +327,8 @@ class WaitAvoidingAllreduce:
 
     def iround(self, buf: Any, out: Any, may_activate: bool = True) -> _core.RoundHandle:
         """Non-blocking ``round``; ``may_activate`` is ignored when the op's quorum is > 1."""
-        return self._native.iround(as_float32_buffer(buf, "published buffer"), as_float32_buffer(out, "result buffer"), may_activate)
+        published, result = as_float32_buffer(buf, "published buffer"), as_float32_buffer(out, "result buffer")
+        return self._native.iround(published, result, may_activate)
 
     def round(self, buf: Any, out: Any, may_activate: bool = True) -> dict:
         handle = self.iround(buf, out, may_activate)
@@ -360,7 +363,8 @@ class PairwiseAverager:
         self._native.publish(as_float32_buffer(buf, "published model"))
 
     def irequest(self, buf: Any, out: Any, peer: int) -> _core.Handle:
-        return self._native.request(as_float32_buffer(buf, "request model"), as_float32_buffer(out, "reply buffer"), int(peer))
+        model, reply = as_float32_buffer(buf, "request model"), as_float32_buffer(out, "reply buffer")
+        return self._native.request(model, reply, int(peer))
 
     def drain(self, out: Any) -> int:
         return self._native.drain(as_float32_buffer(out, "drain target"))

@@ -77,38 +77,57 @@ def run_stress(args: argparse.Namespace) -> int:
 
 
 BENCHMARKS = {
-    "collectives": Benchmark(collectives, "native allreduce/broadcast/all-gather/reduce-scatter vs MPI's, "
-                                          "nccl-tests style", run_collectives),
-    "dist": Benchmark(dist, "DDP on the harness torch.distributed backend vs on gloo: time per step, 3 model sizes",
-                      run_dist),
-    "simulator": Benchmark(simulator, "speed of the SimPy model (1,024 ranks x 1,000 WAGMA-SGD iterations by "
-                                      "default)", simulator.run),
-    "stress": Benchmark(stress, "wait-avoiding allreduce and push-sum under random delays, checked exactly (8 ranks)",
-                        run_stress),
-    "faults": Benchmark(faults, "injected kills and hangs in every algorithm: does the verdict name the faulted rank?",
-                        faults.run),
-    "training": Benchmark(training, "simulated training (simulate --train) against plain training steps: time and "
-                                    "memory", training.run),
-    "scripts": Benchmark(scripts, "torch.distributed scripts (DDP, FSDP2, HSDP, ZeRO) recorded at 4 ranks, predicted "
-                                  "at others", scripts.run),
-    "agreement": Benchmark(agreement, "the simulator against real runs: real and simulated times per case, with the "
-                                      "error", agreement.run,
-                           epilog="\n".join(f"  {name:16s}{case.about}{'' if case.default else ' (not by default)'}"
-                                            for name, case in agreement.CASES.items())),
-    "validation": Benchmark(validation, "the simulator against published measurements of other clusters, with the "
-                                        "error", validation.run),
+    "collectives": Benchmark(
+        collectives, "native allreduce/broadcast/all-gather/reduce-scatter vs MPI's, nccl-tests style", run_collectives
+    ),
+    "dist": Benchmark(
+        dist, "DDP on the harness torch.distributed backend vs on gloo: time per step, 3 model sizes", run_dist
+    ),
+    "simulator": Benchmark(
+        simulator, "speed of the SimPy model (1,024 ranks x 1,000 WAGMA-SGD iterations by default)", simulator.run
+    ),
+    "stress": Benchmark(
+        stress, "wait-avoiding allreduce and push-sum under random delays, checked exactly (8 ranks)", run_stress
+    ),
+    "faults": Benchmark(
+        faults, "injected kills and hangs in every algorithm: does the verdict name the faulted rank?", faults.run
+    ),
+    "training": Benchmark(
+        training, "simulated training (simulate --train) against plain training steps: time and memory", training.run
+    ),
+    "scripts": Benchmark(
+        scripts,
+        "torch.distributed scripts (DDP, FSDP2, HSDP, ZeRO) recorded at 4 ranks, predicted at others",
+        scripts.run,
+    ),
+    "agreement": Benchmark(
+        agreement,
+        "the simulator against real runs: real and simulated times per case, with the error",
+        agreement.run,
+        epilog="\n".join(
+            f"  {name:16s}{case.about}{'' if case.default else ' (not by default)'}"
+            for name, case in agreement.CASES.items()
+        ),
+    ),
+    "validation": Benchmark(
+        validation, "the simulator against published measurements of other clusters, with the error", validation.run
+    ),
 }
 """Every benchmark, in the order ``bench --help`` lists them."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``bench`` command and its benchmarks."""
-    parser = subparsers.add_parser("bench", help=f"benchmarks: {', '.join(BENCHMARKS)}",
-                                   description=__doc__.splitlines()[0])
+    parser = subparsers.add_parser(
+        "bench", help=f"benchmarks: {', '.join(BENCHMARKS)}", description=__doc__.splitlines()[0]
+    )
     benchmarks = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
     for name, benchmark in BENCHMARKS.items():
-        extra = {"epilog": benchmark.epilog, "formatter_class": argparse.RawDescriptionHelpFormatter} \
-            if benchmark.epilog else {}
+        extra = (
+            {"epilog": benchmark.epilog, "formatter_class": argparse.RawDescriptionHelpFormatter}
+            if benchmark.epilog
+            else {}
+        )
         description = (benchmark.module.__doc__ or name).splitlines()[0]
         sub = benchmarks.add_parser(name, help=benchmark.help, description=description, **extra)
         benchmark.module.add_arguments(sub)
@@ -122,8 +141,10 @@ def _here_or_in_a_job(args: argparse.Namespace, worker, default_ranks: int) -> i
     job = inside_mpi_job()
     if job is not None:
         if args.ranks is not None and args.ranks != job:
-            return _error(f"--ranks {args.ranks} but this process runs in an MPI job of {job} ranks: "
-                          f"drop --ranks, or run it without mpiexec to launch {args.ranks} ranks")
+            return _error(
+                f"--ranks {args.ranks} but this process runs in an MPI job of {job} ranks: "
+                f"drop --ranks, or run it without mpiexec to launch {args.ranks} ranks"
+            )
         return worker.run_worker(args)
     ranks = default_ranks if args.ranks is None else args.ranks
     try:

@@ -66,15 +66,31 @@ from harness.sim.calibration import (
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``calibrate`` command."""
-    parser = subparsers.add_parser("calibrate", help="measure this machine for the simulator",
-                                   description=__doc__.splitlines()[0])
-    parser.add_argument("--scenario", action="append", metavar="FILE", type=Path, default=None,
-                        help="scenario file whose workloads and rank counts to calibrate (repeatable; "
-                             "default: every scenarios/*.yaml here that loads)")
-    parser.add_argument("--ranks", type=argtype(parse_ranks), metavar="N[,N...]",
-                        help="rank counts to calibrate, e.g. 2,8 (default: the scenarios' rank counts)")
-    parser.add_argument("--output", type=Path, default=DEFAULT_PATH, metavar="FILE",
-                        help=f"calibration file to merge into (default {DEFAULT_PATH})")
+    parser = subparsers.add_parser(
+        "calibrate", help="measure this machine for the simulator", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        metavar="FILE",
+        type=Path,
+        default=None,
+        help="scenario file whose workloads and rank counts to calibrate (repeatable; "
+        "default: every scenarios/*.yaml here that loads)",
+    )
+    parser.add_argument(
+        "--ranks",
+        type=argtype(parse_ranks),
+        metavar="N[,N...]",
+        help="rank counts to calibrate, e.g. 2,8 (default: the scenarios' rank counts)",
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=DEFAULT_PATH,
+        metavar="FILE",
+        help=f"calibration file to merge into (default {DEFAULT_PATH})",
+    )
     parser.add_argument("--quick", action="store_true", help="few repetitions (seconds per rank count)")
     add_launch_arguments(parser)
     parser.set_defaults(func=run)
@@ -105,8 +121,11 @@ def _existing(path: Path):
         return None
     cal = load_calibration(path)
     if cal.cpus != os.cpu_count():
-        print(f"note: {path} was measured on a machine with {cal.cpus} CPUs (this one has {os.cpu_count()}); "
-              "its entries are replaced", file=sys.stderr)
+        print(
+            f"note: {path} was measured on a machine with {cal.cpus} CPUs (this one has {os.cpu_count()}); "
+            "its entries are replaced",
+            file=sys.stderr,
+        )
         return None
     return cal
 
@@ -140,8 +159,9 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_from_scenarios(scenarios, quick=args.quick)
     job = inside_mpi_job()
     if job is not None and (args.launcher != "auto" or args.hosts is not None):
-        return _error("--launcher and --hosts are for starting ranks; this process already is one of an MPI job "
-                      f"of {job} ranks")
+        return _error(
+            f"--launcher and --hosts are for starting ranks; this process already is one of an MPI job of {job} ranks"
+        )
     launch = Launch.choose(args.launcher, args.hosts) if job is None else None  # LaunchError: exit 2
     if args.ranks is not None:
         ranks = args.ranks
@@ -150,12 +170,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         ranks = sorted({s.ranks for s in scenarios if s.ranks >= MIN_RANKS})
         if not ranks:
-            return _error("no rank counts to calibrate: no scenario file "
-                          + ("with 2 or more ranks" if scenarios else "in ./scenarios")
-                          + " (pass --ranks N[,N...] and/or --scenario FILE)")
+            return _error(
+                "no rank counts to calibrate: no scenario file "
+                + ("with 2 or more ranks" if scenarios else "in ./scenarios")
+                + " (pass --ranks N[,N...] and/or --scenario FILE)"
+            )
     if job is not None and ranks != [job]:
-        return _error(f"--ranks {','.join(map(str, ranks))} but this process runs in an MPI job of {job} ranks: "
-                      f"drop --ranks, or run it without mpiexec to launch its own jobs")
+        return _error(
+            f"--ranks {','.join(map(str, ranks))} but this process runs in an MPI job of {job} ranks: "
+            f"drop --ranks, or run it without mpiexec to launch its own jobs"
+        )
     unwritable = _unwritable(args.output)
     if unwritable:
         return _error(f"--output {args.output}: {unwritable}")
@@ -164,8 +188,7 @@ def run(args: argparse.Namespace) -> int:
     except CalibrationError as exc:
         return _error(f"cannot merge into the existing file: {exc} (move it away or pass --output FILE)")
     if not plan.workloads:
-        print("note: no real-compute workload in the scenarios: no compute or evaluation points",
-              file=sys.stderr)
+        print("note: no real-compute workload in the scenarios: no compute or evaluation points", file=sys.stderr)
 
     if job is not None:
         return _run_in_place(plan.with_ranks(job), cal, args.output)
@@ -187,18 +210,24 @@ def run(args: argparse.Namespace) -> int:
             spec.write_text(json.dumps(plan.with_ranks(n).to_json()))
             print(f"calibrating {n} ranks{' (quick)' if args.quick else ''} ...", file=sys.stderr, flush=True)
             try:
-                proc = run_ranks(n, [sys.executable, "-m", "harness.calibrate.worker", str(spec), str(out)],
-                                 launch=launch)
+                proc = run_ranks(
+                    n, [sys.executable, "-m", "harness.calibrate.worker", str(spec), str(out)], launch=launch
+                )
             except LaunchError as exc:
                 status = _error(str(exc), 1)
                 break
             except KeyboardInterrupt:  # run_ranks has already killed the job
-                print("interrupted" + (f": rank counts {_list(done)} are saved in {args.output}" if done else ""),
-                      file=sys.stderr)
+                print(
+                    "interrupted" + (f": rank counts {_list(done)} are saved in {args.output}" if done else ""),
+                    file=sys.stderr,
+                )
                 return 130
             if proc.returncode != 0 or not out.exists():
-                status = _error(f"the calibration job of {n} ranks exited with status {proc.returncode}"
-                                + (f"; rank counts {_list(done)} are saved in {args.output}" if done else ""), 1)
+                status = _error(
+                    f"the calibration job of {n} ranks exited with status {proc.returncode}"
+                    + (f"; rank counts {_list(done)} are saved in {args.output}" if done else ""),
+                    1,
+                )
                 break
             entry = CalibrationEntry.model_validate_json(out.read_text())
             cal = _merge(cal, entry)

@@ -39,14 +39,24 @@ from harness.sim.hosts import run_rank_hosts, simulated_topology
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("compare", help="simulate a finished run and compare real and predicted throughput",
-                       description=__doc__.splitlines()[0])
+    p = sub.add_parser(
+        "compare",
+        help="simulate a finished run and compare real and predicted throughput",
+        description=__doc__.splitlines()[0],
+    )
     p.add_argument("run_dir", type=Path, help="a run directory written by `python -m harness run`")
     p.add_argument("--calibration", type=Path, help="calibration file (default: results/calibration.json)")
-    p.add_argument("--mode", choices=("trace", "predictive", "both"), default="both",
-                   help="which simulation to compare with (default: both)")
-    p.add_argument("--train", action="store_true",
-                   help="the simulations train real models too (simulation.train): compare accuracy as well")
+    p.add_argument(
+        "--mode",
+        choices=("trace", "predictive", "both"),
+        default="both",
+        help="which simulation to compare with (default: both)",
+    )
+    p.add_argument(
+        "--train",
+        action="store_true",
+        help="the simulations train real models too (simulation.train): compare accuracy as well",
+    )
     p.set_defaults(func=run)
 
 
@@ -98,12 +108,19 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not calibration_path.exists():
         command = calibrate_command(run_dir / SCENARIO_FILE, scenario.ranks, calibration_path)
-        raise CalibrationError(f"{calibration_path}: no calibration file; compare needs this machine's: "
-                               f"measure it with (or pass --calibration FILE):\n  {command}")
+        raise CalibrationError(
+            f"{calibration_path}: no calibration file; compare needs this machine's: "
+            f"measure it with (or pass --calibration FILE):\n  {command}"
+        )
     calibration = load_calibration(calibration_path)
     # Checked before anything is simulated or written; trace mode takes compute from the run.
-    entry, note = calibration_entry(scenario, calibration, run_dir / SCENARIO_FILE, calibration_path,
-                                    needs_compute="predictive" in modes and script is None)
+    entry, note = calibration_entry(
+        scenario,
+        calibration,
+        run_dir / SCENARIO_FILE,
+        calibration_path,
+        needs_compute="predictive" in modes and script is None,
+    )
     rank_hosts, host_notes = run_rank_hosts(meta, scenario.ranks)
     topology = simulated_topology(scenario, entry, rank_hosts)
     for line in ([note] if note else []) + host_notes + list(topology.notes):
@@ -118,8 +135,10 @@ def run(args: argparse.Namespace) -> int:
             return 2
     if train:
         if script is not None:
-            print(f"error: {run_dir}: --train: a torch.distributed script's own training cannot be simulated",
-                  file=sys.stderr)
+            print(
+                f"error: {run_dir}: --train: a torch.distributed script's own training cannot be simulated",
+                file=sys.stderr,
+            )
             return 2
         problem = training_problem(scenario)
         if problem is not None:
@@ -131,20 +150,56 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     rows = [
-        [r.algorithm, r.mode, f"{r.measured_iter_s * 1e3:.2f}", f"{r.predicted_iter_s * 1e3:.2f}",
-         f"{r.measured_samples_per_s:,.1f}", f"{r.predicted_samples_per_s:,.1f}", f"{r.throughput_error * 100:+.1f}"]
-        + ([f"{r.measured_final_accuracy * 100:.2f}", f"{r.predicted_final_accuracy * 100:.2f}",
-            f"{r.accuracy_error_max:.2f}"] if train else [])
+        [
+            r.algorithm,
+            r.mode,
+            f"{r.measured_iter_s * 1e3:.2f}",
+            f"{r.predicted_iter_s * 1e3:.2f}",
+            f"{r.measured_samples_per_s:,.1f}",
+            f"{r.predicted_samples_per_s:,.1f}",
+            f"{r.throughput_error * 100:+.1f}",
+        ]
+        + (
+            [
+                f"{r.measured_final_accuracy * 100:.2f}",
+                f"{r.predicted_final_accuracy * 100:.2f}",
+                f"{r.accuracy_error_max:.2f}",
+            ]
+            if train
+            else []
+        )
         for r in table.itertuples(index=False)
     ]
-    headers = ["algorithm", "mode", "measured ms/it", "predicted ms/it", "measured samples/s", "predicted samples/s",
-               "error %"] + (["real acc %", "sim acc %", "max |acc diff| pts"] if train else [])
-    print(tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True,
-                   colalign=("left", "left") + ("right",) * (len(headers) - 2)))
+    headers = [
+        "algorithm",
+        "mode",
+        "measured ms/it",
+        "predicted ms/it",
+        "measured samples/s",
+        "predicted samples/s",
+        "error %",
+    ] + (["real acc %", "sim acc %", "max |acc diff| pts"] if train else [])
+    print(
+        tabulate(
+            rows,
+            headers=headers,
+            tablefmt="simple",
+            disable_numparse=True,
+            colalign=("left", "left") + ("right",) * (len(headers) - 2),
+        )
+    )
     errors = error_summary(table)
     print()
-    print(tabulate([[mode, f"{e.median_abs_error * 100:.1f}", f"{e.worst_abs_error * 100:.1f}"]
-                    for mode, e in errors.iterrows()],
-                   headers=["mode", "median |error| %", "worst |error| %"], tablefmt="simple", disable_numparse=True))
+    print(
+        tabulate(
+            [
+                [mode, f"{e.median_abs_error * 100:.1f}", f"{e.worst_abs_error * 100:.1f}"]
+                for mode, e in errors.iterrows()
+            ],
+            headers=["mode", "median |error| %", "worst |error| %"],
+            tablefmt="simple",
+            disable_numparse=True,
+        )
+    )
     print(f"wrote {run_dir / COMPARE_FILE} and {run_dir / COMPARE_PLOT}")
     return after_command(run_dir)  # report.html again, now with real against simulated

@@ -68,21 +68,35 @@ from harness.watchdog.verdict import Verdict
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("launch", help="start a training script on MPI ranks, watched (harness.api, or "
-                                      "torch.distributed under --scenario)", description=__doc__.splitlines()[0])
+    p = sub.add_parser(
+        "launch",
+        help="start a training script on MPI ranks, watched (harness.api, or torch.distributed under --scenario)",
+        description=__doc__.splitlines()[0],
+    )
     p.add_argument("--scenario", help="scenario YAML: injected imbalance, links, faults; one run per algorithm")
-    add_scenario_options(p, ranks_flags=("-n", "--ranks"),
-                         ranks_help="rank count (default: the scenario's, which this overrides)")
+    add_scenario_options(
+        p, ranks_flags=("-n", "--ranks"), ranks_help="rank count (default: the scenario's, which this overrides)"
+    )
     p.add_argument("--out", default="results", help="results root (default: results/)")
-    p.add_argument("--label", help="with a --scenario that lists no algorithms (a torch.distributed script): the "
-                                   "run's name in the results (default: the script's file stem)")
+    p.add_argument(
+        "--label",
+        help="with a --scenario that lists no algorithms (a torch.distributed script): the "
+        "run's name in the results (default: the script's file stem)",
+    )
     add_sweep_arguments(p, parallel=False)
-    p.add_argument("--resume", metavar="SWEEP_DIR", help="launch the points of this sweep that are not done (no "
-                                                         "SCRIPT: the sweep keeps it)")
+    p.add_argument(
+        "--resume",
+        metavar="SWEEP_DIR",
+        help="launch the points of this sweep that are not done (no SCRIPT: the sweep keeps it)",
+    )
     add_launch_arguments(p)
-    p.add_argument("script", nargs="?", metavar="[KEY=VALUE ...] SCRIPT",
-                   help="your training script (Python file); with --scenario, KEY=VALUE overrides of its fields "
-                        "may come anywhere before it (as for `run`)")
+    p.add_argument(
+        "script",
+        nargs="?",
+        metavar="[KEY=VALUE ...] SCRIPT",
+        help="your training script (Python file); with --scenario, KEY=VALUE overrides of its fields "
+        "may come anywhere before it (as for `run`)",
+    )
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     add_overrides_before_script(p)
     p.set_defaults(func=run)
@@ -115,14 +129,17 @@ def run(args: argparse.Namespace) -> int:
     launch = Launch.choose(args.launcher, args.hosts)
     argv = [sys.executable, str(script), *args.args]
     if scenario is None:
-        watched = SimpleNamespace(name=script.stem, watchdog=WatchdogSettings(), faults=[],
-                                  algorithms=[SimpleNamespace(name=script.stem)])
+        watched = SimpleNamespace(
+            name=script.stem, watchdog=WatchdogSettings(), faults=[], algorithms=[SimpleNamespace(name=script.stem)]
+        )
         return _start(watched, ranks, argv, launch, env={}, what=f"{script}")[0]
     if not scenario.algorithms:
         return _run_torch_script(scenario, args, script, ranks, launch)
     run_dir = create_run_dir(scenario, args.out, getattr(args, "into", None), {"script": script.name}).path
-    print(f"{scenario.name}: {ranks} ranks, {script} once per algorithm ({len(scenario.algorithms)}) -> {run_dir}",
-          file=sys.stderr)
+    print(
+        f"{scenario.name}: {ranks} ranks, {script} once per algorithm ({len(scenario.algorithms)}) -> {run_dir}",
+        file=sys.stderr,
+    )
     from harness.api.session import ENV_ALGORITHM, ENV_RUN_DIR  # noqa: PLC0415  (torch: not for --help)
 
     for params in scenario.algorithms:
@@ -143,8 +160,10 @@ def _sweep(args: argparse.Namespace) -> int:
         raise LaunchError("--resume SWEEP_DIR takes no SCRIPT: the sweep keeps its script and settings in sweep.json")
     status = sweep_mode("launch", args)
     if status is None:  # --resume of something else than a sweep
-        raise LaunchError(f"--resume {args.resume}: not a sweep directory (no sweep.json); `launch` resumes only "
-                          "sweeps: start the script again instead")
+        raise LaunchError(
+            f"--resume {args.resume}: not a sweep directory (no sweep.json); `launch` resumes only "
+            "sweeps: start the script again instead"
+        )
     return status
 
 
@@ -159,8 +178,10 @@ def _run_torch_script(scenario, args: argparse.Namespace, script: Path, ranks: i
     if not label:
         raise LaunchError("--label must not be empty")
     run_dir = create_run_dir(scenario, args.out, getattr(args, "into", None), {"script": script.name}).path
-    print(f"{scenario.name}: {ranks} ranks, {script} as a torch.distributed program ({label}) -> {run_dir}",
-          file=sys.stderr)
+    print(
+        f"{scenario.name}: {ranks} ranks, {script} as a torch.distributed program ({label}) -> {run_dir}",
+        file=sys.stderr,
+    )
     argv = [sys.executable, "-m", "harness.dist.launched", str(script), *args.args]
     env = {ENV_RUN_DIR: str(run_dir), ENV_LABEL: label, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     watched = scenario.model_copy(update={"algorithms": [SimpleNamespace(name=label)]})
@@ -172,8 +193,9 @@ def _run_torch_script(scenario, args: argparse.Namespace, script: Path, ranks: i
 
 
 def _scenario(args: argparse.Namespace):
-    scenario, notes = load_scenario_with_notes(args.scenario, overrides=scenario_overrides(args),
-                                               assignments=args.assignments)
+    scenario, notes = load_scenario_with_notes(
+        args.scenario, overrides=scenario_overrides(args), assignments=args.assignments
+    )
     problem = scenario_device_problem(scenario)
     if problem is not None:
         raise ScenarioError(f"{args.scenario}: {problem}")
@@ -186,8 +208,9 @@ def _start(scenario, ranks: int, argv: list[str], launch, env: dict, what: str) 
     """Run ``argv`` on ``ranks`` ranks, watched wherever they run; the exit status and the
     watchdog's verdict (None when it had none)."""
     try:
-        rc, verdict = run_watched(scenario, ranks, argv, env, launch, on_interrupt=lambda: print("interrupted",
-                                                                                             file=sys.stderr))
+        rc, verdict = run_watched(
+            scenario, ranks, argv, env, launch, on_interrupt=lambda: print("interrupted", file=sys.stderr)
+        )
     except LaunchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1, None
@@ -203,6 +226,9 @@ def _start(scenario, ranks: int, argv: list[str], launch, env: dict, what: str) 
 def _mark_stopped(run_dir: Path, status: int, verdict: Verdict | None = None) -> None:
     """``run.json`` says the run stopped, and why: the watchdog's verdict, as ``run`` records it."""
     why = {"error": verdict.message, "fault": verdict.as_json()} if verdict is not None else {}
-    mark_stopped(run_dir, "failed" if status != 130 else "incomplete",
-                 {"stopped": "interrupted" if status == 130 else "a rank failed", **why})
+    mark_stopped(
+        run_dir,
+        "failed" if status != 130 else "incomplete",
+        {"stopped": "interrupted" if status == 130 else "a rank failed", **why},
+    )
     print(f"finished algorithms are kept in {run_dir} (run.json says which)", file=sys.stderr)

@@ -40,10 +40,14 @@ def is_override(word: str) -> bool:
 
 def add_overrides_argument(parser: argparse.ArgumentParser) -> None:
     """The command's ``KEY=VALUE ...``, which :func:`parse_command_line` gathers from anywhere."""
-    parser.add_argument(OVERRIDES, nargs="*", metavar="KEY=VALUE",
-                        help="override any scenario field, anywhere on the line: a dotted path with list indices and "
-                             "algorithm names, Hydra's syntax (workload.iterations=200 imbalance.0.delay_ms=160 "
-                             "algorithms.wagma.period=6 ~network.links)")
+    parser.add_argument(
+        OVERRIDES,
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="override any scenario field, anywhere on the line: a dotted path with list indices and "
+        "algorithm names, Hydra's syntax (workload.iterations=200 imbalance.0.delay_ms=160 "
+        "algorithms.wagma.period=6 ~network.links)",
+    )
 
 
 def add_overrides_before_script(parser: argparse.ArgumentParser) -> None:

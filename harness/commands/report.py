@@ -24,10 +24,12 @@ from harness.sweep.store import SWEEP_FILE
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="write report.html (summary, plots) into a results directory",
-                       description=__doc__.splitlines()[0])
-    p.add_argument("run_dir", type=Path, metavar="DIR",
-                   help="a directory `python -m harness run` or `simulate` wrote")
+    p = sub.add_parser(
+        "report",
+        help="write report.html (summary, plots) into a results directory",
+        description=__doc__.splitlines()[0],
+    )
+    p.add_argument("run_dir", type=Path, metavar="DIR", help="a directory `python -m harness run` or `simulate` wrote")
     p.set_defaults(func=run)
 
 

@@ -59,17 +59,24 @@ from harness.watchdog.supervision import run_watched
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="train every algorithm of a scenario on real MPI ranks",
-                       description=__doc__.splitlines()[0])
+    p = sub.add_parser(
+        "run", help="train every algorithm of a scenario on real MPI ranks", description=__doc__.splitlines()[0]
+    )
     add_scenario_arguments(p, scenario_optional=True)
-    p.add_argument("--resume", metavar="RUN_DIR",
-                   help="finish the algorithms this run did not (no FILE; faults are not injected again), or "
-                        "the points of this sweep directory that are not done")
+    p.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="finish the algorithms this run did not (no FILE; faults are not injected again), or "
+        "the points of this sweep directory that are not done",
+    )
     add_sweep_arguments(p, parallel=False)
-    p.add_argument("--provenance", choices=get_args(ProvenanceSetting),
-                   help="what provenance/ keeps, instead of the scenario's results.provenance: final (initial "
-                        "model, shards, each algorithm's averaged final model), full (final plus every rank's "
-                        "final model), none; auto: full with real compute, none with emulated compute")
+    p.add_argument(
+        "--provenance",
+        choices=get_args(ProvenanceSetting),
+        help="what provenance/ keeps, instead of the scenario's results.provenance: final (initial "
+        "model, shards, each algorithm's averaged final model), full (final plus every rank's "
+        "final model), none; auto: full with real compute, none with emulated compute",
+    )
     add_launch_arguments(p)
     p.set_defaults(func=run)
 
@@ -101,13 +108,19 @@ def _run(args: argparse.Namespace) -> int:
     if in_job is None:
         launch = Launch.choose(args.launcher, args.hosts)
     elif args.launcher != "auto" or args.hosts is not None:
-        return _error("--launcher and --hosts are for starting ranks; this process already is one of an MPI job "
-                      f"of {in_job} ranks", 2)
+        return _error(
+            "--launcher and --hosts are for starting ranks; this process already is one of an MPI job "
+            f"of {in_job} ranks",
+            2,
+        )
     renamed: list[str] = []  # notes on old parameter spellings in the scenario file
     if args.resume is not None:
         if args.scenario is not None or scenario_overrides(args) or args.assignments or args.provenance is not None:
-            return _error("--resume takes only the run directory: the scenario and its settings are the run's own "
-                          "(RUN_DIR/scenario.resolved.yaml)", 2)
+            return _error(
+                "--resume takes only the run directory: the scenario and its settings are the run's own "
+                "(RUN_DIR/scenario.resolved.yaml)",
+                2,
+            )
         try:
             scenario, run_dir = open_for_resume(Path(args.resume))
         except ValueError as exc:
@@ -118,16 +131,20 @@ def _run(args: argparse.Namespace) -> int:
     else:
         if args.scenario is None:
             return _error("give a scenario FILE, or --resume RUN_DIR", 2)
-        scenario, renamed = load_scenario_with_notes(args.scenario, overrides=scenario_overrides(args),
-                                                     assignments=args.assignments)
+        scenario, renamed = load_scenario_with_notes(
+            args.scenario, overrides=scenario_overrides(args), assignments=args.assignments
+        )
         # The resolved scenario says what the run keeps: auto and --provenance resolved here.
         scenario = provenance.resolve(scenario, args.provenance)
         run_dir = None
     source = args.resume or args.scenario
     if scenario.workload.of_script:
-        return _error(f"{source}: workload: names no model and dataset, so it is a training script's workload: run the "
-                      "script with `python -m harness launch --scenario FILE SCRIPT`, or give workload.model and "
-                      "workload.dataset", 2)
+        return _error(
+            f"{source}: workload: names no model and dataset, so it is a training script's workload: run the "
+            "script with `python -m harness launch --scenario FILE SCRIPT`, or give workload.model and "
+            "workload.dataset",
+            2,
+        )
     problem = scenario_device_problem(scenario)
     if problem is not None:
         return _error(f"{source}: {problem}", 2)
@@ -155,8 +172,11 @@ def _launch(scenario, run_dir, launch, resume: bool, renamed: list[str]) -> int:
     across hosts (their heartbeats come over TCP)."""
     todo = [a.name for a in scenario.algorithms if a.name not in run_dir.finished_algorithms]
     verb = "resuming" if resume else "running"
-    print(f"{scenario.name}: {scenario.ranks} ranks, {verb} {len(todo)} algorithm{'s' * (len(todo) != 1)} "
-          f"-> {run_dir.path}", file=sys.stderr)
+    print(
+        f"{scenario.name}: {scenario.ranks} ranks, {verb} {len(todo)} algorithm{'s' * (len(todo) != 1)} "
+        f"-> {run_dir.path}",
+        file=sys.stderr,
+    )
     _print_notes(scenario, renamed)
     argv = [sys.executable, "-m", "harness.runner.worker", str(run_dir.path), *(["--resume"] if resume else [])]
 
@@ -166,8 +186,9 @@ def _launch(scenario, run_dir, launch, resume: bool, renamed: list[str]) -> int:
         _say_interrupted(run_dir.path)
 
     try:
-        rc, verdict = run_watched(scenario, scenario.ranks, argv, {}, launch, faults_enabled=not resume,
-                                  on_interrupt=interrupted)
+        rc, verdict = run_watched(
+            scenario, scenario.ranks, argv, {}, launch, faults_enabled=not resume, on_interrupt=interrupted
+        )
     except LaunchError as exc:
         return _error(str(exc), 1)
     except KeyboardInterrupt:
@@ -177,8 +198,11 @@ def _launch(scenario, run_dir, launch, resume: bool, renamed: list[str]) -> int:
         return after_command(run_dir.path)  # report.html (a warning, not a failure, if it cannot be drawn)
     why = verdict.message if verdict is not None else f"the ranks exited with status {rc}"
     mark_stopped(run_dir.path, "failed", {"error": why, **({"fault": verdict.as_json()} if verdict else {})})
-    print(f"\nerror: {why}\nstopped all ranks; finished algorithms are kept in {run_dir.path} (run.json says which); "
-          f"python -m harness run --resume {run_dir.path} finishes the others", file=sys.stderr)
+    print(
+        f"\nerror: {why}\nstopped all ranks; finished algorithms are kept in {run_dir.path} (run.json says which); "
+        f"python -m harness run --resume {run_dir.path} finishes the others",
+        file=sys.stderr,
+    )
     return 1
 
 
@@ -190,8 +214,11 @@ def _print_notes(scenario, renamed: list[str]) -> None:
 
 
 def _say_interrupted(path) -> None:
-    print(f"interrupted: finished algorithms are kept in {path}; "
-          f"python -m harness run --resume {path} finishes the others", file=sys.stderr)
+    print(
+        f"interrupted: finished algorithms are kept in {path}; "
+        f"python -m harness run --resume {path} finishes the others",
+        file=sys.stderr,
+    )
 
 
 def _run_in_place(scenario, args, job_size: int, run_dir, renamed: list[str]) -> int:
@@ -202,8 +229,11 @@ def _run_in_place(scenario, args, job_size: int, run_dir, renamed: list[str]) ->
     exit_promptly_when_interrupted()  # as every rank `run` launches itself
 
     if job_size != scenario.ranks:
-        return _error(f"{args.resume or args.scenario}: the scenario needs {scenario.ranks} ranks but this MPI job "
-                      f"has {job_size}" + ("" if args.resume else " (use --ranks to override)"), 2)
+        return _error(
+            f"{args.resume or args.scenario}: the scenario needs {scenario.ranks} ranks but this MPI job "
+            f"has {job_size}" + ("" if args.resume else " (use --ranks to override)"),
+            2,
+        )
     path = problem = None
     if MPI.COMM_WORLD.rank == 0:  # every rank of the user's job gets here; one checks and writes
         _print_notes(scenario, renamed)

@@ -24,8 +24,9 @@ if TYPE_CHECKING:
     from harness.results.records import RunDirectory
 
 
-def create_run_dir(scenario: Scenario, out: str, into: Path | None = None,
-                   facts: dict[str, Any] | None = None) -> RunDirectory:
+def create_run_dir(
+    scenario: Scenario, out: str, into: Path | None = None, facts: dict[str, Any] | None = None
+) -> RunDirectory:
     """A new run directory under ``out``, or exactly ``into`` (a sweep's point), with the resolved
     scenario and an ``incomplete`` run.json holding ``facts`` and the scenario's own."""
     from harness.results.records import RunDirectory  # noqa: PLC0415  (pandas: not for --help)
@@ -57,8 +58,10 @@ def open_for_resume(path: Path) -> tuple[Scenario | None, RunDirectory]:
     if meta.get("simulated"):
         raise ValueError(f"--resume {path}: a simulated run; run `python -m harness simulate` again instead")
     if meta.get("script"):
-        raise ValueError(f"--resume {path}: a run of the training script {meta['script']}; start it again with "
-                         "`python -m harness launch --scenario FILE --only ALGORITHMS SCRIPT`")
+        raise ValueError(
+            f"--resume {path}: a run of the training script {meta['script']}; start it again with "
+            "`python -m harness launch --scenario FILE --only ALGORITHMS SCRIPT`"
+        )
     if meta.get("ranks") not in (None, scenario.ranks):
         raise ValueError(f"--resume {path}: run.json says {meta.get('ranks')} ranks, the scenario {scenario.ranks}")
     run_dir = RunDirectory.open(path)

@@ -30,12 +30,19 @@ _TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")  # SLURM's forms: M, M:S, H
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sbatch", help="write a SLURM batch script running a scenario, and say how to submit it",
-                       description=__doc__.splitlines()[0])
+    p = sub.add_parser(
+        "sbatch",
+        help="write a SLURM batch script running a scenario, and say how to submit it",
+        description=__doc__.splitlines()[0],
+    )
     add_scenario_arguments(p)
-    p.add_argument("--sweep", action="append", metavar="KEY=V1,V2,...",
-                   help="a SLURM job array: one task per point of the grid (as `run --sweep`); the sweep directory "
-                        "is created now, each task runs its point into it")
+    p.add_argument(
+        "--sweep",
+        action="append",
+        metavar="KEY=V1,V2,...",
+        help="a SLURM job array: one task per point of the grid (as `run --sweep`); the sweep directory "
+        "is created now, each task runs its point into it",
+    )
     p.add_argument("--script", help="where to write the script (default: OUT/<scenario>/<scenario>.sbatch)")
     p.add_argument("--time", default="01:00:00", help="the job's time limit, in SLURM's format (default 01:00:00)")
     p.add_argument("--partition", help="the partition to submit to (default: the cluster's default)")
@@ -55,13 +62,15 @@ def run(args: argparse.Namespace) -> int:
     # The device is not checked here: a login node often has no GPU; `run` checks on the nodes.
     note = None
     if scenario.workload.device == "cuda":
-        note = ("each rank takes the GPU of its local rank: ask for GPUs with your cluster's options "
-                "(e.g. --gpus-per-node)")
+        note = (
+            "each rank takes the GPU of its local rank: ask for GPUs with your cluster's options (e.g. --gpus-per-node)"
+        )
     out = Path(args.out).absolute()
     script = Path(args.script) if args.script else out / scenario.name / f"{scenario.name}.sbatch"
     (out / scenario.name).mkdir(parents=True, exist_ok=True)  # SLURM opens the job's --output there
-    atomic.write_text(script, batch_script(scenario.name, scenario.ranks, Path(args.scenario).absolute(), out,
-                                           args, note))
+    atomic.write_text(
+        script, batch_script(scenario.name, scenario.ranks, Path(args.scenario).absolute(), out, args, note)
+    )
     script.chmod(0o755)
     print(f"wrote {script} ({scenario.ranks} tasks, time limit {args.time})")
     print(f"submit it with:  sbatch {shlex.quote(str(script))}")
@@ -81,38 +90,75 @@ def _sweep_array(args: argparse.Namespace) -> int:
     scenarios = plan.scenarios
     ranks = max(s.ranks for s in scenarios)  # a job array's tasks all get the same resources
     if args.nodes is not None and not 1 <= args.nodes <= min(s.ranks for s in scenarios):
-        return _error(f"--nodes {args.nodes}: must be between 1 and the fewest ranks of a point "
-                      f"({min(s.ranks for s in scenarios)})")
+        return _error(
+            f"--nodes {args.nodes}: must be between 1 and the fewest ranks of a point "
+            f"({min(s.ranks for s in scenarios)})"
+        )
     sbatch_only = {k: None for k in ("time", "partition", "nodes", "account", "script")}
     sweep = create_sweep("run", args, plan, launcher="slurm", hosts=None, provenance=None, **sbatch_only)
     script = sweep.path / "sweep.sbatch"
     run = shlex.join([sys.executable, "-m", "harness", "run", "--resume", str(sweep.path.absolute()), "--point"])
-    text = batch_script(f"{sweep.spec['scenario_name']}-sweep", ranks, None, sweep.path.absolute(), args,
-                        array=len(scenarios), command=f'{run} "$SLURM_ARRAY_TASK_ID"')
+    text = batch_script(
+        f"{sweep.spec['scenario_name']}-sweep",
+        ranks,
+        None,
+        sweep.path.absolute(),
+        args,
+        array=len(scenarios),
+        command=f'{run} "$SLURM_ARRAY_TASK_ID"',
+    )
     atomic.write_text(script, text)
     script.chmod(0o755)
     print(f"wrote {script} (a job array of {len(scenarios)} points, {ranks} tasks each, time limit {args.time})")
     print(f"submit it with:  sbatch {shlex.quote(str(script))}")
-    print(f"when it has finished:  python -m harness report {shlex.quote(str(sweep.path))}   (sweep.csv, sweep.png, "
-          "report.html; `python -m harness run --resume` of the sweep runs the points that did not finish)")
+    print(
+        f"when it has finished:  python -m harness report {shlex.quote(str(sweep.path))}   (sweep.csv, sweep.png, "
+        "report.html; `python -m harness run --resume` of the sweep runs the points that did not finish)"
+    )
     return 0
 
 
-def batch_script(name: str, ranks: int, scenario: Path | None, out: Path, args: argparse.Namespace,
-                 note: str | None = None, array: int | None = None, command: str | None = None) -> str:
+def batch_script(
+    name: str,
+    ranks: int,
+    scenario: Path | None,
+    out: Path,
+    args: argparse.Namespace,
+    note: str | None = None,
+    array: int | None = None,
+    command: str | None = None,
+) -> str:
     """The text of the batch script: SLURM directives, then the harness run inside the allocation
     (``command`` instead, for a job ``array`` of that many tasks)."""
     log = "slurm-%A_%a.out" if array else "slurm-%j.out"
-    directives = [f"--job-name=harness-{name}", f"--ntasks={ranks}", f"--time={args.time}",
-                  f"--output={out / (log if array else name + '/' + log)}"]
+    directives = [
+        f"--job-name=harness-{name}",
+        f"--ntasks={ranks}",
+        f"--time={args.time}",
+        f"--output={out / (log if array else name + '/' + log)}",
+    ]
     if array:
         directives.append(f"--array=0-{array - 1}")
     for option in ("partition", "nodes", "account"):
         value = getattr(args, option)
         if value is not None:
             directives.append(f"--{option}={value}")
-    run = [sys.executable, "-m", "harness", "run", str(scenario), *args.assignments, "--out", str(out),
-           "--launcher", "slurm"] if scenario is not None else []
+    run = (
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "run",
+            str(scenario),
+            *args.assignments,
+            "--out",
+            str(out),
+            "--launcher",
+            "slurm",
+        ]
+        if scenario is not None
+        else []
+    )
     for option in ("only", "ranks", "iterations"):
         value = getattr(args, option)
         if value is not None and scenario is not None:

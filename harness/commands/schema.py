@@ -25,12 +25,16 @@ from harness.scenario.json_schema import scenario_json_schema_text
 
 def register(sub: argparse._SubParsersAction) -> None:
     # harness.cli ends --help with the docstring's examples (an epilog, RawDescriptionHelpFormatter).
-    p = sub.add_parser("schema", help="print the JSON Schema of a scenario file",
-                       description="Print the JSON Schema (draft 2020-12) of a scenario file, made from the models "
-                       "that validate one. docs/scenario.schema.json is its committed copy, which scenario files "
-                       "name on their first line for editors with the YAML language server.")
-    p.add_argument("--out", type=Path, metavar="FILE",
-                   help="write the schema to FILE (replacing it) instead of printing it")
+    p = sub.add_parser(
+        "schema",
+        help="print the JSON Schema of a scenario file",
+        description="Print the JSON Schema (draft 2020-12) of a scenario file, made from the models "
+        "that validate one. docs/scenario.schema.json is its committed copy, which scenario files "
+        "name on their first line for editors with the YAML language server.",
+    )
+    p.add_argument(
+        "--out", type=Path, metavar="FILE", help="write the schema to FILE (replacing it) instead of printing it"
+    )
     p.set_defaults(func=run)
 
 

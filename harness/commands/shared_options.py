@@ -31,12 +31,16 @@ def add_scenario_arguments(p: argparse.ArgumentParser, scenario_optional: bool =
     add_scenario_options(p)
 
 
-def add_scenario_options(p: argparse.ArgumentParser, ranks_flags: tuple[str, ...] = ("--ranks",),
-                         ranks_help: str = "override the scenario's rank count") -> None:
+def add_scenario_options(
+    p: argparse.ArgumentParser,
+    ranks_flags: tuple[str, ...] = ("--ranks",),
+    ranks_help: str = "override the scenario's rank count",
+) -> None:
     """``--only``, ``--ranks`` and ``--iterations``: the scenario's algorithms, rank count and
     iterations, given as options (``launch`` spells ``--ranks`` ``-n`` too, and says more of it)."""
-    p.add_argument("--only", type=algorithm_list, metavar="A[,B...]",
-                   help="comma-separated subset of the scenario's algorithms")
+    p.add_argument(
+        "--only", type=algorithm_list, metavar="A[,B...]", help="comma-separated subset of the scenario's algorithms"
+    )
     p.add_argument(*ranks_flags, dest="ranks", type=int_at_least(1), metavar="N", help=ranks_help)
     p.add_argument("--iterations", type=int_at_least(1), metavar="N", help="override iterations per algorithm")
 
@@ -51,19 +55,35 @@ def scenario_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def add_sweep_arguments(p: argparse.ArgumentParser, parallel: bool) -> None:
     """``--sweep`` and ``--point`` (``run``, ``simulate``, ``launch``); ``--jobs`` where points run
     in parallel (``harness.commands.sweeping`` says what they do)."""
-    p.add_argument("--sweep", action="append", metavar="KEY=V1,V2,...",
-                   help="run every value (KEY=range(0,641,160) too); repeated: every combination. One directory "
-                        "OUT/<scenario>/sweep-<time> with a run per point, sweep.csv, sweep.png and report.html")
-    p.add_argument("--point", type=int_at_least(0), metavar="I",
-                   help="with --resume SWEEP_DIR: run only point I (what each task of a SLURM job array runs)")
+    p.add_argument(
+        "--sweep",
+        action="append",
+        metavar="KEY=V1,V2,...",
+        help="run every value (KEY=range(0,641,160) too); repeated: every combination. One directory "
+        "OUT/<scenario>/sweep-<time> with a run per point, sweep.csv, sweep.png and report.html",
+    )
+    p.add_argument(
+        "--point",
+        type=int_at_least(0),
+        metavar="I",
+        help="with --resume SWEEP_DIR: run only point I (what each task of a SLURM job array runs)",
+    )
     if parallel:
-        p.add_argument("--jobs", type=int_at_least(1), metavar="N",
-                       help="points simulated at a time (default: the number of cores)")
+        p.add_argument(
+            "--jobs",
+            type=int_at_least(1),
+            metavar="N",
+            help="points simulated at a time (default: the number of cores)",
+        )
 
 
 def add_launch_arguments(p: argparse.ArgumentParser) -> None:
     """Where the ranks run (``run``, ``calibrate``; ``sbatch`` writes them into its script)."""
-    p.add_argument("--launcher", choices=LAUNCHERS, default="auto",
-                   help="mpiexec (this host, or --hosts), slurm (inside an allocation: Hydra's SLURM bootstrap); "
-                        "auto: slurm inside an allocation, else mpiexec")
+    p.add_argument(
+        "--launcher",
+        choices=LAUNCHERS,
+        default="auto",
+        help="mpiexec (this host, or --hosts), slurm (inside an allocation: Hydra's SLURM bootstrap); "
+        "auto: slurm inside an allocation, else mpiexec",
+    )
     p.add_argument("--hosts", metavar="HOSTFILE", help="Hydra host file for --launcher mpiexec: 'host[:slots]' lines")

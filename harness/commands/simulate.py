@@ -54,21 +54,36 @@ from harness.sim.script_scaling import ScriptStructure
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("simulate", help="predict a scenario's run with the discrete-event model (no MPI)",
-                       description=__doc__.splitlines()[0])
+    p = sub.add_parser(
+        "simulate",
+        help="predict a scenario's run with the discrete-event model (no MPI)",
+        description=__doc__.splitlines()[0],
+    )
     add_scenario_arguments(p, scenario_optional=True)
     add_sweep_arguments(p, parallel=True)
     p.add_argument("--resume", metavar="SWEEP_DIR", help="simulate the points of this sweep that are not done")
     p.add_argument("--calibration", type=Path, help="calibration file (default: results/calibration.json)")
-    p.add_argument("--reading", choices=("cluster", "machine"), default=None,
-                   help="what to predict: cluster (every rank with cores of its own, the default cluster network) "
-                        "or machine (this machine, its cores shared as a run here shares them); default: machine "
-                        "when the calibration measured the scenario's rank count, else cluster")
-    p.add_argument("--trace-ranks", type=int_at_least(0), default=None, metavar="N",
-                   help="write only ranks below N into trace.json (default: 64)")
-    p.add_argument("--train", action="store_true",
-                   help="the simulated ranks train real models (simulation.train=true): accuracy against simulated "
-                        "time, at any rank count")
+    p.add_argument(
+        "--reading",
+        choices=("cluster", "machine"),
+        default=None,
+        help="what to predict: cluster (every rank with cores of its own, the default cluster network) "
+        "or machine (this machine, its cores shared as a run here shares them); default: machine "
+        "when the calibration measured the scenario's rank count, else cluster",
+    )
+    p.add_argument(
+        "--trace-ranks",
+        type=int_at_least(0),
+        default=None,
+        metavar="N",
+        help="write only ranks below N into trace.json (default: 64)",
+    )
+    p.add_argument(
+        "--train",
+        action="store_true",
+        help="the simulated ranks train real models (simulation.train=true): accuracy against simulated "
+        "time, at any rank count",
+    )
     p.set_defaults(func=run)
 
 
@@ -118,31 +133,55 @@ def _simulate_script_run(args: argparse.Namespace, scenario, meta: dict) -> int:
     taken = recorded.workload.iterations
     asked = args.iterations if args.iterations is not None else _assigned_iterations(args, scenario)
     if asked is not None and asked > taken:
-        print(f"error: {args.scenario}: workload.iterations {asked}: the script run took {taken} steps; a replay "
-              "has no sequence for more", file=sys.stderr)
+        print(
+            f"error: {args.scenario}: workload.iterations {asked}: the script run took {taken} steps; a replay "
+            "has no sequence for more",
+            file=sys.stderr,
+        )
         return 2
-    scenario = scenario.model_copy(update={"workload": scenario.workload.model_copy(
-        update={"iterations": asked or taken})})
+    scenario = scenario.model_copy(
+        update={"workload": scenario.workload.model_copy(update={"iterations": asked or taken})}
+    )
     calibration, calibration_file = load_optional_calibration(args.calibration, False)
     reading = args.reading or default_reading(scenario, calibration)
-    entry, note = calibration_entry(scenario, calibration, args.scenario, calibration_file, needs_compute=False,
-                                    reading=reading)
+    entry, note = calibration_entry(
+        scenario, calibration, args.scenario, calibration_file, needs_compute=False, reading=reading
+    )
     for line in [note] if note else []:
         print(f"note: {line}", file=sys.stderr)
     mode = "trace" if scenario.ranks == recorded.ranks and reading == "machine" else "predictive"
     trace = ScriptTrace.read(run_dir, recorded.ranks, taken)
-    print(f"{scenario.name}: replaying {label} (torch.distributed, recorded at {recorded.ranks} ranks) at "
-          f"{scenario.ranks} ranks x {scenario.workload.iterations} steps, {mode}: "
-          + ("every step's recorded local work" if mode == "trace" else "the script's compute model"),
-          file=sys.stderr)
+    print(
+        f"{scenario.name}: replaying {label} (torch.distributed, recorded at {recorded.ranks} ranks) at "
+        f"{scenario.ranks} ranks x {scenario.workload.iterations} steps, {mode}: "
+        + ("every step's recorded local work" if mode == "trace" else "the script's compute model"),
+        file=sys.stderr,
+    )
     print(f"reading: {describe_reading(reading)}", file=sys.stderr)
-    frame, stat = replay_script(scenario, label, run.steps, trace, recorded, entry.network, mode=mode,
-                                structure=ScriptStructure.read(run_dir), reading=reading)
+    frame, stat = replay_script(
+        scenario,
+        label,
+        run.steps,
+        trace,
+        recorded,
+        entry.network,
+        mode=mode,
+        structure=ScriptStructure.read(run_dir),
+        reading=reading,
+    )
     path = new_simulated_run_path(Path(args.out), scenario.name)
     trace_ranks = DEFAULT_TRACE_RANKS if args.trace_ranks is None else args.trace_ranks
-    out = write_simulated_run(path, scenario, {label: frame}, [stat], mode,
-                              str(calibration_file) if calibration is not None else None, trace_ranks,
-                              calibration_ranks=entry.ranks if calibration is not None else None, reading=reading)
+    out = write_simulated_run(
+        path,
+        scenario,
+        {label: frame},
+        [stat],
+        mode,
+        str(calibration_file) if calibration is not None else None,
+        trace_ranks,
+        calibration_ranks=entry.ranks if calibration is not None else None,
+        reading=reading,
+    )
     print((out.path / SUMMARY_TABLE_FILE).read_text(), end="")
     print(f"results: {out.path}")
     return after_command(out.path)
@@ -218,25 +257,34 @@ def run(args: argparse.Namespace) -> int:
     if swept is not None:
         return swept
     if args.resume is not None:
-        print(f"error: --resume {args.resume}: not a sweep directory (no sweep.json); a simulation is simply run "
-              "again", file=sys.stderr)
+        print(
+            f"error: --resume {args.resume}: not a sweep directory (no sweep.json); a simulation is simply run again",
+            file=sys.stderr,
+        )
         return 2
     if args.scenario is None:
         print("error: give a scenario FILE (or --resume SWEEP_DIR)", file=sys.stderr)
         return 2
-    scenario, renamed = load_scenario_with_notes(args.scenario, overrides=scenario_overrides(args),
-                                                 assignments=args.assignments)
+    scenario, renamed = load_scenario_with_notes(
+        args.scenario, overrides=scenario_overrides(args), assignments=args.assignments
+    )
     beside = _run_beside(Path(args.scenario))
     if beside is not None and beside.get("torch_distributed"):
         if scenario.simulation.train:
-            print(f"error: {args.scenario}: simulation.train: a torch.distributed script's run is replayed from its "
-                  "recorded collectives; the simulator cannot run the script's own training", file=sys.stderr)
+            print(
+                f"error: {args.scenario}: simulation.train: a torch.distributed script's run is replayed from its "
+                "recorded collectives; the simulator cannot run the script's own training",
+                file=sys.stderr,
+            )
             return 2
         return _simulate_script_run(args, scenario, beside)
     if scenario.workload.of_script and scenario.workload.compute == "real":
-        print(f"error: {args.scenario}: workload: a training script's workload (no model and dataset) says neither "
-              "its size nor its compute time: simulate the scenario.resolved.yaml of a `python -m harness launch` "
-              "run of it, or give emulated compute and params", file=sys.stderr)
+        print(
+            f"error: {args.scenario}: workload: a training script's workload (no model and dataset) says neither "
+            "its size nor its compute time: simulate the scenario.resolved.yaml of a `python -m harness launch` "
+            "run of it, or give emulated compute and params",
+            file=sys.stderr,
+        )
         return 2
     check_user_code(scenario, args.scenario)  # the user's model, dataset...: imported and called
     problem = scenario_value_dependence(scenario) or _device_problem(scenario)
@@ -247,8 +295,9 @@ def run(args: argparse.Namespace) -> int:
     reading = args.reading or default_reading(scenario, calibration)
     entry, note = calibration_entry(scenario, calibration, args.scenario, calibration_file, reading=reading)
     # A real run's hosts are this machine's reading; a cluster brings its own network.
-    rank_hosts, host_notes = run_rank_hosts(_run_beside(Path(args.scenario)), scenario.ranks) \
-        if reading == "machine" else (None, [])
+    rank_hosts, host_notes = (
+        run_rank_hosts(_run_beside(Path(args.scenario)), scenario.ranks) if reading == "machine" else (None, [])
+    )
     topology = simulated_topology(scenario, entry if calibration is not None else None, rank_hosts)
     print(f"reading: {describe_reading(reading)}", file=sys.stderr)
     for line in renamed + ([note] if note else []) + host_notes + list(topology.notes) + scenario_notes(scenario):
@@ -256,15 +305,23 @@ def run(args: argparse.Namespace) -> int:
     if topology.worth_recording:
         print(f"simulated network topology: {topology.description}", file=sys.stderr)
     if scenario.faults:
-        print(f"note: the scenario's {len(scenario.faults)} faults are not simulated (the model predicts the "
-              "run without them)", file=sys.stderr)
-    print(f"{scenario.name}: simulating {scenario.ranks} ranks x {scenario.workload.iterations} iterations"
-          f"{' with values (every rank trains its model)' if scenario.simulation.train else ''}, "
-          f"{len(scenario.algorithms)} algorithms", file=sys.stderr)
+        print(
+            f"note: the scenario's {len(scenario.faults)} faults are not simulated (the model predicts the "
+            "run without them)",
+            file=sys.stderr,
+        )
+    print(
+        f"{scenario.name}: simulating {scenario.ranks} ranks x {scenario.workload.iterations} iterations"
+        f"{' with values (every rank trains its model)' if scenario.simulation.train else ''}, "
+        f"{len(scenario.algorithms)} algorithms",
+        file=sys.stderr,
+    )
 
     def report(name, frame, stat) -> None:
-        print(f"  {name}: {stat.events:,} events in {stat.host_s:.2f} s ({stat.events_per_s:,.0f} events/s)",
-              file=sys.stderr)
+        print(
+            f"  {name}: {stat.events:,} events in {stat.host_s:.2f} s ({stat.events_per_s:,.0f} events/s)",
+            file=sys.stderr,
+        )
 
     into = getattr(args, "into", None)  # a sweep's point: exactly there
     path = Path(into) if into is not None else new_simulated_run_path(Path(args.out), scenario.name)
@@ -279,13 +336,27 @@ def run(args: argparse.Namespace) -> int:
         return 130
     trace_ranks = DEFAULT_TRACE_RANKS if args.trace_ranks is None else args.trace_ranks
     calibrated = calibration is not None  # else the default network: run.json says null for both
-    run_dir = write_simulated_run(path, scenario, frames, stats, "predictive",
-                                  str(calibration_file) if calibrated else None, trace_ranks,
-                                  calibration_ranks=entry.ranks if calibrated else None, topology=topology,
-                                  reading=reading)
+    run_dir = write_simulated_run(
+        path,
+        scenario,
+        frames,
+        stats,
+        "predictive",
+        str(calibration_file) if calibrated else None,
+        trace_ranks,
+        calibration_ranks=entry.ranks if calibrated else None,
+        topology=topology,
+        reading=reading,
+    )
     print((run_dir.path / SUMMARY_TABLE_FILE).read_text(), end="")  # written with the run, its header first
     total_events, total_s = sum(s.events for s in stats), sum(s.host_s for s in stats)
-    print(tabulate([[f"{total_events:,}", f"{total_s:.2f}", f"{total_events / max(total_s, 1e-9):,.0f}"]],
-                   headers=["events", "simulator s", "events/s"], tablefmt="simple", disable_numparse=True))
+    print(
+        tabulate(
+            [[f"{total_events:,}", f"{total_s:.2f}", f"{total_events / max(total_s, 1e-9):,.0f}"]],
+            headers=["events", "simulator s", "events/s"],
+            tablefmt="simple",
+            disable_numparse=True,
+        )
+    )
     print(f"results: {run_dir.path}")
     return after_command(run_dir.path)  # report.html (a warning, not a failure, if it cannot be drawn)

@@ -24,12 +24,16 @@ def sweep_mode(command: str, args: argparse.Namespace) -> int | None:
     resume = getattr(args, "resume", None)
     is_sweep = resume is not None and (Path(resume) / SWEEP_FILE).is_file()
     if (is_sweep or args.sweep) and args.point is None and inside_mpi_job() is not None:
-        return _error("a sweep starts its points' runs itself: start it outside an MPI job (or run one point "
-                      "per job with --resume SWEEP_DIR --point I)")
+        return _error(
+            "a sweep starts its points' runs itself: start it outside an MPI job (or run one point "
+            "per job with --resume SWEEP_DIR --point I)"
+        )
     if is_sweep:
         if args.sweep or args.scenario is not None or args.assignments or scenario_overrides(args):
-            return _error("--resume SWEEP_DIR takes nothing else but --point (and --jobs): the sweep keeps its "
-                          "scenario and settings in sweep.json")
+            return _error(
+                "--resume SWEEP_DIR takes nothing else but --point (and --jobs): the sweep keeps its "
+                "scenario and settings in sweep.json"
+            )
         return resume_sweep(command, args)
     if args.point is not None:
         return _error("--point I goes with --resume SWEEP_DIR")

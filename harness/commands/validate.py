@@ -42,8 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load ``args.file``; print its summary (0). A file that does not load raises ScenarioError,
     which ``harness.cli`` prints as one ``error:`` line per problem (2)."""
-    scenario, renamed = load_scenario_with_notes(args.file, overrides=scenario_overrides(args),
-                                                 assignments=args.assignments)
+    scenario, renamed = load_scenario_with_notes(
+        args.file, overrides=scenario_overrides(args), assignments=args.assignments
+    )
     problem = scenario_device_problem(scenario)
     if problem is not None:
         print(f"error: {args.file}: {problem}", file=sys.stderr)
@@ -64,10 +65,12 @@ def summary(scenario: Scenario) -> str:
     lines = [
         f"{scenario.name}: {scenario.ranks} ranks, seed {scenario.seed}",
         f"workload: {trained}, batch {w.batch_size}, {w.iterations} iterations, {compute}{_local_costs(w)}",
-        "optimizer: the training script's own" if w.of_script else
-        f"optimizer: {_entry(scenario.optimizer.model_dump(exclude={'name'}), scenario.optimizer.name)}",
-        "algorithms:" if scenario.algorithms else
-        "algorithms: none (a torch.distributed script that `python -m harness launch --scenario` runs is the "
+        "optimizer: the training script's own"
+        if w.of_script
+        else f"optimizer: {_entry(scenario.optimizer.model_dump(exclude={'name'}), scenario.optimizer.name)}",
+        "algorithms:"
+        if scenario.algorithms
+        else "algorithms: none (a torch.distributed script that `python -m harness launch --scenario` runs is the "
         "algorithm)",
         *(f"  {_algorithm_line(p, w.of_script)}" for p in scenario.algorithms),
         "imbalance:" if scenario.imbalance else "imbalance: none",
@@ -85,8 +88,9 @@ def _local_costs(w) -> str:
     parts = []
     if w.node is not None:
         bandwidth = "unlimited" if w.node.link.bandwidth_gbps is None else f"{w.node.link.bandwidth_gbps:g} Gb/s"
-        parts.append(f"a rank is a node of {w.node.gpus} GPUs ({w.node.link.latency_us:g} us, {bandwidth} "
-                     "between them)")
+        parts.append(
+            f"a rank is a node of {w.node.gpus} GPUs ({w.node.link.latency_us:g} us, {bandwidth} between them)"
+        )
     if w.staging is not None:
         parts.append(f"staged through the host at {w.staging.bandwidth_gbps:g} Gb/s")
     return "".join(f"; {p}" for p in parts)
@@ -107,8 +111,10 @@ def _topology_lines(scenario: Scenario) -> list[str]:
 
     fabric = "" if topology.bisection_gbps is None else f"; fabric {topology.bisection_gbps:g} Gb/s"
     preset = f" ({topology.preset})" if topology.preset else ""
-    return [f"  topology{preset}: {max(node_of) + 1} nodes of {per_node} ranks; NIC {link(topology.nic)}; "
-            f"intra-node {link(topology.intra)}{fabric}"]
+    return [
+        f"  topology{preset}: {max(node_of) + 1} nodes of {per_node} ranks; NIC {link(topology.nic)}; "
+        f"intra-node {link(topology.intra)}{fabric}"
+    ]
 
 
 def _algorithm_line(params: Any, of_script: bool) -> str:

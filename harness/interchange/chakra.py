@@ -65,7 +65,14 @@ COMM_NODE_TYPES = frozenset(NODE_TYPE[t] for t in ("COMM_COLL_NODE", "COMM_SEND_
 
 # Chakra's attribute names (as its feeder reads them) and the harness's own.
 COMM_TYPE_ATTR, COMM_SIZE, COMM_SRC, COMM_DST, COMM_TAG, PG_NAME, IS_CPU_OP = (
-    "comm_type", "comm_size", "comm_src", "comm_dst", "comm_tag", "pg_name", "is_cpu_op")
+    "comm_type",
+    "comm_size",
+    "comm_src",
+    "comm_dst",
+    "comm_tag",
+    "pg_name",
+    "is_cpu_op",
+)
 H_STEP = "harness_step"  # int64: the step (iteration) a node belongs to
 H_ROLE = "harness_role"  # string: a COMP_NODE's part of its step (ROLES)
 H_SEQ = "harness_seq"  # int64: collectives.csv's seq
@@ -75,7 +82,12 @@ H_WAITED = "harness_waited"  # bool
 H_COLUMN = "harness_column:"  # prefix: a collectives.csv column this module does not map (string)
 # On a step's end node: steps.csv's values that no duration carries.
 H_START, H_BLOCKED, H_BYTES, H_LOSS, H_ACCURACY = (
-    "harness_start_s", "harness_comm_blocked_s", "harness_bytes_sent", "harness_loss", "harness_accuracy")
+    "harness_start_s",
+    "harness_comm_blocked_s",
+    "harness_bytes_sent",
+    "harness_loss",
+    "harness_accuracy",
+)
 ROLE_DELAY, ROLE_WORK, ROLE_END = "injected_delay", "local_work", "step_end"
 # In GlobalMetadata: the rank's entry of the run's script_structure.json (JSON), which a replay at
 # another rank count rescales FSDP's and ZeRO's operations by (harness.sim.script_scaling).
@@ -132,9 +144,15 @@ class ProcessGroups:
 
     def pytorch_values(self) -> str:
         """``inputs.values`` of a ``process_group:init`` node, as PyTorch writes it."""
-        described = [{"pg_name": name, "pg_desc": "default_pg" if name == WORLD_PG else "",
-                      "ranks": list(members), "group_size": len(members)}
-                     for name, members in self.ranks_of.items()]
+        described = [
+            {
+                "pg_name": name,
+                "pg_desc": "default_pg" if name == WORLD_PG else "",
+                "ranks": list(members),
+                "group_size": len(members),
+            }
+            for name, members in self.ranks_of.items()
+        ]
         return repr([json.dumps(described)])
 
     def comm_group_configuration(self) -> dict[str, list[int]]:
@@ -155,8 +173,9 @@ def parse_pytorch_groups(values: str, world: int, where: str) -> dict[str, tuple
             out[str(entry["pg_name"])] = ranks
         return out
     except (ValueError, SyntaxError, TypeError, KeyError, AttributeError) as exc:
-        raise ChakraError(f"{where}: its process groups (inputs.values) do not read as PyTorch's list of "
-                          f"{{pg_name, ranks}}: {exc}") from None
+        raise ChakraError(
+            f"{where}: its process groups (inputs.values) do not read as PyTorch's list of {{pg_name, ranks}}: {exc}"
+        ) from None
 
 
 def read_comm_group_configuration(path) -> dict[str, tuple[int, ...]]:
@@ -165,4 +184,4 @@ def read_comm_group_configuration(path) -> dict[str, tuple[int, ...]]:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
         return {str(k): tuple(sorted(int(r) for r in v)) for k, v in data.items()}
     except (OSError, ValueError, TypeError, AttributeError) as exc:
-        raise ChakraError(f"{path}: not a communicator group file ({{\"<pg_name>\": [ranks]}}): {exc}") from None
+        raise ChakraError(f'{path}: not a communicator group file ({{"<pg_name>": [ranks]}}): {exc}') from None

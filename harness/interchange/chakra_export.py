@@ -67,8 +67,13 @@ class _Graph:
         self.nodes: list[Any] = []
 
     def add(self, name: str, kind: str, deps: list[int], duration_us: int = 0, attrs: tuple = ()) -> int:
-        node = et.Node(id=len(self.nodes), name=name, type=et.NODE_TYPE[kind], data_deps=sorted(set(deps)),
-                       duration_micros=duration_us)
+        node = et.Node(
+            id=len(self.nodes),
+            name=name,
+            type=et.NODE_TYPE[kind],
+            data_deps=sorted(set(deps)),
+            duration_micros=duration_us,
+        )
         node.attr.extend([et.attribute(c.IS_CPU_OP, False), *attrs])
         self.nodes.append(node)
         return node.id
@@ -76,8 +81,10 @@ class _Graph:
 
 def _op_attrs(row: Any, groups: c.ProcessGroups, rank: int, tag: int, extra: list[str]) -> list[Any]:
     kind, comm_type = c.OP_TO_CHAKRA[row.op]
-    attrs = [et.attribute(c.COMM_SIZE, int(row.payload_bytes), "int64"),
-             et.attribute(c.PG_NAME, groups.name_of(row.group_ranks), "string")]
+    attrs = [
+        et.attribute(c.COMM_SIZE, int(row.payload_bytes), "int64"),
+        et.attribute(c.PG_NAME, groups.name_of(row.group_ranks), "string"),
+    ]
     if comm_type is not None:
         attrs.insert(0, et.attribute(c.COMM_TYPE_ATTR, et.COMM_TYPE[comm_type], "int64"))
     peer = int(row.peer)
@@ -91,9 +98,13 @@ def _op_attrs(row: Any, groups: c.ProcessGroups, rank: int, tag: int, extra: lis
         attrs.append(et.attribute(c.COMM_DST, peer, "int32"))
     if kind != "COMM_COLL_NODE":
         attrs.append(et.attribute(c.COMM_TAG, tag, "int32"))
-    attrs += [et.attribute(c.H_STEP, int(row.iteration), "int64"), et.attribute(c.H_SEQ, int(row.seq), "int64"),
-              et.attribute(c.H_PHASE, str(row.phase), "string"), et.attribute(c.H_AT, float(row.at), "double"),
-              et.attribute(c.H_WAITED, bool(row.waited), "bool")]
+    attrs += [
+        et.attribute(c.H_STEP, int(row.iteration), "int64"),
+        et.attribute(c.H_SEQ, int(row.seq), "int64"),
+        et.attribute(c.H_PHASE, str(row.phase), "string"),
+        et.attribute(c.H_AT, float(row.at), "double"),
+        et.attribute(c.H_WAITED, bool(row.waited), "bool"),
+    ]
     attrs += [et.attribute(c.H_COLUMN + name, str(getattr(row, name)), "string") for name in extra]
     return attrs
 
@@ -110,8 +121,9 @@ def _chain(g: _Graph, ops: list[tuple[Any, list]], deps: list[int]) -> list[int]
     return ids
 
 
-def rank_graph(rank: int, steps: pd.DataFrame, ops: pd.DataFrame, groups: c.ProcessGroups,
-               extra: list[str]) -> list[Any]:
+def rank_graph(
+    rank: int, steps: pd.DataFrame, ops: pd.DataFrame, groups: c.ProcessGroups, extra: list[str]
+) -> list[Any]:
     """The nodes of one rank's file (after its metadata): see the module doc."""
     g = _Graph()
     last = g.add(c.PG_INIT_NAME, "METADATA_NODE", [])
@@ -133,8 +145,13 @@ def rank_graph(rank: int, steps: pd.DataFrame, ops: pd.DataFrame, groups: c.Proc
         after = [o for o in phased if o[0].phase == "after"]
         here = (et.attribute(c.H_STEP, t, "int64"),)
         posted = _chain(g, before, [last])
-        delay = g.add(f"injected delay (step {t})", "COMP_NODE", posted or [last], _us(step.injected_delay_s),
-                      (*here, et.attribute(c.H_ROLE, c.ROLE_DELAY, "string")))
+        delay = g.add(
+            f"injected delay (step {t})",
+            "COMP_NODE",
+            posted or [last],
+            _us(step.injected_delay_s),
+            (*here, et.attribute(c.H_ROLE, c.ROLE_DELAY, "string")),
+        )
         local = _us(step.compute_s)
         cuts, place = [], 0.0
         for row, _ in overlap:
@@ -143,23 +160,35 @@ def rank_graph(rank: int, steps: pd.DataFrame, ops: pd.DataFrame, groups: c.Proc
         bounds = [0, *cuts, local]
         segment, tail, waited_for = delay, [], None
         for i in range(len(bounds) - 1):
-            work = g.add(f"local work (step {t}, {i + 1}/{len(bounds) - 1})", "COMP_NODE", [segment],
-                         bounds[i + 1] - bounds[i], (*here, et.attribute(c.H_ROLE, c.ROLE_WORK, "string")))
+            work = g.add(
+                f"local work (step {t}, {i + 1}/{len(bounds) - 1})",
+                "COMP_NODE",
+                [segment],
+                bounds[i + 1] - bounds[i],
+                (*here, et.attribute(c.H_ROLE, c.ROLE_WORK, "string")),
+            )
             segment = work
             if i < len(overlap):
                 row, attrs = overlap[i]
                 deps = [work] + ([waited_for] if waited_for is not None else [])
-                node = g.add(f"{row.op} (step {t}, #{int(row.seq)})", c.OP_TO_CHAKRA[row.op][0], deps,
-                             attrs=tuple(attrs))
+                node = g.add(
+                    f"{row.op} (step {t}, #{int(row.seq)})", c.OP_TO_CHAKRA[row.op][0], deps, attrs=tuple(attrs)
+                )
                 tail.append(node)
                 waited_for = node if bool(row.waited) else None
         done = _chain(g, after, [segment, *tail])
         loss, accuracy = float(step.loss), float(step.accuracy) if hasattr(step, "accuracy") else math.nan
-        ends = [et.attribute(c.H_ROLE, c.ROLE_END, "string"), et.attribute(c.H_START, float(step.start_s), "double"),
-                et.attribute(c.H_BLOCKED, float(step.comm_blocked_s), "double"),
-                et.attribute(c.H_BYTES, int(step.bytes_sent), "int64")]
-        ends += [et.attribute(name, v, "double") for name, v in ((c.H_LOSS, loss), (c.H_ACCURACY, accuracy))
-                 if math.isfinite(v)]
+        ends = [
+            et.attribute(c.H_ROLE, c.ROLE_END, "string"),
+            et.attribute(c.H_START, float(step.start_s), "double"),
+            et.attribute(c.H_BLOCKED, float(step.comm_blocked_s), "double"),
+            et.attribute(c.H_BYTES, int(step.bytes_sent), "int64"),
+        ]
+        ends += [
+            et.attribute(name, v, "double")
+            for name, v in ((c.H_LOSS, loss), (c.H_ACCURACY, accuracy))
+            if math.isfinite(v)
+        ]
         last = g.add(f"end of step {t}", "COMP_NODE", [segment, *tail, *done, delay], 0, here + tuple(ends))
     return g.nodes
 
@@ -173,9 +202,11 @@ def export_run(run_dir: Path, out_dir: Path | None = None, name: str | None = No
     meta = read_run_json(run_dir)
     label = script_label(meta)
     if not meta.get("torch_distributed") or not (run_dir / COLLECTIVE_FILE).is_file():
-        raise c.ChakraError(f"{run_dir}: not a torch.distributed script run of `python -m harness launch --scenario` "
-                            f"(run.json has no torch_distributed, or there is no {COLLECTIVE_FILE}): only a script "
-                            "run's recorded collectives can be exported")
+        raise c.ChakraError(
+            f"{run_dir}: not a torch.distributed script run of `python -m harness launch --scenario` "
+            f"(run.json has no torch_distributed, or there is no {COLLECTIVE_FILE}): only a script "
+            "run's recorded collectives can be exported"
+        )
     steps = read_frame(run_dir / STEPS_FILE, STEP_COLUMNS)
     steps = steps[steps["algorithm"] == label]
     if not label or steps.empty:
@@ -187,8 +218,11 @@ def export_run(run_dir: Path, out_dir: Path | None = None, name: str | None = No
     ranks = int(meta.get("ranks") or int(steps["rank"].max()) + 1)
     groups = c.ProcessGroups.of_members(ops["group_ranks"], ranks)
     extra = [col for col in columns.COLLECTIVE_COLUMNS if col not in c.MAPPED_COLUMNS]
-    structure = json.loads((run_dir / STRUCTURE_FILE).read_text()).get("ranks", []) \
-        if (run_dir / STRUCTURE_FILE).is_file() else []
+    structure = (
+        json.loads((run_dir / STRUCTURE_FILE).read_text()).get("ranks", [])
+        if (run_dir / STRUCTURE_FILE).is_file()
+        else []
+    )
     name = name or label
     out_dir = Path(out_dir) if out_dir is not None else run_dir / "chakra"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -196,17 +230,25 @@ def export_run(run_dir: Path, out_dir: Path | None = None, name: str | None = No
     for rank in range(ranks):
         mine = steps[steps["rank"] == rank]
         nodes = rank_graph(rank, mine, ops[ops["rank"] == rank], groups, extra)
-        metadata = et.GlobalMetadata(version=et.SCHEMA_VERSION, attr=[
-            et.attribute("producer", c.PRODUCER, "string"), et.attribute("producer_version", __version__, "string"),
-            et.attribute("rank", rank, "int64"), et.attribute("ranks", ranks, "int64"),
-            et.attribute("label", label, "string"), et.attribute("scenario", str(meta.get("scenario", "")), "string"),
-            et.attribute("steps", len(mine), "int64"),
-            et.attribute("time_unit", "duration_micros: microseconds", "string")])
+        metadata = et.GlobalMetadata(
+            version=et.SCHEMA_VERSION,
+            attr=[
+                et.attribute("producer", c.PRODUCER, "string"),
+                et.attribute("producer_version", __version__, "string"),
+                et.attribute("rank", rank, "int64"),
+                et.attribute("ranks", ranks, "int64"),
+                et.attribute("label", label, "string"),
+                et.attribute("scenario", str(meta.get("scenario", "")), "string"),
+                et.attribute("steps", len(mine), "int64"),
+                et.attribute("time_unit", "duration_micros: microseconds", "string"),
+            ],
+        )
         if rank < len(structure):
             metadata.attr.append(et.attribute(c.H_STRUCTURE, json.dumps(structure[rank]), "string"))
         files.append(et.write_trace(out_dir / f"{name}.{rank}.et", metadata, nodes))
         counts.append(len(mine))
         sizes.append(len(nodes))
-    config = atomic.write_text(out_dir / f"{name}.comm_groups.json",
-                               json.dumps(groups.comm_group_configuration(), indent=1) + "\n")
+    config = atomic.write_text(
+        out_dir / f"{name}.comm_groups.json", json.dumps(groups.comm_group_configuration(), indent=1) + "\n"
+    )
     return Export(files, config, out_dir / name, counts, sizes)

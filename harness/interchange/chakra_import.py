@@ -78,17 +78,20 @@ def trace_files(spec: Path) -> tuple[Path, list[Path]]:
         if m and (spec.is_dir() or m["name"] == spec.name):
             found[m["name"]][int(m["rank"])] = path
     if not found:
-        raise c.ChakraError(f"{spec}: no Chakra ET files ({'<name>' if spec.is_dir() else spec.name}.<rank>.et)"
-                            + (" in it" if spec.is_dir() else ": give the prefix of NAME.0.et, NAME.1.et ... "
-                               "or their directory"))
+        raise c.ChakraError(
+            f"{spec}: no Chakra ET files ({'<name>' if spec.is_dir() else spec.name}.<rank>.et)"
+            + (" in it" if spec.is_dir() else ": give the prefix of NAME.0.et, NAME.1.et ... or their directory")
+        )
     if len(found) > 1:
-        raise c.ChakraError(f"{spec}: holds the ET files of several traces ({', '.join(sorted(found))}): "
-                            f"give one as {spec}/NAME")
+        raise c.ChakraError(
+            f"{spec}: holds the ET files of several traces ({', '.join(sorted(found))}): give one as {spec}/NAME"
+        )
     name, files = found.popitem()
     missing = [r for r in range(max(files) + 1) if r not in files]
     if missing:
-        raise c.ChakraError(f"{folder / f'{name}.{missing[0]}.et'}: missing: a trace has one file per rank, "
-                            f"0 to {max(files)}")
+        raise c.ChakraError(
+            f"{folder / f'{name}.{missing[0]}.et'}: missing: a trace has one file per rank, 0 to {max(files)}"
+        )
     return folder / name, [files[r] for r in range(len(files))]
 
 
@@ -107,17 +110,28 @@ def _operation(path: Path, node: Any, attrs: dict, rank: int, groups: c.ProcessG
             raise _refuse(path, node, "a COMM_COLL_NODE without comm_type: which collective it is is unknown")
         op = c.COMM_TYPE_TO_OP.get(int(number))
         if op is None:
-            raise _refuse(path, node, f"comm_type {c.comm_type_name(int(number))} has no native counterpart "
-                                      f"(the native layer has {', '.join(sorted(set(c.COMM_TYPE_TO_OP.values())))})")
+            raise _refuse(
+                path,
+                node,
+                f"comm_type {c.comm_type_name(int(number))} has no native counterpart "
+                f"(the native layer has {', '.join(sorted(set(c.COMM_TYPE_TO_OP.values())))})",
+            )
     size = attrs.get(c.COMM_SIZE)
     if size is None or int(size) < 0:
-        raise _refuse(path, node, f"{c.a_(op)} without comm_size (the bytes it moves)" if size is None
-                      else f"comm_size {size} is negative")
+        raise _refuse(
+            path,
+            node,
+            f"{c.a_(op)} without comm_size (the bytes it moves)" if size is None else f"comm_size {size} is negative",
+        )
     pg = str(attrs.get(c.PG_NAME, ""))
     members = groups.members(pg)
     if members is None:
-        raise _refuse(path, node, f"pg_name {pg!r}: no such process group (no process_group:init node of the file "
-                                  "and no --comm-groups file describes it)")
+        raise _refuse(
+            path,
+            node,
+            f"pg_name {pg!r}: no such process group (no process_group:init node of the file "
+            "and no --comm-groups file describes it)",
+        )
     src, dst = attrs.get(c.COMM_SRC), attrs.get(c.COMM_DST)
     world = groups.world
     if op in ("send", "recv"):
@@ -131,8 +145,11 @@ def _operation(path: Path, node: Any, attrs: dict, rank: int, groups: c.ProcessG
         peer = int(theirs)
     else:
         if rank not in members:
-            raise _refuse(path, node, f"{c.a_(op)} over process group {pg or c.WORLD_PG} {list(members)}, "
-                                      f"which rank {rank} is not in")
+            raise _refuse(
+                path,
+                node,
+                f"{c.a_(op)} over process group {pg or c.WORLD_PG} {list(members)}, which rank {rank} is not in",
+            )
         root = src if op in c.ROOT_IS_SOURCE else dst if op in c.ROOT_IS_DESTINATION else None
         peer = -1
         if op in c.ROOT_IS_SOURCE | c.ROOT_IS_DESTINATION:
@@ -168,8 +185,9 @@ def _topological(path: Path, nodes: dict[int, Any]) -> list[int]:
     return order
 
 
-def analyze_rank(rank: int, path: Path, nodes: list[Any], groups: c.ProcessGroups,
-                 notes: set) -> tuple[list[dict], list[dict], bool]:
+def analyze_rank(
+    rank: int, path: Path, nodes: list[Any], groups: c.ProcessGroups, notes: set
+) -> tuple[list[dict], list[dict], bool]:
     """(steps.csv rows, collectives.csv rows, whether every step has its recorded times) of one
     rank's nodes: see the module doc."""
     by_id: dict[int, Any] = {}
@@ -194,15 +212,22 @@ def analyze_rank(rank: int, path: Path, nodes: list[Any], groups: c.ProcessGroup
             role = a.get(c.H_ROLE, c.ROLE_WORK)
             kind[node.id] = role if role in (c.ROLE_DELAY, c.ROLE_END) else c.ROLE_WORK
             if node.duration_micros == 0 and a.get("num_ops"):
-                raise _refuse(path, node, "a COMP_NODE timed only by num_ops and tensor_size (ASTRA-sim's roofline "
-                                          "model): the harness needs its duration_micros")
+                raise _refuse(
+                    path,
+                    node,
+                    "a COMP_NODE timed only by num_ops and tensor_size (ASTRA-sim's roofline "
+                    "model): the harness needs its duration_micros",
+                )
         elif node.type in c.COMM_NODE_TYPES:
             kind[node.id] = "comm"
             ops[node.id] = _operation(path, node, a, rank, groups, notes)
         else:
             name = et.NODE_TYPES[node.type] if 0 <= node.type < len(et.NODE_TYPES) else f"node type {node.type}"
-            raise _refuse(path, node, f"{c.a_(name)} has no native counterpart (the harness replays compute and "
-                                      "communication only)")
+            raise _refuse(
+                path,
+                node,
+                f"{c.a_(name)} has no native counterpart (the harness replays compute and communication only)",
+            )
     bits = {i: 1 << b for b, i in enumerate(i for i in sorted(by_id) if kind[i] in ("comm", c.ROLE_WORK))}
     finish: dict[int, int] = {}
     ancestors: dict[int, int] = {}
@@ -241,9 +266,19 @@ def analyze_rank(rank: int, path: Path, nodes: list[Any], groups: c.ProcessGroup
             waited = a.get(c.H_WAITED)
             if waited is None:
                 waited = n + 1 == len(mine) or bool(ancestors[mine[n + 1]] & bits[i])
-            extra = {k[len(c.H_COLUMN):]: v for k, v in a.items() if k.startswith(c.H_COLUMN)}
-            rows.append({"rank": rank, "iteration": t, "seq": int(a[c.H_SEQ]) if exact else n, **ops[i],
-                         "phase": phase, "at": float(at), "waited": bool(waited), **extra})
+            extra = {k[len(c.H_COLUMN) :]: v for k, v in a.items() if k.startswith(c.H_COLUMN)}
+            rows.append(
+                {
+                    "rank": rank,
+                    "iteration": t,
+                    "seq": int(a[c.H_SEQ]) if exact else n,
+                    **ops[i],
+                    "phase": phase,
+                    "at": float(at),
+                    "waited": bool(waited),
+                    **extra,
+                }
+            )
     step_rows, clock = [], 0.0
     for t in range(steps):
         end = ends[t]
@@ -251,27 +286,45 @@ def analyze_rank(rank: int, path: Path, nodes: list[Any], groups: c.ProcessGroup
         blocked = float(end.get(c.H_BLOCKED, 0.0))
         compute, injected = local[t] / 1e6, delay[t] / 1e6
         clock = start + injected + compute + blocked
-        step_rows.append({"rank": rank, "iteration": t, "start_s": start, "end_s": clock, "compute_s": compute,
-                          "injected_delay_s": injected, "comm_blocked_s": blocked,
-                          "bytes_sent": int(end.get(c.H_BYTES, 0)), "loss": float(end.get(c.H_LOSS, math.nan)),
-                          "accuracy": float(end.get(c.H_ACCURACY, math.nan))})
+        step_rows.append(
+            {
+                "rank": rank,
+                "iteration": t,
+                "start_s": start,
+                "end_s": clock,
+                "compute_s": compute,
+                "injected_delay_s": injected,
+                "comm_blocked_s": blocked,
+                "bytes_sent": int(end.get(c.H_BYTES, 0)),
+                "loss": float(end.get(c.H_LOSS, math.nan)),
+                "accuracy": float(end.get(c.H_ACCURACY, math.nan)),
+            }
+        )
     return step_rows, rows, all(c.H_START in end for end in ends)
 
 
 def _frames(label: str, steps: list[dict], ops: list[dict]) -> tuple[Any, Any]:
     all_columns = columns.COLLECTIVE_COLUMNS  # read now: the columns may grow
     defaults = {"algorithm": label, "loss": math.nan, "bytes_sent": 0, "staleness": -1, "accuracy": math.nan}
-    step_frame = to_frame(pd.DataFrame([{**defaults, **row} for row in steps]).reindex(columns=list(STEP_COLUMNS)),
-                          STEP_COLUMNS)
-    op_frame = pd.DataFrame(ops, columns=[col for col in all_columns if col in c.MAPPED_COLUMNS
-                                          or any(col in row for row in ops)])
+    step_frame = to_frame(
+        pd.DataFrame([{**defaults, **row} for row in steps]).reindex(columns=list(STEP_COLUMNS)), STEP_COLUMNS
+    )
+    op_frame = pd.DataFrame(
+        ops, columns=[col for col in all_columns if col in c.MAPPED_COLUMNS or any(col in row for row in ops)]
+    )
     if list(op_frame.columns) == list(all_columns):
         op_frame = to_frame(op_frame, all_columns)
     return step_frame, op_frame
 
 
-def import_traces(spec: Path, scenario_file: Path, out: Path | None = None, label: str | None = None,
-                  comm_groups: Path | None = None, results_root: Path = Path("results")) -> Imported:
+def import_traces(
+    spec: Path,
+    scenario_file: Path,
+    out: Path | None = None,
+    label: str | None = None,
+    comm_groups: Path | None = None,
+    results_root: Path = Path("results"),
+) -> Imported:
     """Make a script run's results directory (``out``, default a new one under
     ``results_root/<scenario>/``) from the trace ``spec``, under ``scenario_file``."""
     prefix, files = trace_files(spec)
@@ -303,15 +356,18 @@ def import_traces(spec: Path, scenario_file: Path, out: Path | None = None, labe
     label = label or re.sub(r"[^A-Za-z0-9_-]", "_", prefix.name) or "chakra"
     scenario = load_scenario(scenario_file, overrides={"ranks": world, "iterations": min(counts)})
     if scenario.algorithms:
-        raise c.ChakraError(f"{scenario_file}: lists algorithms: the trace is the algorithm, so its scenario lists "
-                            "none (as one for `python -m harness launch --scenario SCRIPT`)")
+        raise c.ChakraError(
+            f"{scenario_file}: lists algorithms: the trace is the algorithm, so its scenario lists "
+            "none (as one for `python -m harness launch --scenario SCRIPT`)"
+        )
     step_frame, op_frame = _frames(label, steps, ops)
     parent = Path(results_root) / scenario.name if out is None else Path(out).parent
     fresh = None  # the outermost folder the run directory's creation makes
     while not parent.exists():
         fresh, parent = parent, parent.parent
-    run = RunDirectory.create(results_root, scenario.name) if out is None else RunDirectory.create_at(out,
-                                                                                                      scenario.name)
+    run = (
+        RunDirectory.create(results_root, scenario.name) if out is None else RunDirectory.create_at(out, scenario.name)
+    )
 
     def remove() -> None:  # nothing of a refused import is left behind
         shutil.rmtree(run.path, ignore_errors=True)
@@ -327,11 +383,24 @@ def import_traces(spec: Path, scenario_file: Path, out: Path | None = None, labe
         ScriptTrace.read(run.path, world, min(counts))  # the ranks' sequences line up as the replay needs
         write_summary(run, scenario)
         run.write_trace()
-        source = {"format": "chakra", "files": f"{prefix}.<rank>.et", "producer": ", ".join(sorted(producers)),
-                  "version": ", ".join(sorted(versions)),  # GlobalMetadata.version
-                  "step_times": "recorded" if all(timed) else "local work only (no waits: the trace has none)"}
-        run.write_run_json("complete", [label], ranks=world, extra={
-            "script": str(prefix), "torch_distributed": True, "optimizer_steps": counts, "imported_from": source})
+        source = {
+            "format": "chakra",
+            "files": f"{prefix}.<rank>.et",
+            "producer": ", ".join(sorted(producers)),
+            "version": ", ".join(sorted(versions)),  # GlobalMetadata.version
+            "step_times": "recorded" if all(timed) else "local work only (no waits: the trace has none)",
+        }
+        run.write_run_json(
+            "complete",
+            [label],
+            ranks=world,
+            extra={
+                "script": str(prefix),
+                "torch_distributed": True,
+                "optimizer_steps": counts,
+                "imported_from": source,
+            },
+        )
     except ReplayError as exc:
         remove()
         raise c.ChakraError(f"{prefix}: the ranks' traces do not line up: {exc}") from None

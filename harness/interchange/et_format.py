@@ -31,32 +31,76 @@ PACKAGE = "ChakraProtoMsg"
 # Chakra's project version whose et_def.proto the classes follow; written as GlobalMetadata.version.
 SCHEMA_VERSION = "1.0.0"
 
-NODE_TYPES = ("INVALID_NODE", "METADATA_NODE", "MEM_LOAD_NODE", "MEM_STORE_NODE", "COMP_NODE", "COMM_SEND_NODE",
-              "COMM_RECV_NODE", "COMM_COLL_NODE")
-COLLECTIVE_COMM_TYPES = ("ALL_REDUCE", "REDUCE", "ALL_GATHER", "GATHER", "SCATTER", "BROADCAST", "ALL_TO_ALL",
-                         "REDUCE_SCATTER", "REDUCE_SCATTER_BLOCK", "BARRIER")
+NODE_TYPES = (
+    "INVALID_NODE",
+    "METADATA_NODE",
+    "MEM_LOAD_NODE",
+    "MEM_STORE_NODE",
+    "COMP_NODE",
+    "COMM_SEND_NODE",
+    "COMM_RECV_NODE",
+    "COMM_COLL_NODE",
+)
+COLLECTIVE_COMM_TYPES = (
+    "ALL_REDUCE",
+    "REDUCE",
+    "ALL_GATHER",
+    "GATHER",
+    "SCATTER",
+    "BROADCAST",
+    "ALL_TO_ALL",
+    "REDUCE_SCATTER",
+    "REDUCE_SCATTER_BLOCK",
+    "BARRIER",
+)
 # Numbers of the enums' values (their position in the schema).
 NODE_TYPE = {name: i for i, name in enumerate(NODE_TYPES)}
 COMM_TYPE = {name: i for i, name in enumerate(COLLECTIVE_COMM_TYPES)}
 
 _F = descriptor_pb2.FieldDescriptorProto
 # AttributeProto's oneof ``value``: each scalar kind at field 3 + 2i, the list of it at 4 + 2i.
-_ATTRIBUTE_KINDS = (("double", _F.TYPE_DOUBLE), ("float", _F.TYPE_FLOAT), ("int32", _F.TYPE_INT32),
-                    ("int64", _F.TYPE_INT64), ("uint32", _F.TYPE_UINT32), ("uint64", _F.TYPE_UINT64),
-                    ("sint32", _F.TYPE_SINT32), ("sint64", _F.TYPE_SINT64), ("fixed32", _F.TYPE_FIXED32),
-                    ("fixed64", _F.TYPE_FIXED64), ("sfixed32", _F.TYPE_SFIXED32), ("sfixed64", _F.TYPE_SFIXED64),
-                    ("bool", _F.TYPE_BOOL), ("string", _F.TYPE_STRING), ("bytes", _F.TYPE_BYTES))
+_ATTRIBUTE_KINDS = (
+    ("double", _F.TYPE_DOUBLE),
+    ("float", _F.TYPE_FLOAT),
+    ("int32", _F.TYPE_INT32),
+    ("int64", _F.TYPE_INT64),
+    ("uint32", _F.TYPE_UINT32),
+    ("uint64", _F.TYPE_UINT64),
+    ("sint32", _F.TYPE_SINT32),
+    ("sint64", _F.TYPE_SINT64),
+    ("fixed32", _F.TYPE_FIXED32),
+    ("fixed64", _F.TYPE_FIXED64),
+    ("sfixed32", _F.TYPE_SFIXED32),
+    ("sfixed64", _F.TYPE_SFIXED64),
+    ("bool", _F.TYPE_BOOL),
+    ("string", _F.TYPE_STRING),
+    ("bytes", _F.TYPE_BYTES),
+)
 
 
 def _list_name(kind: str) -> str:
-    return {"uint32": "Uint32", "uint64": "Uint64", "sint32": "Sint32", "sint64": "Sint64",
-            "sfixed32": "Sfixed32", "sfixed64": "Sfixed64"}.get(kind, kind.capitalize()) + "List"
+    return {
+        "uint32": "Uint32",
+        "uint64": "Uint64",
+        "sint32": "Sint32",
+        "sint64": "Sint64",
+        "sfixed32": "Sfixed32",
+        "sfixed64": "Sfixed64",
+    }.get(kind, kind.capitalize()) + "List"
 
 
-def _field(message: Any, name: str, number: int, kind: int, repeated: bool = False, type_name: str = "",
-           oneof: int | None = None) -> None:
-    f = message.field.add(name=name, number=number, type=kind,
-                          label=_F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL)
+def _field(
+    message: Any,
+    name: str,
+    number: int,
+    kind: int,
+    repeated: bool = False,
+    type_name: str = "",
+    oneof: int | None = None,
+) -> None:
+    f = message.field.add(
+        name=name, number=number, type=kind, label=_F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL
+    )
     if type_name:
         f.type_name = f".{PACKAGE}.{type_name}"
     if oneof is not None:
@@ -134,8 +178,15 @@ def attribute(name: str, value: Any, kind: str | None = None) -> Any:
     """An ``AttributeProto`` named ``name``: ``kind`` picks the field (``int64``, ``int32``,
     ``uint64``, ``double``, ``bool``, ``string``); by default from the value's Python type."""
     if kind is None:
-        kind = ("bool" if isinstance(value, bool) else "int64" if isinstance(value, int)
-                else "double" if isinstance(value, float) else "string")
+        kind = (
+            "bool"
+            if isinstance(value, bool)
+            else "int64"
+            if isinstance(value, int)
+            else "double"
+            if isinstance(value, float)
+            else "string"
+        )
     return AttributeProto(name=name, **{f"{kind}_val": value})
 
 
@@ -198,7 +249,7 @@ def _messages(data: bytes, where: str) -> Iterator[bytes]:
             return
         if pos + size > len(data):
             raise TraceFormatError(f"{where}: a message of {size} bytes at byte {start} runs past the end of the file")
-        yield data[pos:pos + size]
+        yield data[pos : pos + size]
         pos += size
 
 

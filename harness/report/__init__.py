@@ -44,6 +44,8 @@ def after_command(path: str | Path, status: int = 0) -> int:
         return status
     print(f"report: {written.html}", flush=True)
     if written.failed:
-        print(f"warning: the report lacks {len(written.failed)} plot(s): {'; '.join(written.failed)}".splitlines()[0],
-              file=sys.stderr)
+        print(
+            f"warning: the report lacks {len(written.failed)} plot(s): {'; '.join(written.failed)}".splitlines()[0],
+            file=sys.stderr,
+        )
     return status

@@ -44,8 +44,13 @@ def draw_sections(run: RunData, palette: look.Palette) -> list[tuple[look.Sectio
                 out.append((section, png, None))
             except Exception as exc:  # noqa: BLE001  (a plot's bug must not cost the other plots)
                 problem = f"{type(exc).__name__}: {exc}"
-                out.append((look.Section(module.KEY, module.TITLE, absent=f"This plot could not be drawn: {problem}"),
-                            None, problem))
+                out.append(
+                    (
+                        look.Section(module.KEY, module.TITLE, absent=f"This plot could not be drawn: {problem}"),
+                        None,
+                        problem,
+                    )
+                )
     return out
 
 
@@ -70,4 +75,3 @@ def write_report(path: str | Path) -> Written:
     text = page.page_html(run, palette, [(s, png) for s, png, _ in drawn], [p.name for p in written.images])
     atomic.write_text(written.html, text)
     return written
-

@@ -96,8 +96,10 @@ def load_run(path: str | Path, with_simulations: bool = True) -> RunData:
     if not path.is_dir():
         raise NotResultsError(f"{path}: no such directory")
     if not is_results_dir(path):
-        raise NotResultsError(f"{path}: not a results directory (it has no {RUN_FILE} and {SCENARIO_FILE}): give a "
-                              "directory `python -m harness run` or `simulate` wrote, e.g. results/<scenario>/<run-id>")
+        raise NotResultsError(
+            f"{path}: not a results directory (it has no {RUN_FILE} and {SCENARIO_FILE}): give a "
+            "directory `python -m harness run` or `simulate` wrote, e.g. results/<scenario>/<run-id>"
+        )
     try:
         meta = json.loads((path / RUN_FILE).read_text(encoding="utf-8"))
         steps = read_frame(path / STEPS_FILE, STEP_COLUMNS)

@@ -41,12 +41,24 @@ def figure(steps: pd.DataFrame, algorithms: list[str], palette: look.Palette):
         by_rank = dict(tuple(rows_of.groupby("rank")["ms"]))
         data = [by_rank[r].clip(lower=positive.min() if len(positive) else 1e-3).to_numpy() for r in ranks]
         colour = palette.colour(algorithm)
-        ax.boxplot(data, positions=range(len(ranks)), widths=0.65, whis=(5, 95), patch_artist=True,
-                   boxprops={"facecolor": colour, "alpha": 0.75, "edgecolor": "#333333", "linewidth": 0.6},
-                   medianprops={"color": "#111111", "linewidth": 1.2},
-                   whiskerprops={"color": "#555555", "linewidth": 0.6}, capprops={"color": "#555555", "linewidth": 0.6},
-                   flierprops={"marker": ".", "markersize": 2, "markerfacecolor": "#555555", "markeredgecolor": "none",
-                               "alpha": 0.5})
+        ax.boxplot(
+            data,
+            positions=range(len(ranks)),
+            widths=0.65,
+            whis=(5, 95),
+            patch_artist=True,
+            boxprops={"facecolor": colour, "alpha": 0.75, "edgecolor": "#333333", "linewidth": 0.6},
+            medianprops={"color": "#111111", "linewidth": 1.2},
+            whiskerprops={"color": "#555555", "linewidth": 0.6},
+            capprops={"color": "#555555", "linewidth": 0.6},
+            flierprops={
+                "marker": ".",
+                "markersize": 2,
+                "markerfacecolor": "#555555",
+                "markeredgecolor": "none",
+                "alpha": 0.5,
+            },
+        )
         step = max(1, math.ceil(len(ranks) / (16 if len(str(ranks[-1])) < 3 else 8)))  # labels that fit
         ax.set_xticks(range(0, len(ranks), step), [str(r) for r in ranks[::step]])
         total = rows_of["rank"].nunique()
@@ -62,7 +74,7 @@ def figure(steps: pd.DataFrame, algorithms: list[str], palette: look.Palette):
         ax.grid(axis="x", visible=False)
     for ax in axes[::columns]:
         ax.set_ylabel("iteration time (ms)")
-    for ax in axes[max(0, len(axes) - columns):]:  # the lowest panel of each column
+    for ax in axes[max(0, len(axes) - columns) :]:  # the lowest panel of each column
         ax.set_xlabel("rank")
     return fig
 
@@ -70,10 +82,12 @@ def figure(steps: pd.DataFrame, algorithms: list[str], palette: look.Palette):
 def section(run: RunData, palette: look.Palette) -> look.Section:
     if run.steps.empty:
         return look.Section(KEY, TITLE, absent="No step records: no algorithm finished (run.json says which).")
-    caption = ("Iteration time (end_s - start_s of each step, injected delay included) per rank, on a scale shared "
-               f"by every panel (logarithmic when the longest is over {LOG_SPAN} times the shortest): box from the "
-               "25th to the 75th percentile, line at the median, whiskers at the 5th "
-               "and 95th percentiles, the iterations beyond them as dots.")
+    caption = (
+        "Iteration time (end_s - start_s of each step, injected delay included) per rank, on a scale shared "
+        f"by every panel (logarithmic when the longest is over {LOG_SPAN} times the shortest): box from the "
+        "25th to the 75th percentile, line at the median, whiskers at the 5th "
+        "and 95th percentiles, the iterations beyond them as dots."
+    )
     if run.steps["rank"].nunique() > MAX_RANKS:
         caption += f" With more than {MAX_RANKS} ranks, {MAX_RANKS} evenly spaced ranks are shown."
     return look.Section(KEY, TITLE, figure(run.steps, run.algorithms, palette), caption)

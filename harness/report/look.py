@@ -24,8 +24,23 @@ from harness.report import style
 # The parts of an iteration (steps.csv), as every plot shows them.
 PART_COLUMNS = {"compute": "compute_s", "waiting": "comm_blocked_s", "injected delay": "injected_delay_s"}
 PART_COLOURS = {"compute": "#4c72b0", "waiting": "#dd8452", "injected delay": "#9a9a9a", "other": "#e6e6e6"}
-SPARE = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#5254a3", "#8ca252", "#bd9e39", "#ad494a",
-         "#a55194", "#6b6ecf", "#b5cf6b", "#e7ba52", "#d6616b", "#ce6dbd")
+SPARE = (
+    "#393b79",
+    "#637939",
+    "#8c6d31",
+    "#843c39",
+    "#7b4173",
+    "#5254a3",
+    "#8ca252",
+    "#bd9e39",
+    "#ad494a",
+    "#a55194",
+    "#6b6ecf",
+    "#b5cf6b",
+    "#e7ba52",
+    "#d6616b",
+    "#ce6dbd",
+)
 RC = {
     "font.size": 9,
     "axes.titlesize": 10,
@@ -89,9 +104,20 @@ def new_figure(width: float, height: float) -> Figure:
     return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
 
 
-def panel_grid(width: float, panel_height: float, count: int, columns: int, *, top: float = 0.35,
-               bottom: float = 0.5, left: float = 0.75, right: float = 0.15, gap_x: float = 0.5,
-               gap_y: float = 0.55, sharey: bool = False):
+def panel_grid(
+    width: float,
+    panel_height: float,
+    count: int,
+    columns: int,
+    *,
+    top: float = 0.35,
+    bottom: float = 0.5,
+    left: float = 0.75,
+    right: float = 0.15,
+    gap_x: float = 0.5,
+    gap_y: float = 0.55,
+    sharey: bool = False,
+):
     """(figure, axes) of ``count`` panels in ``columns`` columns, margins and gaps in inches and
     fixed (the constrained layout of a dozen panels costs more than drawing them); the axes
     beyond ``count`` are hidden."""
@@ -100,8 +126,14 @@ def panel_grid(width: float, panel_height: float, count: int, columns: int, *, t
     height = top + bottom + rows * panel_height + (rows - 1) * gap_y
     fig = Figure(figsize=(width, height), dpi=DPI)
     panel_width = (width - left - right - (columns - 1) * gap_x) / columns
-    fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height,
-                        wspace=gap_x / panel_width, hspace=gap_y / panel_height)
+    fig.subplots_adjust(
+        left=left / width,
+        right=1 - right / width,
+        bottom=bottom / height,
+        top=1 - top / height,
+        wspace=gap_x / panel_width,
+        hspace=gap_y / panel_height,
+    )
     axes = np.atleast_1d(fig.subplots(rows, columns, squeeze=False, sharey=sharey)).ravel()
     for ax in axes[count:]:
         ax.set_visible(False)

@@ -53,8 +53,10 @@ def image_uri(png: bytes) -> str:
 
 
 def algorithm_chip(algorithm: str, palette: look.Palette) -> str:
-    return (f'<span class="algo"><span class="chip" style="background:{html.escape(palette.colour(algorithm))}">'
-            f"</span>{html.escape(palette.label(algorithm))}</span>")
+    return (
+        f'<span class="algo"><span class="chip" style="background:{html.escape(palette.colour(algorithm))}">'
+        f"</span>{html.escape(palette.label(algorithm))}</span>"
+    )
 
 
 def header_html(run: RunData, palette: look.Palette) -> str:
@@ -65,16 +67,29 @@ def header_html(run: RunData, palette: look.Palette) -> str:
         kind = f"simulation ({meta.get('mode', 'predictive')} mode"
         kind += f", {meta['reading']} reading)" if meta.get("reading") else ")"
     workload = scenario.get("workload") or {}
-    facts = [("started", str(meta.get("started_at") or "-").replace("T", " ").replace("+00:00", " UTC")),
-             ("status", str(meta.get("status", "-"))),
-             ("ranks", f"{run.ranks if run.ranks is not None else '-'}"
-                       + (f" on {meta['hosts']} hosts" if int(meta.get("hosts") or 1) > 1 else "")),
-             ("workload", ", ".join(str(x) for x in (
-                 f"{workload.get('model')} on {workload.get('dataset')}" if workload.get("model") else None,
-                 f"{workload.get('compute')} compute" if workload.get("compute") else None,
-                 f"batch {workload.get('batch_size')} per rank" if workload.get("batch_size") else None,
-                 f"{workload.get('iterations')} iterations" if workload.get("iterations") else None)
-                 if x) or "-")]
+    facts = [
+        ("started", str(meta.get("started_at") or "-").replace("T", " ").replace("+00:00", " UTC")),
+        ("status", str(meta.get("status", "-"))),
+        (
+            "ranks",
+            f"{run.ranks if run.ranks is not None else '-'}"
+            + (f" on {meta['hosts']} hosts" if int(meta.get("hosts") or 1) > 1 else ""),
+        ),
+        (
+            "workload",
+            ", ".join(
+                str(x)
+                for x in (
+                    f"{workload.get('model')} on {workload.get('dataset')}" if workload.get("model") else None,
+                    f"{workload.get('compute')} compute" if workload.get("compute") else None,
+                    f"batch {workload.get('batch_size')} per rank" if workload.get("batch_size") else None,
+                    f"{workload.get('iterations')} iterations" if workload.get("iterations") else None,
+                )
+                if x
+            )
+            or "-",
+        ),
+    ]
     if meta.get("device"):
         facts.append(("device", str(meta["device"])))
     if run.simulated:
@@ -88,10 +103,14 @@ def header_html(run: RunData, palette: look.Palette) -> str:
     warn = ""
     if meta.get("status") not in (None, "complete"):
         why = meta.get("error") or meta.get("stopped") or "not every algorithm finished"
-        warn = (f'<p class="warn">This run is <b>{html.escape(str(meta.get("status")))}</b>: {html.escape(str(why))}. '
-                "The page shows the algorithms that finished.</p>")
-    return (f'<h1>{html.escape(run.name)} <span class="id">{html.escape(run.run_id)} · {html.escape(kind)}</span></h1>'
-            f'{description}<dl class="facts">{rows}</dl>{warn}')
+        warn = (
+            f'<p class="warn">This run is <b>{html.escape(str(meta.get("status")))}</b>: {html.escape(str(why))}. '
+            "The page shows the algorithms that finished.</p>"
+        )
+    return (
+        f'<h1>{html.escape(run.name)} <span class="id">{html.escape(run.run_id)} · {html.escape(kind)}</span></h1>'
+        f'{description}<dl class="facts">{rows}</dl>{warn}'
+    )
 
 
 def _cell(value, spec: str, scale: float = 1.0) -> str:
@@ -109,13 +128,20 @@ def summary_html(summary: pd.DataFrame, palette: look.Palette) -> str:
     vs, to_target, target = _table_labels(summary)
     before, after = loss_columns(summary)  # shown with a target loss, or losses without accuracy
     columns = [  # (header, column, format, scale)
-        ("samples/s", "samples_per_s", ",.1f", 1), (vs, "throughput_vs_baseline", ".2f", 1),
-        ("iter median ms", "iter_time_median_s", ".2f", 1e3), ("iter p95 ms", "iter_time_p95_s", ".2f", 1e3),
-        ("compute %", "compute_fraction", ".1f", 100), ("waiting %", "wait_fraction", ".1f", 100),
-        ("injected %", "injected_fraction", ".1f", 100), *((h, c, f, 1) for h, c, f in before),
+        ("samples/s", "samples_per_s", ",.1f", 1),
+        (vs, "throughput_vs_baseline", ".2f", 1),
+        ("iter median ms", "iter_time_median_s", ".2f", 1e3),
+        ("iter p95 ms", "iter_time_p95_s", ".2f", 1e3),
+        ("compute %", "compute_fraction", ".1f", 100),
+        ("waiting %", "wait_fraction", ".1f", 100),
+        ("injected %", "injected_fraction", ".1f", 100),
+        *((h, c, f, 1) for h, c, f in before),
         ("acc avg %", "final_accuracy", ".2f", 100),
-        ("acc r0 %", "final_accuracy_rank0", ".2f", 100), (to_target, "time_to_target_s", ".3f", 1),
-        *((h, c, f, 1) for h, c, f in after), ("consensus", "final_consensus_distance", ".3g", 1)]
+        ("acc r0 %", "final_accuracy_rank0", ".2f", 100),
+        (to_target, "time_to_target_s", ".3f", 1),
+        *((h, c, f, 1) for h, c, f in after),
+        ("consensus", "final_consensus_distance", ".3g", 1),
+    ]
     head = "".join(f"<th>{html.escape(h)}</th>" for h in ["algorithm", "ranks", *(c[0] for c in columns), "complete"])
     body = []
     for row in summary.to_dict("records"):
@@ -123,18 +149,23 @@ def summary_html(summary: pd.DataFrame, palette: look.Palette) -> str:
         cells += [_cell(row.get(column), spec, scale) for _, column, spec, scale in columns]
         cells.append("yes" if row.get("complete") else "no")
         body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    notes = "".join(f'<p class="note">{html.escape(n)}</p>'
-                    for n in [*_footnotes(vs, to_target, target), *loss_footnotes(summary)])
+    notes = "".join(
+        f'<p class="note">{html.escape(n)}</p>' for n in [*_footnotes(vs, to_target, target), *loss_footnotes(summary)]
+    )
     notes += '<p class="note">compute %: share of iteration time computing. Every column: summary.csv.</p>'
-    return (f'<div class="scroll"><table class="data"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody>'
-            f"</table></div>{notes}")
+    return (
+        f'<div class="scroll"><table class="data"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody>'
+        f"</table></div>{notes}"
+    )
 
 
 def section_html(section: look.Section, png: bytes | None) -> str:
     parts = [f'<h2 id="{html.escape(section.key)}">{html.escape(section.title)}</h2>']
     if png is not None:
-        parts.append(f'<figure><img src="{image_uri(png)}" alt="{html.escape(section.title)}">'
-                     f"<figcaption>{html.escape(section.caption)}</figcaption></figure>")
+        parts.append(
+            f'<figure><img src="{image_uri(png)}" alt="{html.escape(section.title)}">'
+            f"<figcaption>{html.escape(section.caption)}</figcaption></figure>"
+        )
     elif section.absent:
         parts.append(f'<p class="absent">{html.escape(section.absent)}</p>')
     elif section.caption:
@@ -143,20 +174,27 @@ def section_html(section: look.Section, png: bytes | None) -> str:
     return "".join(parts)
 
 
-def page_html(run: RunData, palette: look.Palette, sections: list[tuple[look.Section, bytes | None]],
-              files: list[str]) -> str:
+def page_html(
+    run: RunData, palette: look.Palette, sections: list[tuple[look.Section, bytes | None]], files: list[str]
+) -> str:
     """The whole page: header, summary table, ``sections`` (each with its PNG or None)."""
     title = f"{run.name} {run.run_id}: report"
-    nav = "".join(f'<a href="#{html.escape(s.key)}">{html.escape(s.title)}</a>'
-                  for s, _ in [(look.Section("summary", "Summary"), None), *sections])
+    nav = "".join(
+        f'<a href="#{html.escape(s.key)}">{html.escape(s.title)}</a>'
+        for s, _ in [(look.Section("summary", "Summary"), None), *sections]
+    )
     body = "".join(section_html(s, png) for s, png in sections)
-    footer = (f"Written by harness {html.escape(__version__)} (<code>python -m harness report DIR</code> redraws it). "
-              f"The figures are also beside this page as {html.escape(', '.join(files)) or 'no files'}; the data "
-              "in the directory's CSV files (results/README.md).")
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{html.escape(title)}</title><style>{CSS}</style></head>\n"
-            f"<body><main>{header_html(run, palette)}<nav>{nav}</nav>"
-            f'<h2 id="summary">Summary</h2>{summary_html(run.summary, palette)}{body}'
-            f"<footer>{footer}</footer></main></body></html>\n")
+    footer = (
+        f"Written by harness {html.escape(__version__)} (<code>python -m harness report DIR</code> redraws it). "
+        f"The figures are also beside this page as {html.escape(', '.join(files)) or 'no files'}; the data "
+        "in the directory's CSV files (results/README.md)."
+    )
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{html.escape(title)}</title><style>{CSS}</style></head>\n"
+        f"<body><main>{header_html(run, palette)}<nav>{nav}</nav>"
+        f'<h2 id="summary">Summary</h2>{summary_html(run.summary, palette)}{body}'
+        f"<footer>{footer}</footer></main></body></html>\n"
+    )

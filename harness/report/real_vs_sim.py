@@ -19,6 +19,8 @@ from harness.report.data import RunData
 
 KEY = "real_vs_sim"
 TITLE = "Real against simulated"
+
+
 class _Style(TypedDict):
     alpha: float
     hatch: str | None
@@ -43,20 +45,29 @@ def comparison(run: RunData) -> pd.DataFrame | None:
             if r.algorithm not in measured.index:
                 continue
             m = measured.loc[r.algorithm]
-            rows.append({"algorithm": r.algorithm, "mode": mode, "measured_samples_per_s": m["samples_per_s"],
-                         "predicted_samples_per_s": r.samples_per_s,
-                         "throughput_error": r.samples_per_s / m["samples_per_s"] - 1.0,
-                         "measured_wait_fraction": m["wait_fraction"], "predicted_wait_fraction": r.wait_fraction})
+            rows.append(
+                {
+                    "algorithm": r.algorithm,
+                    "mode": mode,
+                    "measured_samples_per_s": m["samples_per_s"],
+                    "predicted_samples_per_s": r.samples_per_s,
+                    "throughput_error": r.samples_per_s / m["samples_per_s"] - 1.0,
+                    "measured_wait_fraction": m["wait_fraction"],
+                    "predicted_wait_fraction": r.wait_fraction,
+                }
+            )
     return pd.DataFrame(rows) if rows else None
 
 
 def figure(table: pd.DataFrame, algorithms: list[str], palette: look.Palette):
     """Two panels, samples/s and the waiting share of iteration time, per algorithm: the measured
     value and each simulation mode's prediction side by side, in the algorithm's colour."""
-    algorithms = [a for a in algorithms if a in set(table["algorithm"])] + \
-        [a for a in dict.fromkeys(table["algorithm"]) if a not in algorithms]
-    modes = [m for m in ("trace", "predictive") if m in set(table["mode"])] + \
-        [m for m in dict.fromkeys(table["mode"]) if m not in ("trace", "predictive")]
+    algorithms = [a for a in algorithms if a in set(table["algorithm"])] + [
+        a for a in dict.fromkeys(table["algorithm"]) if a not in algorithms
+    ]
+    modes = [m for m in ("trace", "predictive") if m in set(table["mode"])] + [
+        m for m in dict.fromkeys(table["mode"]) if m not in ("trace", "predictive")
+    ]
     series = ["measured", *modes]
     n = len(algorithms)
     fig = look.new_figure(11, 1.0 + 0.32 * n * max(1, len(series)) / 2)
@@ -74,8 +85,11 @@ def figure(table: pd.DataFrame, algorithms: list[str], palette: look.Palette):
             else:
                 mode_rows = rows[rows["mode"] == name]
                 rates.append(mode_rows["predicted_samples_per_s"].iloc[0] if len(mode_rows) else np.nan)
-                waits.append(mode_rows["predicted_wait_fraction"].iloc[0]
-                             if len(mode_rows) and "predicted_wait_fraction" in mode_rows else np.nan)
+                waits.append(
+                    mode_rows["predicted_wait_fraction"].iloc[0]
+                    if len(mode_rows) and "predicted_wait_fraction" in mode_rows
+                    else np.nan
+                )
         colours = [palette.colour(a) for a in algorithms]
         for ax, values in ((rate_ax, rates), (wait_ax, np.asarray(waits, dtype=float) * 100)):
             _bars(ax, y + offset, values, height, colours, MODE_STYLE.get(name, MODE_STYLE["trace"]))
@@ -85,10 +99,16 @@ def figure(table: pd.DataFrame, algorithms: list[str], palette: look.Palette):
     for ax in (rate_ax, wait_ax):
         ax.grid(axis="y", visible=False)
         ax.set_ylim(-0.6, n - 0.4)
-    handles = [Patch(facecolor="#777777" if MODE_STYLE.get(s, MODE_STYLE["trace"])["fill"] else "white",
-                     edgecolor="#333333", hatch=MODE_STYLE.get(s, MODE_STYLE["trace"])["hatch"],
-                     alpha=MODE_STYLE.get(s, MODE_STYLE["trace"])["alpha"],
-                     label=s if s == "measured" else f"simulated: {s}") for s in series]
+    handles = [
+        Patch(
+            facecolor="#777777" if MODE_STYLE.get(s, MODE_STYLE["trace"])["fill"] else "white",
+            edgecolor="#333333",
+            hatch=MODE_STYLE.get(s, MODE_STYLE["trace"])["hatch"],
+            alpha=MODE_STYLE.get(s, MODE_STYLE["trace"])["alpha"],
+            label=s if s == "measured" else f"simulated: {s}",
+        )
+        for s in series
+    ]
     fig.legend(handles=handles, loc="outside upper center", ncols=len(handles), frameon=False)
     return fig
 
@@ -96,27 +116,38 @@ def figure(table: pd.DataFrame, algorithms: list[str], palette: look.Palette):
 def _bars(ax, y, values, height, colours, how) -> None:
     values = np.nan_to_num(np.asarray(values, dtype=float))
     if how["fill"]:
-        ax.barh(y, values, height=height * 0.92, color=colours, alpha=how["alpha"], hatch=how["hatch"],
-                edgecolor=["#333333"] * len(colours), linewidth=0.5)
+        ax.barh(
+            y,
+            values,
+            height=height * 0.92,
+            color=colours,
+            alpha=how["alpha"],
+            hatch=how["hatch"],
+            edgecolor=["#333333"] * len(colours),
+            linewidth=0.5,
+        )
     else:
         ax.barh(y, values, height=height * 0.92, facecolor="white", edgecolor=colours, linewidth=1.5)
 
 
 def table_html(table: pd.DataFrame, palette: look.Palette) -> str:
     """compare.csv as an HTML table: measured and predicted samples/s, error, waiting shares."""
-    head = ("<tr><th>algorithm</th><th>mode</th><th>measured samples/s</th><th>predicted samples/s</th>"
-            "<th>error</th><th>measured waiting</th><th>predicted waiting</th></tr>")
+    head = (
+        "<tr><th>algorithm</th><th>mode</th><th>measured samples/s</th><th>predicted samples/s</th>"
+        "<th>error</th><th>measured waiting</th><th>predicted waiting</th></tr>"
+    )
     body = []
     for r in table.to_dict("records"):
         colour = html.escape(palette.colour(r["algorithm"]))
         body.append(
             f'<tr><td><span class="chip" style="background:{colour}"></span>'
-            f'{html.escape(palette.label(r["algorithm"]))}'
+            f"{html.escape(palette.label(r['algorithm']))}"
             f"</td><td>{html.escape(str(r['mode']))}</td><td>{_num(r.get('measured_samples_per_s'), ',.1f')}</td>"
             f"<td>{_num(r.get('predicted_samples_per_s'), ',.1f')}</td>"
             f"<td>{_num(r.get('throughput_error'), '+.1f', 100, '%')}</td>"
             f"<td>{_num(r.get('measured_wait_fraction'), '.1f', 100, '%')}</td>"
-            f"<td>{_num(r.get('predicted_wait_fraction'), '.1f', 100, '%')}</td></tr>")
+            f"<td>{_num(r.get('predicted_wait_fraction'), '.1f', 100, '%')}</td></tr>"
+        )
     return f'<table class="data"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>'
 
 
@@ -131,17 +162,29 @@ def _num(value, spec: str, scale: float = 1.0, unit: str = "") -> str:
 def section(run: RunData, palette: look.Palette) -> look.Section:
     if run.simulated:
         mode = run.meta.get("mode", "predictive")
-        return look.Section(KEY, TITLE, absent=(
-            f"This directory is a simulation ({mode} mode): it holds no real run to compare with. "
-            "`python -m harness compare RUN_DIR` simulates a real run and writes both into that run's directory, "
-            "whose report then shows them side by side."))
+        return look.Section(
+            KEY,
+            TITLE,
+            absent=(
+                f"This directory is a simulation ({mode} mode): it holds no real run to compare with. "
+                "`python -m harness compare RUN_DIR` simulates a real run and writes both into that run's directory, "
+                "whose report then shows them side by side."
+            ),
+        )
     table = comparison(run)
     if table is None:
-        return look.Section(KEY, TITLE, absent=(
-            "No simulation of this run in its directory: `python -m harness compare DIR` writes one (compare.csv, "
-            "sim-trace/, sim-predictive/; it needs a calibration), then `python -m harness report DIR` draws it "
-            "here."))
-    caption = ("Measured (solid) against the simulator's prediction, per compare.csv: trace mode (hatched) replays "
-               "each rank's measured local work, predictive mode (hollow) uses the calibration alone. Error is "
-               "predicted / measured - 1 (+5%: the model is 5% optimistic).")
+        return look.Section(
+            KEY,
+            TITLE,
+            absent=(
+                "No simulation of this run in its directory: `python -m harness compare DIR` writes one (compare.csv, "
+                "sim-trace/, sim-predictive/; it needs a calibration), then `python -m harness report DIR` draws it "
+                "here."
+            ),
+        )
+    caption = (
+        "Measured (solid) against the simulator's prediction, per compare.csv: trace mode (hatched) replays "
+        "each rank's measured local work, predictive mode (hollow) uses the calibration alone. Error is "
+        "predicted / measured - 1 (+5%: the model is 5% optimistic)."
+    )
     return look.Section(KEY, TITLE, figure(table, run.algorithms, palette), caption, html=table_html(table, palette))

@@ -104,15 +104,17 @@ def marker(algorithm: str) -> str:
 
 def setup() -> None:
     """Readable defaults for every figure."""
-    plt.rcParams.update({
-        "font.size": 11,
-        "axes.titlesize": 12,
-        "axes.labelsize": 11,
-        "legend.fontsize": 9,
-        "figure.dpi": 110,
-        "axes.grid": True,
-        "grid.alpha": 0.3,
-    })
+    plt.rcParams.update(
+        {
+            "font.size": 11,
+            "axes.titlesize": 12,
+            "axes.labelsize": 11,
+            "legend.fontsize": 9,
+            "figure.dpi": 110,
+            "axes.grid": True,
+            "grid.alpha": 0.3,
+        }
+    )
 
 
 def save(fig, table: pd.DataFrame, out_dir: Path, name: str) -> tuple[Path, Path]:

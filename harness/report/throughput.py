@@ -50,14 +50,24 @@ def figure(table: pd.DataFrame, palette: look.Palette):
     ax.set_yticks(y, [palette.label(a) for a in table["algorithm"]])
     ax.tick_params(axis="y", pad=14, length=0)
     marks = blended_transform_factory(ax.transAxes, ax.transData)
-    ax.scatter(np.full(n, -0.012), y, marker="s", s=60, c=[palette.colour(a) for a in table["algorithm"]],
-               transform=marks, clip_on=False, edgecolors="#555555", linewidths=0.5)
+    ax.scatter(
+        np.full(n, -0.012),
+        y,
+        marker="s",
+        s=60,
+        c=[palette.colour(a) for a in table["algorithm"]],
+        transform=marks,
+        clip_on=False,
+        edgecolors="#555555",
+        linewidths=0.5,
+    )
     ax.set_xlim(0, float(np.nanmax(left, initial=1.0)) * 1.12 or 1.0)
     ax.set_ylim(-0.6, n - 0.4)
     ax.set_xlabel("samples/s (all ranks); each bar split by the share of iteration time in each part")
     ax.grid(axis="y", visible=False)
-    handles = [Patch(facecolor=look.PART_COLOURS[p], label=p if p != "other" else "other (loop bookkeeping)")
-               for p in PARTS]
+    handles = [
+        Patch(facecolor=look.PART_COLOURS[p], label=p if p != "other" else "other (loop bookkeeping)") for p in PARTS
+    ]
     fig.legend(handles=handles, loc="outside upper center", ncols=len(PARTS), frameon=False)
     return fig
 
@@ -66,10 +76,12 @@ def section(run: RunData, palette: look.Palette) -> look.Section:
     if run.steps.empty:
         return look.Section(KEY, TITLE, absent="No step records: no algorithm finished (run.json says which).")
     table = breakdown(run.steps, batch_sizes(run))
-    caption = ("Bar length: samples/s of all ranks together (step rows x batch size / wall time, as summary.csv). "
-               "It is split in proportion to the summed time of every rank's iterations (steps.csv): computing "
-               "(compute_s), blocked in communication (comm_blocked_s), sleeping an injected delay "
-               "(injected_delay_s), and the remainder.")
+    caption = (
+        "Bar length: samples/s of all ranks together (step rows x batch size / wall time, as summary.csv). "
+        "It is split in proportion to the summed time of every rank's iterations (steps.csv): computing "
+        "(compute_s), blocked in communication (comm_blocked_s), sleeping an injected delay "
+        "(injected_delay_s), and the remainder."
+    )
     if run.simulated:
         caption += " Simulated: compute is the local work the model used, waiting the simulated time in the hooks."
     return look.Section(KEY, TITLE, figure(table, palette), caption)
@@ -78,8 +90,9 @@ def section(run: RunData, palette: look.Palette) -> look.Section:
 def batch_sizes(run: RunData) -> int | dict[str, int]:
     """The per-rank batch size of each algorithm: summary.csv's, else the scenario's."""
     if len(run.summary):
-        return {str(r.algorithm): int(r.batch_size) for r in run.summary.itertuples(index=False)} | \
-            {a: _scenario_batch(run) for a in run.algorithms if a not in set(run.summary["algorithm"])}
+        return {str(r.algorithm): int(r.batch_size) for r in run.summary.itertuples(index=False)} | {
+            a: _scenario_batch(run) for a in run.algorithms if a not in set(run.summary["algorithm"])
+        }
     return _scenario_batch(run)
 
 

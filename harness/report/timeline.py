@@ -47,16 +47,23 @@ def figure(steps: pd.DataFrame, algorithms: list[str], palette: look.Palette):
             width = rows_of[look.PART_COLUMNS[part]].to_numpy()
             keep = width > 0
             # The stubs want a Sequence of vertex arrays; an [n, 4, 2] array is one.
-            ax.add_collection(PolyCollection(_rectangles(left[keep], width[keep], rank[keep]),  # type: ignore[arg-type]
-                                             linewidths=0, facecolors=look.PART_COLOURS[part]))
+            ax.add_collection(
+                PolyCollection(
+                    _rectangles(left[keep], width[keep], rank[keep]),  # type: ignore[arg-type]
+                    linewidths=0,
+                    facecolors=look.PART_COLOURS[part],
+                )
+            )
             left = left + width
-        ticks = np.stack([np.column_stack([rows_of["start_s"], rank - 0.45]),
-                          np.column_stack([rows_of["start_s"], rank + 0.45])], axis=1)
+        ticks = np.stack(
+            [np.column_stack([rows_of["start_s"], rank - 0.45]), np.column_stack([rows_of["start_s"], rank + 0.45])],
+            axis=1,
+        )
         # The stubs want a Sequence of lines; an [n, 2, 2] array is one.
         ax.add_collection(LineCollection(ticks, colors="#222222", linewidths=0.6))  # type: ignore[arg-type]
         shown = sorted(int(r) for r in rows_of["rank"].unique())
         ax.set_ylim(max(shown, default=0) + 0.6, -0.6)
-        ax.set_yticks(shown[::max(1, math.ceil(len(shown) / 8))])
+        ax.set_yticks(shown[:: max(1, math.ceil(len(shown) / 8))])
         ax.set_title(palette.label(algorithm), loc="left")
         ax.grid(axis="y", visible=False)
         look.mark_panel(ax, palette.colour(algorithm))
@@ -64,7 +71,7 @@ def figure(steps: pd.DataFrame, algorithms: list[str], palette: look.Palette):
             ax.set_xlim(float(rows_of["start_s"].min()), float(rows_of["end_s"].max()))
     for ax in axes[::columns]:
         ax.set_ylabel("rank")
-    for ax in axes[max(0, len(axes) - columns):]:  # the lowest panel of each column
+    for ax in axes[max(0, len(axes) - columns) :]:  # the lowest panel of each column
         ax.set_xlabel("time since the algorithm's start (s)")
     handles = [Patch(facecolor=look.PART_COLOURS[p], label=p) for p in ORDER]
     handles.append(Patch(facecolor="white", edgecolor="#999999", label="other (loop bookkeeping)"))
@@ -75,8 +82,15 @@ def figure(steps: pd.DataFrame, algorithms: list[str], palette: look.Palette):
 def _rectangles(left: np.ndarray, width: np.ndarray, rank: np.ndarray) -> np.ndarray:
     """Vertices ``[n, 4, 2]`` of the bars [left, left + width] x [rank - 0.4, rank + 0.4]."""
     low, high = rank - 0.4, rank + 0.4
-    return np.stack([np.column_stack([left, low]), np.column_stack([left + width, low]),
-                     np.column_stack([left + width, high]), np.column_stack([left, high])], axis=1)
+    return np.stack(
+        [
+            np.column_stack([left, low]),
+            np.column_stack([left + width, low]),
+            np.column_stack([left + width, high]),
+            np.column_stack([left, high]),
+        ],
+        axis=1,
+    )
 
 
 def section(run: RunData, palette: look.Palette) -> look.Section:
@@ -85,12 +99,14 @@ def section(run: RunData, palette: look.Palette) -> look.Section:
     steps = window(run.steps)
     first, last = int(steps["iteration"].min()), int(steps["iteration"].max())
     ranks = run.steps["rank"].nunique()
-    caption = (f"Iterations {first} to {last} of every rank{f' below {MAX_RANKS}' if ranks > MAX_RANKS else ''} "
-               f"(steps.csv), each algorithm on its own time axis. A black tick marks the start of each iteration; "
-               "its parts are drawn in the order the training loop runs them: injected delay, compute, then the "
-               "time blocked in communication (pieces of it that happened earlier are drawn as one span at the end). "
-               "Blank: the loop's bookkeeping within an iteration; between iterations, pauses outside any iteration "
-               "(evaluation points, where the ranks meet).")
+    caption = (
+        f"Iterations {first} to {last} of every rank{f' below {MAX_RANKS}' if ranks > MAX_RANKS else ''} "
+        f"(steps.csv), each algorithm on its own time axis. A black tick marks the start of each iteration; "
+        "its parts are drawn in the order the training loop runs them: injected delay, compute, then the "
+        "time blocked in communication (pieces of it that happened earlier are drawn as one span at the end). "
+        "Blank: the loop's bookkeeping within an iteration; between iterations, pauses outside any iteration "
+        "(evaluation points, where the ranks meet)."
+    )
     if first == 1:
         caption += " Iteration 0 is left out: it includes warm-up."
     return look.Section(KEY, TITLE, figure(steps, run.algorithms, palette), caption)

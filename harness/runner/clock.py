@@ -173,8 +173,8 @@ class Clock:
         clock: dict[str, Any] = {
             "reference": REFERENCE,
             "method": f"Cristian: {self.exchanges} ping-pong exchanges of each rank with rank 0 over MPI, the one "
-                      "with the smallest round trip kept; offset = midpoint of the rank's send and receive times "
-                      "minus rank 0's time in between",
+            "with the smallest round trip kept; offset = midpoint of the rank's send and receive times "
+            "minus rank 0's time in between",
             "offsets_s": offsets,
             "host_offsets_s": host_offsets(self.rank_hosts, offsets),
             "error_bound_s": [e.round_trip_s / 2 for e in self.start],

@@ -40,8 +40,14 @@ def test_metrics(model: torch.nn.Module, flat: torch.Tensor, params: torch.Tenso
     return loss, acc
 
 
-def evaluate(comm, algorithm: str, iteration: int, time_s: float, local: torch.Tensor,
-             test: Callable[[torch.Tensor], tuple[float, float]] | None) -> list[EvalRecord]:
+def evaluate(
+    comm,
+    algorithm: str,
+    iteration: int,
+    time_s: float,
+    local: torch.Tensor,
+    test: Callable[[torch.Tensor], tuple[float, float]] | None,
+) -> list[EvalRecord]:
     """Average the deployable models, measure consensus; rank 0 returns the records.
 
     ``test(flat)``: test loss and accuracy of the model with flat parameters ``flat`` (rank 0

@@ -24,8 +24,16 @@ import torch
 class FlatSGD:
     """``step()`` updates ``params`` from ``grads`` in place; ``zero_grad()`` zeroes ``grads``."""
 
-    def __init__(self, params: torch.Tensor, grads: torch.Tensor, *, lr: float, momentum: float = 0.0,
-                 nesterov: bool = False, weight_decay: float = 0.0) -> None:
+    def __init__(
+        self,
+        params: torch.Tensor,
+        grads: torch.Tensor,
+        *,
+        lr: float,
+        momentum: float = 0.0,
+        nesterov: bool = False,
+        weight_decay: float = 0.0,
+    ) -> None:
         if params.shape != grads.shape or params.device != grads.device:
             raise ValueError("params and grads must be flat buffers of one shape on one device")
         if nesterov and momentum == 0.0:

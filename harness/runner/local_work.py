@@ -32,8 +32,9 @@ from harness.scenario.schema import EmulatedCompute, Scenario
 class LocalWork:
     """One real rank's clock, local work and evaluations for one algorithm."""
 
-    def __init__(self, scenario: Scenario, state: TrainState, rank: int, plan: InjectionPlan, eval_comm,
-                 algorithm: str) -> None:
+    def __init__(
+        self, scenario: Scenario, state: TrainState, rank: int, plan: InjectionPlan, eval_comm, algorithm: str
+    ) -> None:
         self.scenario = scenario
         self.state = state
         self.rank = rank
@@ -93,8 +94,9 @@ class LocalWork:
 
     def evaluate(self, iteration: int, time_s: float, params, final: bool) -> list[EvalRecord]:
         state, model = self.state, self.state.model
-        test = None if model is None else (
-            lambda flat: test_metrics(model, flat, state.staging.device_params, state.data))
+        test = (
+            None if model is None else (lambda flat: test_metrics(model, flat, state.staging.device_params, state.data))
+        )
         return evaluate(self.eval_comm, self.algorithm, iteration, time_s, params, test)
 
     def between(self, t: int) -> None:

@@ -48,12 +48,16 @@ class Work(Protocol):
     def sleep(self, seconds: float) -> None: ...
     def injected(self, t: int) -> tuple[float, float]:
         """This rank's injected delay (s) and compute factor at iteration t."""
+
     def gradient(self, t: int, factor: float) -> tuple[float, float]:
         """Compute (or time) iteration t's gradient; returns (seconds, loss)."""
+
     def step(self, t: int, factor: float, gradient_s: float) -> float:
         """The local optimizer step (and the injected stretch of real compute); returns seconds."""
+
     def evaluate(self, iteration: int, time_s: float, params, final: bool) -> list[EvalRecord]:
         """An evaluation point after ``iteration`` iterations (collective)."""
+
     def between(self, t: int) -> None:
         """After iteration t when it is no evaluation point, before iteration t + 1."""
 
@@ -67,8 +71,15 @@ class Iterations:
     docstring shows and the records are made here.
     """
 
-    def __init__(self, algorithm: Algorithm, comm, now: Callable[[], float], heartbeat: Heartbeat | None = None,
-                 faults: FaultPlan | None = None, keep_ops: bool = True) -> None:
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        comm,
+        now: Callable[[], float],
+        heartbeat: Heartbeat | None = None,
+        faults: FaultPlan | None = None,
+        keep_ops: bool = True,
+    ) -> None:
         self.algorithm, self.comm, self.now = algorithm, comm, now
         self.beat = heartbeat if heartbeat is not None else Heartbeat(None, comm.rank)
         self.faults, self.keep_ops = faults, keep_ops
@@ -79,8 +90,9 @@ class Iterations:
         self.sent: list[int] = []  # per iteration: bytes_sent
         self.ops: list = []  # the records, kept only with keep_ops
         # Hooks the algorithm does not override are skipped (thousands of simulated ranks run this).
-        self._hooks = [getattr(algorithm, h) if getattr(type(algorithm), h) is not getattr(Algorithm, h) else None
-                       for h in _HOOKS]
+        self._hooks = [
+            getattr(algorithm, h) if getattr(type(algorithm), h) is not getattr(Algorithm, h) else None for h in _HOOKS
+        ]
         self._begin = getattr(comm, "begin_iteration", None)  # a call log (harness.comm.call_log) wants t
         self._start = 0.0
         self._blocked = 0.0
@@ -155,13 +167,17 @@ class Iterations:
     def records(self, t0: float) -> tuple[list[StepRecord], list[CommOpRecord]]:
         """Step records and (with ``keep_ops``) operation records, times relative to ``t0``."""
         name, rank = self.algorithm.name, self.comm.rank
-        kept = [CommOpRecord(name, rank, r.op, r.post_s - t0, r.start_s - t0, r.end_s - t0, r.bytes)
-                for r in self.ops] if self.keep_ops else []
+        kept = (
+            [CommOpRecord(name, rank, r.op, r.post_s - t0, r.start_s - t0, r.end_s - t0, r.bytes) for r in self.ops]
+            if self.keep_ops
+            else []
+        )
         make = StepRecord._make  # the tuple's own constructor: thousands of simulated ranks make millions
         sent, accuracy = self.sent, float("nan")  # no training accuracy: only a script records one (harness.dist)
-        steps = [make((name, rank, t, start - t0, end - t0, compute, delay, blocked, loss, sent[t], staleness,
-                       accuracy))
-                 for t, (start, end, compute, delay, blocked, loss, staleness) in enumerate(self.rows)]
+        steps = [
+            make((name, rank, t, start - t0, end - t0, compute, delay, blocked, loss, sent[t], staleness, accuracy))
+            for t, (start, end, compute, delay, blocked, loss, staleness) in enumerate(self.rows)
+        ]
         return steps, kept
 
 

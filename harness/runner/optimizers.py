@@ -55,11 +55,22 @@ def build_optimizer(spec: Any, model: torch.nn.Module, search_path: Sequence[str
     and ``Staging.of`` seat them). ``search_path`` is ``scenario.python_path``, where a user's module
     is looked for first. A user's optimizer that cannot be built raises ParamError at ``optimizer.name``."""
     if isinstance(spec, SGDOptimizer):
-        return FlatSGD(flat_params(model), flat_grads(model), lr=spec.lr, momentum=spec.momentum,
-                       nesterov=spec.nesterov, weight_decay=spec.weight_decay)
+        return FlatSGD(
+            flat_params(model),
+            flat_grads(model),
+            lr=spec.lr,
+            momentum=spec.momentum,
+            nesterov=spec.nesterov,
+            weight_decay=spec.weight_decay,
+        )
     if isinstance(spec, AdamOptimizer):  # AdamWOptimizer too; spec.name picks the torch class
-        options = {"lr": spec.lr, "betas": tuple(spec.betas), "eps": spec.eps, "weight_decay": spec.weight_decay,
-                   "amsgrad": spec.amsgrad}
+        options = {
+            "lr": spec.lr,
+            "betas": tuple(spec.betas),
+            "eps": spec.eps,
+            "weight_decay": spec.weight_decay,
+            "amsgrad": spec.amsgrad,
+        }
         _warm_up(spec.name, options, flat_params(model).device)
         return _TORCH_CLASSES[spec.name](list(model.parameters()), **options)
     if isinstance(spec, ReferenceOptimizer):
@@ -81,8 +92,9 @@ def _warm_up(name: str, options: dict[str, Any], device: torch.device) -> None:
     _warmed.add((name, device.type))
 
 
-def _user_optimizer(spec: ReferenceOptimizer, params: list[torch.nn.Parameter],
-                    search_path: Sequence[str]) -> torch.optim.Optimizer:
+def _user_optimizer(
+    spec: ReferenceOptimizer, params: list[torch.nn.Parameter], search_path: Sequence[str]
+) -> torch.optim.Optimizer:
     """Import and call the user's callable; UserCodeError (one line) for everything that goes wrong."""
     factory = load_reference(spec.name, search_path)
     if not callable(factory):
@@ -96,8 +108,10 @@ def _user_optimizer(spec: ReferenceOptimizer, params: list[torch.nn.Parameter],
     given = {id(p) for p in params}
     foreign = sum(id(p) not in given for group in optimizer.param_groups for p in group["params"])
     if foreign:
-        raise UserCodeError(f"returned an optimizer over {foreign} tensor(s) that are not the model parameters it "
-                            "was given (optimize the given tensors themselves, not copies)")
+        raise UserCodeError(
+            f"returned an optimizer over {foreign} tensor(s) that are not the model parameters it "
+            "was given (optimize the given tensors themselves, not copies)"
+        )
     return optimizer
 
 
@@ -153,9 +167,11 @@ def _check_user_optimizer(spec: Any, search_path: Sequence[str], model: torch.nn
     except (Exception, SystemExit) as exc:  # noqa: BLE001  a user's optimizer may raise anything
         raise ParamError(FIELD, f"the optimizer's step or zero_grad raised {first_line(exc)}", spec.name) from None
     if _views(model) != views:
-        reason = ("the optimizer's step or zero_grad(set_to_none=False) replaced parameter or gradient tensors "
-                  "instead of updating them in place (they are views into the flat buffers the algorithms "
-                  "communicate)")
+        reason = (
+            "the optimizer's step or zero_grad(set_to_none=False) replaced parameter or gradient tensors "
+            "instead of updating them in place (they are views into the flat buffers the algorithms "
+            "communicate)"
+        )
         raise ParamError(FIELD, reason, spec.name)
 
 

@@ -16,8 +16,19 @@ def gather(world, records: list) -> list | None:
     return None if parts is None else [r for part in parts for r in part]
 
 
-def publish(run, scenario, name: str, steps: list, evals: list, ops: list, calls: list | None,
-            finished: Sequence[str], *, hosts: int, extra: dict[str, Any]) -> None:
+def publish(
+    run,
+    scenario,
+    name: str,
+    steps: list,
+    evals: list,
+    ops: list,
+    calls: list | None,
+    finished: Sequence[str],
+    *,
+    hosts: int,
+    extra: dict[str, Any],
+) -> None:
     """On rank 0: add algorithm ``name``'s records (already gathered), then rewrite the summary,
     the trace and run.json (``finished``: every algorithm finished so far, ``name`` included)."""
     run.append_algorithm(name, steps, evals, ops)
@@ -26,13 +37,18 @@ def publish(run, scenario, name: str, steps: list, evals: list, ops: list, calls
     write_summary(run, scenario)
     run.write_trace()
     done = len(finished) == len(scenario.algorithms)
-    run.write_run_json("complete" if done else "incomplete", list(finished), ranks=scenario.ranks, hosts=hosts,
-                       extra=extra)
+    run.write_run_json(
+        "complete" if done else "incomplete", list(finished), ranks=scenario.ranks, hosts=hosts, extra=extra
+    )
 
 
 def write_summary(run, scenario):
     """summary.csv and summary.txt of everything the run directory holds; returns the frame."""
     w = scenario.workload
-    return run.write_summary(w.batch_size, w.iterations, ranks=scenario.ranks,
-                             target_accuracy=scenario.results.target_accuracy,
-                             target_loss=scenario.results.target_loss)
+    return run.write_summary(
+        w.batch_size,
+        w.iterations,
+        ranks=scenario.ranks,
+        target_accuracy=scenario.results.target_accuracy,
+        target_loss=scenario.results.target_loss,
+    )

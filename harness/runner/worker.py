@@ -133,9 +133,16 @@ def _train_all(world, run_dir: Path, run, scenario, faults, beat) -> None:
         comm.barrier()
         t0 = clock.origin()  # one instant on every rank: times - t0 are on rank 0's clock (harness.runner.clock)
         work = LocalWork(scenario, state, rank, plan, eval_comm, params.name)
-        steps, evals, ops = train(scenario, algorithm, algo_comm, work, t0,
-                                  progress=_ticks(bar) if bar else None, heartbeat=beat,
-                                  faults=faults)
+        steps, evals, ops = train(
+            scenario,
+            algorithm,
+            algo_comm,
+            work,
+            t0,
+            progress=_ticks(bar) if bar else None,
+            heartbeat=beat,
+            faults=faults,
+        )
         if bar:
             bar.close()
         beat.stage(Phase.RESULTS)
@@ -156,9 +163,18 @@ def _train_all(world, run_dir: Path, run, scenario, faults, beat) -> None:
             assert all_steps is not None and all_evals is not None and all_ops is not None  # gathered on rank 0
             provenance.write_final(params.name, average, torch.stack(finals) if finals is not None else None)
             finished.append(params.name)
-            publish(run, scenario, params.name, all_steps, all_evals, all_ops, calls, finished, hosts=hosts,
-                    extra={**placement, "provenance": provenance.keep, **scenario_facts(scenario),
-                           **clock.run_json()})
+            publish(
+                run,
+                scenario,
+                params.name,
+                all_steps,
+                all_evals,
+                all_ops,
+                calls,
+                finished,
+                hosts=hosts,
+                extra={**placement, "provenance": provenance.keep, **scenario_facts(scenario), **clock.run_json()},
+            )
     if rank == 0:
         from harness.results.summary import format_table  # noqa: PLC0415  (pandas: rank 0 only)
 

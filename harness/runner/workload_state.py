@@ -45,8 +45,9 @@ def emulated(scenario: Scenario) -> bool:
     return scenario.workload.compute != "real"
 
 
-def build_state(scenario: Scenario, rank: int, dataset: Any, device: torch.device | None = None,
-                optimizer: Any = None) -> TrainState:
+def build_state(
+    scenario: Scenario, rank: int, dataset: Any, device: torch.device | None = None, optimizer: Any = None
+) -> TrainState:
     """Fresh model (same on every rank), flat buffers and optimizer for one algorithm; the model
     on ``device`` (default: the CPU), the data already there (``harness.device.dataset_on``).
     ``optimizer``: the spec to build (``scenario.optimizer_of(algorithm)``); default the scenario's."""

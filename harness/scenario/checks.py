@@ -41,8 +41,11 @@ def check_workload(scenario: Any) -> None:
         resolve("dataset", w.dataset, scenario.python_path)
         dataset = scenario_dataset(scenario)
         if dataset.num_train < scenario.ranks:
-            raise WorkloadCodeError("dataset", f"{w.dataset} has {dataset.num_train} training samples, fewer than "
-                                    f"the {scenario.ranks} ranks that each train on a shard of them")
+            raise WorkloadCodeError(
+                "dataset",
+                f"{w.dataset} has {dataset.num_train} training samples, fewer than "
+                f"the {scenario.ranks} ranks that each train on a shard of them",
+            )
         model = scenario_model(scenario, dataset)
         check_model(model, w.model, dataset.train_x[:2], dataset.num_classes)
     except WorkloadCodeError as exc:

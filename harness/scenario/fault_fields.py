@@ -68,8 +68,11 @@ class IterationFault(FaultSpec):
     @model_validator(mode="after")
     def _iteration_where_it_is_needed(self) -> IterationFault:
         if self.during == "finish" and self.at_iteration is not None:
-            raise ParamError("at_iteration", "must be left out with during: finish (it strikes after the last "
-                             "iteration)", self.at_iteration).to_pydantic()
+            raise ParamError(
+                "at_iteration",
+                "must be left out with during: finish (it strikes after the last iteration)",
+                self.at_iteration,
+            ).to_pydantic()
         if self.during != "finish" and self.at_iteration is None:
             raise ParamError("at_iteration", f"is required with during: {self.during}", None).to_pydantic()
         return self

@@ -79,7 +79,9 @@ def scenario_json_schema() -> dict[str, Any]:
     document_models(StrictModel)  # the fields' docstrings as their descriptions
     built_in = registry.BUILT_IN
     models: list[tuple[type[BaseModel], Literal["validation"]]] = [
-        (Scenario, "validation"), *((entry.params, "validation") for entry in built_in)]
+        (Scenario, "validation"),
+        *((entry.params, "validation") for entry in built_in),
+    ]
     keys, document = models_json_schema(models, ref_template="#/$defs/{model}", schema_generator=_Generator)
     defs: dict[str, Any] = document["$defs"]
     root = defs.pop(_def_name(keys[(Scenario, "validation")]))
@@ -98,8 +100,11 @@ def scenario_json_schema() -> dict[str, Any]:
     defs[CLASS_ENTRY_DEF] = _class_entry(params_defs)
     root["properties"]["algorithms"]["items"] = {
         "oneOf": [
-            {"type": "string", "enum": list(params_defs),
-             "description": "A built-in algorithm with its default parameters."},
+            {
+                "type": "string",
+                "enum": list(params_defs),
+                "description": "A built-in algorithm with its default parameters.",
+            },
             *({"$ref": f"#/$defs/{def_name}"} for def_name in params_defs.values()),
             *({"$ref": f"#/$defs/{def_name}Variant"} for def_name in params_defs.values()),
             {"$ref": f"#/$defs/{CLASS_ENTRY_DEF}"},
@@ -136,8 +141,10 @@ def _optimizer_forms(defs: dict[str, Any], root: dict[str, Any]) -> None:
         nonlocal forms
         if isinstance(node, dict):
             union = node.get("oneOf")
-            if union and {_def_name(r) for r in union if "$ref" in r} >= {SGDOptimizer.__name__,
-                                                                           ReferenceOptimizer.__name__}:
+            if union and {_def_name(r) for r in union if "$ref" in r} >= {
+                SGDOptimizer.__name__,
+                ReferenceOptimizer.__name__,
+            }:
                 forms = node.pop("oneOf")
                 node["$ref"] = f"#/$defs/{OPTIMIZER_DEF}"
             for value in node.values():
@@ -152,10 +159,13 @@ def _optimizer_forms(defs: dict[str, Any], root: dict[str, Any]) -> None:
     defs[OPTIMIZER_DEF] = {
         "title": "Optimizer",
         "description": "A local optimizer: a built-in name with its defaults, or a mapping with `name` (default "
-        "`sgd`) and the optimizer's parameters; `name: \"module:callable\"` is your own.",
+        '`sgd`) and the optimizer\'s parameters; `name: "module:callable"` is your own.',
         "oneOf": [
-            {"type": "string", "enum": list(BUILT_IN_OPTIMIZERS),
-             "description": "A built-in optimizer with its default parameters."},
+            {
+                "type": "string",
+                "enum": list(BUILT_IN_OPTIMIZERS),
+                "description": "A built-in optimizer with its default parameters.",
+            },
             *forms,
         ],
     }
@@ -166,9 +176,11 @@ def _workload_names(workload: dict[str, Any]) -> None:
     """``model`` and ``dataset``: a built-in name, an import reference, or null."""
     for key, table in (("model", MODELS), ("dataset", DATASETS)):
         field = workload["properties"][key]
-        field["anyOf"] = [{"type": "string", "enum": list(table)},
-                          {"type": "string", "pattern": _REFERENCE_PATTERN},
-                          {"type": "null"}]
+        field["anyOf"] = [
+            {"type": "string", "enum": list(table)},
+            {"type": "string", "pattern": _REFERENCE_PATTERN},
+            {"type": "null"},
+        ]
 
 
 def _label(others: list[str], description: str) -> dict[str, Any]:
@@ -181,8 +193,11 @@ def _variant(name: str, def_name: str, params: dict[str, Any], params_defs: dict
     label = registry.registration(name).label
     others = [other for other in params_defs if other != name]
     properties: dict[str, Any] = {
-        "name": _label(others, "This entry's label (letters, digits and '_', starting with a letter), which "
-                       "results, figures and faults name it by; not another built-in algorithm's name."),
+        "name": _label(
+            others,
+            "This entry's label (letters, digits and '_', starting with a letter), which "
+            "results, figures and faults name it by; not another built-in algorithm's name.",
+        ),
         ALGORITHM_KEY: {"const": name, "description": VariantEntryParams.model_fields[ALGORITHM_KEY].description},
     }
     for key in params["properties"]:
@@ -207,14 +222,20 @@ def _class_entry(params_defs: dict[str, str]) -> dict[str, Any]:
     base = next(iter(params_defs.values()))
     return {
         "title": "Your own algorithm class",
-        "description": "An algorithm class of your own, `{name: NAME, class: \"module:Class\", ...}`; the "
+        "description": 'An algorithm class of your own, `{name: NAME, class: "module:Class", ...}`; the '
         "entry's other keys are its Params model's parameters (python -m harness validate checks them).",
         "type": "object",
         "properties": {
-            "name": _label(list(params_defs), "The entry's name (letters, digits and '_', starting with a "
-                           "letter), which results, figures and faults name it by; not a built-in algorithm's."),
-            CLASS_KEY: {"type": "string", "pattern": _REFERENCE_PATTERN,
-                        "description": ClassEntryParams.model_fields["class_reference"].description},
+            "name": _label(
+                list(params_defs),
+                "The entry's name (letters, digits and '_', starting with a "
+                "letter), which results, figures and faults name it by; not a built-in algorithm's.",
+            ),
+            CLASS_KEY: {
+                "type": "string",
+                "pattern": _REFERENCE_PATTERN,
+                "description": ClassEntryParams.model_fields["class_reference"].description,
+            },
             "optimizer": {"$ref": f"#/$defs/{base}/properties/optimizer"},
         },
         "required": ["name", CLASS_KEY],

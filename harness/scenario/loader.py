@@ -73,8 +73,9 @@ _Loader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML12_FLOAT, list("-+
 yaml.SafeDumper.add_implicit_resolver("tag:yaml.org,2002:float", _YAML12_FLOAT, list("-+0123456789."))
 
 
-def load_scenario(path: str | Path, overrides: Mapping[str, Any] | None = None,
-                  assignments: Sequence[str | Override] = ()) -> Scenario:
+def load_scenario(
+    path: str | Path, overrides: Mapping[str, Any] | None = None, assignments: Sequence[str | Override] = ()
+) -> Scenario:
     """Load and validate the scenario file at ``path``, applying ``assignments`` and ``overrides`` first.
 
     ``assignments`` are ``KEY=VALUE`` overrides of any field (``harness.scenario.overrides``).
@@ -82,8 +83,9 @@ def load_scenario(path: str | Path, overrides: Mapping[str, Any] | None = None,
     file's algorithm names, kept in file order); they apply before validation, so the rank checks
     see the overridden rank count. Raises ScenarioError.
     """
-    return scenario_from_dict(read_yaml(path), source=str(path), overrides=overrides, base_dir=Path(path).parent,
-                              assignments=assignments)
+    return scenario_from_dict(
+        read_yaml(path), source=str(path), overrides=overrides, base_dir=Path(path).parent, assignments=assignments
+    )
 
 
 def load_scenario_with_notes(
@@ -133,8 +135,13 @@ def _yaml_problem(exc: yaml.MarkedYAMLError) -> str:
     return text
 
 
-def scenario_from_dict(data: Any, source: str = "<dict>", overrides: Mapping[str, Any] | None = None,
-                       base_dir: str | Path | None = None, assignments: Sequence[str | Override] = ()) -> Scenario:
+def scenario_from_dict(
+    data: Any,
+    source: str = "<dict>",
+    overrides: Mapping[str, Any] | None = None,
+    base_dir: str | Path | None = None,
+    assignments: Sequence[str | Override] = (),
+) -> Scenario:
     """Validate already parsed scenario data; ``source`` names it in error messages, ``base_dir``
     (default: the working directory) is what a relative ``python_path`` is relative to.
     ``assignments``: ``KEY=VALUE`` overrides (``harness.scenario.overrides``), applied first and

@@ -16,9 +16,12 @@ from harness.strict_model import NonNegativeFloat, NonNegativeInt, PositiveFloat
 def _latency_ms_schema(schema: dict[str, Any]) -> None:
     """The JSON Schema of ``latency_ms``, the input-only key ``LinkSettings._latency_ms`` reads,
     right after ``latency_us``; the two exclude each other."""
-    latency_ms = {"type": "number", "minimum": 0,
-                  "description": "The latency in milliseconds instead: kept as latency_us = 1000 * latency_ms "
-                  "(give one of the two)."}
+    latency_ms = {
+        "type": "number",
+        "minimum": 0,
+        "description": "The latency in milliseconds instead: kept as latency_us = 1000 * latency_ms "
+        "(give one of the two).",
+    }
     properties = schema["properties"]
     schema["properties"] = {}
     for key, value in properties.items():
@@ -213,18 +216,21 @@ TOPOLOGY_PRESETS: dict[str, dict[str, dict[str, float]]] = {
 
 def _preset_text() -> str:
     """``preset``'s description, from :data:`TOPOLOGY_PRESETS`."""
+
     def link(values: dict[str, float]) -> str:
         return f"{values['latency_us']:g} us, {values['bandwidth_gbps']:g} Gb/s"
 
-    presets = "; ".join(f"{name}: NIC {link(p['nic'])}, intra-node {link(p['intra'])}"
-                        for name, p in TOPOLOGY_PRESETS.items())
+    presets = "; ".join(
+        f"{name}: NIC {link(p['nic'])}, intra-node {link(p['intra'])}" for name, p in TOPOLOGY_PRESETS.items()
+    )
     return f"A named network that fills the nic and intra fields (or parts of them) left out ({presets}); null: none."
 
 
 def _one_placement_schema(schema: dict[str, Any]) -> None:
     """``ranks_per_node`` or ``placement``, exactly one of them (``Topology._one_placement``)."""
-    schema["oneOf"] = [{"properties": {key: {"not": {"type": "null"}}}, "required": [key]}
-                       for key in ("ranks_per_node", "placement")]
+    schema["oneOf"] = [
+        {"properties": {key: {"not": {"type": "null"}}}, "required": [key]} for key in ("ranks_per_node", "placement")
+    ]
 
 
 class Topology(StrictModel):
@@ -237,7 +243,8 @@ class Topology(StrictModel):
     model_config = ConfigDict(json_schema_extra=_one_placement_schema)
 
     preset: Literal["ethernet_1g", "ethernet_10g", "infiniband_100g"] | None = Field(
-        default=None, description=_preset_text())
+        default=None, description=_preset_text()
+    )
     ranks_per_node: PositiveInt | None = None
     """Ranks per node, nodes filled in rank order; must divide ``ranks``. Give this or ``placement``."""
     placement: list[NonNegativeInt] | None = None
@@ -257,8 +264,12 @@ class Topology(StrictModel):
     def _apply_preset(cls, data: Any) -> Any:
         """A preset fills the ``intra`` and ``nic`` fields the scenario leaves out."""
         if isinstance(data, dict) and "allreduce" in data:  # where it was before network.allreduce
-            raise ParamError("allreduce", "moved: write `network.allreduce: hierarchical` (or another "
-                             "algorithm) instead of network.topology.allreduce", data["allreduce"]).to_pydantic()
+            raise ParamError(
+                "allreduce",
+                "moved: write `network.allreduce: hierarchical` (or another "
+                "algorithm) instead of network.topology.allreduce",
+                data["allreduce"],
+            ).to_pydantic()
         if not (isinstance(data, dict) and isinstance(data.get("preset"), str)):
             return data
         preset = TOPOLOGY_PRESETS.get(data["preset"])
@@ -275,8 +286,11 @@ class Topology(StrictModel):
     @model_validator(mode="after")
     def _one_placement(self) -> Topology:
         if (self.ranks_per_node is None) == (self.placement is None):
-            raise ParamError("ranks_per_node", "give ranks_per_node or placement (the node of every rank), one of them",
-                             self.ranks_per_node).to_pydantic()
+            raise ParamError(
+                "ranks_per_node",
+                "give ranks_per_node or placement (the node of every rank), one of them",
+                self.ranks_per_node,
+            ).to_pydantic()
         return self
 
     def check(self, ranks: int) -> None:
@@ -286,13 +300,15 @@ class Topology(StrictModel):
             used = set(self.placement)
             for node in range(max(self.placement) + 1):
                 if node not in used:
-                    raise ParamError("placement", f"node {node} has no ranks (number nodes 0, 1, 2, ...)",
-                                     self.placement)
+                    raise ParamError(
+                        "placement", f"node {node} has no ranks (number nodes 0, 1, 2, ...)", self.placement
+                    )
             return
         assert self.ranks_per_node is not None  # _one_placement: the placement or ranks_per_node
         if ranks % self.ranks_per_node:
-            raise ParamError("ranks_per_node", f"must divide ranks ({ranks}); give a placement for uneven nodes",
-                             self.ranks_per_node)
+            raise ParamError(
+                "ranks_per_node", f"must divide ranks ({ranks}); give a placement for uneven nodes", self.ranks_per_node
+            )
 
     def node_of(self, ranks: int) -> list[int]:
         """The node of every rank (``ranks_per_node`` fills nodes in rank order)."""
@@ -347,8 +363,9 @@ class Network(StrictModel):
 
     def check(self, ranks: int) -> None:
         if self.allreduce == "hierarchical" and self.topology is None:
-            raise ParamError("allreduce", "hierarchical needs network.topology (the nodes it goes through)",
-                             self.allreduce)
+            raise ParamError(
+                "allreduce", "hierarchical needs network.topology (the nodes it goes through)", self.allreduce
+            )
         check_each(self.links, ranks, "links")
         if self.topology is not None:
             try:

@@ -57,7 +57,7 @@ class Override:
     def wrote(self, path: tuple[Any, ...]) -> bool:
         """Whether ``path`` (a validation error's) is what this override set, inside it, or around it."""
         n = min(len(path), len(self.location))
-        return (n > 0 and path[:n] == self.location[:n]) or (bool(self.scope) and path[:len(self.scope)] == self.scope)
+        return (n > 0 and path[:n] == self.location[:n]) or (bool(self.scope) and path[: len(self.scope)] == self.scope)
 
     @property
     def key(self) -> str:
@@ -65,14 +65,15 @@ class Override:
 
 
 def _parser():
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+    # Hydra loads in about 0.3 s: only when an override is given, not for every command's --help.
+    from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: PLC0415
 
     return OverridesParser.create()
 
 
 def _parse(text: str):
     """Hydra's parse of ``text``; OverrideError naming it otherwise."""
-    from hydra.errors import HydraException
+    from hydra.errors import HydraException  # noqa: PLC0415  (Hydra: only when an override is given)
 
     if not isinstance(text, str) or not text.strip():
         raise OverrideError(f"override {text!r}: empty")
@@ -193,8 +194,9 @@ def _walk(data: dict[str, Any], override: Override) -> tuple[tuple[Any, ...], tu
                 node[index] = {"name": node[index]}
             node = node[index]
         else:
-            raise OverrideError(f"override {override.text!r}: {where} is {_show(node)}, not a mapping or list: "
-                                f"it has no {key!r}")
+            raise OverrideError(
+                f"override {override.text!r}: {where} is {_show(node)}, not a mapping or list: it has no {key!r}"
+            )
     return tuple(location), created if created is not None else tuple(location)
 
 
@@ -203,8 +205,10 @@ def _entry_index(entries: list[Any], key: str, override: Override, where: str) -
     if key.lstrip("-").isdigit():
         index = int(key)
         if not 0 <= index < len(entries):
-            raise OverrideError(f"override {override.text!r}: {where} has {len(entries)} entries "
-                                f"(indices 0 to {len(entries) - 1}), no {index}")
+            raise OverrideError(
+                f"override {override.text!r}: {where} has {len(entries)} entries "
+                f"(indices 0 to {len(entries) - 1}), no {index}"
+            )
         return index
     names = [e.get("name") if isinstance(e, dict) else e if isinstance(e, str) else None for e in entries]
     if key in names:

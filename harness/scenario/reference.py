@@ -58,13 +58,21 @@ MODEL_SECTIONS: dict[str, tuple[str, str]] = {
 
 _ALGORITHM_FORMS = (
     ("a built-in algorithm's name, with its default parameters", "- sgp"),
-    ("a mapping: `name` picks the algorithm, the other keys are its parameters (below)",
-     "- {name: wagma, group_size: 4}"),
-    (("a variant: a built-in algorithm (`algorithm`) under a label of its own (`name`), with that "
-      "algorithm's parameters; list one algorithm several times this way"),
-     "- {name: wagma_g2, algorithm: wagma, group_size: 2}"),
-    ("your own algorithm class (`class`); the other keys are its `Params`' parameters",
-     '- {name: post_local, class: "post_local_sgd:PostLocalSGD", period: 4}'),
+    (
+        "a mapping: `name` picks the algorithm, the other keys are its parameters (below)",
+        "- {name: wagma, group_size: 4}",
+    ),
+    (
+        (
+            "a variant: a built-in algorithm (`algorithm`) under a label of its own (`name`), with that "
+            "algorithm's parameters; list one algorithm several times this way"
+        ),
+        "- {name: wagma_g2, algorithm: wagma, group_size: 2}",
+    ),
+    (
+        "your own algorithm class (`class`); the other keys are its `Params`' parameters",
+        '- {name: post_local, class: "post_local_sgd:PostLocalSGD", period: 4}',
+    ),
 )
 
 
@@ -120,8 +128,11 @@ class _Page:
         self.algorithms(props["algorithms"])
         self.kinds("imbalance", props["imbalance"])
         self.model_section(2, "Network")
-        self.model_section(3, "LinkSettings", "The fields of `network.default`, `network.topology.intra` and "
-                           "`.nic`, and `workload.node.link`.")
+        self.model_section(
+            3,
+            "LinkSettings",
+            "The fields of `network.default`, `network.topology.intra` and `.nic`, and `workload.node.link`.",
+        )
         self.add("### `network.links` { #links }", self.text(props["network"]["$ref"], "links"))
         for name in ("PairLink", "DirectedLink", "RankLinks"):
             self.model_section(4, name)
@@ -142,8 +153,12 @@ class _Page:
         return self.defs[ref.rsplit("/", 1)[-1]]["properties"][key]["description"]
 
     def optimizers(self, field: dict[str, Any]) -> None:
-        self.add("## `optimizer` { #optimizer }", field["description"], self.defs[OPTIMIZER_DEF]["description"],
-                 "An `algorithms` entry may give its own `optimizer`, in the same forms.")
+        self.add(
+            "## `optimizer` { #optimizer }",
+            field["description"],
+            self.defs[OPTIMIZER_DEF]["description"],
+            "An `algorithms` entry may give its own `optimizer`, in the same forms.",
+        )
         self.done.add(OPTIMIZER_DEF)
         for name in ("SGDOptimizer", "AdamOptimizer", "AdamWOptimizer", "ReferenceOptimizer"):
             self.model_section(3, name)
@@ -151,15 +166,23 @@ class _Page:
     def algorithms(self, field: dict[str, Any]) -> None:
         self.add("## `algorithms` { #algorithms }", field["description"])
         rows = [f"| {_cell(what)} | `{_cell(example)}` |" for what, example in _ALGORITHM_FORMS]
-        self.add("### Entry forms { #algorithm-forms }", "Each entry of `algorithms` is one of:",
-                 "| form | example |\n|---|---|\n" + "\n".join(rows),
-                 "The keys a variant and a class entry have besides the parameters:")
+        self.add(
+            "### Entry forms { #algorithm-forms }",
+            "Each entry of `algorithms` is one of:",
+            "| form | example |\n|---|---|\n" + "\n".join(rows),
+            "The keys a variant and a class entry have besides the parameters:",
+        )
         variant = self.defs[f"{next(iter(self.params.values()))}Variant"]["properties"]
         own = self.defs[CLASS_ENTRY_DEF]["properties"]
-        self.table({"name": own["name"] | {"description": variant["name"]["description"] + " A class entry's "
-                                          "name is the same kind of label."},
-                    "algorithm": variant["algorithm"] | {"const": "BUILT_IN"}, "class": own["class"]},
-                   required=("name", "algorithm", "class"))
+        self.table(
+            {
+                "name": own["name"]
+                | {"description": variant["name"]["description"] + " A class entry's name is the same kind of label."},
+                "algorithm": variant["algorithm"] | {"const": "BUILT_IN"},
+                "class": own["class"],
+            },
+            required=("name", "algorithm", "class"),
+        )
         self.done.update(name for name in self.defs if name.endswith("Variant") or name == CLASS_ENTRY_DEF)
         by_family: dict[str | None, list[str]] = {}
         for name in self.params:
@@ -177,20 +200,35 @@ class _Page:
                 self.model_section(4, def_name, heading=f"{label}: `{name}`", skip=("name",))
 
     def kinds(self, key: str, field: dict[str, Any]) -> None:
-        self.add(f"## `{key}` {{ #{key} }}", field["description"],
-                 "Every entry has a `kind`, which says what else it has:")
+        self.add(
+            f"## `{key}` {{ #{key} }}", field["description"], "Every entry has a `kind`, which says what else it has:"
+        )
         for ref in field["items"]["oneOf"]:
             self.model_section(3, ref["$ref"].rsplit("/", 1)[-1])
 
     # -- sections and tables -------------------------------------------------------------------
 
-    def model_section(self, level: int, name: str, intro: str | None = None, heading: str | None = None,
-                      anchor: str | None = None, skip: tuple[str, ...] = ()) -> None:
+    def model_section(
+        self,
+        level: int,
+        name: str,
+        intro: str | None = None,
+        heading: str | None = None,
+        anchor: str | None = None,
+        skip: tuple[str, ...] = (),
+    ) -> None:
         self.done.add(name)
         self.section(level, heading or self.headings[name], anchor or self.anchors[name], self.defs[name], intro, skip)
 
-    def section(self, level: int, heading: str, anchor: str, schema: dict[str, Any], intro: str | None = None,
-                skip: tuple[str, ...] = ()) -> None:
+    def section(
+        self,
+        level: int,
+        heading: str,
+        anchor: str,
+        schema: dict[str, Any],
+        intro: str | None = None,
+        skip: tuple[str, ...] = (),
+    ) -> None:
         parts = [f"{'#' * level} {heading} {{ #{anchor} }}"]
         if schema.get("description"):
             parts.append(schema["description"])
@@ -213,8 +251,10 @@ class _Page:
                 default = f"`{_cell(_flow(field['default']))}`"
             else:
                 default = "required" if key in required else "optional"
-            rows.append(f"| `{key}` | {_cell(self.type_of(field))} | {default} | "
-                        f"{_cell(_constraints(field))} | {_cell(field.get('description', ''))} |")
+            rows.append(
+                f"| `{key}` | {_cell(self.type_of(field))} | {default} | "
+                f"{_cell(_constraints(field))} | {_cell(field.get('description', ''))} |"
+            )
         self.add("\n".join(rows))
 
     def defaults_of(self, field: dict[str, Any]) -> dict[str, Any] | None:
@@ -262,9 +302,14 @@ class _Page:
         if kind == "object":
             return "mapping"
         if kind == "string" and "pattern" in node:
-            return "`\"module:name\"`" if ":" in node["pattern"] else "string"
-        names: dict[Any, str] = {"integer": "integer", "number": "number", "boolean": "`true` | `false`",
-                                 "string": "string", "null": "`null`"}
+            return '`"module:name"`' if ":" in node["pattern"] else "string"
+        names: dict[Any, str] = {
+            "integer": "integer",
+            "number": "number",
+            "boolean": "`true` | `false`",
+            "string": "string",
+            "null": "`null`",
+        }
         return names.get(kind, "any")
 
 

@@ -91,8 +91,13 @@ def _workload_schema(schema: dict[str, Any]) -> None:
     schema["required"].remove("eval_every")
     given = {"model": {"type": "string"}, "dataset": {"type": "string"}}
     schema["allOf"] = [
-        *({"if": {"properties": {a: given[a]}, "required": [a]}, "then": {"properties": {b: given[b]}, "required": [b]}}
-          for a, b in (("model", "dataset"), ("dataset", "model"))),
+        *(
+            {
+                "if": {"properties": {a: given[a]}, "required": [a]},
+                "then": {"properties": {b: given[b]}, "required": [b]},
+            }
+            for a, b in (("model", "dataset"), ("dataset", "model"))
+        ),
         {"if": {"properties": {"compute": {"const": "real"}}}, "then": {"properties": {"params": {"type": "null"}}}},
     ]
 
@@ -312,8 +317,11 @@ def _algorithm_entry(value: Any, info: ValidationInfo) -> AlgorithmParams:
     name = _Named.model_validate(value).name
     if user_class.names_class(value):
         if variant.names_algorithm(value):
-            raise ParamError(variant.ALGORITHM_KEY, "give `algorithm` (a built-in algorithm to run) or `class` "
-                             "(your own), not both", value[variant.ALGORITHM_KEY]).to_pydantic()
+            raise ParamError(
+                variant.ALGORITHM_KEY,
+                "give `algorithm` (a built-in algorithm to run) or `class` (your own), not both",
+                value[variant.ALGORITHM_KEY],
+            ).to_pydantic()
         try:
             user_class.entry_model(name, value[user_class.CLASS_KEY], info.data.get("python_path", []))
         except ParamError as exc:
@@ -439,9 +447,11 @@ class Scenario(StrictModel):
     @model_validator(mode="after")
     def _some_algorithm(self) -> Scenario:
         if not self.algorithms and not self.workload.of_script:
-            reason = ("at least one is required (only a training script's own workload, without workload.model, "
-                      "may list none: `python -m harness launch --scenario` runs a torch.distributed script as "
-                      "the algorithm)")
+            reason = (
+                "at least one is required (only a training script's own workload, without workload.model, "
+                "may list none: `python -m harness launch --scenario` runs a torch.distributed script as "
+                "the algorithm)"
+            )
             raise ParamError(("algorithms",), reason, []).to_pydantic()
         return self
 
@@ -449,8 +459,10 @@ class Scenario(StrictModel):
     def _trains_a_model(self) -> Scenario:
         if self.simulation.train and self.workload.compute != "real":
             what = "a training script's workload" if self.workload.of_script else "emulated compute"
-            reason = (f"the simulated ranks train the workload's model on its dataset; {what} has none (give "
-                      "workload.model and workload.dataset with real compute, or leave simulation.train out)")
+            reason = (
+                f"the simulated ranks train the workload's model on its dataset; {what} has none (give "
+                "workload.model and workload.dataset with real compute, or leave simulation.train out)"
+            )
             raise ParamError(("simulation", "train"), reason, True).to_pydantic()
         return self
 

@@ -55,6 +55,7 @@ from harness.strict_model import NonNegativeFloat, NonNegativeInt, PositiveFloat
 FORMAT_VERSION = 1
 DEFAULT_PATH = Path("results") / "calibration.json"
 
+
 class CalibrationError(HarnessError):
     """A calibration file that is missing, malformed, or lacks what a simulation needs."""
 
@@ -147,8 +148,10 @@ class CalibrationEntry(_Strict):
         hosts = list(dict.fromkeys(self.rank_hosts))
         counts = [self.rank_hosts.count(h) for h in hosts]
         if (self.hosts, self.ranks_per_host) != (hosts, counts):
-            raise ValueError(f"hosts {self.hosts} and ranks_per_host {self.ranks_per_host} disagree with rank_hosts "
-                             f"(hosts {hosts}, ranks per host {counts})")
+            raise ValueError(
+                f"hosts {self.hosts} and ranks_per_host {self.ranks_per_host} disagree with rank_hosts "
+                f"(hosts {hosts}, ranks per host {counts})"
+            )
         return self
 
     def compute_s(self, model: str, dataset: str, batch_size: int, alone: bool = False) -> float | None:
@@ -165,12 +168,16 @@ class CalibrationEntry(_Strict):
         the per-message latency (a wake-up) and rank 0's evaluation (alone, the others waiting)
         are kept."""
         network = self.network.model_copy(update={"bandwidth_bytes_per_s": self.network.bandwidth_bytes_per_s / factor})
-        return self.model_copy(update={
-            "compute": [p.model_copy(update={"median_s": p.median_s * factor, "p95_s": p.p95_s * factor})
-                        for p in self.compute],
-            "loop_overhead_s": self.loop_overhead_s * factor,
-            "network": network,
-        })
+        return self.model_copy(
+            update={
+                "compute": [
+                    p.model_copy(update={"median_s": p.median_s * factor, "p95_s": p.p95_s * factor})
+                    for p in self.compute
+                ],
+                "loop_overhead_s": self.loop_overhead_s * factor,
+                "network": network,
+            }
+        )
 
     def evaluation_s(self, model: str, dataset: str) -> float | None:
         for point in self.evaluation:
@@ -193,8 +200,9 @@ class Calibration(_Strict):
     cpus: PositiveInt  # logical CPUs of the machine that was measured
     entries: list[CalibrationEntry]
 
-    def choose(self, ranks: int, has: Callable[[CalibrationEntry], bool] | None = None,
-               scale_shared_cores: bool = True) -> EntryChoice:
+    def choose(
+        self, ranks: int, has: Callable[[CalibrationEntry], bool] | None = None, scale_shared_cores: bool = True
+    ) -> EntryChoice:
         """The entry to simulate ``ranks`` ranks with, among those that ``has`` what the simulation
         needs (all when None or when none has it; the caller then says what is missing): the one
         measured at ``ranks``; otherwise the one measured with the most ranks that did not
@@ -217,15 +225,19 @@ class Calibration(_Strict):
             why = f"the fewest ranks; every entry shared the {self.cpus} CPUs"
         if len(candidates) < len(self.entries):
             why += ", of those that measured this workload"
-        note = f"no calibration for {ranks} ranks (measured: {measured}): using the one measured at {entry.ranks} " \
-               f"ranks ({why})"
+        note = (
+            f"no calibration for {ranks} ranks (measured: {measured}): using the one measured at {entry.ranks} "
+            f"ranks ({why})"
+        )
         # An entry measured with shared cores models this machine, where more ranks share the same
         # cores; an uncontended one stands for a cluster, where every rank brings its own.
         factor = self.core_share_factor(entry.ranks, ranks) if entry.ranks > self.cpus and scale_shared_cores else 1.0
         if factor != 1.0:
             entry = entry.with_compute_scaled(factor)
-            note += f", its CPU work (local work, copying message bytes) x{factor:g} for {ranks} ranks sharing " \
-                    f"{self.cpus} CPUs"
+            note += (
+                f", its CPU work (local work, copying message bytes) x{factor:g} for {ranks} ranks sharing "
+                f"{self.cpus} CPUs"
+            )
         return EntryChoice(entry, note)
 
     def core_share_factor(self, measured_ranks: int, ranks: int) -> float:
@@ -242,10 +254,18 @@ class Calibration(_Strict):
         if old is not None:
             new = {(p.model, p.dataset, p.batch_size) for p in entry.compute}
             new_eval = {(p.model, p.dataset) for p in entry.evaluation}
-            entry = entry.model_copy(update={
-                "compute": [*entry.compute, *(p for p in old.compute if (p.model, p.dataset, p.batch_size) not in new)],
-                "evaluation": [*entry.evaluation, *(p for p in old.evaluation if (p.model, p.dataset) not in new_eval)],
-            })
+            entry = entry.model_copy(
+                update={
+                    "compute": [
+                        *entry.compute,
+                        *(p for p in old.compute if (p.model, p.dataset, p.batch_size) not in new),
+                    ],
+                    "evaluation": [
+                        *entry.evaluation,
+                        *(p for p in old.evaluation if (p.model, p.dataset) not in new_eval),
+                    ],
+                }
+            )
         kept = [e for e in self.entries if e.ranks != entry.ranks]
         return self.model_copy(update={"entries": sorted([*kept, entry], key=lambda e: e.ranks)})
 
@@ -259,8 +279,16 @@ class EntryChoice(NamedTuple):
 
 def calibrate_command(scenario_file: str | Path, ranks: int, output: Path = DEFAULT_PATH) -> str:
     """The command line that measures ``scenario_file``'s workloads at ``ranks`` ranks into ``output``."""
-    words = ["python", "-m", "harness", "calibrate", "--scenario", str(scenario_file), "--ranks",
-             str(max(ranks, MIN_RANKS))]
+    words = [
+        "python",
+        "-m",
+        "harness",
+        "calibrate",
+        "--scenario",
+        str(scenario_file),
+        "--ranks",
+        str(max(ranks, MIN_RANKS)),
+    ]
     if Path(output) != DEFAULT_PATH:
         words += ["--output", str(output)]
     return shlex.join(words)
@@ -322,8 +350,17 @@ def save_fixed_calibration(path: Path, ranks: int, compute: Sequence[tuple[str, 
     quarter above it; alone the same: no machine, no shared cores). What ``simulate`` and
     ``compare`` need where what is compared is the communication model, not this machine's
     calibration (the tests, ``bench agreement``)."""
-    points = [ComputePoint(model=m, dataset=d, batch_size=b, median_s=s, p95_s=s * 1.25, samples=10, alone_s=s)
-              for m, d, b, s in compute]
-    save_calibration(Calibration(created_at="2026-01-01T00:00:00+00:00", harness_version="test", cpus=2, entries=[
-        CalibrationEntry(ranks=ranks, network=FIXED_NETWORK, compute=points)]), path)
+    points = [
+        ComputePoint(model=m, dataset=d, batch_size=b, median_s=s, p95_s=s * 1.25, samples=10, alone_s=s)
+        for m, d, b, s in compute
+    ]
+    save_calibration(
+        Calibration(
+            created_at="2026-01-01T00:00:00+00:00",
+            harness_version="test",
+            cpus=2,
+            entries=[CalibrationEntry(ranks=ranks, network=FIXED_NETWORK, compute=points)],
+        ),
+        path,
+    )
     return path

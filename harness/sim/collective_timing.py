@@ -55,9 +55,9 @@ def _ring_completion(join: np.ndarray, cost: float) -> np.ndarray:
     return done
 
 
-
-def broadcast_times(p: int, root: int, world: Sequence[int], join: Sequence[float], nbytes: int,
-                    network: SimNetwork) -> list[float]:
+def broadcast_times(
+    p: int, root: int, world: Sequence[int], join: Sequence[float], nbytes: int, network: SimNetwork
+) -> list[float]:
     """Completion time of every member of the native binomial broadcast (``binomial_bcast`` in
     kernels/step_program.cpp): member v (counted from the root) receives from v minus its lowest set
     bit, then sends to v + mask for every lower mask, all posted when its data is there; it
@@ -89,8 +89,9 @@ def broadcast_times(p: int, root: int, world: Sequence[int], join: Sequence[floa
 _PYTHON_MAX_MEMBERS = 32  # below this, plain Python beats numpy's per-call overhead
 
 
-def run_program(program: StepProgram | RingProgram, world: Sequence[int], join: Sequence[float],
-                 network: SimNetwork) -> list[float]:
+def run_program(
+    program: StepProgram | RingProgram, world: Sequence[int], join: Sequence[float], network: SimNetwork
+) -> list[float]:
     """Completion time of every member of a collective that member m joined at ``join[m]``.
 
     ``world[m]`` is member m's rank (for link lookup). Max-plus over the aligned steps; see the
@@ -147,8 +148,13 @@ def _run_small(program: StepProgram, t: list[float], network: SimNetwork) -> lis
     return t
 
 
-def predict_allreduce_s(ranks: int, nbytes: int, base: NetworkModel,
-                        ring_threshold_bytes: int = RING_THRESHOLD_BYTES, hosts: NodeTopology | None = None) -> float:
+def predict_allreduce_s(
+    ranks: int,
+    nbytes: int,
+    base: NetworkModel,
+    ring_threshold_bytes: int = RING_THRESHOLD_BYTES,
+    hosts: NodeTopology | None = None,
+) -> float:
     """Predicted time of a blocking allreduce of ``nbytes`` per rank that all ranks join at once
     (no emulated links; on ``hosts``, see :class:`SimNetwork`): the slowest member's completion."""
     network = SimNetwork(ranks, base, ring_threshold_bytes=ring_threshold_bytes, hosts=hosts)
@@ -157,8 +163,9 @@ def predict_allreduce_s(ranks: int, nbytes: int, base: NetworkModel,
     return max(done) if ranks else 0.0
 
 
-def fit_to_allreduce(points: Sequence[tuple[int, int, float]],
-                     ring_threshold_bytes: int = RING_THRESHOLD_BYTES) -> NetworkModel:
+def fit_to_allreduce(
+    points: Sequence[tuple[int, int, float]], ring_threshold_bytes: int = RING_THRESHOLD_BYTES
+) -> NetworkModel:
     """The alpha-beta model under which simulated allreduces take the measured times.
 
     ``points``: (ranks, bytes per rank, measured seconds) of allreduces that all ranks joined at
@@ -172,10 +179,12 @@ def fit_to_allreduce(points: Sequence[tuple[int, int, float]],
         if ranks < 2:
             continue
         count = max(0, int(nbytes) // FLOAT_BYTES)
-        unit_alpha = predict_allreduce_s(ranks, count * FLOAT_BYTES,
-                                         NetworkModel(latency_s=1.0, bandwidth_bytes_per_s=1e300), ring_threshold_bytes)
-        unit_beta = predict_allreduce_s(ranks, count * FLOAT_BYTES,
-                                        NetworkModel(latency_s=0.0, bandwidth_bytes_per_s=1.0), ring_threshold_bytes)
+        unit_alpha = predict_allreduce_s(
+            ranks, count * FLOAT_BYTES, NetworkModel(latency_s=1.0, bandwidth_bytes_per_s=1e300), ring_threshold_bytes
+        )
+        unit_beta = predict_allreduce_s(
+            ranks, count * FLOAT_BYTES, NetworkModel(latency_s=0.0, bandwidth_bytes_per_s=1.0), ring_threshold_bytes
+        )
         rows.append((unit_alpha, unit_beta))
         times.append(seconds)
     if len(rows) < 2:

@@ -67,18 +67,29 @@ class SimFabric:
     def communicators(self) -> list[SimCommunicator]:
         return [SimCommunicator(self, r) for r in range(self.ranks)]
 
-    def collective(self, key: Any, rank: int, kind: str, count: int, root: int = 0,
-                   members: Sequence[int] | None = None, buf: Any = None, reduce: str = "sum") -> Collective:
+    def collective(
+        self,
+        key: Any,
+        rank: int,
+        kind: str,
+        count: int,
+        root: int = 0,
+        members: Sequence[int] | None = None,
+        buf: Any = None,
+        reduce: str = "sum",
+    ) -> Collective:
         """Rank ``rank`` joins collective ``key`` (created by its first member); ``buf``: its
         buffer when the simulation carries values (``reduce``: an allreduce's sum or mean)."""
         op = self._collectives.get(key)
         if op is None:
-            op = self._collectives[key] = Collective(self.engine, self.network, kind,
-                                                     range(self.ranks) if members is None else members, count, root,
-                                                     reduce)
+            op = self._collectives[key] = Collective(
+                self.engine, self.network, kind, range(self.ranks) if members is None else members, count, root, reduce
+            )
         elif (op.kind, op.count, op.root) != (kind, count, root):
-            raise SimCommError(f"rank {rank}'s collective {key} is a {kind} of {count} floats (root {root}); another "
-                               f"rank posted a {op.kind} of {op.count} floats (root {op.root}) there")
+            raise SimCommError(
+                f"rank {rank}'s collective {key} is a {kind} of {count} floats (root {root}); another "
+                f"rank posted a {op.kind} of {op.count} floats (root {op.root}) there"
+            )
         op.join(rank, buf if self.payload is not None else None)
         if op.joined == len(op.members):
             del self._collectives[key]  # every member holds it; nobody looks it up again
@@ -139,8 +150,9 @@ class SimCommunicator:
         return peer
 
     # -- collectives ----------------------------------------------------------------------------
-    def _collective(self, kind: str, count: int, root: int = 0, buf: Any = None,
-                    reduce: str = "sum") -> CollectiveHandle:
+    def _collective(
+        self, kind: str, count: int, root: int = 0, buf: Any = None, reduce: str = "sum"
+    ) -> CollectiveHandle:
         key = self._collective_seq
         self._collective_seq += 1
         op = self.fabric.collective(key, self._rank, kind, count, root, buf=buf, reduce=reduce)
@@ -226,16 +238,26 @@ class SimCommunicator:
         shared = self._persistent(lambda: object())
         return SimPushChannel(self, int(count), shared)
 
-    def wait_avoiding(self, initial: Any, *, phases: Sequence[Sequence[int]], sync_every: int,
-                      accumulate: bool = False, quorum: int = 1) -> SimWaitAvoidingAllreduce:
+    def wait_avoiding(
+        self,
+        initial: Any,
+        *,
+        phases: Sequence[Sequence[int]],
+        sync_every: int,
+        accumulate: bool = False,
+        quorum: int = 1,
+    ) -> SimWaitAvoidingAllreduce:
         q = checked_quorum(quorum, self.size)
-        state = self._persistent(lambda: WaitAvoidingState(self.fabric, _floats(initial), int(sync_every), q,
-                                                           bool(accumulate)))
+        state = self._persistent(
+            lambda: WaitAvoidingState(self.fabric, _floats(initial), int(sync_every), q, bool(accumulate))
+        )
         if state.count != _floats(initial) or state.sync_every != int(sync_every):
             raise SimCommError("wait_avoiding: ranks created the op with different lengths or sync_every")
         if state.quorum != q:
-            raise SimCommError(f"wait_avoiding: rank {self._rank} created the op with quorum {q}; another rank "
-                               f"with quorum {state.quorum}")
+            raise SimCommError(
+                f"wait_avoiding: rank {self._rank} created the op with quorum {q}; another rank "
+                f"with quorum {state.quorum}"
+            )
         state.register(self._rank, phases, initial)
         return SimWaitAvoidingAllreduce(self, state)
 
@@ -376,7 +398,8 @@ class SimPairwiseAverager:
         if values is not None:  # the agent answers at the simulated moment it serves the request
             request, answer = buf.detach().clone(), []
             comm.engine.env.timeout(answered - now).callbacks.append(
-                lambda _event: answer.append(values.answer(peer, request)))
+                lambda _event: answer.append(values.answer(peer, request))
+            )
             handle.deliver = lambda: out.copy_(answer[0])
         return comm._posted(handle)
 

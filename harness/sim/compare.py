@@ -72,9 +72,16 @@ def compared_scenario(run: RunDirectory, scenario: Scenario) -> Scenario:
     return scenario.model_copy(update={"algorithms": [p for p in scenario.algorithms if p.name in finished]})
 
 
-def compare_run(run: RunDirectory, scenario: Scenario, entry: CalibrationEntry, calibration_name: str,
-                modes: tuple[str, ...] = MODES, topology: SimTopology | None = None,
-                script: str | None = None, train: bool = False) -> pd.DataFrame:
+def compare_run(
+    run: RunDirectory,
+    scenario: Scenario,
+    entry: CalibrationEntry,
+    calibration_name: str,
+    modes: tuple[str, ...] = MODES,
+    topology: SimTopology | None = None,
+    script: str | None = None,
+    train: bool = False,
+) -> pd.DataFrame:
     """Simulate ``run``'s finished algorithms (``scenario`` from :func:`compared_scenario`) in
     each mode with calibration ``entry`` and ``topology`` (``harness.sim.hosts.simulated_topology``;
     None: the scenario's own, if any); write and return the comparison.
@@ -92,39 +99,65 @@ def compare_run(run: RunDirectory, scenario: Scenario, entry: CalibrationEntry, 
     for mode in modes:
         if script is not None:  # its recorded collectives, on its recorded local work or its compute model
             trace = ScriptTrace.read(run.path, scenario.ranks, w.iterations)
-            frame, stat = replay_script(scenario, script, run.steps, trace, scenario, entry.network, hosts, mode=mode,
-                                        structure=ScriptStructure.read(run.path))
+            frame, stat = replay_script(
+                scenario,
+                script,
+                run.steps,
+                trace,
+                scenario,
+                entry.network,
+                hosts,
+                mode=mode,
+                structure=ScriptStructure.read(run.path),
+            )
             frames, stats = {script: frame}, [stat]
         elif mode == "trace":
-            frames, stats = replay(scenario, run.steps, entry.network, hosts=hosts,
-                                   trained=_trained(scenario, run, recorded=run.steps))
+            frames, stats = replay(
+                scenario, run.steps, entry.network, hosts=hosts, trained=_trained(scenario, run, recorded=run.steps)
+            )
         elif mode == "predictive":
             frames, stats = predict(scenario, entry, hosts=hosts, trained=_trained(scenario, run))
         else:
             raise ValueError(f"unknown mode {mode!r} (valid: {', '.join(MODES)})")
-        _replace_dir(run.path / f"sim-{mode}", lambda path, frames=frames, stats=stats, mode=mode: write_simulated_run(
-            path, scenario, frames, stats, mode, calibration_name, run_id=f"sim-{mode}",
-            calibration_ranks=entry.ranks, topology=topology))
+        _replace_dir(
+            run.path / f"sim-{mode}",
+            lambda path, frames=frames, stats=stats, mode=mode: write_simulated_run(
+                path,
+                scenario,
+                frames,
+                stats,
+                mode,
+                calibration_name,
+                run_id=f"sim-{mode}",
+                calibration_ranks=entry.ranks,
+                topology=topology,
+            ),
+        )
         simulated_evals = _evals_frame(frames)
-        predicted = summarize(pd.concat(frames.values()), simulated_evals, w.batch_size, w.iterations,
-                              ranks=scenario.ranks)
+        predicted = summarize(
+            pd.concat(frames.values()), simulated_evals, w.batch_size, w.iterations, ranks=scenario.ranks
+        )
         both = measured.merge(predicted, on="algorithm", suffixes=("_measured", "_predicted"))
         for row in both.itertuples(index=False):
-            rows.append({
-                "algorithm": row.algorithm,
-                "mode": mode,
-                "measured_iter_s": row.wall_s_measured / w.iterations,
-                "predicted_iter_s": row.wall_s_predicted / w.iterations,
-                "measured_samples_per_s": row.samples_per_s_measured,
-                "predicted_samples_per_s": row.samples_per_s_predicted,
-                "throughput_error": row.samples_per_s_predicted / row.samples_per_s_measured - 1.0,
-                "measured_wait_fraction": row.wait_fraction_measured,
-                "predicted_wait_fraction": row.wait_fraction_predicted,
-                "calibration_ranks": entry.ranks,
-                "measured_final_accuracy": row.final_accuracy_measured if train else np.nan,
-                "predicted_final_accuracy": row.final_accuracy_predicted if train else np.nan,
-                "accuracy_error_max": accuracy_error(run.evals, simulated_evals, row.algorithm) if train else np.nan,
-            })
+            rows.append(
+                {
+                    "algorithm": row.algorithm,
+                    "mode": mode,
+                    "measured_iter_s": row.wall_s_measured / w.iterations,
+                    "predicted_iter_s": row.wall_s_predicted / w.iterations,
+                    "measured_samples_per_s": row.samples_per_s_measured,
+                    "predicted_samples_per_s": row.samples_per_s_predicted,
+                    "throughput_error": row.samples_per_s_predicted / row.samples_per_s_measured - 1.0,
+                    "measured_wait_fraction": row.wait_fraction_measured,
+                    "predicted_wait_fraction": row.wait_fraction_predicted,
+                    "calibration_ranks": entry.ranks,
+                    "measured_final_accuracy": row.final_accuracy_measured if train else np.nan,
+                    "predicted_final_accuracy": row.final_accuracy_predicted if train else np.nan,
+                    "accuracy_error_max": accuracy_error(run.evals, simulated_evals, row.algorithm)
+                    if train
+                    else np.nan,
+                }
+            )
     table = pd.DataFrame(rows, columns=list(COMPARE_COLUMNS))
     atomic.write_csv(run.path / COMPARE_FILE, table)
     plot_comparison(table, run.path / COMPARE_PLOT, title=f"{scenario.name} ({scenario.ranks} ranks)")
@@ -150,6 +183,7 @@ def _evals_frame(frames) -> pd.DataFrame | None:
 def accuracy_error(real: pd.DataFrame, simulated: pd.DataFrame, algorithm: str) -> float:
     """The largest |simulated - real| test accuracy of the averaged model over the evaluation
     points both have, in accuracy points (percent); NaN when they share none."""
+
     def averaged(frame: pd.DataFrame) -> pd.Series:
         rows = frame[(frame["algorithm"] == algorithm) & (frame["model"] == "average")]
         return rows.set_index("iteration")["test_accuracy"]
@@ -195,19 +229,33 @@ def comparison_figure(table: pd.DataFrame, title: str):
     line = np.array([low, high])
     ax.plot(line, line, color="black", linewidth=1)
     ax.fill_between(line, line * 0.9, line * 1.1, color="grey", alpha=0.2)
-    handles = [Line2D([], [], color="black", linewidth=1, label="exact"),
-               plt.Rectangle((0, 0), 1, 1, color="grey", alpha=0.2, label="±10%")]
+    handles = [
+        Line2D([], [], color="black", linewidth=1, label="exact"),
+        plt.Rectangle((0, 0), 1, 1, color="grey", alpha=0.2, label="±10%"),
+    ]
     fills: dict = dict(zip(MODES, ("full", "none")))  # matplotlib's keywords: typed loosely
     for mode in MODES:
         handles.append(Line2D([], [], linestyle="", marker="o", color="dimgrey", fillstyle=fills[mode], label=mode))
     for algorithm in style.ordered(table["algorithm"]):
         rows = table[table["algorithm"] == algorithm].set_index("mode")
         look: dict = {"color": style.color(algorithm), "marker": style.marker(algorithm)}
-        ax.plot(rows["measured_samples_per_s"], rows["predicted_samples_per_s"], linewidth=0.8, alpha=0.5,
-                color=look["color"])
+        ax.plot(
+            rows["measured_samples_per_s"],
+            rows["predicted_samples_per_s"],
+            linewidth=0.8,
+            alpha=0.5,
+            color=look["color"],
+        )
         for mode in rows.index:
-            ax.plot(rows.loc[mode, "measured_samples_per_s"], rows.loc[mode, "predicted_samples_per_s"], linestyle="",
-                    markersize=8, fillstyle=fills[mode], markeredgewidth=1.5, **look)
+            ax.plot(
+                rows.loc[mode, "measured_samples_per_s"],
+                rows.loc[mode, "predicted_samples_per_s"],
+                linestyle="",
+                markersize=8,
+                fillstyle=fills[mode],
+                markeredgewidth=1.5,
+                **look,
+            )
         handles.append(Line2D([], [], linestyle="", markersize=8, label=style.label(algorithm), **look))
     ax.set_xlim(low, high)
     ax.set_ylim(low, high)

@@ -137,11 +137,13 @@ class SimEngine:
         self._run_events()
         stuck = sorted(set(self._ranks) - self._finished)
         if stuck:
+
             def what(r: int) -> str:
                 label = self._waiting_for.get(self._ranks[r], "time")
                 return label() if callable(label) else label
 
             shown = ", ".join(f"rank {r} waits for {what(r)}" for r in stuck[:8])
             more = f" and {len(stuck) - 8} more" if len(stuck) > 8 else ""
-            raise SimDeadlock(f"simulation deadlocked at t={self.env.now:.6f} s: {len(stuck)} ranks wait forever: "
-                              f"{shown}{more}")
+            raise SimDeadlock(
+                f"simulation deadlocked at t={self.env.now:.6f} s: {len(stuck)} ranks wait forever: {shown}{more}"
+            )

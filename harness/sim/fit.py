@@ -7,7 +7,7 @@ cores every message hop waits for a time slice. On 8 ranks sharing 2 cores a 473
 allreduce took 0.9 ms after a barrier and about 10 ms inside Allreduce-SGD.
 
 So ``calibrate`` also runs four short reference trainings on all ranks, one per communication
-pattern (``harness.calibrate.worker.reference_algorithms``: Allreduce-SGD's collective every
+pattern (``harness.calibrate.training_measures.reference_algorithms``: Allreduce-SGD's collective every
 iteration, D-PSGD's whole-model exchanges, SGP's pushes, WAGMA-SGD's group rounds), and
 :func:`fit_loaded_network` picks the alpha-beta model (with ``progress_s = alpha``: waking up
 for a held message costs one hop; shared cores as given) under which the trace-driven
@@ -44,8 +44,9 @@ def _wall(frame: pd.DataFrame) -> float:
     return float(frame["end_s"].max() - frame["start_s"].min())
 
 
-def fit_loaded_network(references: list[tuple[Scenario, pd.DataFrame]], shared_cores: int | None,
-                       hosts: NodeTopology | None = None) -> tuple[NetworkModel, float]:
+def fit_loaded_network(
+    references: list[tuple[Scenario, pd.DataFrame]], shared_cores: int | None, hosts: NodeTopology | None = None
+) -> tuple[NetworkModel, float]:
     """The grid point minimising the squared log error of the simulated wall times.
 
     ``references``: (one-algorithm scenario, its measured steps) pairs; ``hosts``: the hosts
@@ -59,8 +60,12 @@ def fit_loaded_network(references: list[tuple[Scenario, pd.DataFrame]], shared_c
     best, best_error = None, math.inf
     for alpha in ALPHAS:
         for bandwidth in BANDWIDTHS:
-            model = NetworkModel(latency_s=float(alpha), bandwidth_bytes_per_s=float(bandwidth),
-                                 progress_s=float(alpha), shared_cores=shared_cores)
+            model = NetworkModel(
+                latency_s=float(alpha),
+                bandwidth_bytes_per_s=float(bandwidth),
+                progress_s=float(alpha),
+                shared_cores=shared_cores,
+            )
             error = 0.0
             for (sc, _), timing, wall in zip(references, timings, measured):
                 frame, _ = simulate_algorithm(sc, sc.algorithms[0], timing, model, hosts=hosts)
@@ -83,8 +88,10 @@ def fit_allreduce_on_hosts(points: list[tuple[int, int, float]], hosts: NodeTopo
     for alpha in ALPHAS:
         for bandwidth in BANDWIDTHS:
             model = NetworkModel(latency_s=float(alpha), bandwidth_bytes_per_s=float(bandwidth))
-            error = sum(math.log(predict_allreduce_s(ranks, nbytes, model, hosts=hosts) / seconds) ** 2
-                        for ranks, nbytes, seconds in points)
+            error = sum(
+                math.log(predict_allreduce_s(ranks, nbytes, model, hosts=hosts) / seconds) ** 2
+                for ranks, nbytes, seconds in points
+            )
             if error < best_error:
                 best, best_error = model, error
     assert best is not None  # the grid is not empty, and an error is finite

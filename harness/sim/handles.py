@@ -18,7 +18,6 @@ class SimCommError(RuntimeError):
     """An operation used in a way the native layer would refuse (wrong peer, mismatched collective)."""
 
 
-
 class Handle:
     """A non-blocking operation's handle: ``wait()``, ``done()``, and its record once finished.
 
@@ -100,7 +99,14 @@ class ExchangeHandle(Handle):
     def __init__(self, engine, mail: Mailboxes, me: int, peer: int, seq: int, nbytes: int, release: float) -> None:
         # Handle.__init__ spelled out: thousands of ranks post exchanges every iteration.
         self.engine, self.name, self.post, self.bytes, self.round, self.iteration, self.deliver = (
-            engine, "exchange", engine.env.now, nbytes, -1, -1, None)
+            engine,
+            "exchange",
+            engine.env.now,
+            nbytes,
+            -1,
+            -1,
+            None,
+        )
         self.mail, self.me, self.peer, self.seq, self.release = mail, me, peer, seq, release
         self._end = None  # known once the peer's message is: it never changes after
 

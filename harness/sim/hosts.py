@@ -84,9 +84,13 @@ def run_rank_hosts(meta: Mapping[str, Any] | None, ranks: int) -> tuple[list[str
     if hosts is None:
         count = meta.get("hosts")
         if isinstance(count, int) and count > 1:
-            return None, [(f"the run ran on {count} hosts but its run.json does not say which rank ran where "
-                           "(no rank_hosts): simulating every pair of ranks on the calibrated network, without "
-                           "the hosts' NICs")]
+            return None, [
+                (
+                    f"the run ran on {count} hosts but its run.json does not say which rank ran where "
+                    "(no rank_hosts): simulating every pair of ranks on the calibrated network, without "
+                    "the hosts' NICs"
+                )
+            ]
         return None, []
     if not (isinstance(hosts, list) and all(isinstance(h, str) and h for h in hosts)):
         return None, [f"run.json rank_hosts is not a list of host names ({hosts!r:.80}): ignored"]
@@ -132,8 +136,9 @@ def _hosts_text(rank_hosts: Sequence[str]) -> str:
     return ", ".join(f"{host} ({placement.count(i)} ranks)" for i, host in enumerate(hosts))
 
 
-def simulated_topology(scenario: Scenario, entry: CalibrationEntry | None,
-                       rank_hosts: Sequence[str] | None) -> SimTopology:
+def simulated_topology(
+    scenario: Scenario, entry: CalibrationEntry | None, rank_hosts: Sequence[str] | None
+) -> SimTopology:
     """The topology to simulate ``scenario`` with, by the module's rule, for a run whose ranks ran
     on ``rank_hosts`` (None: unknown or not a run) with calibration ``entry`` (None: the default
     network, which has no inter-host link)."""
@@ -143,11 +148,19 @@ def simulated_topology(scenario: Scenario, entry: CalibrationEntry | None,
     if scenario.network.topology is not None:
         notes: tuple[str, ...] = ()
         if len(hosts) > 1:
-            notes = ((f"the run's ranks ran on {len(hosts)} hosts ({_hosts_text(named)}), but the scenario "
-                      "declares network.topology: simulating that topology, which is what the run emulated"),)
+            notes = (
+                (
+                    f"the run's ranks ran on {len(hosts)} hosts ({_hosts_text(named)}), but the scenario "
+                    "declares network.topology: simulating that topology, which is what the run emulated"
+                ),
+            )
         nodes = NodeTopology.of(scenario.network.topology, scenario.ranks).nodes
-        return SimTopology("scenario", rank_hosts=known, notes=notes,
-                           description=f"the scenario's network.topology ({nodes} nodes, emulated in the run)")
+        return SimTopology(
+            "scenario",
+            rank_hosts=known,
+            notes=notes,
+            description=f"the scenario's network.topology ({nodes} nodes, emulated in the run)",
+        )
     if len(hosts) <= 1:
         return SimTopology("none", rank_hosts=known)
     nic = nic_link(entry.p2p_network, entry.inter_host_network) if entry is not None else None
@@ -155,17 +168,31 @@ def simulated_topology(scenario: Scenario, entry: CalibrationEntry | None,
         if entry is None:
             why = "there is no calibration (the default network)"
         elif len(entry.hosts) > 1:
-            why = (f"the calibration of {entry.ranks} ranks ran on {len(entry.hosts)} hosts with no two ranks on "
-                   "one host, so it has no intra-host link to tell the inter-host one from")
+            why = (
+                f"the calibration of {entry.ranks} ranks ran on {len(entry.hosts)} hosts with no two ranks on "
+                "one host, so it has no intra-host link to tell the inter-host one from"
+            )
         else:
             why = f"the calibration of {entry.ranks} ranks was measured on one host: it has no inter-host link"
-        note = (f"the run's ranks ran on {len(hosts)} hosts ({_hosts_text(named)}), but {why}; simulating "
-                "every pair of ranks on the calibrated network, without the hosts' NICs (calibrate with the "
-                "run's --hosts FILE to measure them)")
-        return SimTopology("none", rank_hosts=known, notes=(note,),
-                           description=f"no topology: {len(hosts)} hosts, but no inter-host link calibrated")
+        note = (
+            f"the run's ranks ran on {len(hosts)} hosts ({_hosts_text(named)}), but {why}; simulating "
+            "every pair of ranks on the calibrated network, without the hosts' NICs (calibrate with the "
+            "run's --hosts FILE to measure them)"
+        )
+        return SimTopology(
+            "none",
+            rank_hosts=known,
+            notes=(note,),
+            description=f"no topology: {len(hosts)} hosts, but no inter-host link calibrated",
+        )
     topology = hosts_topology(named, nic)
     bandwidth = "unlimited" if nic.bandwidth_gbps is None else f"{nic.bandwidth_gbps:.3g} Gb/s"
-    return SimTopology("hosts", topology, known, description=(
-        f"the run's {len(hosts)} hosts as nodes ({_hosts_text(named)}); each host's NIC adds "
-        f"{nic.latency_us:.1f} us and {bandwidth} (the calibration's inter-host link beyond its intra-host one)"))
+    return SimTopology(
+        "hosts",
+        topology,
+        known,
+        description=(
+            f"the run's {len(hosts)} hosts as nodes ({_hosts_text(named)}); each host's NIC adds "
+            f"{nic.latency_us:.1f} us and {bandwidth} (the calibration's inter-host link beyond its intra-host one)"
+        ),
+    )

@@ -129,7 +129,7 @@ class _Resource:
             kept = [run for run in self.runs if run[2] >= horizon]
             self.run_count -= sum(len(run[0]) for run in self.runs) - sum(len(run[0]) for run in kept)
             self.runs[:] = kept
-        del self.busy[:bisect.bisect_left(self.busy, horizon, key=lambda interval: interval[1])]
+        del self.busy[: bisect.bisect_left(self.busy, horizon, key=lambda interval: interval[1])]
         if self.in_order:
             cut = bisect.bisect_left(self.ends, horizon)
             del self.posts[:cut]
@@ -147,10 +147,17 @@ class SimNetwork:
     topology of nodes (``harness.scenario.network.NodeTopology``), or the hosts of a multi-host
     run as nodes."""
 
-    def __init__(self, ranks: int, base: NetworkModel, links: Sequence[EmulatedLink] = (),
-                 ring_threshold_bytes: int = RING_THRESHOLD_BYTES, topology: NodeTopology | None = None,
-                 clock: Callable[[], float] | None = None, hosts: NodeTopology | None = None,
-                 allreduce: str = "auto") -> None:
+    def __init__(
+        self,
+        ranks: int,
+        base: NetworkModel,
+        links: Sequence[EmulatedLink] = (),
+        ring_threshold_bytes: int = RING_THRESHOLD_BYTES,
+        topology: NodeTopology | None = None,
+        clock: Callable[[], float] | None = None,
+        hosts: NodeTopology | None = None,
+        allreduce: str = "auto",
+    ) -> None:
         """``allreduce``: the algorithm of every allreduce (``network.allreduce``; ``hierarchical``
         and ``tree`` go through the nodes of ``topology``).
 
@@ -321,15 +328,25 @@ class SimNetwork:
         """(release, arrival) of one message posted at ``post``."""
         # A pair held before has its route cached: the hot path of point-to-point algorithms.
         route = self._paths.get((src, dst))
-        if route is None and src != dst and ((src, dst) in self._links or (self._node is not None and (
-                self._intra_emulated if self._node_list[src] == self._node_list[dst] else self._inter_emulated))):
+        if (
+            route is None
+            and src != dst
+            and (
+                (src, dst) in self._links
+                or (
+                    self._node is not None
+                    and (self._intra_emulated if self._node_list[src] == self._node_list[dst] else self._inter_emulated)
+                )
+            )
+        ):
             route = self._path(src, dst)
         release = self._hold_on(route, nbytes, post) if route is not None else post
         cost = self.alpha + nbytes * self.inv_bandwidth
         return release, release + (cost * self.load_factor() if self.shared_cores else cost)
 
-    def messages(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray,
-                 post: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def messages(
+        self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, post: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Vectorised :meth:`message` for many messages (emulated ones in order of posting)."""
         release = post.copy()
         if self.emulated:
@@ -344,6 +361,7 @@ class SimNetwork:
         # The native layer knows only the emulated nodes: the hierarchical allreduce and the tree
         # follow them, never the hosts a real multi-host run was on.
         by_node = self.allreduce == "hierarchical" or (
-            self.allreduce == "tree" and self.topology is not None and self._wake_on_topology)
+            self.allreduce == "tree" and self.topology is not None and self._wake_on_topology
+        )
         nodes = tuple(self._node_list[m] for m in members) if by_node else ()
         return allreduce_program(len(members), count, self.ring_threshold_bytes, self.allreduce, nodes)

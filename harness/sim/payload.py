@@ -74,8 +74,9 @@ class Payload:
 
     # -- collectives ------------------------------------------------------------------------------
     @staticmethod
-    def combine(kind: str, buffers: list, reduce: str, root: int, in_place: bool,
-                schedule: Any = None) -> torch.Tensor | None:
+    def combine(
+        kind: str, buffers: list, reduce: str, root: int, in_place: bool, schedule: Any = None
+    ) -> torch.Tensor | None:
         """The values of a collective whose members all joined (``buffers`` in member order):
         the result, also written into every buffer when ``in_place``; an allreduce adds in the
         order of its native ``schedule`` (:func:`harness.sim.sums.native_sum`)."""
@@ -115,7 +116,7 @@ class Payload:
         if not box:
             return
         taken = []
-        for r in ([round] if round is not None else sorted(box)):
+        for r in [round] if round is not None else sorted(box):
             messages = box.get(r)
             if not messages:
                 continue
@@ -286,4 +287,3 @@ class Pairwise:
         correction.zero_()
         count, self.answered[rank] = self.answered[rank], 0
         return count
-

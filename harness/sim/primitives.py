@@ -66,8 +66,17 @@ class Collective:
         "values_ready",
     )
 
-    def __init__(self, engine: SimEngine, network: SimNetwork, kind: str, members: Sequence[int], count: int,
-                 root: int = 0, reduce: str = "sum", in_place: bool = True) -> None:
+    def __init__(
+        self,
+        engine: SimEngine,
+        network: SimNetwork,
+        kind: str,
+        members: Sequence[int],
+        count: int,
+        root: int = 0,
+        reduce: str = "sum",
+        in_place: bool = True,
+    ) -> None:
         self.engine = engine
         self.network = network
         self.kind = kind
@@ -111,8 +120,9 @@ class Collective:
             if self.buffers is not None:
                 self._combine_when_filled()
             if self.program is None:
-                self.done_at = broadcast_times(len(self.members), self.root, self.members, self.join_at,
-                                               self.count * FLOAT_BYTES, self.network)
+                self.done_at = broadcast_times(
+                    len(self.members), self.root, self.members, self.join_at, self.count * FLOAT_BYTES, self.network
+                )
             else:
                 self.done_at = run_program(self.program, self.members, self.join_at, self.network)
             self.complete.succeed()
@@ -138,8 +148,13 @@ class Collective:
         if self.result is None and self.buffers is not None:
             if self.values_ready is None:
                 self.values_ready = self.engine.env.event()
-            self.engine.wait(self.values_ready, lambda: f"the values of a {self.kind} over {len(self.members)} "
-                                                        "ranks (a contribution the replay recorded as fresher)")
+            self.engine.wait(
+                self.values_ready,
+                lambda: (
+                    f"the values of a {self.kind} over {len(self.members)} "
+                    "ranks (a contribution the replay recorded as fresher)"
+                ),
+            )
 
     def done_time(self, rank: int) -> float | None:
         """When ``rank``'s part completes; None while members are missing."""
@@ -149,8 +164,12 @@ class Collective:
         """Block ``rank`` until its part of the collective has completed."""
         done_at = self.done_at
         if done_at is None:
-            self.engine.wait(self.complete, lambda: f"a {self.kind} over {len(self.members)} ranks "
-                                                    f"({len(self.members) - self.joined} have not joined)")
+            self.engine.wait(
+                self.complete,
+                lambda: (
+                    f"a {self.kind} over {len(self.members)} ranks ({len(self.members) - self.joined} have not joined)"
+                ),
+            )
             done_at = self.done_at
             assert done_at is not None  # the last member's join set it
         self.engine.sleep_until(done_at[self.index[rank]])
@@ -254,7 +273,7 @@ class Mailboxes:
         now = self.env.now
         box = self._inbox[rank]
         taken = 0
-        for r in ([round] if round is not None else list(box)):
+        for r in [round] if round is not None else list(box):
             times = box.get(r)
             if not times:
                 continue

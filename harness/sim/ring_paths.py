@@ -81,7 +81,7 @@ def ring_over_held_paths(sizes: np.ndarray, world: Sequence[int], join: Sequence
         ring3 = np.concatenate([sizes, sizes, sizes])  # a slice of it is the chunks shifted by k
         for s in range(steps):
             k = int(shift[s])
-            nbytes = ring3[p - k:2 * p - k]
+            nbytes = ring3[p - k : 2 * p - k]
             release = ((t + nbytes * slowest) + lat) + wake  # _hold's terms in _hold's order
             arrival = release + (alpha + nbytes * inv_bw) * load
             posts[s] = t if all_held else t[senders]

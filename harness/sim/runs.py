@@ -79,16 +79,25 @@ def describe_reading(reading: str) -> str:
     """One line for the commands' notes and the summary's header."""
     if reading == "cluster":
         net = DEFAULT_NETWORK
-        return (f"cluster reading: every rank with cores of its own, compute as one rank measured it alone, the "
-                f"default cluster network ({net.latency_s * 1e6:g} us, {net.bandwidth_bytes_per_s / 1e9:g} GB/s) "
-                "under the scenario's links and topology (--reading machine: this machine, oversubscribed)")
-    return ("machine reading: the ranks share this machine's cores as a run here does (calibrated network and "
-            "compute with every rank computing at once)")
+        return (
+            f"cluster reading: every rank with cores of its own, compute as one rank measured it alone, the "
+            f"default cluster network ({net.latency_s * 1e6:g} us, {net.bandwidth_bytes_per_s / 1e9:g} GB/s) "
+            "under the scenario's links and topology (--reading machine: this machine, oversubscribed)"
+        )
+    return (
+        "machine reading: the ranks share this machine's cores as a run here does (calibrated network and "
+        "compute with every rank computing at once)"
+    )
 
 
-def calibration_entry(scenario: Scenario, calibration: Calibration | None, scenario_file: str | Path,
-                      calibration_file: Path = DEFAULT_PATH, needs_compute: bool = True,
-                      reading: str = "machine") -> EntryChoice:
+def calibration_entry(
+    scenario: Scenario,
+    calibration: Calibration | None,
+    scenario_file: str | Path,
+    calibration_file: Path = DEFAULT_PATH,
+    needs_compute: bool = True,
+    reading: str = "machine",
+) -> EntryChoice:
     """The entry to simulate ``scenario`` with in ``reading`` (:data:`READINGS`), and the note to
     print about it: the calibration's choice (:meth:`Calibration.choose`, among the entries that
     measured what the simulation needs), or without a calibration the default network (emulated
@@ -110,15 +119,21 @@ def calibration_entry(scenario: Scenario, calibration: Calibration | None, scena
         if reading == "machine" or real:
             command = calibrate_command(scenario_file, scenario.ranks, calibration_file)
             if not real:
-                raise CalibrationError(f"{calibration_file}: no calibration file; the machine reading simulates this "
-                                       f"machine and needs its measurements: measure them with (or pass "
-                                       f"--calibration FILE, or --reading cluster):\n  {command}")
-            raise CalibrationError(f"{calibration_file}: no calibration file, and real compute ({workload}) needs "
-                                   f"its measured time; measure it with (or pass --calibration FILE):\n  {command}")
+                raise CalibrationError(
+                    f"{calibration_file}: no calibration file; the machine reading simulates this "
+                    f"machine and needs its measurements: measure them with (or pass "
+                    f"--calibration FILE, or --reading cluster):\n  {command}"
+                )
+            raise CalibrationError(
+                f"{calibration_file}: no calibration file, and real compute ({workload}) needs "
+                f"its measured time; measure it with (or pass --calibration FILE):\n  {command}"
+            )
         net = DEFAULT_NETWORK
-        return EntryChoice(CalibrationEntry(ranks=scenario.ranks, network=net),
-                           f"no calibration file: simulating on the default network ({net.latency_s * 1e6:g} us, "
-                           f"{net.bandwidth_bytes_per_s / 1e9:g} GB/s)")
+        return EntryChoice(
+            CalibrationEntry(ranks=scenario.ranks, network=net),
+            f"no calibration file: simulating on the default network ({net.latency_s * 1e6:g} us, "
+            f"{net.bandwidth_bytes_per_s / 1e9:g} GB/s)",
+        )
 
     def has(entry: CalibrationEntry) -> bool:
         return not real or entry.compute_s(model, dataset, w.batch_size, alone=alone) is not None
@@ -126,11 +141,16 @@ def calibration_entry(scenario: Scenario, calibration: Calibration | None, scena
     choice = calibration.choose(scenario.ranks, has, scale_shared_cores=not alone)
     if not has(choice.entry):
         command = calibrate_command(scenario_file, choice.entry.ranks, calibration_file)
-        what = "compute time of one rank alone" if alone and choice.entry.compute_s(model, dataset, w.batch_size) \
-            is not None else "compute time"
-        raise CalibrationError(f"{calibration_file}: the calibration for {choice.entry.ranks} ranks has no {what} for "
-                               f"{workload} (real compute, {reading} reading; nor has another entry); measure it "
-                               f"with:\n  {command}")
+        what = (
+            "compute time of one rank alone"
+            if alone and choice.entry.compute_s(model, dataset, w.batch_size) is not None
+            else "compute time"
+        )
+        raise CalibrationError(
+            f"{calibration_file}: the calibration for {choice.entry.ranks} ranks has no {what} for "
+            f"{workload} (real compute, {reading} reading; nor has another entry); measure it "
+            f"with:\n  {command}"
+        )
     if not alone:
         return choice
     return EntryChoice(cluster_entry(choice.entry), choice.note)
@@ -140,11 +160,24 @@ def cluster_entry(entry: CalibrationEntry) -> CalibrationEntry:
     """``entry`` as the cluster reading uses it: the default cluster network (no shared cores)
     and each workload's compute as one rank measured it alone (its ``ranks`` stay the measured
     ones, which run.json records as ``calibration_ranks``)."""
-    alone = [p.model_copy(update={"median_s": p.alone_s, "p95_s": max(p.alone_s, p.p95_s * p.alone_s / p.median_s)
-                                  if p.median_s > 0 else p.alone_s})
-             for p in entry.compute if p.alone_s is not None]
-    return CalibrationEntry(ranks=entry.ranks, network=DEFAULT_NETWORK, network_source="default cluster network",
-                            compute=alone, evaluation=entry.evaluation, loop_overhead_s=entry.loop_overhead_s)
+    alone = [
+        p.model_copy(
+            update={
+                "median_s": p.alone_s,
+                "p95_s": max(p.alone_s, p.p95_s * p.alone_s / p.median_s) if p.median_s > 0 else p.alone_s,
+            }
+        )
+        for p in entry.compute
+        if p.alone_s is not None
+    ]
+    return CalibrationEntry(
+        ranks=entry.ranks,
+        network=DEFAULT_NETWORK,
+        network_source="default cluster network",
+        compute=alone,
+        evaluation=entry.evaluation,
+        loop_overhead_s=entry.loop_overhead_s,
+    )
 
 
 class SimulatedFrames(dict):
@@ -154,8 +187,9 @@ class SimulatedFrames(dict):
     ``results.comm_calls`` (else empty), and ``trained``: the :class:`TrainedRun` of a
     simulation with values (else None). :func:`write_simulated_run` writes all of them."""
 
-    def __init__(self, frames: dict[str, pd.DataFrame], comm_calls: dict[str, pd.DataFrame],
-                 trained: TrainedRun | None = None) -> None:
+    def __init__(
+        self, frames: dict[str, pd.DataFrame], comm_calls: dict[str, pd.DataFrame], trained: TrainedRun | None = None
+    ) -> None:
         super().__init__(frames)
         self.comm_calls = comm_calls
         self.trained = trained
@@ -185,8 +219,14 @@ class TrainedRun:
 
     def training_for(self, entry):
         """The values side of algorithm ``entry``'s simulation (``simulate_scenario``'s ``training_for``)."""
-        training = SimTraining(self.scenario, entry, self.dataset, self.device, self._staleness(entry),
-                               keep_rank_models=self.provenance.keeps_rank_models)
+        training = SimTraining(
+            self.scenario,
+            entry,
+            self.dataset,
+            self.device,
+            self._staleness(entry),
+            keep_rank_models=self.provenance.keeps_rank_models,
+        )
         self._current = training
         if not self.evals and self.provenance.keeps_anything:
             self.provenance.write_start(training.live_replicas.shards, training.live_replicas.initial)
@@ -212,8 +252,14 @@ class TrainedRun:
         shutil.rmtree(self.staging, ignore_errors=True)
 
 
-def _simulate(scenario: Scenario, network: NetworkModel, timing_for, on_done,
-              hosts: NodeTopology | None, trained: TrainedRun | None = None) -> tuple[SimulatedFrames, list[SimStats]]:
+def _simulate(
+    scenario: Scenario,
+    network: NetworkModel,
+    timing_for,
+    on_done,
+    hosts: NodeTopology | None,
+    trained: TrainedRun | None = None,
+) -> tuple[SimulatedFrames, list[SimStats]]:
     """``simulate_scenario``, with a call log around every rank's communicator if the scenario
     asks, and with values when ``trained`` is given."""
     logs: dict[str, dict[int, CallLog]] = {}
@@ -230,22 +276,36 @@ def _simulate(scenario: Scenario, network: NetworkModel, timing_for, on_done,
             on_done(name, frame, stat)
 
     try:
-        frames, stats = simulate_scenario(scenario, network, timing_for, done, hosts=hosts,
-                                          wrap_comm=log_calls if scenario.results.comm_calls else None,
-                                          training_for=trained.training_for if trained is not None else None)
+        frames, stats = simulate_scenario(
+            scenario,
+            network,
+            timing_for,
+            done,
+            hosts=hosts,
+            wrap_comm=log_calls if scenario.results.comm_calls else None,
+            training_for=trained.training_for if trained is not None else None,
+        )
     except BaseException:
         if trained is not None:
             trained.discard()
         raise
-    calls = {name: to_frame([CommCallRecord(name, rank, *call) for rank in sorted(by_rank)
-                             for call in by_rank[rank].calls], COMM_CALL_COLUMNS)
-             for name, by_rank in logs.items()}
+    calls = {
+        name: to_frame(
+            [CommCallRecord(name, rank, *call) for rank in sorted(by_rank) for call in by_rank[rank].calls],
+            COMM_CALL_COLUMNS,
+        )
+        for name, by_rank in logs.items()
+    }
     return SimulatedFrames(frames, calls, trained), stats
 
 
-def predict(scenario: Scenario, entry: CalibrationEntry, on_done=None,
-            hosts: NodeTopology | None = None, trained: TrainedRun | None = None,
-            ) -> tuple[SimulatedFrames, list[SimStats]]:
+def predict(
+    scenario: Scenario,
+    entry: CalibrationEntry,
+    on_done=None,
+    hosts: NodeTopology | None = None,
+    trained: TrainedRun | None = None,
+) -> tuple[SimulatedFrames, list[SimStats]]:
     """Predictive simulation: calibrated network and compute, the scenario's injection;
     ``hosts``: the hosts of a multi-host run as nodes (``harness.sim.hosts.simulated_topology``);
     ``trained``: simulate with values (``simulation.train``)."""
@@ -254,21 +314,37 @@ def predict(scenario: Scenario, entry: CalibrationEntry, on_done=None,
     return _simulate(scenario, entry.network, lambda _name: timing, on_done, hosts, trained)
 
 
-def replay(scenario: Scenario, real_steps: pd.DataFrame, network: NetworkModel,
-           on_done=None, hosts: NodeTopology | None = None, trained: TrainedRun | None = None,
-           ) -> tuple[SimulatedFrames, list[SimStats]]:
+def replay(
+    scenario: Scenario,
+    real_steps: pd.DataFrame,
+    network: NetworkModel,
+    on_done=None,
+    hosts: NodeTopology | None = None,
+    trained: TrainedRun | None = None,
+) -> tuple[SimulatedFrames, list[SimStats]]:
     """Trace-driven simulation: each rank's local work as the real run measured it; ``hosts``
     and ``trained`` as :func:`predict`."""
+
     def timing_for(name: str) -> TraceTiming:
         return TraceTiming(real_steps[real_steps["algorithm"] == name], scenario.ranks, scenario.workload.iterations)
 
     return _simulate(scenario, network, timing_for, on_done, hosts, trained)
 
 
-def write_simulated_run(path: Path, scenario: Scenario, frames: dict[str, pd.DataFrame], stats: list[SimStats],
-                        mode: str, calibration: str | None, trace_ranks: int = DEFAULT_TRACE_RANKS,
-                        run_id: str | None = None, *, calibration_ranks: int | None,
-                        topology: SimTopology | None = None, reading: str | None = None) -> RunDirectory:
+def write_simulated_run(
+    path: Path,
+    scenario: Scenario,
+    frames: dict[str, pd.DataFrame],
+    stats: list[SimStats],
+    mode: str,
+    calibration: str | None,
+    trace_ranks: int = DEFAULT_TRACE_RANKS,
+    run_id: str | None = None,
+    *,
+    calibration_ranks: int | None,
+    topology: SimTopology | None = None,
+    reading: str | None = None,
+) -> RunDirectory:
     """Write a simulated run directory at ``path`` (created; must not exist); ``run_id``
     defaults to the directory's name. ``calibration_ranks``: the rank count of the calibration
     entry used (None: the default network). comm_calls.csv is written when ``frames`` (from
@@ -277,8 +353,9 @@ def write_simulated_run(path: Path, scenario: Scenario, frames: dict[str, pd.Dat
     one to make (a scenario topology or a run's hosts). ``reading``: which system a predictive
     simulation predicts (:data:`READINGS`), recorded and said in summary.txt's first line."""
     path.mkdir(parents=True)
-    run = RunDirectory(path, scenario.name, run_id or path.name,
-                       datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    run = RunDirectory(
+        path, scenario.name, run_id or path.name, datetime.now(timezone.utc).isoformat(timespec="seconds")
+    )
     run.write_resolved_scenario(scenario.resolved_dict())
     trained = getattr(frames, "trained", None)
     for name, frame in frames.items():
@@ -290,25 +367,37 @@ def write_simulated_run(path: Path, scenario: Scenario, frames: dict[str, pd.Dat
     for name, calls in getattr(frames, "comm_calls", {}).items():
         run.append_comm_calls(name, calls)
     w = scenario.workload
-    run.write_summary(w.batch_size, w.iterations, ranks=scenario.ranks,
-                      target_accuracy=scenario.results.target_accuracy,  # evaluations only with values
-                      target_loss=scenario.results.target_loss,
-                      header=f"simulated ({mode}), {describe_reading(reading)}" if reading else None)
+    run.write_summary(
+        w.batch_size,
+        w.iterations,
+        ranks=scenario.ranks,
+        target_accuracy=scenario.results.target_accuracy,  # evaluations only with values
+        target_loss=scenario.results.target_loss,
+        header=f"simulated ({mode}), {describe_reading(reading)}" if reading else None,
+    )
     run.write_trace(include_comm_ops=False, max_ranks=trace_ranks)
-    run.write_run_json("complete", list(frames), ranks=scenario.ranks, extra={
-        "simulated": True,
-        "mode": mode,
-        "calibration": calibration,
-        "calibration_ranks": calibration_ranks,
-        **({"reading": reading} if reading else {}),
-        "trace_ranks": min(trace_ranks, scenario.ranks),
-        **({"trained": True, "provenance": trained.provenance.keep, "device": str(trained.device)}
-           if trained is not None else {}),
-        "events": sum(s.events for s in stats),
-        "host_s": sum(s.host_s for s in stats),
-        **scenario_facts(scenario),
-        **({"network_topology": topology.record()} if topology is not None and topology.worth_recording else {}),
-    })
+    run.write_run_json(
+        "complete",
+        list(frames),
+        ranks=scenario.ranks,
+        extra={
+            "simulated": True,
+            "mode": mode,
+            "calibration": calibration,
+            "calibration_ranks": calibration_ranks,
+            **({"reading": reading} if reading else {}),
+            "trace_ranks": min(trace_ranks, scenario.ranks),
+            **(
+                {"trained": True, "provenance": trained.provenance.keep, "device": str(trained.device)}
+                if trained is not None
+                else {}
+            ),
+            "events": sum(s.events for s in stats),
+            "host_s": sum(s.host_s for s in stats),
+            **scenario_facts(scenario),
+            **({"network_topology": topology.record()} if topology is not None and topology.worth_recording else {}),
+        },
+    )
     return run
 
 

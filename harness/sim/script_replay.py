@@ -95,8 +95,10 @@ class ScriptTrace:
     def read(cls, run_dir: Path, ranks: int, iterations: int) -> ScriptTrace:
         path = Path(run_dir) / COLLECTIVE_FILE
         if not path.is_file():
-            raise ReplayError(f"{run_dir}: no {COLLECTIVE_FILE}: not a torch.distributed script run of "
-                              "`python -m harness launch --scenario` (or one from before it was recorded)")
+            raise ReplayError(
+                f"{run_dir}: no {COLLECTIVE_FILE}: not a torch.distributed script run of "
+                "`python -m harness launch --scenario` (or one from before it was recorded)"
+            )
         return cls.from_frame(read_frame(path, COLLECTIVE_COLUMNS), ranks, iterations)
 
     @classmethod
@@ -126,8 +128,10 @@ class ScriptTrace:
             first_rank, first = members[0]
             for r, row in members[1:]:
                 if (row.op, row.peer) != (first.op, first.peer):
-                    raise ReplayError(f"{COLLECTIVE_FILE}: the collective {k} over ranks [{group}] is a {first.op} on "
-                                      f"rank {first_rank} and a {row.op} on rank {r} (or of another root)")
+                    raise ReplayError(
+                        f"{COLLECTIVE_FILE}: the collective {k} over ranks [{group}] is a {first.op} on "
+                        f"rank {first_rank} and a {row.op} on rank {r} (or of another root)"
+                    )
             size[(group, k)] = max(int(row.payload_bytes) for _, row in members)
         ops: list[list[list[ReplayOp]]] = [[[] for _ in range(iterations)] for _ in range(ranks)]
         for r in range(ranks):
@@ -137,8 +141,11 @@ class ScriptTrace:
                 if not 0 <= row.iteration < iterations:
                     continue  # steps beyond the ones the run counts
                 group_ranks = tuple(int(m) for m in str(row.group_ranks).split())
-                ops[r][int(row.iteration)].append(ReplayOp(
-                    str(row.op), group_ranks, nbytes, int(row.peer), str(row.phase), float(row.at), bool(row.waited)))
+                ops[r][int(row.iteration)].append(
+                    ReplayOp(
+                        str(row.op), group_ranks, nbytes, int(row.peer), str(row.phase), float(row.at), bool(row.waited)
+                    )
+                )
         return cls(ops)
 
     def at_ranks(self, n: int, structure: ScriptStructure | None = None) -> ScriptTrace:
@@ -149,11 +156,20 @@ class ScriptTrace:
             return self
         structure = structure or ScriptStructure()
         try:
-            return ScriptTrace([[scale_step(ops, r % self.ranks, t, self.ranks, r, n, structure)
-                                 for t, ops in enumerate(self.ops[r % self.ranks])] for r in range(n)])
+            return ScriptTrace(
+                [
+                    [
+                        scale_step(ops, r % self.ranks, t, self.ranks, r, n, structure)
+                        for t, ops in enumerate(self.ops[r % self.ranks])
+                    ]
+                    for r in range(n)
+                ]
+            )
         except ScalingError as exc:
-            raise ReplayError(f"cannot replay the recorded sequence at {n} ranks: {exc}; replay it at the recorded "
-                              f"{self.ranks} ranks, or run the script at {n}") from exc
+            raise ReplayError(
+                f"cannot replay the recorded sequence at {n} ranks: {exc}; replay it at the recorded "
+                f"{self.ranks} ranks, or run the script at {n}"
+            ) from exc
 
 
 class ScriptParams(AlgorithmParams):
@@ -169,8 +185,15 @@ class ScriptReplay(Algorithm):
     (the predictive model), so the waits the script made hold it up (``_at_places``); a
     trace-driven replay's recorded work already holds them."""
 
-    def __init__(self, params: ScriptParams, ctx: AlgorithmContext, steps: list[list[ReplayOp]],
-                 delay: list[float], local: Any, stalls: bool = False) -> None:
+    def __init__(
+        self,
+        params: ScriptParams,
+        ctx: AlgorithmContext,
+        steps: list[list[ReplayOp]],
+        delay: list[float],
+        local: Any,
+        stalls: bool = False,
+    ) -> None:
         super().__init__(params, ctx)
         self._stalls = stalls
         self._steps = steps
@@ -274,9 +297,19 @@ def steps_taken(scenario: Any, meta: dict) -> Any:
     return scenario.model_copy(update={"workload": scenario.workload.model_copy(update={"iterations": taken})})
 
 
-def replay_script(scenario: Any, label: str, real_steps: pd.DataFrame, trace: ScriptTrace, recorded: Any,
-                  network: Any, hosts: Any = None, mode: str = "trace", structure: ScriptStructure | None = None,
-                  reading: str = "machine", cpus: int | None = None) -> tuple[pd.DataFrame, Any]:
+def replay_script(
+    scenario: Any,
+    label: str,
+    real_steps: pd.DataFrame,
+    trace: ScriptTrace,
+    recorded: Any,
+    network: Any,
+    hosts: Any = None,
+    mode: str = "trace",
+    structure: ScriptStructure | None = None,
+    reading: str = "machine",
+    cpus: int | None = None,
+) -> tuple[pd.DataFrame, Any]:
     """Simulate the script run ``label`` at ``scenario.ranks`` ranks (the recorded ones, or
     another count by :meth:`ScriptTrace.at_ranks`'s rules) on calibrated ``network``; returns its
     steps frame and :class:`harness.sim.simulate.SimStats`. ``recorded``: the run's scenario
@@ -294,31 +327,46 @@ def replay_script(scenario: Any, label: str, real_steps: pd.DataFrame, trace: Sc
     largest = max((op.count for steps in trace.ops for ops in steps for op in ops), default=1)
     # The stand-in buffers' length is never moved (the replay posts the recorded sizes); no
     # evaluation points: the harness cannot evaluate a script's model.
-    replayed = scenario.model_copy(update={
-        "algorithms": [params],
-        "workload": w.model_copy(update={"params": max(1, largest), "eval_every": iterations}),
-    })
+    replayed = scenario.model_copy(
+        update={
+            "algorithms": [params],
+            "workload": w.model_copy(update={"params": max(1, largest), "eval_every": iterations}),
+        }
+    )
     delays, factors = injection_arrays(replayed)
     timing: TraceTiming | ScriptComputeModel
     if mode == "trace":
         if n != recorded_ranks:
-            raise ReplayError(f"a trace-driven replay of {label!r} takes every step's local work from the run's "
-                              f"{recorded_ranks} ranks; at {n} ranks the script's compute is modelled (predictive)")
+            raise ReplayError(
+                f"a trace-driven replay of {label!r} takes every step's local work from the run's "
+                f"{recorded_ranks} ranks; at {n} ranks the script's compute is modelled (predictive)"
+            )
         timing = TraceTiming(mine, recorded_ranks, iterations)
     else:
-        _, recorded_factors = injection_arrays(recorded.model_copy(update={
-            "algorithms": [params], "workload": recorded.workload.model_copy(update={"iterations": iterations})}))
+        _, recorded_factors = injection_arrays(
+            recorded.model_copy(
+                update={
+                    "algorithms": [params],
+                    "workload": recorded.workload.model_copy(update={"iterations": iterations}),
+                }
+            )
+        )
         shard = structure.shard_ratio(recorded_ranks, n)
         scale = reading_scale(recorded_ranks, n, cpus or os.cpu_count() or 1, reading)
         timing = ScriptComputeModel(mine, recorded_ranks, recorded_factors, factors, structure, scale, shard)
     delay_of = delays.T.tolist()
 
     def make(r: int, ctx: AlgorithmContext) -> ScriptReplay:
-        return ScriptReplay(params, ctx, trace.ops[r], delay_of[r], lambda t, r=r: timing.compute(t, r),
-                            stalls=mode != "trace" and structure.waits_apart)
+        return ScriptReplay(
+            params,
+            ctx,
+            trace.ops[r],
+            delay_of[r],
+            lambda t, r=r: timing.compute(t, r),
+            stalls=mode != "trace" and structure.waits_apart,
+        )
 
     try:
-        return simulate_algorithm(replayed, params, timing, network, delays, factors, hosts=hosts,
-                                  make_algorithm=make)
+        return simulate_algorithm(replayed, params, timing, network, delays, factors, hosts=hosts, make_algorithm=make)
     except (SimCommError, SimDeadlock) as exc:  # the recorded ranks' sequences do not line up
         raise ReplayError(f"cannot replay the script run {label!r} at {n} ranks: {exc}") from exc

@@ -102,9 +102,15 @@ class ScriptStructure:
             first = ranks[0]
             return cls(
                 fsdp=tuple(tuple((int(d0), int(rest)) for d0, rest in g["shapes"]) for g in first["fsdp"]),
-                zero=tuple(ZeroSpec(tuple(tuple(int(n) for n in pg) for pg in z["param_groups"]),
-                                    int(z["element_bytes"]), bool(z["bucket_view"]),
-                                    tuple(int(r) for r in z["group_ranks"])) for z in first["zero"]),
+                zero=tuple(
+                    ZeroSpec(
+                        tuple(tuple(int(n) for n in pg) for pg in z["param_groups"]),
+                        int(z["element_bytes"]),
+                        bool(z["bucket_view"]),
+                        tuple(int(r) for r in z["group_ranks"]),
+                    )
+                    for z in first["zero"]
+                ),
                 after_step_s=tuple(float(r.get("after_step_s", 0.0)) for r in ranks),
                 local_s=tuple(float(r["local_s"]) for r in ranks) if all("local_s" in r for r in ranks) else (),
             )
@@ -187,10 +193,15 @@ def _fsdp_size(op: Any, k: int, k2: int, structure: ScriptStructure, where: str)
     if len(sizes) == 1:
         return sizes.pop()
     if not sizes:
-        noted = (f"the run noted {len(structure.fsdp)} FSDP2 parameter groups, none of this size"
-                 if structure.fsdp else "the run noted no FSDP2 parameter groups (script_structure.json)")
-        raise ScalingError(f"{where}: its size at {k2} ranks cannot be inferred: {noted}; an {op.op} whose pieces "
-                           "follow the group's size must come from fully_shard's parameters")
+        noted = (
+            f"the run noted {len(structure.fsdp)} FSDP2 parameter groups, none of this size"
+            if structure.fsdp
+            else "the run noted no FSDP2 parameter groups (script_structure.json)"
+        )
+        raise ScalingError(
+            f"{where}: its size at {k2} ranks cannot be inferred: {noted}; an {op.op} whose pieces "
+            "follow the group's size must come from fully_shard's parameters"
+        )
     raise ScalingError(f"{where}: several FSDP2 parameter groups have this size at {k} ranks and differ at {k2}")
 
 
@@ -204,15 +215,19 @@ def _zero_rewrite(ops: list, base: int, t: int, ranks: int, n: int, structure: S
         recorded = [(members.index(root), size) for root, size in spec.broadcasts(ranks)]
         wanted = len(recorded)
         for i in range(len(ops) - wanted + 1):
-            block = ops[i:i + wanted]
-            if all(o.op == "broadcast" and o.members == members for o in block) and \
-                    [(o.root_index, o.nbytes) for o in block] == recorded:
+            block = ops[i : i + wanted]
+            if (
+                all(o.op == "broadcast" and o.members == members for o in block)
+                and [(o.root_index, o.nbytes) for o in block] == recorded
+            ):
                 template = block[-1]
-                new = [replace(template, members=_ranks(0, n), peer=root, nbytes=size, waited=False)
-                       for root, size in spec.broadcasts(n)]
+                new = [
+                    replace(template, members=_ranks(0, n), peer=root, nbytes=size, waited=False)
+                    for root, size in spec.broadcasts(n)
+                ]
                 if new:
                     new[-1] = replace(new[-1], waited=template.waited)
-                ops = ops[:i] + [_Final(o) for o in new] + ops[i + wanted:]
+                ops = ops[:i] + [_Final(o) for o in new] + ops[i + wanted :]
                 break
     return ops
 
@@ -236,21 +251,27 @@ def scale_step(ops: list, base: int, t: int, ranks: int, rank: int, n: int, stru
         if op.op in ("send", "recv"):
             peer = peer_at(op.op, op.peer, base, ranks, rank, n)
             if peer is None:
-                raise ScalingError(f"{where} (peer {op.peer}): the peer is neither the next nor the previous rank "
-                                   f"nor a fixed XOR partner, so it has no counterpart at {n} ranks")
+                raise ScalingError(
+                    f"{where} (peer {op.peer}): the peer is neither the next nor the previous rank "
+                    f"nor a fixed XOR partner, so it has no counterpart at {n} ranks"
+                )
             out.append(replace(op, members=_ranks(0, n), peer=peer))
             continue
         members = group_at(op.members, ranks, rank, n)
         if members is None:
-            raise ScalingError(f"{where}: the group is neither the world, a block of consecutive ranks nor a "
-                               f"strided slice of them (a device mesh's dimension) that fits {n} ranks")
+            raise ScalingError(
+                f"{where}: the group is neither the world, a block of consecutive ranks nor a "
+                f"strided slice of them (a device mesh's dimension) that fits {n} ranks"
+            )
         k, k2 = len(op.members), len(members)
         nbytes = op.nbytes
         if k != k2 and op.op in GROUP_SIZED:
             nbytes = _fsdp_size(op, k, k2, structure, where)
         elif k != k2 and op.op not in FIXED:
-            raise ScalingError(f"{where}: a {op.op}'s pieces follow the group's size, and no rule says how "
-                               "(only FSDP2's all-gathers and reduce-scatters are recognised)")
+            raise ScalingError(
+                f"{where}: a {op.op}'s pieces follow the group's size, and no rule says how "
+                "(only FSDP2's all-gathers and reduce-scatters are recognised)"
+            )
         peer = members[op.root_index] if op.peer >= 0 else -1
         out.append(replace(op, members=members, peer=peer, nbytes=nbytes))
     return out

@@ -47,9 +47,16 @@ class ScriptComputeModel:
 
     trace_driven = False
 
-    def __init__(self, steps: pd.DataFrame, recorded_ranks: int, recorded_factors: np.ndarray,
-                 factors: np.ndarray, structure: ScriptStructure, scale: float = 1.0,
-                 shard_ratio: float = 1.0) -> None:
+    def __init__(
+        self,
+        steps: pd.DataFrame,
+        recorded_ranks: int,
+        recorded_factors: np.ndarray,
+        factors: np.ndarray,
+        structure: ScriptStructure,
+        scale: float = 1.0,
+        shard_ratio: float = 1.0,
+    ) -> None:
         """``steps``: the script's rows of the run's steps.csv; ``recorded_factors``
         [iterations, R]: the compute factors the run injected; ``factors`` [iterations, n]: those
         of the simulation; ``scale``: :func:`reading_scale`."""
@@ -60,12 +67,18 @@ class ScriptComputeModel:
         r = steps["rank"].to_numpy(int)
         shape = recorded_factors.shape
         known = (t < shape[0]) & (r < shape[1])
-        frame = pd.DataFrame({"rank": r[known], "iteration": t[known],
-                              "local": local.to_numpy(float)[known] / recorded_factors[t[known], r[known]]})
+        frame = pd.DataFrame(
+            {
+                "rank": r[known],
+                "iteration": t[known],
+                "local": local.to_numpy(float)[known] / recorded_factors[t[known], r[known]],
+            }
+        )
         steady = frame[frame["iteration"] >= 1] if frame["iteration"].max() >= 1 else frame
         per_rank = steady.groupby("rank")["local"].median()
-        stretch = pd.Series(recorded_factors[steady["iteration"], steady["rank"]]).groupby(
-            steady["rank"].to_numpy()).median()  # the injected factors the noted medians hold
+        stretch = (
+            pd.Series(recorded_factors[steady["iteration"], steady["rank"]]).groupby(steady["rank"].to_numpy()).median()
+        )  # the injected factors the noted medians hold
         ends = steps.sort_values(["rank", "iteration"])
         gaps = (ends.groupby("rank")["start_s"].shift(-1) - ends["end_s"]).clip(lower=0.0)
         gap = gaps.groupby(ends["rank"]).median().fillna(0.0)

@@ -97,8 +97,16 @@ class _Evaluations:
 class SimulatedWork:
     """A simulated rank's side of the training loop (``harness.runner.loop.Work``)."""
 
-    def __init__(self, engine: SimEngine, network: SimNetwork, rank: int, timing, delays: list[float],
-                 factors: list[float], evaluations: _Evaluations) -> None:
+    def __init__(
+        self,
+        engine: SimEngine,
+        network: SimNetwork,
+        rank: int,
+        timing,
+        delays: list[float],
+        factors: list[float],
+        evaluations: _Evaluations,
+    ) -> None:
         self.engine = engine
         self.network = network
         self.rank = rank
@@ -134,12 +142,18 @@ class SimulatedWork:
             self.engine.sleep(gap)
 
 
-def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
-                       delays: np.ndarray | None = None, factors: np.ndarray | None = None,
-                       wrap_comm: Callable[[int, SimCommunicator], Any] | None = None,
-                       hosts: NodeTopology | None = None,
-                       make_algorithm: Callable[[int, AlgorithmContext], Algorithm] | None = None,
-                       training=None) -> tuple[pd.DataFrame, SimStats]:
+def simulate_algorithm(
+    scenario: Scenario,
+    params,
+    timing,
+    base: NetworkModel,
+    delays: np.ndarray | None = None,
+    factors: np.ndarray | None = None,
+    wrap_comm: Callable[[int, SimCommunicator], Any] | None = None,
+    hosts: NodeTopology | None = None,
+    make_algorithm: Callable[[int, AlgorithmContext], Algorithm] | None = None,
+    training=None,
+) -> tuple[pd.DataFrame, SimStats]:
     """Simulate one algorithm of ``scenario``; returns its steps frame (STEP_COLUMNS) and stats.
 
     ``make_algorithm(rank, ctx)``, if given, makes each rank's algorithm instead of the class
@@ -158,8 +172,15 @@ def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
     ranks = scenario.ranks
     count = communicated_floats(scenario)
     engine = SimEngine()
-    network = SimNetwork(ranks, base, link_table(scenario), topology=node_topology(scenario),
-                         clock=lambda: engine.env.now, hosts=hosts, allreduce=scenario.network.allreduce)
+    network = SimNetwork(
+        ranks,
+        base,
+        link_table(scenario),
+        topology=node_topology(scenario),
+        clock=lambda: engine.env.now,
+        hosts=hosts,
+        allreduce=scenario.network.allreduce,
+    )
     fabric = SimFabric(engine, network, ranks, payload=training.payload() if training is not None else None)
     evaluations = _Evaluations(engine, ranks, count, base, timing)
     if make_algorithm is None:
@@ -167,6 +188,7 @@ def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
 
         def make_algorithm(r: int, ctx: AlgorithmContext) -> Algorithm:
             return cls(params, ctx)
+
     delay_of, factor_of = delays.T.tolist(), factors.T.tolist()  # plain lists: fast indexing per rank
     steps: list[np.ndarray] = [np.empty((0, len(_VALUE_COLUMNS)))] * ranks
     algorithms: list = [None] * ranks
@@ -180,6 +202,7 @@ def simulate_algorithm(scenario: Scenario, params, timing, base: NetworkModel,
             work = SimulatedWork(*args) if training is None else training.work(*args)
             records, _, _ = train(scenario, algorithm, comm, work, 0.0, keep_ops=False)
             steps[r] = np.array([record[_FIRST_VALUE:] for record in records], dtype=float)  # compact at once
+
         return body
 
     for r, sim_comm in enumerate(fabric.communicators()):
@@ -213,21 +236,27 @@ def _steps_frame(name: str, steps: list[np.ndarray], scenario: Scenario) -> pd.D
     columns = {f: table[:, :, i].ravel() for i, f in enumerate(_VALUE_COLUMNS)}
     for f in ("bytes_sent", "staleness"):
         columns[f] = columns[f].astype(np.int64)
-    frame = pd.DataFrame({
-        "algorithm": name,
-        "rank": np.tile(np.arange(ranks), iterations),
-        "iteration": np.repeat(np.arange(iterations), ranks),
-        **columns,
-    }, columns=list(STEP_COLUMNS))
+    frame = pd.DataFrame(
+        {
+            "algorithm": name,
+            "rank": np.tile(np.arange(ranks), iterations),
+            "iteration": np.repeat(np.arange(iterations), ranks),
+            **columns,
+        },
+        columns=list(STEP_COLUMNS),
+    )
     return frame
 
 
-def simulate_scenario(scenario: Scenario, base: NetworkModel, timing_for: Callable[[str], object],
-                      on_done: Callable[[str, pd.DataFrame, SimStats], None] | None = None,
-                      wrap_comm: Callable[[str, int, object], object] | None = None,
-                      hosts: NodeTopology | None = None,
-                      training_for: Callable[[object], object] | None = None,
-                      ) -> tuple[dict[str, pd.DataFrame], list[SimStats]]:
+def simulate_scenario(
+    scenario: Scenario,
+    base: NetworkModel,
+    timing_for: Callable[[str], object],
+    on_done: Callable[[str, pd.DataFrame, SimStats], None] | None = None,
+    wrap_comm: Callable[[str, int, object], object] | None = None,
+    hosts: NodeTopology | None = None,
+    training_for: Callable[[object], object] | None = None,
+) -> tuple[dict[str, pd.DataFrame], list[SimStats]]:
     """Simulate every algorithm of ``scenario``; ``timing_for(name)`` gives its timing source,
     ``wrap_comm(name, rank, comm)`` optionally wraps each rank's communicator; ``hosts`` as
     :func:`simulate_algorithm`. ``training_for(entry)``, if given, makes each algorithm's
@@ -239,8 +268,9 @@ def simulate_scenario(scenario: Scenario, base: NetworkModel, timing_for: Callab
     for params in scenario.algorithms:
         wrap = None if wrap_comm is None else (lambda r, c, name=params.name: wrap_comm(name, r, c))
         training = training_for(params) if training_for is not None else None
-        frame, stat = simulate_algorithm(scenario, params, timing_for(params.name), base, delays, factors, wrap,
-                                         hosts=hosts, training=training)
+        frame, stat = simulate_algorithm(
+            scenario, params, timing_for(params.name), base, delays, factors, wrap, hosts=hosts, training=training
+        )
         frames[params.name] = frame
         stats.append(stat)
         if on_done is not None:

@@ -57,8 +57,16 @@ class StepProgram:
             senders = np.flatnonzero(self.send_to[i] >= 0)
             receivers = np.flatnonzero(self.recv_from[i] >= 0)
             sources = self.recv_from[i, receivers]
-            steps.append((senders, self.send_to[i, senders], self.send_bytes[i, senders], receivers, sources,
-                          self.send_bytes[i, sources]))
+            steps.append(
+                (
+                    senders,
+                    self.send_to[i, senders],
+                    self.send_bytes[i, senders],
+                    receivers,
+                    sources,
+                    self.send_bytes[i, sources],
+                )
+            )
         object.__setattr__(self, "compiled", tuple(steps))
         object.__setattr__(
             self, "compiled_lists", tuple((r.tolist(), s.tolist(), b.tolist()) for _, _, _, r, s, b in steps)
@@ -76,8 +84,13 @@ class StepProgram:
         return [range(a, b) for a, b in zip(starts, [*starts[1:], self.steps])]
 
 
-def _program(steps: Sequence[StepRows], p: int, recursive_doubling: bool = False,
-              tree: tuple[int, ...] | None = None, continues_round: list[bool] | None = None) -> StepProgram:
+def _program(
+    steps: Sequence[StepRows],
+    p: int,
+    recursive_doubling: bool = False,
+    tree: tuple[int, ...] | None = None,
+    continues_round: list[bool] | None = None,
+) -> StepProgram:
     if not steps:
         empty = np.zeros((0, p), dtype=np.int64)
         return StepProgram(empty, empty.astype(float), empty, recursive_doubling, tree)
@@ -145,9 +158,14 @@ ALLREDUCE_ALGORITHMS = ("auto", "ring", "recursive_doubling", "reduce_broadcast"
 
 
 @lru_cache(maxsize=256)
-def allreduce_program(p: int, count: int, ring_threshold_bytes: int = RING_THRESHOLD_BYTES,
-                       algorithm: str = "auto", member_nodes: tuple[int, ...] = (),
-                       tree_chunk_bytes: int = TREE_CHUNK_BYTES) -> StepProgram | RingProgram:
+def allreduce_program(
+    p: int,
+    count: int,
+    ring_threshold_bytes: int = RING_THRESHOLD_BYTES,
+    algorithm: str = "auto",
+    member_nodes: tuple[int, ...] = (),
+    tree_chunk_bytes: int = TREE_CHUNK_BYTES,
+) -> StepProgram | RingProgram:
     """The native ``allreduce_program`` (kernels/step_program.cpp) for ``algorithm``: ``auto`` is a
     ring for p > 2, count >= p and at least ``ring_threshold_bytes``, recursive doubling
     otherwise; ``ring`` is a ring whenever p > 2 and count >= p; ``reduce_broadcast`` is the
@@ -179,8 +197,9 @@ def allreduce_program(p: int, count: int, ring_threshold_bytes: int = RING_THRES
 
 
 @lru_cache(maxsize=256)
-def hierarchical_program(member_nodes: tuple[int, ...], count: int,
-                          ring_threshold_bytes: int = RING_THRESHOLD_BYTES) -> StepProgram:
+def hierarchical_program(
+    member_nodes: tuple[int, ...], count: int, ring_threshold_bytes: int = RING_THRESHOLD_BYTES
+) -> StepProgram:
     """The native ``hierarchical_allreduce`` (kernels/step_program.cpp) as aligned steps: a binomial
     reduce inside every node to its first member, the leaders' allreduce (ring or recursive
     doubling, as :func:`allreduce_program` picks for them), a binomial broadcast inside every
@@ -204,8 +223,9 @@ def hierarchical_program(member_nodes: tuple[int, ...], count: int,
 
     mask = 1
     while mask < widest:  # reduce: local index li with bit `mask` sends to li - mask
-        step([(ms[li], ms[li - mask]) for ms in local.values() for li in range(len(ms))
-              if li & mask and li % mask == 0])
+        step(
+            [(ms[li], ms[li - mask]) for ms in local.values() for li in range(len(ms)) if li & mask and li % mask == 0]
+        )
         mask <<= 1
     if len(leaders) > 1:
         for send_l, sizes, recv_l in _allreduce_steps(len(leaders), count, ring_threshold_bytes):
@@ -221,8 +241,14 @@ def hierarchical_program(member_nodes: tuple[int, ...], count: int,
         top *= 2
     mask = top
     while mask >= 1 and widest > 1:  # broadcast: li with li % 2mask == 0 sends to li + mask
-        step([(ms[li], ms[li + mask]) for ms in local.values() for li in range(0, len(ms), 2 * mask)
-              if li + mask < len(ms)])
+        step(
+            [
+                (ms[li], ms[li + mask])
+                for ms in local.values()
+                for li in range(0, len(ms), 2 * mask)
+                if li + mask < len(ms)
+            ]
+        )
         mask >>= 1
     return _program(steps, p)
 
@@ -319,8 +345,10 @@ def tree_program(member_nodes: tuple[int, ...], count: int, tree_chunk_bytes: in
     # Every edge (by its child v), in colour order: colour col's are v[lanes[col]].
     v = np.array(sorted(range(1, p), key=lambda m: shape.colour[m]), dtype=np.int64)
     colour = np.array([shape.colour[m] for m in v])
-    lanes = [slice(int(np.searchsorted(colour, col)), int(np.searchsorted(colour, col, side="right")))
-             for col in range(shape.colours)]
+    lanes = [
+        slice(int(np.searchsorted(colour, col)), int(np.searchsorted(colour, col, side="right")))
+        for col in range(shape.colours)
+    ]
     a = parent[v]
     lc, bf, to_root, a_lc = last_child[v], before[v], a == 0, last_child[a]
     steps, joined = [], []

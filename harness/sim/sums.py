@@ -36,8 +36,13 @@ def stacked_rows(buffers: Sequence[torch.Tensor]) -> torch.Tensor | None:
     if step < n:
         return None
     for i, b in enumerate(buffers):
-        if (b.dim() != 1 or b.numel() != n or b.stride(0) != 1 or b.untyped_storage().data_ptr() != storage
-                or b.storage_offset() != base + i * step):
+        if (
+            b.dim() != 1
+            or b.numel() != n
+            or b.stride(0) != 1
+            or b.untyped_storage().data_ptr() != storage
+            or b.storage_offset() != base + i * step
+        ):
             return None
     return first.as_strided((len(buffers), n), (step, 1), base)
 
@@ -96,7 +101,7 @@ def _add_diagonals(out: torch.Tensor, part: torch.Tensor, shift: int, p: int, fi
     wrap = p - shift  # chunks c >= p - shift wrap to member c + shift - p: the diagonal at p - shift
     if shift > 0 and wrap < k:
         src = torch.diagonal(part, offset=wrap, dim1=0, dim2=1).T
-        out[wrap:wrap + src.shape[0]].copy_(src) if first else out[wrap:wrap + src.shape[0]].add_(src)
+        out[wrap : wrap + src.shape[0]].copy_(src) if first else out[wrap : wrap + src.shape[0]].add_(src)
 
 
 def _ring_sum_by_chunk(buffers: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -183,9 +188,9 @@ def tree_sum(buffers: Sequence[torch.Tensor], member_nodes: Sequence[int]) -> to
                 level[at] = level[at] + chain[at + lo]
         if below is not None:  # head lo + i's tree children are below's 2i and 2i + 1
             left = below[0::2]
-            level[:left.shape[0]] += left
+            level[: left.shape[0]] += left
             right = below[1::2]
-            level[:right.shape[0]] += right
+            level[: right.shape[0]] += right
         below = level
     assert below is not None  # at least one node: at least one level
     return below[0]

@@ -43,8 +43,9 @@ class PredictiveTiming:
 
     trace_driven = False
 
-    def __init__(self, scenario: Scenario, entry: CalibrationEntry, factors: np.ndarray,
-                 floats: int | None = None) -> None:
+    def __init__(
+        self, scenario: Scenario, entry: CalibrationEntry, factors: np.ndarray, floats: int | None = None
+    ) -> None:
         """``floats``: the communicated buffer's length (``communicated_floats``), for the local
         costs of ``harness.local_costs``; None: computed here."""
         w = scenario.workload
@@ -66,10 +67,15 @@ class PredictiveTiming:
             self.eval_s = entry.evaluation_s(model, dataset) or 0.0
         else:
             ranks = factors.shape[1]
-            local = np.array([
-                emulated_compute_s(w.compute.emulate_ms, w.compute.jitter, scenario.seed, t, ranks, factors[t])
-                for t in range(factors.shape[0])
-            ]) + entry.loop_overhead_s
+            local = (
+                np.array(
+                    [
+                        emulated_compute_s(w.compute.emulate_ms, w.compute.jitter, scenario.seed, t, ranks, factors[t])
+                        for t in range(factors.shape[0])
+                    ]
+                )
+                + entry.loop_overhead_s
+            )
             self.eval_s = 0.0
         self._local = (local + overhead).tolist()  # plain lists: fast indexing in the simulator's inner loop
 
@@ -90,8 +96,10 @@ class TraceTiming:
 
     def __init__(self, steps: pd.DataFrame, ranks: int, iterations: int) -> None:
         if len(steps) != ranks * iterations:
-            raise TimingError(f"the real run recorded {len(steps)} steps, a replay needs all "
-                              f"{ranks} x {iterations}: the run is incomplete")
+            raise TimingError(
+                f"the real run recorded {len(steps)} steps, a replay needs all "
+                f"{ranks} x {iterations}: the run is incomplete"
+            )
         frame = steps.sort_values(["iteration", "rank"])
         shape = (iterations, ranks)
         start = frame["start_s"].to_numpy(float).reshape(shape)

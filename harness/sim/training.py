@@ -239,8 +239,15 @@ class SimTraining:
     run is over, the average of the ranks' final models (``final_average``) and every rank's
     (``final_models``, ``[ranks, n]`` on the CPU, when kept)."""
 
-    def __init__(self, scenario: Scenario, algorithm: Any, dataset: Any, device: torch.device,
-                 recorded_staleness: dict[tuple[int, int], int] | None = None, keep_rank_models: bool = True) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        algorithm: Any,
+        dataset: Any,
+        device: torch.device,
+        recorded_staleness: dict[tuple[int, int], int] | None = None,
+        keep_rank_models: bool = True,
+    ) -> None:
         """``recorded_staleness``: a replay's ``{(rank, round): staleness}`` of the real run's
         wait-avoiding rounds, which the simulated rounds then contribute as
         (``harness.sim.payload.Published``). ``keep_rank_models``: keep every rank's final
@@ -303,8 +310,9 @@ def rank_state_bytes(replicas: Replicas, algorithms: list, payload: Payload | No
             tensors += [v for v in vars(optimizer).values() if isinstance(v, torch.Tensor)]
     for algorithm in algorithms:
         for value in vars(algorithm).values():
-            items = (value if isinstance(value, (list, tuple))
-                     else value.values() if isinstance(value, dict) else [value])
+            items = (
+                value if isinstance(value, (list, tuple)) else value.values() if isinstance(value, dict) else [value]
+            )
             tensors += [t for t in items if isinstance(t, torch.Tensor)]
     if payload is not None:
         tensors += payload.persistent_tensors()
@@ -313,7 +321,6 @@ def rank_state_bytes(replicas: Replicas, algorithms: list, payload: Payload | No
         storage = t.untyped_storage()
         seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
-
 
 
 @dataclass(frozen=True)
@@ -387,13 +394,15 @@ def fit_problem(scenario: Scenario, device: torch.device) -> str | None:
     if estimate.total <= 0.9 * free:
         return None
     where = "this GPU" if device.type == "cuda" else "this machine"
-    return (f"simulation.train: {scenario.ranks:,} simulated ranks of a {floats:,}-parameter model need about "
-            f"{human_bytes(estimate.total)} (replicas: parameters, gradients and optimizer state "
-            f"{human_bytes(estimate.replicas)}; the algorithms' buffers and messages "
-            f"{human_bytes(estimate.algorithm)}; "
-            f"data {human_bytes(estimate.data)}; the rest {human_bytes(estimate.overhead)}), but {where} has "
-            f"{human_bytes(free)} available; simulate fewer ranks or a smaller model, or train on a GPU "
-            "(workload.device: cuda)")
+    return (
+        f"simulation.train: {scenario.ranks:,} simulated ranks of a {floats:,}-parameter model need about "
+        f"{human_bytes(estimate.total)} (replicas: parameters, gradients and optimizer state "
+        f"{human_bytes(estimate.replicas)}; the algorithms' buffers and messages "
+        f"{human_bytes(estimate.algorithm)}; "
+        f"data {human_bytes(estimate.data)}; the rest {human_bytes(estimate.overhead)}), but {where} has "
+        f"{human_bytes(free)} available; simulate fewer ranks or a smaller model, or train on a GPU "
+        "(workload.device: cuda)"
+    )
 
 
 def training_problem(scenario: Scenario) -> str | None:
@@ -410,7 +419,9 @@ def training_problem(scenario: Scenario) -> str | None:
         return problem
     samples = scenario_dataset(scenario).num_train
     if samples < scenario.ranks:
-        return (f"workload.dataset: {scenario.workload.dataset} has {samples:,} training samples, fewer than the "
-                f"{scenario.ranks:,} simulated ranks that each train on a shard of them: give a dataset that grows "
-                "with the ranks (the built-in teacher, as scenarios/at_scale.yaml does)")
+        return (
+            f"workload.dataset: {scenario.workload.dataset} has {samples:,} training samples, fewer than the "
+            f"{scenario.ranks:,} simulated ranks that each train on a shard of them: give a dataset that grows "
+            "with the ranks (the built-in teacher, as scenarios/at_scale.yaml does)"
+        )
     return None

@@ -93,26 +93,39 @@ def value_dependence(scenario: Scenario, entry: Any) -> str | None:
         return None
     small = _small(scenario)
     entry = next(a for a in small.algorithms if a.name == entry.name)
-    how = ("simulate it with --train (simulation.train: true, with the workload's real compute), where the "
-           "simulated ranks hold real values")
+    how = (
+        "simulate it with --train (simulation.train: true, with the workload's real compute), where the "
+        "simulated ranks hold real values"
+    )
     try:
         without = _calls(small, entry, values=False)
     except (TypeError, ValueError) as exc:
-        return (f"algorithm {entry.name!r} reads its model's values to decide what to do ({exc}); without values "
-                f"the simulator's buffers are stand-ins that hold none: {how}")
+        return (
+            f"algorithm {entry.name!r} reads its model's values to decide what to do ({exc}); without values "
+            f"the simulator's buffers are stand-ins that hold none: {how}"
+        )
     try:
         with_values = _calls(small, entry, values=True)
     except SimDeadlock as exc:
-        return (f"algorithm {entry.name!r}: with its model's real values its ranks do not post the same collectives "
-                f"(its communication depends on the values, and differently on each rank): {exc}")
+        return (
+            f"algorithm {entry.name!r}: with its model's real values its ranks do not post the same collectives "
+            f"(its communication depends on the values, and differently on each rank): {exc}"
+        )
     for rank, (a, b) in enumerate(zip(without, with_values)):
         for i, (x, y) in enumerate(zip(a + [None] * (len(b) - len(a)), b + [None] * (len(a) - len(b)))):
             if x != y:
+
                 def show(call):
-                    return "nothing" if call is None else f"{call[1]}{f' with {call[2]}' if call[2] else ''} " \
-                                                         f"in iteration {call[0]}"
-                return (f"algorithm {entry.name!r}: its communication depends on its model's values: rank {rank}'s "
-                        f"call {i + 1} is {show(y)} with values and {show(x)} without (every value 0); {how}")
+                    return (
+                        "nothing"
+                        if call is None
+                        else f"{call[1]}{f' with {call[2]}' if call[2] else ''} in iteration {call[0]}"
+                    )
+
+                return (
+                    f"algorithm {entry.name!r}: its communication depends on its model's values: rank {rank}'s "
+                    f"call {i + 1} is {show(y)} with values and {show(x)} without (every value 0); {how}"
+                )
     return None
 
 

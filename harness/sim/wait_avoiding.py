@@ -51,13 +51,14 @@ class WaitAvoidingState:
     message time before it).
     """
 
-    def __init__(self, fabric: Any, count: int, sync_every: int, quorum: int = 1,
-                 accumulate: bool = False) -> None:
+    def __init__(self, fabric: Any, count: int, sync_every: int, quorum: int = 1, accumulate: bool = False) -> None:
         self.fabric = fabric
         # Values: every rank's published buffer (None: the simulation carries no values).
-        self.published_values = fabric.payload.track(Published(fabric.ranks, accumulate,
-                                                               fabric.payload.recorded_staleness)) \
-            if fabric.payload is not None else None
+        self.published_values = (
+            fabric.payload.track(Published(fabric.ranks, accumulate, fabric.payload.recorded_staleness))
+            if fabric.payload is not None
+            else None
+        )
         self.engine = fabric.engine
         self.count = count
         self.sync_every = sync_every
@@ -117,8 +118,9 @@ class WaitAvoidingState:
         key = (k, members[0])  # a round's groups are disjoint: the lowest member names the group
         op = self._groups.get(key)
         if op is None:
-            op = self._groups[key] = Collective(self.engine, self.fabric.network, "allreduce", members, self.count,
-                                                in_place=False)
+            op = self._groups[key] = Collective(
+                self.engine, self.fabric.network, "allreduce", members, self.count, in_place=False
+            )
         state = self.rounds[k]
         state.of_rank[rank] = op
         state.staleness[rank] = k - self.published[rank]
@@ -162,9 +164,11 @@ class WaitAvoidingState:
                 self._covered = (k, arrival)
             by_time[arrival] = [d for d in range(self.fabric.ranks) if d != src]
         for when, dsts in by_time.items():
+
             def deliver(_event, dsts=dsts):
                 for dst in dsts:
                     self._on_activation(dst, k)
+
             env.timeout(when - now).callbacks.append(deliver)
 
     def arrive(self, rank: int, k: int, may_activate: bool, buf: Any = None) -> bool:
@@ -177,7 +181,8 @@ class WaitAvoidingState:
             if is_sync_round(k, self.sync_every):
                 if k != self.next_join[rank]:
                     raise SimCommError(
-                        f"wait-avoiding allreduce: round {k} reached before round {self.next_join[rank]}")
+                        f"wait-avoiding allreduce: round {k} reached before round {self.next_join[rank]}"
+                    )
                 self._join(rank, k)
                 if self.quorum > 1 and rank in self._pending:
                     self._on_activation(rank, self._pending.pop(rank))
@@ -236,6 +241,7 @@ class RoundHandle(Handle):
             assert op is not None  # delivered once the rank waited for its round
             op.wait_values()
             out.copy_(op.result)
+
         return deliver
 
     def _joined_op(self) -> Collective | None:
@@ -264,9 +270,13 @@ class RoundHandle(Handle):
         self.op = op
         self.bytes = op.sent_by(self.rank)
         self.info_ = {
-            "round": self.k, "sync": is_sync_round(self.k, self.state.sync_every), "group_size": len(op.members),
-            "staleness": staleness, "joined_early": self.joined_early,
-            "t_join": op.join_at[op.index[self.rank]], "t_done": op.done_time(self.rank),
+            "round": self.k,
+            "sync": is_sync_round(self.k, self.state.sync_every),
+            "group_size": len(op.members),
+            "staleness": staleness,
+            "joined_early": self.joined_early,
+            "t_join": op.join_at[op.index[self.rank]],
+            "t_done": op.done_time(self.rank),
         }
         self.state.finished_rounds[self.rank] += 1
         if self.deliver is not None:

@@ -80,8 +80,10 @@ def resume_sweep(command: str, args: argparse.Namespace) -> int:
     """``--resume SWEEP_DIR [--point I]``: one point, or every point not done yet."""
     sweep = SweepDirectory.open(args.resume)
     if sweep.command != command:
-        raise SweepError(f"{sweep.path} is a sweep of `{sweep.command}`: resume it with "
-                         f"`python -m harness {sweep.command} --resume {sweep.path}`")
+        raise SweepError(
+            f"{sweep.path} is a sweep of `{sweep.command}`: resume it with "
+            f"`python -m harness {sweep.command} --resume {sweep.path}`"
+        )
     if args.point is not None:
         return run_point(sweep, args.point, getattr(args, PARSER_KEY))
     return _run_points(sweep, _jobs(command, args))
@@ -126,8 +128,14 @@ def _run_points(sweep: SweepDirectory, jobs: int) -> int:
 
     todo = [p["index"] for p in sweep.points if sweep.status(p["index"]).status != "done"]
     running: dict[int, subprocess.Popen] = {}
-    bar = tqdm(total=len(sweep.points), initial=len(sweep.points) - len(todo), desc="sweep", unit="point",
-               file=sys.stderr, dynamic_ncols=True)
+    bar = tqdm(
+        total=len(sweep.points),
+        initial=len(sweep.points) - len(todo),
+        desc="sweep",
+        unit="point",
+        file=sys.stderr,
+        dynamic_ncols=True,
+    )
     try:
         while todo or running:
             while todo and len(running) < jobs:
@@ -149,8 +157,10 @@ def _run_points(sweep: SweepDirectory, jobs: int) -> int:
             except subprocess.TimeoutExpired:
                 process.kill()
         bar.close()
-        print(f"interrupted: finish the sweep with `python -m harness {sweep.command} --resume {sweep.path}`",
-              file=sys.stderr)
+        print(
+            f"interrupted: finish the sweep with `python -m harness {sweep.command} --resume {sweep.path}`",
+            file=sys.stderr,
+        )
         return 130
     bar.close()
     return _finish(sweep)
@@ -160,9 +170,13 @@ def _start_point(sweep: SweepDirectory, index: int) -> subprocess.Popen:
     log = open(sweep.log_file(index), "w", encoding="utf-8")  # noqa: SIM115 - the child owns it
     try:
         # Its own process group: Ctrl+C reaches the sweep, which stops the points in order.
-        return subprocess.Popen([sys.executable, "-m", "harness", sweep.command, "--resume", str(sweep.path),
-                                 "--point", str(index)], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "harness", sweep.command, "--resume", str(sweep.path), "--point", str(index)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     finally:
         log.close()
 
@@ -171,8 +185,11 @@ def _settle(sweep: SweepDirectory, index: int, returncode: int, bar) -> None:
     """Record a point whose process ended without saying how (killed) and name a failure."""
     status = sweep.status(index)
     if status.status == "pending":  # the process died before recording its end
-        sweep.end_point(index, returncode if returncode != 0 else 1,
-                        sweep.last_error(index) or f"its process ended with status {returncode}")
+        sweep.end_point(
+            index,
+            returncode if returncode != 0 else 1,
+            sweep.last_error(index) or f"its process ended with status {returncode}",
+        )
         status = sweep.status(index)
     if status.status == "failed":
         label = " ".join(sweep.point(index)["overrides"])
@@ -185,8 +202,10 @@ def _finish(sweep: SweepDirectory) -> int:
     failed = [p for p in sweep.points if sweep.status(p["index"]).status != "done"]
     _report(sweep)  # sweep.csv, sweep.png and report.html
     done = len(sweep.points) - len(failed)
-    print(f"sweep: {done} of {len(sweep.points)} points done" + (f", {len(failed)} failed:" if failed else ""),
-          file=sys.stderr)
+    print(
+        f"sweep: {done} of {len(sweep.points)} points done" + (f", {len(failed)} failed:" if failed else ""),
+        file=sys.stderr,
+    )
     for p in failed:
         print(f"  point {p['index']} ({' '.join(p['overrides'])}): {sweep.status(p['index']).error}", file=sys.stderr)
     print(f"results: {sweep.path}")

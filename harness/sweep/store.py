@@ -67,8 +67,15 @@ class SweepDirectory:
         return list(self.spec["points"])
 
     @classmethod
-    def create(cls, out: str | Path, scenario_name: str, command: str, arguments: dict[str, Any],
-               keys: list[str], points: list[dict[str, Any]]) -> SweepDirectory:
+    def create(
+        cls,
+        out: str | Path,
+        scenario_name: str,
+        command: str,
+        arguments: dict[str, Any],
+        keys: list[str],
+        points: list[dict[str, Any]],
+    ) -> SweepDirectory:
         """A new ``out/<scenario>/sweep-<UTC time>[-n]`` with its ``sweep.json``."""
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
         base = Path(out) / scenario_name / f"sweep-{stamp}"
@@ -82,8 +89,14 @@ class SweepDirectory:
                 n += 1
                 path = base.with_name(f"{base.name}-{n}")
         (path / POINTS_DIR).mkdir()
-        spec = {"command": command, "scenario_name": scenario_name, "arguments": arguments, "keys": keys,
-                "points": points, "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        spec = {
+            "command": command,
+            "scenario_name": scenario_name,
+            "arguments": arguments,
+            "keys": keys,
+            "points": points,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
         atomic.write_text(path / SWEEP_FILE, json.dumps(spec, indent=2) + "\n")
         return cls(path, spec)
 
@@ -133,9 +146,18 @@ class SweepDirectory:
 
     def end_point(self, index: int, exit_status: int, error: str | None) -> None:
         status = "done" if exit_status == 0 else "failed"
-        atomic.write_text(self._status_file(index), json.dumps(
-            {"status": status, "exit": exit_status, "error": error,
-             "ended": datetime.now(timezone.utc).isoformat(timespec="seconds")}) + "\n")
+        atomic.write_text(
+            self._status_file(index),
+            json.dumps(
+                {
+                    "status": status,
+                    "exit": exit_status,
+                    "error": error,
+                    "ended": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                }
+            )
+            + "\n",
+        )
 
     def last_error(self, index: int) -> str | None:
         """The last ``error:`` line of a point's log (what its command said), or None."""
@@ -144,7 +166,7 @@ class SweepDirectory:
         except OSError:
             return None
         errors = [line for line in lines if line.startswith("error:")]
-        return errors[-1][len("error:"):].strip() if errors else (lines[-1].strip() if lines else None)
+        return errors[-1][len("error:") :].strip() if errors else (lines[-1].strip() if lines else None)
 
 
 # -- a command's arguments, kept in sweep.json --------------------------------------------------

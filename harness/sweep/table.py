@@ -22,12 +22,17 @@ from harness.sweep.store import SweepDirectory
 
 TABLE_FILE = "sweep.csv"
 PLOT_FILE = "sweep.png"
-METRICS = (("samples_per_s", "samples/s"), ("time_to_target_s", "time to target accuracy (s)"),
-           ("time_to_target_loss_s", "time to target loss (s)"))
-ABSENT = {"samples_per_s": "no throughput recorded",
-          "time_to_target_s": "no time to target accuracy: not reached, or not evaluated (simulations evaluate none "
-                              "unless they train: --train)",
-          "time_to_target_loss_s": "no time to target loss: not reached, or not evaluated"}
+METRICS = (
+    ("samples_per_s", "samples/s"),
+    ("time_to_target_s", "time to target accuracy (s)"),
+    ("time_to_target_loss_s", "time to target loss (s)"),
+)
+ABSENT = {
+    "samples_per_s": "no throughput recorded",
+    "time_to_target_s": "no time to target accuracy: not reached, or not evaluated (simulations evaluate none "
+    "unless they train: --train)",
+    "time_to_target_loss_s": "no time to target loss: not reached, or not evaluated",
+}
 
 
 def sweep_table(sweep: SweepDirectory) -> pd.DataFrame:
@@ -101,8 +106,7 @@ def sweep_figure(table: pd.DataFrame, keys: list[str]):
                 if rows.empty:
                     continue
                 xs = rows[x_key] if numeric else [order.index(v) for v in rows[x_key]]
-                ax.plot(xs, rows[metric], marker="o", color=colours.colour(algorithm),
-                        label=colours.label(algorithm))
+                ax.plot(xs, rows[metric], marker="o", color=colours.colour(algorithm), label=colours.label(algorithm))
             shown = table[metric][table[metric] > 0]
             if len(shown) and shown.max() > 20 * shown.min():
                 ax.set_yscale("log")

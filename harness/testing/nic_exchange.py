@@ -47,8 +47,9 @@ class NicExchange:
         return len(self.spans)
 
 
-def exchange_through_nics(world: Any, nic_gbps: float = NIC_GBPS, count: int = NIC_FLOATS,
-                          gap_s: float = NIC_GAP_S) -> NicExchange:
+def exchange_through_nics(
+    world: Any, nic_gbps: float = NIC_GBPS, count: int = NIC_FLOATS, gap_s: float = NIC_GAP_S
+) -> NicExchange:
     """On every rank of ``world`` (mpi4py; an even size >= 4, all on one host): the two halves of
     the ranks are two nodes; rank r of node 0 and its partner r + P/2 exchange ``count`` floats,
     the k-th rank of a node posting ``k * gap_s`` after the first. Every rank gets every span."""
@@ -79,8 +80,9 @@ def exchange_through_nics(world: Any, nic_gbps: float = NIC_GBPS, count: int = N
     return NicExchange(gathered["nics"], gathered["control"], world.allgather(right))
 
 
-def simulated_exchange_ends(posts: Sequence[float], base: Any = None, nic_gbps: float = NIC_GBPS,
-                            count: int = NIC_FLOATS) -> list[float]:
+def simulated_exchange_ends(
+    posts: Sequence[float], base: Any = None, nic_gbps: float = NIC_GBPS, count: int = NIC_FLOATS
+) -> list[float]:
     """When the simulator's network says each rank's exchange of :func:`exchange_through_nics`
     ends: the same messages, posted at ``posts``, in that order, through the same NICs, each
     then paying ``base`` (a ``NetworkModel``: what MPI and the machine add to a message once the
@@ -110,11 +112,15 @@ def nic_comparisons(exchange: NicExchange) -> list[tuple[str, float, float, str]
     half = exchange.ranks // 2
     first = min(start for start, _ in exchange.spans)
     planned = [first + (r % half) * NIC_GAP_S for r in range(exchange.ranks)]
-    modes = (("trace", [s for s, _ in exchange.spans], NetworkModel(latency_s=control, bandwidth_bytes_per_s=1e15)),
-             ("predictive", planned, FIXED_NETWORK))
+    modes = (
+        ("trace", [s for s, _ in exchange.spans], NetworkModel(latency_s=control, bandwidth_bytes_per_s=1e15)),
+        ("predictive", planned, FIXED_NETWORK),
+    )
     items = []
     for mode, posts, base in modes:
         predicted = simulated_exchange_ends(posts, base)
-        items += [(f"rank {r} exchange ({mode})", end - start, predicted[r] - start, mode)
-                  for r, (start, end) in enumerate(exchange.spans)]
+        items += [
+            (f"rank {r} exchange ({mode})", end - start, predicted[r] - start, mode)
+            for r, (start, end) in enumerate(exchange.spans)
+        ]
     return items

@@ -28,12 +28,19 @@ class CaseSkipped(Exception):
     """A case cannot run here; the message says why."""
 
 
-def run_command(cmd: Sequence[str], timeout: float = RUN_TIMEOUT_S, cwd: Path | None = None,
-                env: dict | None = None) -> subprocess.CompletedProcess:
+def run_command(
+    cmd: Sequence[str], timeout: float = RUN_TIMEOUT_S, cwd: Path | None = None, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """``cmd`` with its output captured; on timeout it is interrupted like Ctrl+C (a launcher
     then stops its ranks instead of orphaning them) and CaseFailed is raised."""
-    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
-                            env=dict(os.environ if env is None else env, PYTHONUNBUFFERED="1"))
+    proc = subprocess.Popen(
+        list(cmd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        env=dict(os.environ if env is None else env, PYTHONUNBUFFERED="1"),
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -67,8 +74,13 @@ def run_dirs(root: Path) -> set[Path]:
     return {p for p in root.iterdir() if p.is_dir()} if root.is_dir() else set()
 
 
-def run_and_compare(scenario: dict | Path, out: Path, calibration: Path, mode: str = "both",
-                    harness: Callable[..., subprocess.CompletedProcess] = harness_here) -> Compared:
+def run_and_compare(
+    scenario: dict | Path,
+    out: Path,
+    calibration: Path,
+    mode: str = "both",
+    harness: Callable[..., subprocess.CompletedProcess] = harness_here,
+) -> Compared:
     """Run ``scenario`` (a scenario dict, written to ``out``, or a scenario file) for real with
     ``python -m harness run`` into ``out``, then ``python -m harness compare`` it with
     ``calibration`` in ``mode`` (trace, predictive or both), each through ``harness``."""

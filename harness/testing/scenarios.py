@@ -16,10 +16,21 @@ SMALL_SCENARIO: dict = {
     "name": "simcheck",
     "ranks": 4,
     "seed": 3,
-    "workload": {"model": "mlp", "dataset": "digits", "batch_size": 8, "iterations": 24, "eval_every": 12,
-                 "compute": {"emulate_ms": 20}, "params": 2000},
-    "algorithms": ["allreduce_sgd", {"name": "local_sgd", "period": 3}, "sgp",
-                   {"name": "wagma", "group_size": 2, "period": 4}],
+    "workload": {
+        "model": "mlp",
+        "dataset": "digits",
+        "batch_size": 8,
+        "iterations": 24,
+        "eval_every": 12,
+        "compute": {"emulate_ms": 20},
+        "params": 2000,
+    },
+    "algorithms": [
+        "allreduce_sgd",
+        {"name": "local_sgd", "period": 3},
+        "sgp",
+        {"name": "wagma", "group_size": 2, "period": 4},
+    ],
     "imbalance": [{"kind": "random_ranks", "count": 1, "delay_ms": 40}],
 }
 #: The compute of :data:`SMALL_SCENARIO`'s fixed calibration (predictive mode uses ``emulate_ms``).
@@ -28,9 +39,18 @@ SMALL_COMPUTE = [("mlp", "mnist5k", 32, 0.003)]
 #: 4 ranks as 2 nodes of 2 behind 0.2 Gb/s NICs, a 1 MB buffer: every allreduce (a flat ring)
 #: puts 1.5 MB through each NIC, at 25 MB/s at least 60 ms per iteration against 10 ms of compute.
 NIC_RUN_SCENARIO: dict = {
-    "name": "nodes", "ranks": 4, "seed": 5,
-    "workload": {"model": "mlp", "dataset": "digits", "batch_size": 8, "iterations": 8, "eval_every": 8,
-                 "compute": {"emulate_ms": 10}, "params": 250_000},
+    "name": "nodes",
+    "ranks": 4,
+    "seed": 5,
+    "workload": {
+        "model": "mlp",
+        "dataset": "digits",
+        "batch_size": 8,
+        "iterations": 8,
+        "eval_every": 8,
+        "compute": {"emulate_ms": 10},
+        "params": 250_000,
+    },
     "algorithms": ["allreduce_sgd"],
     "network": {"topology": {"ranks_per_node": 2, "nic": {"latency_us": 50, "bandwidth_gbps": 0.2}}},
 }
@@ -53,11 +73,20 @@ def allreduce_run_scenario(algorithm: str, ranks: int) -> dict:
     local costs of ``harness.local_costs``: a node agent of 4 GPUs on a 0.8 Gb/s link (20 ms a
     iteration) and staging at 1.6 Gb/s (10 ms)."""
     return {
-        "name": f"allreduce_{algorithm}", "ranks": ranks, "seed": 5,
-        "workload": {"model": "mlp", "dataset": "digits", "batch_size": 8, "iterations": 8, "eval_every": 8,
-                     "compute": {"emulate_ms": 10}, "params": 250_000,
-                     "node": {"gpus": 4, "link": {"bandwidth_gbps": 0.8}},
-                     "staging": {"bandwidth_gbps": 1.6}},
+        "name": f"allreduce_{algorithm}",
+        "ranks": ranks,
+        "seed": 5,
+        "workload": {
+            "model": "mlp",
+            "dataset": "digits",
+            "batch_size": 8,
+            "iterations": 8,
+            "eval_every": 8,
+            "compute": {"emulate_ms": 10},
+            "params": 250_000,
+            "node": {"gpus": 4, "link": {"bandwidth_gbps": 0.8}},
+            "staging": {"bandwidth_gbps": 1.6},
+        },
         "algorithms": ["allreduce_sgd"],
         "network": {"default": {"bandwidth_gbps": 0.2}, "allreduce": algorithm},
     }

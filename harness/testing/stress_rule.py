@@ -64,7 +64,7 @@ def publish_buffer(rank: int, r: int, ranks: int, weights: tuple[np.ndarray, np.
     buf = np.zeros(buffer_length(ranks, u.shape[1]), dtype=np.float32)
     buf[rank] = 1
     buf[ranks + rank] = g(r)
-    buf[2 * ranks:] = u[rank] + v[rank] * g(r)
+    buf[2 * ranks :] = u[rank] + v[rank] * g(r)
     return buf
 
 
@@ -81,8 +81,10 @@ def magnitude_problem(ranks: int, sync_every: int, payload: int) -> str | None:
     largest_slot = max(U_MOD + (V_MOD - 1) * ROUND_MOD if payload else 0, ROUND_MOD)
     worst = ranks * max_publishes_per_contribution(sync_every) * largest_slot
     if worst >= EXACT:
-        return (f"{ranks} ranks with --sync-every {sync_every} could sum to {worst} >= 2^24 in one slot: "
-                "use fewer ranks or a smaller --sync-every")
+        return (
+            f"{ranks} ranks with --sync-every {sync_every} could sum to {worst} >= 2^24 in one slot: "
+            "use fewer ranks or a smaller --sync-every"
+        )
     if initial_mass(ranks - 1, ranks).max() * ranks >= EXACT:
         return f"{ranks} ranks: the push-sum mass would reach 2^24"
     return None
@@ -135,15 +137,16 @@ def check_info(info: dict, k: int, members: Sequence[int], sync_every: int) -> l
     return bad
 
 
-def check_result(out: np.ndarray, members: Sequence[int], ranks: int, weights: tuple[np.ndarray, np.ndarray],
-                 accumulate: bool) -> list[str]:
+def check_result(
+    out: np.ndarray, members: Sequence[int], ranks: int, weights: tuple[np.ndarray, np.ndarray], accumulate: bool
+) -> list[str]:
     """What is wrong with one rank's round sum ``out`` on its own (empty: nothing)."""
     if not np.all(np.isfinite(out)):
         return [f"{int(np.count_nonzero(~np.isfinite(out)))} non-finite values (a slot never written?)"]
     if not np.all(out == np.rint(out)) or np.any(np.abs(out) >= EXACT):
         return ["a value that is not an integer below 2^24 (only such values were published)"]
     vals = out.astype(np.int64)
-    a, b, pay = vals[:ranks], vals[ranks:2 * ranks], vals[2 * ranks:]
+    a, b, pay = vals[:ranks], vals[ranks : 2 * ranks], vals[2 * ranks :]
     bad = []
     member = np.zeros(ranks, dtype=bool)
     member[list(members)] = True
@@ -156,8 +159,10 @@ def check_result(out: np.ndarray, members: Sequence[int], ranks: int, weights: t
     else:
         missing = np.flatnonzero(member & ((a != 1) | (b < 1) | (b > ROUND_MOD)))
         if missing.size:
-            bad.append(f"members {missing.tolist()} did not contribute exactly one buffer: "
-                       f"A={a[missing].tolist()} B={b[missing].tolist()}")
+            bad.append(
+                f"members {missing.tolist()} did not contribute exactly one buffer: "
+                f"A={a[missing].tolist()} B={b[missing].tolist()}"
+            )
     u, v = weights
     want = a @ u + b @ v
     wrong = np.flatnonzero(pay != want)
@@ -196,9 +201,15 @@ def membership(phases_by_rank: Sequence[Sequence[Sequence[int]]], rounds: int, s
     return mask
 
 
-def check_group_rounds(phases_by_rank: Sequence[Sequence[Sequence[int]]], staleness: np.ndarray,
-                       headers: np.ndarray, digests: np.ndarray, sync_every: int, accumulate: bool,
-                       limit: int = MAX_REPORTED) -> tuple[int, list[str]]:
+def check_group_rounds(
+    phases_by_rank: Sequence[Sequence[Sequence[int]]],
+    staleness: np.ndarray,
+    headers: np.ndarray,
+    digests: np.ndarray,
+    sync_every: int,
+    accumulate: bool,
+    limit: int = MAX_REPORTED,
+) -> tuple[int, list[str]]:
     """The rule across ranks (see the module docstring). ``staleness[j, k]`` as rank j reported,
     ``headers[i, k]`` the first 2*ranks slots of rank i's sum, ``digests[i, k]`` a hash of the
     whole sum. Returns (violation count, the first ``limit`` described)."""
@@ -216,22 +227,36 @@ def check_group_rounds(phases_by_rank: Sequence[Sequence[Sequence[int]]], stalen
     k = np.arange(rounds, dtype=np.int64)
     r = k[None, :] - staleness
     prev = np.concatenate([np.full((ranks, 1), -1, dtype=np.int64), r[:, :-1]], axis=1)
-    report("contributed buffer went back in time", np.argwhere(r < prev),
-           lambda jk: f"rank {jk[0]} round {jk[1]}: buffer of round {r[jk]} after round {prev[jk]}")
-    report("contributed a buffer from the future", np.argwhere(r > k[None, :]),
-           lambda jk: f"rank {jk[0]} round {jk[1]}: staleness {staleness[jk]}")
+    report(
+        "contributed buffer went back in time",
+        np.argwhere(r < prev),
+        lambda jk: f"rank {jk[0]} round {jk[1]}: buffer of round {r[jk]} after round {prev[jk]}",
+    )
+    report(
+        "contributed a buffer from the future",
+        np.argwhere(r > k[None, :]),
+        lambda jk: f"rank {jk[0]} round {jk[1]}: staleness {staleness[jk]}",
+    )
     oldest = prev_sync_round(k, sync_every)
-    report("contributed a buffer older than the previous synchronous round", np.argwhere(r < oldest[None, :]),
-           lambda jk: f"rank {jk[0]} round {jk[1]}: buffer of round {r[jk]}, synchronous round {oldest[jk[1]]}")
+    report(
+        "contributed a buffer older than the previous synchronous round",
+        np.argwhere(r < oldest[None, :]),
+        lambda jk: f"rank {jk[0]} round {jk[1]}: buffer of round {r[jk]}, synchronous round {oldest[jk[1]]}",
+    )
 
     mask = membership(phases_by_rank, rounds, sync_every)
     a, b = contributions(staleness, accumulate)  # (ranks j, rounds k)
     want = np.concatenate([mask * a.T[None, :, :], mask * b.T[None, :, :]], axis=2)  # (i, k, 2*ranks)
     diff = np.argwhere(np.any(headers != want, axis=2))
-    report("sum differs from the rule", diff,
-           lambda ik: f"rank {ik[0]} round {ik[1]}: got A={headers[ik][:ranks].tolist()} "
-                      f"B={headers[ik][ranks:].tolist()}, rule gives A={want[ik][:ranks].tolist()} "
-                      f"B={want[ik][ranks:].tolist()} (staleness {staleness[:, ik[1]].tolist()})")
+    report(
+        "sum differs from the rule",
+        diff,
+        lambda ik: (
+            f"rank {ik[0]} round {ik[1]}: got A={headers[ik][:ranks].tolist()} "
+            f"B={headers[ik][ranks:].tolist()}, rule gives A={want[ik][:ranks].tolist()} "
+            f"B={want[ik][ranks:].tolist()} (staleness {staleness[:, ik[1]].tolist()})"
+        ),
+    )
 
     for i in range(ranks):
         for j in range(ranks):
@@ -239,12 +264,18 @@ def check_group_rounds(phases_by_rank: Sequence[Sequence[Sequence[int]]], stalen
                 continue
             together = mask[i, :, j]
             bad_group = np.flatnonzero(together & np.any(mask[i] != mask[j], axis=1))
-            report("members disagree on the group", np.array([[i, j, x] for x in bad_group]).reshape(-1, 3),
-                   lambda ijk: f"rank {ijk[0]} and rank {ijk[1]} in round {ijk[2]}")
+            report(
+                "members disagree on the group",
+                np.array([[i, j, x] for x in bad_group]).reshape(-1, 3),
+                lambda ijk: f"rank {ijk[0]} and rank {ijk[1]} in round {ijk[2]}",
+            )
             if i < j:
                 bad_sum = np.flatnonzero(together & mask[j, :, i] & (digests[i] != digests[j]))
-                report("group members got different sums", np.array([[i, j, x] for x in bad_sum]).reshape(-1, 3),
-                       lambda ijk: f"rank {ijk[0]} and rank {ijk[1]} in round {ijk[2]}")
+                report(
+                    "group members got different sums",
+                    np.array([[i, j, x] for x in bad_sum]).reshape(-1, 3),
+                    lambda ijk: f"rank {ijk[0]} and rank {ijk[1]} in round {ijk[2]}",
+                )
     return count, found
 
 
@@ -252,8 +283,13 @@ def published_totals(ranks: int, rounds: int, weights: tuple[np.ndarray, np.ndar
     """The sum (int64) of every buffer all ranks publish in rounds 0..rounds-1."""
     u, v = weights
     gsum = int(np.sum(g(np.arange(rounds, dtype=np.int64))))
-    return np.concatenate([np.full(ranks, rounds, dtype=np.int64), np.full(ranks, gsum, dtype=np.int64),
-                           rounds * u.sum(axis=0) + gsum * v.sum(axis=0)])
+    return np.concatenate(
+        [
+            np.full(ranks, rounds, dtype=np.int64),
+            np.full(ranks, gsum, dtype=np.int64),
+            rounds * u.sum(axis=0) + gsum * v.sum(axis=0),
+        ]
+    )
 
 
 def check_totals(summed_out: np.ndarray, published: np.ndarray) -> list[str]:
@@ -288,7 +324,7 @@ def check_drained(out: np.ndarray, got: int, ranks: int) -> list[str]:
         return [f"drained values that are not non-negative integers: {out.tolist()}"]
     bad = []
     counter = int(out[MASS_SLOTS])
-    senders = out[MASS_SLOTS + 1:].astype(np.int64)
+    senders = out[MASS_SLOTS + 1 :].astype(np.int64)
     if counter != got:
         bad.append(f"drain() returned {got} messages, their counters sum to {counter}")
     if int(senders.sum()) != counter:

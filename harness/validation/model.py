@@ -89,12 +89,26 @@ class Outcome:
     def row(self) -> dict:
         """The case as ``bench validation --json`` writes it."""
         c, p = self.case, self.case.published
-        return {"case": c.name, "claim": c.claim, "published": p.value, "predicted": self.prediction.value,
-                "unit": p.unit, "error": self.error, "read_from": p.read_from, "order_matches": self.order_matches,
-                "order_published": list(c.order) if c.order else None,
-                "order_predicted": list(self.prediction.order) if self.prediction.order else None,
-                "meets": self.meets, "bar": self.bar, "source": p.source, "quote": p.quote, "setup": c.setup,
-                "constants": list(c.constants), "note": self.prediction.note, "gap": "" if self.meets else c.gap}
+        return {
+            "case": c.name,
+            "claim": c.claim,
+            "published": p.value,
+            "predicted": self.prediction.value,
+            "unit": p.unit,
+            "error": self.error,
+            "read_from": p.read_from,
+            "order_matches": self.order_matches,
+            "order_published": list(c.order) if c.order else None,
+            "order_predicted": list(self.prediction.order) if self.prediction.order else None,
+            "meets": self.meets,
+            "bar": self.bar,
+            "source": p.source,
+            "quote": p.quote,
+            "setup": c.setup,
+            "constants": list(c.constants),
+            "note": self.prediction.note,
+            "gap": "" if self.meets else c.gap,
+        }
 
 
 def median_abs_error(outcomes: list[Outcome], read_from: tuple[str, ...]) -> float | None:

@@ -59,9 +59,20 @@ def simulate_run(network: str, run: tuple, nodes: int, iterations: int, local_ms
     if staged:
         workload["staging"] = {"bandwidth_gbps": systems.PCIE3_X16_GBPS}
     topology = {"preset": systems.SGP_NETWORKS[network], "ranks_per_node": 1}
-    return simulate_one("sgp_paper", nodes, algorithm, iterations, systems.SGP_PAPER_NODE_BATCH, local_ms, [],
-                        FREE_NETWORK, topology, workload=workload, network_fields={"allreduce": allreduce},
-                        jitter=jitter)
+    return simulate_one(
+        "sgp_paper",
+        nodes,
+        algorithm,
+        iterations,
+        systems.SGP_PAPER_NODE_BATCH,
+        local_ms,
+        [],
+        FREE_NETWORK,
+        topology,
+        workload=workload,
+        network_fields={"allreduce": allreduce},
+        jitter=jitter,
+    )
 
 
 @cache

@@ -23,10 +23,20 @@ RESNET50_PARAMS = 25_557_032  # ResNet-50's parameter count (torchvision): the b
 FREE_NETWORK = NetworkModel(latency_s=0.0, bandwidth_bytes_per_s=1e15)
 
 
-def scenario_doc(name: str, ranks: int, algorithms: list[Any], iterations: int, batch_size: int,
-                 compute_ms: float, imbalance: list[dict], topology: dict[str, Any] | None = None,
-                 workload: dict[str, Any] | None = None, network_fields: dict[str, Any] | None = None,
-                 jitter: float = 0.1, params: int = RESNET50_PARAMS) -> dict:
+def scenario_doc(
+    name: str,
+    ranks: int,
+    algorithms: list[Any],
+    iterations: int,
+    batch_size: int,
+    compute_ms: float,
+    imbalance: list[dict],
+    topology: dict[str, Any] | None = None,
+    workload: dict[str, Any] | None = None,
+    network_fields: dict[str, Any] | None = None,
+    jitter: float = 0.1,
+    params: int = RESNET50_PARAMS,
+) -> dict:
     """A scenario of these algorithm entries; ``workload`` and ``network_fields`` add fields to
     those sections; ``jitter``: the emulated compute's lognormal sigma."""
     return {
@@ -49,13 +59,25 @@ def scenario_doc(name: str, ranks: int, algorithms: list[Any], iterations: int, 
     }
 
 
-def simulate_series(name: str, ranks: int, series: dict[str, Any], iterations: int, batch_size: int,
-                    compute_ms: float, imbalance: list[dict], network: NetworkModel,
-                    topology: dict[str, Any] | None = None, **sections: Any) -> dict[str, dict]:
+def simulate_series(
+    name: str,
+    ranks: int,
+    series: dict[str, Any],
+    iterations: int,
+    batch_size: int,
+    compute_ms: float,
+    imbalance: list[dict],
+    network: NetworkModel,
+    topology: dict[str, Any] | None = None,
+    **sections: Any,
+) -> dict[str, dict]:
     """One scenario listing every entry of ``series`` (series key -> algorithm entry, whose name
     is the key), simulated: each series' summary row (samples_per_s, wall_s, ...)."""
-    scenario = scenario_from_dict(scenario_doc(name, ranks, list(series.values()), iterations, batch_size,
-                                               compute_ms, imbalance, topology, **sections))
+    scenario = scenario_from_dict(
+        scenario_doc(
+            name, ranks, list(series.values()), iterations, batch_size, compute_ms, imbalance, topology, **sections
+        )
+    )
     frames, _ = predict(scenario, CalibrationEntry(ranks=ranks, network=network))
     rows = {}
     for key, algorithm in series.items():
@@ -66,13 +88,23 @@ def simulate_series(name: str, ranks: int, series: dict[str, Any], iterations: i
     return rows
 
 
-def simulate_one(name: str, ranks: int, algorithm: Any, iterations: int, batch_size: int, compute_ms: float,
-                 imbalance: list[dict], network: NetworkModel, topology: dict[str, Any] | None = None,
-                 **sections: Any) -> dict:
+def simulate_one(
+    name: str,
+    ranks: int,
+    algorithm: Any,
+    iterations: int,
+    batch_size: int,
+    compute_ms: float,
+    imbalance: list[dict],
+    network: NetworkModel,
+    topology: dict[str, Any] | None = None,
+    **sections: Any,
+) -> dict:
     """One single-algorithm scenario, simulated: its summary row (samples_per_s, wall_s, ...)."""
     key = algorithm if isinstance(algorithm, str) else algorithm["name"]
-    return simulate_series(name, ranks, {key: algorithm}, iterations, batch_size, compute_ms, imbalance, network,
-                           topology, **sections)[key]
+    return simulate_series(
+        name, ranks, {key: algorithm}, iterations, batch_size, compute_ms, imbalance, network, topology, **sections
+    )[key]
 
 
 def iteration_s(row: dict) -> float:

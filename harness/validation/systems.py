@@ -44,11 +44,12 @@ PCIE3_X16_GBPS = 12.15 * 8
 #   grow linearly with the nodes, against the paper's own InfiniBand result and its note that
 #   Gloo and NCCL performed alike; the code's reading is used.
 SGP_PAPER_SERIES: dict[str, list[tuple[str, Any, str, bool]]] = {  # network -> (series, algorithm, allreduce, staged)
-    "10 GbE": [("allreduce_sgd", "allreduce_sgd", "recursive_doubling", True),
-               ("dpsgd", "dpsgd", "auto", True),
-               ("sgp", "sgp", "auto", True)],
-    "100 Gb InfiniBand": [("allreduce_sgd", "allreduce_sgd", "ring", False),
-                          ("sgp", "sgp", "auto", False)],
+    "10 GbE": [
+        ("allreduce_sgd", "allreduce_sgd", "recursive_doubling", True),
+        ("dpsgd", "dpsgd", "auto", True),
+        ("sgp", "sgp", "auto", True),
+    ],
+    "100 Gb InfiniBand": [("allreduce_sgd", "allreduce_sgd", "ring", False), ("sgp", "sgp", "auto", False)],
 }
 
 # The SGP paper's two networks as topology presets (harness.scenario.network_fields.TOPOLOGY_PRESETS:
@@ -128,8 +129,11 @@ NVLINK5 = Fabric(900.0, 1.0, "NVLink 5: 900 GB/s each way per GPU (NVIDIA B200 d
 # EFA on p5en.48xlarge (16 x 200 Gb/s EFAv3) and p6-b200.48xlarge (8 x 400 Gb/s EFAv4): 3,200
 # Gb/s a node, 400 GB/s (AWS EC2 accelerated instance types; stas00: "8x 50GBps EFA v4 out").
 # Latency about 15 us (EFA's SRD small-message latency; it only matters at small payloads).
-EFA_3200 = Fabric(400.0, 15.0, "EFA: 3,200 Gb/s a node = 400 GB/s (AWS: p5en.48xlarge 16 x 200 Gb/s EFAv3, "
-                             "p6-b200.48xlarge 8 x 400 Gb/s EFAv4)")
+EFA_3200 = Fabric(
+    400.0,
+    15.0,
+    "EFA: 3,200 Gb/s a node = 400 GB/s (AWS: p5en.48xlarge 16 x 200 Gb/s EFAv3, p6-b200.48xlarge 8 x 400 Gb/s EFAv4)",
+)
 
 
 @dataclass(frozen=True)
@@ -143,28 +147,61 @@ class Measured:
     where: str
 
 
-H200_1NODE_RING = Measured(1, 8 * GIB, 365.6, f"{STAS_SOURCE}, section SHARP: 8x H200 node, nccl-tests, 8GiB, "
-                                              "8 GPUs, 'busbw, NVLS off' = 365.6GBps (NCCL_NVLS_ENABLE=0: the ring)")
-H200_4NODE_RING = Measured(4, 4 * GIB, 364.87, f"{STAS_SOURCE}, footnote under 'Inter-node networking': 4-node 8x "
-                                               "H200 p5en.48xlarge, NCCL 2.27.7, EFA, 4GiB over 32 ranks selects Ring, "
-                                               "'364.65 against 364.87GBps busbw' (forced ring against the default)")
-B200_1NODE_RING = Measured(1, 8 * GIB, 682.2, f"{STAS_SOURCE}, section SHARP: 8x B200 p6-b200.48xlarge, nccl 2.27.7, "
-                                              "8GiB, 8 GPUs, 'busbw, NVLS off' = 682.2GBps")
-B200_1NODE_DEFAULT = Measured(1, 16 * GIB, 845.67, f"{STAS_SOURCE}, table in 'Inter-node speed depends on intra-node "
-                                                   "speed': 16GiB, 1 node = 845.67GBps (NCCL's default: NVLS)")
-B200_4NODE = {size: Measured(4, size * GIB, busbw, f"{STAS_SOURCE}, table in 'Inter-node speed depends on intra-node "
-                                                   f"speed': {size}GiB, 4 nodes = {busbw}GBps")
-              for size, busbw in ((1, 361.99), (4, 377.34), (16, 381.80))}
+H200_1NODE_RING = Measured(
+    1,
+    8 * GIB,
+    365.6,
+    f"{STAS_SOURCE}, section SHARP: 8x H200 node, nccl-tests, 8GiB, "
+    "8 GPUs, 'busbw, NVLS off' = 365.6GBps (NCCL_NVLS_ENABLE=0: the ring)",
+)
+H200_4NODE_RING = Measured(
+    4,
+    4 * GIB,
+    364.87,
+    f"{STAS_SOURCE}, footnote under 'Inter-node networking': 4-node 8x "
+    "H200 p5en.48xlarge, NCCL 2.27.7, EFA, 4GiB over 32 ranks selects Ring, "
+    "'364.65 against 364.87GBps busbw' (forced ring against the default)",
+)
+B200_1NODE_RING = Measured(
+    1,
+    8 * GIB,
+    682.2,
+    f"{STAS_SOURCE}, section SHARP: 8x B200 p6-b200.48xlarge, nccl 2.27.7, 8GiB, 8 GPUs, 'busbw, NVLS off' = 682.2GBps",
+)
+B200_1NODE_DEFAULT = Measured(
+    1,
+    16 * GIB,
+    845.67,
+    f"{STAS_SOURCE}, table in 'Inter-node speed depends on intra-node "
+    "speed': 16GiB, 1 node = 845.67GBps (NCCL's default: NVLS)",
+)
+B200_4NODE = {
+    size: Measured(
+        4,
+        size * GIB,
+        busbw,
+        f"{STAS_SOURCE}, table in 'Inter-node speed depends on intra-node speed': {size}GiB, 4 nodes = {busbw}GBps",
+    )
+    for size, busbw in ((1, 361.99), (4, 377.34), (16, 381.80))
+}
 
 # -- two AWS p3dn.24xlarge nodes, NCCL ring against tree (NVIDIA/nccl-tests issue 22) -------------
 # p3dn.24xlarge: 8 V100 (NVLink 2, 6 links of 25 GB/s each way per GPU: 150 GB/s each way, NVIDIA
 # Tesla V100 datasheet: 300 GB/s of NVLink both ways) and one 100 Gb/s EFA NIC (AWS EC2 P3
 # instance types page).
-NVLINK2 = Fabric(150.0, 1.0, "NVLink 2: 150 GB/s each way per GPU, NCCL's channels together (NVIDIA V100 datasheet: "
-                           "300 GB/s of NVLink both ways)")
-P3DN_EFA = Fabric(12.5, 15.0, "EFA on p3dn.24xlarge: 100 Gb/s (AWS EC2 P3 instance types); its small-message latency "
-                            "is not in the source: 15 us is assumed (it only weighs on the tree, once per 1 MiB "
-                            "chunk: 954 chunks x 15 us = 14 ms of a 1 GB allreduce)")
+NVLINK2 = Fabric(
+    150.0,
+    1.0,
+    "NVLink 2: 150 GB/s each way per GPU, NCCL's channels together (NVIDIA V100 datasheet: "
+    "300 GB/s of NVLink both ways)",
+)
+P3DN_EFA = Fabric(
+    12.5,
+    15.0,
+    "EFA on p3dn.24xlarge: 100 Gb/s (AWS EC2 P3 instance types); its small-message latency "
+    "is not in the source: 15 us is assumed (it only weighs on the tree, once per 1 MiB "
+    "chunk: 954 chunks x 15 us = 14 ms of a 1 GB allreduce)",
+)
 
 # -- Goyal et al. 2017 (arXiv 1706.02677): ResNet-50 on 256 P100s in one hour ---------------------
 # Big Basin servers of 8 P100s (NVLink), one 50 Gb/s Ethernet NIC each; Caffe2 with Gloo, NCCL
@@ -176,5 +213,9 @@ GOYAL_SERVERS = 32
 GOYAL_GPUS_PER_SERVER = 8
 GOYAL_BATCH_PER_GPU = 32
 GOYAL_BASELINE_HOURS = 29.0
-GOYAL_NIC = Fabric(50 / 8, 20.0, "50 Gb/s Ethernet per Big Basin server (Goyal et al., section 5); latency: the "
-                               "ethernet_10g preset's 20 us (not in the source; a few ms of a 0.26 s iteration)")
+GOYAL_NIC = Fabric(
+    50 / 8,
+    20.0,
+    "50 Gb/s Ethernet per Big Basin server (Goyal et al., section 5); latency: the "
+    "ethernet_10g preset's 20 us (not in the source; a few ms of a 0.26 s iteration)",
+)

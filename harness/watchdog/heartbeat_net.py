@@ -86,20 +86,25 @@ def watchdog_address(all_here: bool) -> str:
     try:
         address = socket.gethostbyname(name)
     except OSError as exc:
-        raise ValueError(f"this host's name {name!r} does not resolve ({exc}), so ranks on other hosts cannot reach "
-                         f"the watchdog: set {ADDRESS_ENV} to an address of this host that they reach") from None
+        raise ValueError(
+            f"this host's name {name!r} does not resolve ({exc}), so ranks on other hosts cannot reach "
+            f"the watchdog: set {ADDRESS_ENV} to an address of this host that they reach"
+        ) from None
     if address.startswith("127."):
         # Debian and Ubuntu map the host's own name to 127.0.1.1 in /etc/hosts.
-        print(f"warning: this host's name {name!r} resolves to {address}, a loopback address other hosts cannot "
-              f"reach: their ranks will not reach the watchdog; set {ADDRESS_ENV} to an address of this host that "
-              "they reach", file=sys.stderr)
+        print(
+            f"warning: this host's name {name!r} resolves to {address}, a loopback address other hosts cannot "
+            f"reach: their ranks will not reach the watchdog; set {ADDRESS_ENV} to an address of this host that "
+            "they reach",
+            file=sys.stderr,
+        )
     return address
 
 
 def parse_url(url: str) -> tuple[str, int, str]:
     """(address, port, key) of ``tcp://ADDRESS:PORT/KEY`` (IPv6 addresses in brackets); ValueError
     naming the variable otherwise."""
-    rest = url[len("tcp://"):] if url.startswith("tcp://") else None
+    rest = url[len("tcp://") :] if url.startswith("tcp://") else None
     where, _, key = (rest or "").partition("/")
     host, _, port = where.rpartition(":")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
@@ -200,9 +205,12 @@ def _connect(url: str, rank: int) -> socket.socket | None:
             break
         except OSError as exc:
             if time.monotonic() + CONNECT_RETRY_S >= deadline:
-                print(f"warning: rank {rank} on host {here} cannot reach the watchdog at {address}:{port} ({exc}) "
-                      f"within {CONNECT_S:g} s, so this rank runs unwatched (set {ADDRESS_ENV} to an address of the "
-                      "watchdog's host that this host reaches)", file=sys.stderr)
+                print(
+                    f"warning: rank {rank} on host {here} cannot reach the watchdog at {address}:{port} ({exc}) "
+                    f"within {CONNECT_S:g} s, so this rank runs unwatched (set {ADDRESS_ENV} to an address of the "
+                    "watchdog's host that this host reaches)",
+                    file=sys.stderr,
+                )
                 return None
             time.sleep(CONNECT_RETRY_S)
     sock.settimeout(SEND_TIMEOUT_S)
@@ -211,8 +219,11 @@ def _connect(url: str, rank: int) -> socket.socket | None:
     try:
         sock.sendall((json.dumps(hello) + "\n").encode())
     except OSError as exc:
-        print(f"warning: rank {rank} on host {here}: the watchdog at {address}:{port} closed the connection ({exc}); "
-              "this rank runs unwatched", file=sys.stderr)
+        print(
+            f"warning: rank {rank} on host {here}: the watchdog at {address}:{port} closed the connection ({exc}); "
+            "this rank runs unwatched",
+            file=sys.stderr,
+        )
         sock.close()
         return None
     return sock
@@ -305,8 +316,11 @@ class HeartbeatServer:
             while self._ended_read.recv(4096):  # consumed: what closed is in the copy below
                 pass
         with self._changed:
-            return (self._table.copy(), list(self._hosts),
-                    {r: at for r, at in enumerate(self._closed) if at is not None})
+            return (
+                self._table.copy(),
+                list(self._hosts),
+                {r: at for r, at in enumerate(self._closed) if at is not None},
+            )
 
     def wait_closed(self, ranks: Collection[int], timeout: float) -> bool:
         """Wait until the connections of ``ranks`` closed (their last rows arrived before); False
@@ -423,7 +437,7 @@ class HeartbeatServer:
         if not valid:
             self._end(conn)
             return None
-        del conn.buffer[:end + 1]
+        del conn.buffer[: end + 1]
         conn.rank = rank
         with self._changed:
             # A rank's new connection replaces its old one (whose end then means nothing).

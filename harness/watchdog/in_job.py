@@ -53,8 +53,13 @@ def report_in_before_mpi() -> Heartbeat | None:
     return beat
 
 
-def join_watchdog(world: MPI.Comm, scenario: Scenario, faults_enabled: bool = True,
-                  on_verdict: OnVerdict | None = None, early: Heartbeat | None = None) -> Heartbeat:
+def join_watchdog(
+    world: MPI.Comm,
+    scenario: Scenario,
+    faults_enabled: bool = True,
+    on_verdict: OnVerdict | None = None,
+    early: Heartbeat | None = None,
+) -> Heartbeat:
     """This rank's heartbeat, beating to the job's watchdog. Every rank calls it at the same
     point (it may be collective); ``python -m harness run`` in place (through the worker) and
     ``harness.api.Run`` both do.
@@ -88,8 +93,11 @@ def join_watchdog(world: MPI.Comm, scenario: Scenario, faults_enabled: bool = Tr
         try:
             server = HeartbeatServer(world.size, watchdog_address(all(h == hosts[0] for h in hosts)))
         except ValueError as exc:
-            print(f"warning: the watchdog cannot start ({exc}): this job runs unwatched, so a hang lasts until "
-                  "your launcher's or batch system's time limit", file=sys.stderr)
+            print(
+                f"warning: the watchdog cannot start ({exc}): this job runs unwatched, so a hang lasts until "
+                "your launcher's or batch system's time limit",
+                file=sys.stderr,
+            )
         else:
             judge = JobJudge(scenario, time.monotonic(), faults_enabled, hosts=hosts, startup=False)
             _in_job = _RankZeroWatch(server, judge, world, on_verdict)
@@ -106,8 +114,7 @@ class _RankZeroWatch:
     it), then aborted. Aborting is the only way to end every rank from here: MPI_Abort ends the
     whole job, on every host, now rather than at the batch system's time limit."""
 
-    def __init__(self, server: HeartbeatServer, judge: JobJudge, world: MPI.Comm,
-                 on_verdict: OnVerdict | None) -> None:
+    def __init__(self, server: HeartbeatServer, judge: JobJudge, world: MPI.Comm, on_verdict: OnVerdict | None) -> None:
         self.server, self.world = server, world
         self._lock = threading.Lock()  # the judge and on_verdict may change under the thread
         self._judge, self._on_verdict = judge, on_verdict
@@ -144,6 +151,9 @@ class _RankZeroWatch:
             try:
                 on_verdict(verdict)
             except Exception as exc:  # noqa: BLE001  the abort must happen whatever this did
-                print(f"warning: could not record the watchdog's verdict ({exc.__class__.__name__}: {exc})",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"warning: could not record the watchdog's verdict ({exc.__class__.__name__}: {exc})",
+                    file=sys.stderr,
+                    flush=True,
+                )
         abort_mpi_job(self.world)

@@ -35,8 +35,9 @@ CLOSE_WAIT_S = 1.0  # after a rank's process ended, for its last rows (its conne
 class EndJob(Protocol):
     """How a supervisor ends the job: ``harness.process_tree.stop_job``, or a test's wrapper of it."""
 
-    def __call__(self, proc: subprocess.Popen, reported_in: Collection[int] | None = None,
-                  remote: bool = False) -> None: ...
+    def __call__(
+        self, proc: subprocess.Popen, reported_in: Collection[int] | None = None, remote: bool = False
+    ) -> None: ...
 
 
 def read_states(server: HeartbeatServer) -> list[RankState]:
@@ -45,8 +46,9 @@ def read_states(server: HeartbeatServer) -> list[RankState]:
     return states_of(table, hosts)
 
 
-def supervise(proc: subprocess.Popen, server: HeartbeatServer, judge: JobJudge, end_job: EndJob,
-              here: str | None = None) -> tuple[int, Verdict | None]:
+def supervise(
+    proc: subprocess.Popen, server: HeartbeatServer, judge: JobJudge, end_job: EndJob, here: str | None = None
+) -> tuple[int, Verdict | None]:
     """Wait for the launcher ``proc``, letting ``judge`` judge every ``POLL_S`` the ranks whose
     beats ``server`` receives; returns its exit status and the verdict, if any.
 
@@ -132,9 +134,15 @@ def supervise(proc: subprocess.Popen, server: HeartbeatServer, judge: JobJudge, 
     return rc, verdict
 
 
-def run_watched(scenario: Scenario, ranks: int, argv: list[str], env: dict[str, str], launch: Launch,
-                faults_enabled: bool = True,
-                on_interrupt: Callable[[], None] | None = None) -> tuple[int, Verdict | None]:
+def run_watched(
+    scenario: Scenario,
+    ranks: int,
+    argv: list[str],
+    env: dict[str, str],
+    launch: Launch,
+    faults_enabled: bool = True,
+    on_interrupt: Callable[[], None] | None = None,
+) -> tuple[int, Verdict | None]:
     """Start ``argv`` on ``ranks`` ranks with ``launch`` (extra environment ``env``) and wait for
     them, watched by the watchdog (``scenario``'s settings and faults) on this host or across
     hosts: it listens for their heartbeats (``HARNESS_HEARTBEAT``; see

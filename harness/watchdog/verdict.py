@@ -91,10 +91,18 @@ class RankState:
 def states_of(table: np.ndarray, hosts: Sequence[str | None]) -> list[RankState]:
     """Every rank's state in ``table`` (a heartbeat table, ``Field`` layout) with its host."""
     return [
-        RankState(r, int(row[Field.PID]), Phase(int(row[Field.PHASE])), int(row[Field.ALGORITHM]),
-                  int(row[Field.ITERATION]), float(row[Field.PROGRESS_AT]),
-                  float(row[Field.SLOWEST_ITERATION_S]), int(row[Field.ITERATIONS_DONE]), hosts[r],
-                  Cause(int(row[Field.CAUSE])))
+        RankState(
+            r,
+            int(row[Field.PID]),
+            Phase(int(row[Field.PHASE])),
+            int(row[Field.ALGORITHM]),
+            int(row[Field.ITERATION]),
+            float(row[Field.PROGRESS_AT]),
+            float(row[Field.SLOWEST_ITERATION_S]),
+            int(row[Field.ITERATIONS_DONE]),
+            hosts[r],
+            Cause(int(row[Field.CAUSE])),
+        )
         for r, row in enumerate(table)
     ]
 
@@ -124,8 +132,14 @@ class JobJudge:
     end the job (not where every rank is known to run already: a job the user started).
     """
 
-    def __init__(self, scenario: Scenario, launched_at: float, faults_enabled: bool = True,
-                 hosts: Sequence[str | None] | None = None, startup: bool = True) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        launched_at: float,
+        faults_enabled: bool = True,
+        hosts: Sequence[str | None] | None = None,
+        startup: bool = True,
+    ) -> None:
         self.settings: WatchdogSettings = scenario.watchdog
         self.algorithms = [a.name for a in scenario.algorithms]
         self.faults = list(scenario.faults) if faults_enabled else []
@@ -154,8 +168,10 @@ class JobJudge:
         if slowest <= 0.0:
             return None
         timeout = max(s.min_timeout_s, s.factor * slowest)
-        return timeout, (f"{timeout:.1f} s = max(min_timeout_s {s.min_timeout_s:g} s, factor {s.factor:g} x "
-                         f"slowest iteration so far {slowest:.3f} s)")
+        return timeout, (
+            f"{timeout:.1f} s = max(min_timeout_s {s.min_timeout_s:g} s, factor {s.factor:g} x "
+            f"slowest iteration so far {slowest:.3f} s)"
+        )
 
     def timeout(self, state: RankState, states: list[RankState]) -> tuple[float, str]:
         startup = (self.settings.startup_timeout_s, f"startup_timeout_s = {self.settings.startup_timeout_s:g} s")
@@ -201,36 +217,46 @@ class JobJudge:
         if announced:
             culprit, evidence = min(announced, key=lambda st: st.progress_at), "announced"
         else:
-            culprit = min(running, key=lambda st: (st.phase == Phase.COMMUNICATING, st.algorithm, st.iteration,
-                                                   st.progress_at))
+            culprit = min(
+                running, key=lambda st: (st.phase == Phase.COMMUNICATING, st.algorithm, st.iteration, st.progress_at)
+            )
             evidence = "furthest_behind"
         _, how = self.timeout(culprit, states)
-        what = (f"{self._who(culprit)} made no progress for {self.quiet_for(culprit, now):.1f} s "
-                f"{self._where(culprit)} ({_DOING[culprit.phase]}); timeout {how}")
+        what = (
+            f"{self._who(culprit)} made no progress for {self.quiet_for(culprit, now):.1f} s "
+            f"{self._where(culprit)} ({_DOING[culprit.phase]}); timeout {how}"
+        )
         others = [st for st in running if st is not culprit]
         if others:
             what += f"; the other running ranks: {_tally(others)}"
-        return self._verdict("stuck", culprit, what + self._injected(culprit), evidence,
-                             now - max(culprit.progress_at, self.launched_at))
+        return self._verdict(
+            "stuck", culprit, what + self._injected(culprit), evidence, now - max(culprit.progress_at, self.launched_at)
+        )
 
     def _not_started(self, absent: list[RankState], waited: float, waiting: list[int]) -> Verdict:
         """``waiting``: the ranks that started but wait in MPI's start-up (for the absent ones)."""
         groups: dict[str | None, list[int]] = {}  # by host, in rank order
         for st in absent:
             groups.setdefault(self.host_of(st), []).append(st.rank)
-        names = " and ".join(f"{', '.join(map(str, ranks))} ({'on host ' + host if host else 'host unknown'})"
-                             for host, ranks in groups.items())
-        what = (f"rank{'s' if len(absent) > 1 else ''} {names} did not start within startup_timeout_s "
-                f"({self.settings.startup_timeout_s:g} s; waited {waited:.1f} s)")
+        names = " and ".join(
+            f"{', '.join(map(str, ranks))} ({'on host ' + host if host else 'host unknown'})"
+            for host, ranks in groups.items()
+        )
+        what = (
+            f"rank{'s' if len(absent) > 1 else ''} {names} did not start within startup_timeout_s "
+            f"({self.settings.startup_timeout_s:g} s; waited {waited:.1f} s)"
+        )
         rank = absent[0].rank
         for f in self.faults:
             if isinstance(f, SlowStartFault) and f.rank == rank:
                 what += f" (the scenario injects faults[{self.faults.index(f)}]: slow_start, delay_s {f.delay_s:g})"
                 break
         if waiting:
-            what += (f"; rank{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} started and "
-                     f"wait{'' if len(waiting) > 1 else 's'} for {'them' if len(absent) > 1 else 'it'} "
-                     "in MPI's start-up")
+            what += (
+                f"; rank{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} started and "
+                f"wait{'' if len(waiting) > 1 else 's'} for {'them' if len(absent) > 1 else 'it'} "
+                "in MPI's start-up"
+            )
         return Verdict("not_started", rank, what, host=self.host_of(absent[0]))
 
     # -- wording ------------------------------------------------------------------------------
@@ -253,7 +279,7 @@ class JobJudge:
         return f"in iteration {st.iteration} of {name}"
 
     def _injected(self, st: RankState) -> str:
-        """" (the scenario injects this: faults[i] kill)" when ``st`` announced an injected fault."""
+        """ " (the scenario injects this: faults[i] kill)" when ``st`` announced an injected fault."""
         kind = {Cause.INJECTED_KILL: KillFault, Cause.INJECTED_HANG: HangFault}.get(st.cause)
         name = self._algorithm(st)
         for i, f in enumerate(self.faults):
@@ -261,10 +287,19 @@ class JobJudge:
                 return f" (the scenario injects this: faults[{i}] {f.kind})"
         return " (the scenario injects this)" if kind is not None else ""
 
-    def _verdict(self, kind: str, st: RankState, message: str, evidence: str | None = None,
-                 after_s: float | None = None) -> Verdict:
-        return Verdict(kind, st.rank, message, self._algorithm(st), st.iteration if st.iteration >= 0 else None,
-                       self.host_of(st), evidence, None if after_s is None else round(max(after_s, 0.0), 3))
+    def _verdict(
+        self, kind: str, st: RankState, message: str, evidence: str | None = None, after_s: float | None = None
+    ) -> Verdict:
+        return Verdict(
+            kind,
+            st.rank,
+            message,
+            self._algorithm(st),
+            st.iteration if st.iteration >= 0 else None,
+            self.host_of(st),
+            evidence,
+            None if after_s is None else round(max(after_s, 0.0), 3),
+        )
 
 
 def root_cause(states: list[RankState], ended: Mapping[int, float]) -> tuple[RankState, str, float]:
@@ -275,14 +310,19 @@ def root_cause(states: list[RankState], ended: Mapping[int, float]) -> tuple[Ran
     if announced:
         first = min(announced, key=lambda st: (st.progress_at, st.rank))
         return first, "announced", first.progress_at
-    own = [(st.progress_at, st.rank, st, "first_error") for st in states
-           if st.phase == Phase.FAILED and st.cause in (Cause.OWN_ERROR, Cause.NONE)]
-    silent = [(ended[st.rank], st.rank, st, "first_end") for st in states
-              if st.rank in ended and st.started and st.phase not in (Phase.DONE, Phase.FAILED)]
+    own = [
+        (st.progress_at, st.rank, st, "first_error")
+        for st in states
+        if st.phase == Phase.FAILED and st.cause in (Cause.OWN_ERROR, Cause.NONE)
+    ]
+    silent = [
+        (ended[st.rank], st.rank, st, "first_end")
+        for st in states
+        if st.rank in ended and st.started and st.phase not in (Phase.DONE, Phase.FAILED)
+    ]
     candidates = own + silent
     if not candidates:  # only consequences are known: the earliest of them
-        candidates = [(st.progress_at, st.rank, st, "first_consequence") for st in states
-                      if st.phase == Phase.FAILED]
+        candidates = [(st.progress_at, st.rank, st, "first_consequence") for st in states if st.phase == Phase.FAILED]
     at, _, first, evidence = min(candidates, key=lambda c: (c[0], c[1]))
     return first, evidence, at
 
@@ -299,14 +339,21 @@ def _consequences(root: RankState, states: list[RankState], ended: Mapping[int, 
     """What followed the root cause, in order: "; then: rank 3 then failed: ...; ranks 0, 1 were
     stopped (their processes ended after it)"."""
     failed = [st for st in states if st is not root and st.phase == Phase.FAILED]
-    stopped = sorted((ended[st.rank], st.rank) for st in states
-                     if st is not root and st.rank in ended and st.started and not st.finished)
-    parts = [f"rank {st.rank} {_FOLLOWED.get(st.cause, 'then failed')}"
-             for st in sorted(failed, key=lambda st: (st.progress_at, st.rank))]
+    stopped = sorted(
+        (ended[st.rank], st.rank)
+        for st in states
+        if st is not root and st.rank in ended and st.started and not st.finished
+    )
+    parts = [
+        f"rank {st.rank} {_FOLLOWED.get(st.cause, 'then failed')}"
+        for st in sorted(failed, key=lambda st: (st.progress_at, st.rank))
+    ]
     if stopped:
         ranks = [r for _, r in stopped]
-        parts.append(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} "
-                     f"{'were' if len(ranks) > 1 else 'was'} stopped (ended after it)")
+        parts.append(
+            f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} "
+            f"{'were' if len(ranks) > 1 else 'was'} stopped (ended after it)"
+        )
     return "; then: " + "; ".join(parts) if parts else ""
 
 

@@ -13,17 +13,50 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "data": ("DATASET_NAMES", "DATASET_SHAPES", "Dataset", "ShardBatches", "batch_indices", "dataset_facts",
-             "load_dataset", "make_synthetic", "scenario_dataset", "shard_indices"),
-    "models": ("MODEL_NAMES", "build_model", "check_model", "communicated_floats", "configure_torch_threads",
-               "flat_grads", "flat_params", "parameter_count", "scenario_model"),
+    "data": (
+        "DATASET_NAMES",
+        "DATASET_SHAPES",
+        "Dataset",
+        "dataset_facts",
+        "load_dataset",
+        "make_synthetic",
+        "scenario_dataset",
+    ),
+    "shards": ("ShardBatches", "batch_indices", "shard_indices"),
+    "models": (
+        "MODEL_NAMES",
+        "build_model",
+        "check_model",
+        "communicated_floats",
+        "configure_torch_threads",
+        "flat_grads",
+        "flat_params",
+        "parameter_count",
+        "scenario_model",
+    ),
 }
 _MODULE_OF = {name: module for module, exported in _EXPORTS.items() for name in exported}
 
 __all__ = [
-    "DATASET_NAMES", "DATASET_SHAPES", "MODEL_NAMES", "Dataset", "ShardBatches", "batch_indices", "build_model",
-    "check_model", "communicated_floats", "configure_torch_threads", "dataset_facts", "flat_grads", "flat_params",
-    "load_dataset", "make_synthetic", "parameter_count", "scenario_dataset", "scenario_model", "shard_indices",
+    "DATASET_NAMES",
+    "DATASET_SHAPES",
+    "MODEL_NAMES",
+    "Dataset",
+    "ShardBatches",
+    "batch_indices",
+    "build_model",
+    "check_model",
+    "communicated_floats",
+    "configure_torch_threads",
+    "dataset_facts",
+    "flat_grads",
+    "flat_params",
+    "load_dataset",
+    "make_synthetic",
+    "parameter_count",
+    "scenario_dataset",
+    "scenario_model",
+    "shard_indices",
 ]
 
 

@@ -41,8 +41,9 @@ def seeded(seed: int) -> Iterator[None]:
         random.setstate(py_state)
 
 
-def call(kind: str, value: str, fn: Callable[..., Any], seed: int, given: Mapping[str, Any],
-         args: Mapping[str, Any]) -> Any:
+def call(
+    kind: str, value: str, fn: Callable[..., Any], seed: int, given: Mapping[str, Any], args: Mapping[str, Any]
+) -> Any:
     """``fn(**given, **args)`` seeded with ``seed``.
 
     ``kind`` is ``model`` or ``dataset`` and ``value`` what the scenario wrote; ``given`` are
@@ -71,12 +72,15 @@ def takes_keyword(fn: Callable[..., Any], name: str) -> bool:
         parameter = inspect.signature(fn).parameters.get(name)
     except (TypeError, ValueError):
         return False
-    return parameter is not None and parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                                        inspect.Parameter.KEYWORD_ONLY)
+    return parameter is not None and parameter.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
 
 
-def _check_signature(kind: str, value: str, fn: Callable[..., Any], given: Mapping[str, Any],
-                     args: Mapping[str, Any]) -> None:
+def _check_signature(
+    kind: str, value: str, fn: Callable[..., Any], given: Mapping[str, Any], args: Mapping[str, Any]
+) -> None:
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # some builtins and C types have none: the call will tell

@@ -1,4 +1,4 @@
-"""Datasets: the built-in dataset callables, loading any dataset callable, shards, batch order.
+"""Datasets: the built-in dataset callables, and loading any dataset callable.
 
 A scenario's ``workload.dataset`` names a dataset callable: a built-in name or the user's own
 ``"module:callable"`` (``harness.workload.names``). :func:`load_dataset` calls it as
@@ -22,8 +22,8 @@ A dataset callable that takes a parameter named ``ranks`` is given the scenario'
 (:func:`load_dataset`'s ``ranks``, :func:`scenario_dataset`), as ``teacher`` is.
 
 Randomness is derived from the run seed with a fixed tag per use (``harness.workload.streams``),
-so the streams are independent of one another and every rank can recompute any other rank's
-shard and batch order.
+so the streams are independent of one another; which samples a rank trains on, in which order,
+is ``harness.workload.shards``.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from harness.workload.names import (
     DatasetFacts,
     WorkloadCodeError,
 )
-from harness.workload.streams import BATCH_TAG, SHARD_TAG, SPLIT_TAG, SYNTHETIC_TAG, stream
+from harness.workload.streams import SPLIT_TAG, SYNTHETIC_TAG, stream
 from harness.workload.teacher import teacher, teacher_facts
 
 DATASET_NAMES: tuple[str, ...] = tuple(names.DATASETS)
@@ -199,8 +199,12 @@ def _split_normalized(x: np.ndarray, y: np.ndarray, seed: int, test_fraction: fl
     """(train_x, train_y, test_x, test_y) of a seeded split, inputs standardized per channel."""
     train_idx, test_idx = _split(len(y), seed, test_fraction)
     train_x, test_x = _normalize(x[train_idx], x[test_idx])
-    return (torch.from_numpy(train_x), torch.from_numpy(y[train_idx].copy()),
-            torch.from_numpy(test_x), torch.from_numpy(y[test_idx].copy()))
+    return (
+        torch.from_numpy(train_x),
+        torch.from_numpy(y[train_idx].copy()),
+        torch.from_numpy(test_x),
+        torch.from_numpy(y[test_idx].copy()),
+    )
 
 
 # --- the built-in dataset callables (names.DATASETS refers to them) --------------------------
@@ -216,8 +220,14 @@ def digits(seed: int, test_fraction: float = TEST_FRACTION) -> Splits:
     return _split_normalized(*_digits_raw(), seed, test_fraction)
 
 
-def synthetic(seed: int, input_shape: Sequence[int] = (1, 28, 28), num_classes: int = 10,
-              num_samples: int = 4000, class_sep: float = 4.0, test_fraction: float = TEST_FRACTION) -> Splits:
+def synthetic(
+    seed: int,
+    input_shape: Sequence[int] = (1, 28, 28),
+    num_classes: int = 10,
+    num_samples: int = 4000,
+    class_sep: float = 4.0,
+    test_fraction: float = TEST_FRACTION,
+) -> Splits:
     """:func:`make_synthetic`'s Gaussian mixture, split and standardized."""
     x, y = make_synthetic(seed, tuple(input_shape), num_classes, num_samples, class_sep)
     return _split_normalized(x, y, seed, test_fraction)
@@ -226,9 +236,16 @@ def synthetic(seed: int, input_shape: Sequence[int] = (1, 28, 28), num_classes: 
 # --- any dataset callable ---------------------------------------------------------------------
 
 
-def load_dataset(dataset: str, seed: int, dataset_args: Mapping[str, Any] | None = None, *,
-                 search_path: Sequence[str] = (), classes: int | None = None, ranks: int | None = None,
-                 **options: Any) -> Dataset:
+def load_dataset(
+    dataset: str,
+    seed: int,
+    dataset_args: Mapping[str, Any] | None = None,
+    *,
+    search_path: Sequence[str] = (),
+    classes: int | None = None,
+    ranks: int | None = None,
+    **options: Any,
+) -> Dataset:
     """Call the dataset callable ``dataset`` names (a built-in name or ``"module:callable"``,
     its module looked up in ``search_path`` first) as ``callable(seed=seed, **dataset_args)``
     and check what it returns.
@@ -264,31 +281,46 @@ def with_ranks(fn: Any, dataset_args: Mapping[str, Any], ranks: int | None) -> d
 def dataset_from_return(name: str, returned: Any, classes: int | None = None) -> Dataset:
     """The :class:`Dataset` of what a dataset callable returned: four tensors, or a pair of
     map-style datasets of ``(input, label)`` items, which are read once into tensors."""
-    if (isinstance(returned, (tuple, list)) and len(returned) == 4
-            and all(isinstance(t, torch.Tensor) for t in returned)):
+    if (
+        isinstance(returned, (tuple, list))
+        and len(returned) == 4
+        and all(isinstance(t, torch.Tensor) for t in returned)
+    ):
         splits = tuple(returned)
     elif isinstance(returned, (tuple, list)) and len(returned) == 2 and all(_map_style(d) for d in returned):
         splits = (*_materialize(returned[0], "train"), *_materialize(returned[1], "test"))
     else:
-        raise WorkloadCodeError("dataset", f"{name} returned {_describe(returned)}; a dataset callable returns "
-                                "(train_x, train_y, test_x, test_y) tensors or a pair (train, test) of "
-                                "map-style torch.utils.data.Dataset")
+        raise WorkloadCodeError(
+            "dataset",
+            f"{name} returned {_describe(returned)}; a dataset callable returns "
+            "(train_x, train_y, test_x, test_y) tensors or a pair (train, test) of "
+            "map-style torch.utils.data.Dataset",
+        )
     train_x, train_y, test_x, test_y = _checked(name, *splits)
     _, c, h, w = (int(s) for s in train_x.shape)  # N x C x H x W (_checked)
     largest = int(max(train_y.max(), test_y.max()))
     if classes is not None and largest >= classes:
-        raise WorkloadCodeError("num_classes", f"{name} has label {largest}, but num_classes is {classes} "
-                                "(labels must be 0 .. num_classes-1)")
+        raise WorkloadCodeError(
+            "num_classes",
+            f"{name} has label {largest}, but num_classes is {classes} (labels must be 0 .. num_classes-1)",
+        )
     return Dataset(
-        name=name, train_x=train_x, train_y=train_y, test_x=test_x, test_y=test_y,
+        name=name,
+        train_x=train_x,
+        train_y=train_y,
+        test_x=test_x,
+        test_y=test_y,
         num_classes=int(classes if classes is not None else largest + 1),
         input_shape=(c, h, w),
     )
 
 
 def _map_style(value: Any) -> bool:
-    return (hasattr(value, "__getitem__") and hasattr(value, "__len__")
-            and not isinstance(value, (torch.Tensor, torch.utils.data.IterableDataset, str, bytes)))
+    return (
+        hasattr(value, "__getitem__")
+        and hasattr(value, "__len__")
+        and not isinstance(value, (torch.Tensor, torch.utils.data.IterableDataset, str, bytes))
+    )
 
 
 def _materialize(data: Any, split: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -308,8 +340,11 @@ def _materialize(data: Any, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = item
         x = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
         if inputs and x.shape != inputs[0].shape:
-            raise WorkloadCodeError("dataset", f"{split}[{i}]'s input has shape {tuple(x.shape)}, "
-                                    f"{split}[0]'s {tuple(inputs[0].shape)}: all inputs must have one shape")
+            raise WorkloadCodeError(
+                "dataset",
+                f"{split}[{i}]'s input has shape {tuple(x.shape)}, "
+                f"{split}[0]'s {tuple(inputs[0].shape)}: all inputs must have one shape",
+            )
         y = torch.as_tensor(y)
         if y.numel() != 1 or y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
             raise WorkloadCodeError("dataset", f"{split}[{i}]'s label is {_describe(item[1])}; labels are integers")
@@ -318,19 +353,24 @@ def _materialize(data: Any, split: str) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack(inputs), torch.tensor(labels, dtype=torch.int64)
 
 
-def _checked(name: str, train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor,
-             test_y: torch.Tensor) -> Splits:
+def _checked(
+    name: str, train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, test_y: torch.Tensor
+) -> Splits:
     """The four tensors on the CPU, inputs as contiguous float32; WorkloadCodeError for a wrong
     dtype or shape, mismatched lengths, an empty split or a negative label."""
     for split, x, y in (("train", train_x, train_y), ("test", test_x, test_y)):
         if not x.is_floating_point():
             raise WorkloadCodeError("dataset", f"{name}: {split}_x has dtype {x.dtype}; inputs must be floating point")
         if y.dtype != torch.int64:
-            raise WorkloadCodeError("dataset", f"{name}: {split}_y has dtype {y.dtype}; labels must be int64 "
-                                    "(torch.long)")
+            raise WorkloadCodeError(
+                "dataset", f"{name}: {split}_y has dtype {y.dtype}; labels must be int64 (torch.long)"
+            )
         if x.dim() != 4:
-            raise WorkloadCodeError("dataset", f"{name}: {split}_x has shape {tuple(x.shape)}; inputs must be "
-                                    "N x C x H x W (e.g. N x 1 x 1 x D for feature vectors)")
+            raise WorkloadCodeError(
+                "dataset",
+                f"{name}: {split}_x has shape {tuple(x.shape)}; inputs must be "
+                "N x C x H x W (e.g. N x 1 x 1 x D for feature vectors)",
+            )
         if y.dim() != 1:
             raise WorkloadCodeError("dataset", f"{name}: {split}_y has shape {tuple(y.shape)}; labels must be 1-D")
         if len(x) != len(y):
@@ -341,10 +381,15 @@ def _checked(name: str, train_x: torch.Tensor, train_y: torch.Tensor, test_x: to
         if smallest < 0:
             raise WorkloadCodeError("dataset", f"{name}: {split}_y has label {smallest}; labels must be >= 0")
     if train_x.shape[1:] != test_x.shape[1:]:
-        raise WorkloadCodeError("dataset", f"{name}: train inputs are {tuple(train_x.shape[1:])} but test inputs "
-                                f"{tuple(test_x.shape[1:])}")
-    return (train_x.detach().cpu().float().contiguous(), train_y.detach().cpu().contiguous(),
-            test_x.detach().cpu().float().contiguous(), test_y.detach().cpu().contiguous())
+        raise WorkloadCodeError(
+            "dataset", f"{name}: train inputs are {tuple(train_x.shape[1:])} but test inputs {tuple(test_x.shape[1:])}"
+        )
+    return (
+        train_x.detach().cpu().float().contiguous(),
+        train_y.detach().cpu().contiguous(),
+        test_x.detach().cpu().float().contiguous(),
+        test_y.detach().cpu().contiguous(),
+    )
 
 
 def _describe(value: Any) -> str:
@@ -375,13 +420,24 @@ def scenario_dataset(scenario: Any) -> Dataset:
     ranks = getattr(scenario, "ranks", None)  # None: a bare workload (communicated_floats)
     fn = names.resolve("dataset", w.dataset, scenario.python_path)
     args = with_ranks(fn, w.dataset_args, ranks)
-    key = (w.dataset, int(scenario.seed), tuple(scenario.python_path), w.num_classes,
-           json.dumps(args, sort_keys=True, default=repr))
+    key = (
+        w.dataset,
+        int(scenario.seed),
+        tuple(scenario.python_path),
+        w.num_classes,
+        json.dumps(args, sort_keys=True, default=repr),
+    )
     if key not in _LOADED:
         while len(_LOADED) >= _KEEP:
             _LOADED.pop(next(iter(_LOADED)))
-        _LOADED[key] = load_dataset(w.dataset, scenario.seed, w.dataset_args, search_path=scenario.python_path,
-                                    classes=w.num_classes, ranks=ranks)
+        _LOADED[key] = load_dataset(
+            w.dataset,
+            scenario.seed,
+            w.dataset_args,
+            search_path=scenario.python_path,
+            classes=w.num_classes,
+            ranks=ranks,
+        )
     return _LOADED[key]
 
 
@@ -413,66 +469,3 @@ def _facts_without_data(dataset: str, dataset_args: Mapping[str, Any], ranks: in
     if dataset in BUILTIN_DATASET_FACTS and not dataset_args:
         return BUILTIN_DATASET_FACTS[dataset]
     return None
-
-
-def shard_indices(num_train: int, ranks: int, rank: int, seed: int) -> np.ndarray:
-    """Training-set indices of ``rank``'s shard: a seeded permutation cut into near-equal parts.
-
-    The shards of all ranks are disjoint, cover ``range(num_train)`` and differ in size by at
-    most one; any rank can compute any other rank's shard from the same arguments.
-    """
-    if ranks < 1 or not 0 <= rank < ranks:
-        raise ValueError(f"need 0 <= rank < ranks, got rank={rank}, ranks={ranks}")
-    if num_train < ranks:
-        raise ValueError(f"{num_train} training samples cannot be split over {ranks} ranks")
-    perm = stream(seed, SHARD_TAG).permutation(num_train)
-    return np.array_split(perm, ranks)[rank].astype(np.int64)
-
-
-def _epoch_order(shard: np.ndarray, epoch: int, seed: int, rank: int) -> np.ndarray:
-    return shard[stream(seed, BATCH_TAG, rank, epoch).permutation(len(shard))]
-
-
-def batch_indices(
-    shard: np.ndarray, batch_size: int, iteration: int, seed: int, rank: int
-) -> np.ndarray:
-    """Training-set indices of ``rank``'s minibatch at ``iteration``: a pure function.
-
-    Sample position ``iteration * batch_size`` in an endless stream in which every epoch is
-    a fresh seeded permutation of the shard; a batch that crosses an epoch boundary takes the
-    tail of one epoch and the head of the next, so every sample is seen once per epoch.
-    """
-    return ShardBatches(shard, batch_size, seed, rank).at(iteration)
-
-
-class ShardBatches:
-    """:func:`batch_indices` of one rank, iteration after iteration, keeping the permutation of
-    the epoch it is in: the simulator asks for thousands of ranks' batches every iteration, and
-    a fresh permutation per batch cost more than a small model's step."""
-
-    def __init__(self, shard: np.ndarray, batch_size: int, seed: int, rank: int) -> None:
-        self.shard = np.asarray(shard)
-        if batch_size < 1 or len(self.shard) == 0:
-            raise ValueError("need batch_size >= 1, iteration >= 0 and a non-empty shard")
-        self.batch_size, self.seed, self.rank = batch_size, seed, rank
-        self._epoch, self._order = -1, self.shard
-
-    def _order_of(self, epoch: int) -> np.ndarray:
-        if epoch != self._epoch:
-            self._epoch, self._order = epoch, _epoch_order(self.shard, epoch, self.seed, self.rank)
-        return self._order
-
-    def at(self, iteration: int) -> np.ndarray:
-        """The training-set indices of the batch of ``iteration``."""
-        if iteration < 0:
-            raise ValueError("need batch_size >= 1, iteration >= 0 and a non-empty shard")
-        n = len(self.shard)
-        epoch, offset = divmod(iteration * self.batch_size, n)
-        parts = []
-        remaining = self.batch_size
-        while remaining > 0:
-            take = self._order_of(epoch)[offset : offset + remaining]
-            parts.append(take)
-            remaining -= len(take)
-            epoch, offset = epoch + 1, 0
-        return (parts[0] if len(parts) == 1 else np.concatenate(parts)).astype(np.int64)

@@ -155,8 +155,14 @@ def resnet20(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     return model
 
 
-def build_model(model: str, input_shape: Sequence[int], num_classes: int, seed: int,
-                model_args: Mapping[str, Any] | None = None, search_path: Sequence[str] = ()) -> nn.Module:
+def build_model(
+    model: str,
+    input_shape: Sequence[int],
+    num_classes: int,
+    seed: int,
+    model_args: Mapping[str, Any] | None = None,
+    search_path: Sequence[str] = (),
+) -> nn.Module:
     """Build the model ``model`` names (a built-in name or ``"module:callable"``, its module
     looked up in ``search_path`` first) as ``callable(input_shape=(C, H, W),
     num_classes=num_classes, **model_args)``; its initial parameters depend only on the
@@ -185,33 +191,48 @@ def check_model(model: nn.Module, name: str, sample: torch.Tensor, num_classes: 
         raise WorkloadCodeError("model", f"{name} built a model without parameters: there is nothing to train")
     for pname, p in params:
         if p.dtype != torch.float32:
-            raise WorkloadCodeError("model", f"{name}: parameter {pname!r} is {p.dtype}; parameters must be "
-                                    "float32 (the algorithms communicate float32 buffers)")
+            raise WorkloadCodeError(
+                "model",
+                f"{name}: parameter {pname!r} is {p.dtype}; parameters must be "
+                "float32 (the algorithms communicate float32 buffers)",
+            )
     try:
         with torch.no_grad():
             out = model(sample)
     except Exception as exc:  # noqa: BLE001  the user's forward may raise anything
         text = str(exc).strip().splitlines()
-        raise WorkloadCodeError("model", f"{name}: forward pass on {len(sample)} training samples of shape "
-                                f"{tuple(sample.shape[1:])} raised {type(exc).__name__}"
-                                f"{': ' + text[0] if text else ''}") from None
+        raise WorkloadCodeError(
+            "model",
+            f"{name}: forward pass on {len(sample)} training samples of shape "
+            f"{tuple(sample.shape[1:])} raised {type(exc).__name__}"
+            f"{': ' + text[0] if text else ''}",
+        ) from None
     want = (len(sample), num_classes)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != want or not out.is_floating_point():
         got = f"shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else f"a {type(out).__name__}"
-        raise WorkloadCodeError("model", f"{name}: output for {len(sample)} samples is {got}; it must be float "
-                                f"logits of shape (batch, num_classes) = {want}")
+        raise WorkloadCodeError(
+            "model",
+            f"{name}: output for {len(sample)} samples is {got}; it must be float "
+            f"logits of shape (batch, num_classes) = {want}",
+        )
 
 
 def scenario_model(scenario: Any, dataset: Any) -> nn.Module:
     """``scenario``'s initial model for ``dataset`` (its input shape and classes): the same on
     every rank, built on the CPU."""
     w = scenario.workload
-    return build_model(w.model, tuple(dataset.input_shape), dataset.num_classes, scenario.seed, w.model_args,
-                       scenario.python_path)
+    return build_model(
+        w.model, tuple(dataset.input_shape), dataset.num_classes, scenario.seed, w.model_args, scenario.python_path
+    )
 
 
-def parameter_count(model: str, input_shape: Sequence[int], num_classes: int,
-                    model_args: Mapping[str, Any] | None = None, search_path: Sequence[str] = ()) -> int:
+def parameter_count(
+    model: str,
+    input_shape: Sequence[int],
+    num_classes: int,
+    model_args: Mapping[str, Any] | None = None,
+    search_path: Sequence[str] = (),
+) -> int:
     """Trainable parameters of ``model`` (its flat buffer's length), counted on a model built on
     the meta device (no memory, no arithmetic), or on the CPU when the callable cannot build on
     the meta device."""

@@ -113,8 +113,13 @@ def resolve(kind: str, value: str, search_path: Sequence[str] = ()) -> Callable[
 def is_plain(workload: Any) -> bool:
     """Whether ``workload`` (the scenario's section) is a built-in model on a built-in dataset with
     no arguments: nothing of the user's to import or check, and the dataset's facts known."""
-    return (not is_reference(workload.model) and not is_reference(workload.dataset)
-            and not workload.model_args and not workload.dataset_args and workload.num_classes is None)
+    return (
+        not is_reference(workload.model)
+        and not is_reference(workload.dataset)
+        and not workload.model_args
+        and not workload.dataset_args
+        and workload.num_classes is None
+    )
 
 
 def call_label(value: str, args: Mapping[str, Any], **extra: Any) -> str:

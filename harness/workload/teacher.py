@@ -100,14 +100,17 @@ def teacher_train_size(num_samples: int | None, samples_per_rank: int | None, ra
     scaling), else ``samples_per_rank`` (default :data:`TEACHER_SAMPLES_PER_RANK`) times
     ``ranks`` (None: one rank), fixed per rank (weak scaling)."""
     if num_samples is not None and samples_per_rank is not None:
-        raise _teacher_error(f"give both num_samples ({num_samples!r}) and samples_per_rank "
-                             f"({samples_per_rank!r}); give one: the total or the share of each rank")
+        raise _teacher_error(
+            f"give both num_samples ({num_samples!r}) and samples_per_rank "
+            f"({samples_per_rank!r}); give one: the total or the share of each rank"
+        )
     ranks = 1 if ranks is None else _count("ranks", ranks)
     if num_samples is not None:
         total = _count("num_samples", num_samples)
         if total < ranks:
-            raise _teacher_error(f"give num_samples={total}, fewer than the {ranks} ranks that each train "
-                                 "on a shard of them")
+            raise _teacher_error(
+                f"give num_samples={total}, fewer than the {ranks} ranks that each train on a shard of them"
+            )
         return total
     per_rank = TEACHER_SAMPLES_PER_RANK if samples_per_rank is None else _count("samples_per_rank", samples_per_rank)
     return per_rank * ranks
@@ -115,14 +118,16 @@ def teacher_train_size(num_samples: int | None, samples_per_rank: int | None, ra
 
 def _teacher_shape(input_shape: Sequence[int]) -> tuple[int, int, int]:
     shape = tuple(input_shape) if isinstance(input_shape, (list, tuple)) else ()
-    if len(shape) != 3 or not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 1
-                                  for s in shape):
+    if len(shape) != 3 or not all(
+        isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 1 for s in shape
+    ):
         raise _teacher_error(f"need input_shape to be [C, H, W] of positive integers, got {input_shape!r}")
     return tuple(int(s) for s in shape)  # type: ignore[return-value]
 
 
-def _teacher_train(seed: int, teacher: _Teacher, total: int, features: int, num_classes: int,
-                   label_noise: float) -> tuple[np.ndarray, np.ndarray]:
+def _teacher_train(
+    seed: int, teacher: _Teacher, total: int, features: int, num_classes: int, label_noise: float
+) -> tuple[np.ndarray, np.ndarray]:
     """The first ``total`` training samples: inputs (float32, total x features) and labels.
 
     Block ``b`` (samples ``b * TEACHER_BLOCK`` on) comes from its own stream, which draws the
@@ -145,9 +150,17 @@ def _teacher_train(seed: int, teacher: _Teacher, total: int, features: int, num_
     return x, y
 
 
-def teacher(seed: int, input_shape: Sequence[int] = (1, 8, 8), num_classes: int = 10,
-            num_samples: int | None = None, samples_per_rank: int | None = None, ranks: int | None = None,
-            test_samples: int = 2000, hidden: int = 32, label_noise: float = 0.0) -> Splits:
+def teacher(
+    seed: int,
+    input_shape: Sequence[int] = (1, 8, 8),
+    num_classes: int = 10,
+    num_samples: int | None = None,
+    samples_per_rank: int | None = None,
+    ranks: int | None = None,
+    test_samples: int = 2000,
+    hidden: int = 32,
+    label_noise: float = 0.0,
+) -> Splits:
     """Standard normal inputs labelled by a fixed random teacher network: a classification task
     as large as the run needs, whose test set is the same at every rank count.
 
@@ -190,8 +203,11 @@ def teacher(seed: int, input_shape: Sequence[int] = (1, 8, 8), num_classes: int 
     classes = _count("num_classes", num_classes)
     if classes < 2:
         raise _teacher_error(f"need num_classes >= 2, got {num_classes!r}")
-    if (isinstance(label_noise, bool) or not isinstance(label_noise, (int, float, np.integer, np.floating))
-            or not 0.0 <= label_noise <= 1.0):
+    if (
+        isinstance(label_noise, bool)
+        or not isinstance(label_noise, (int, float, np.integer, np.floating))
+        or not 0.0 <= label_noise <= 1.0
+    ):
         raise _teacher_error(f"need label_noise to be a fraction in [0, 1], got {label_noise!r}")
     total = teacher_train_size(num_samples, samples_per_rank, ranks)
     tests = _count("test_samples", test_samples)
@@ -200,8 +216,12 @@ def teacher(seed: int, input_shape: Sequence[int] = (1, 8, 8), num_classes: int 
     train_x, train_y = _teacher_train(seed, net, total, features, classes, float(label_noise))
     test_x = stream(seed, TEACHER_TEST_TAG).standard_normal((tests, features), dtype=np.float32)
     test_y = net.labels(test_x)
-    return (torch.from_numpy(train_x.reshape(total, *shape)), torch.from_numpy(train_y),
-            torch.from_numpy(test_x.reshape(tests, *shape)), torch.from_numpy(test_y))
+    return (
+        torch.from_numpy(train_x.reshape(total, *shape)),
+        torch.from_numpy(train_y),
+        torch.from_numpy(test_x.reshape(tests, *shape)),
+        torch.from_numpy(test_y),
+    )
 
 
 def teacher_facts(seed: int = 0, **dataset_args: Any) -> DatasetFacts:
@@ -212,7 +232,8 @@ def teacher_facts(seed: int = 0, **dataset_args: Any) -> DatasetFacts:
     bound.apply_defaults()
     a = bound.arguments
     train = teacher_train_size(a["num_samples"], a["samples_per_rank"], a["ranks"])
-    return DatasetFacts(_teacher_shape(a["input_shape"]), _count("num_classes", a["num_classes"]),
-                        train + _count("test_samples", a["test_samples"]))
-
-
+    return DatasetFacts(
+        _teacher_shape(a["input_shape"]),
+        _count("num_classes", a["num_classes"]),
+        train + _count("test_samples", a["test_samples"]),
+    )

@@ -23,8 +23,15 @@ def vhost_scenario(ranks: int, name: str = "vhosts", iterations: int = 30, **ext
         "name": name,
         "ranks": ranks,
         "seed": 1,
-        "workload": {"model": "logreg", "dataset": "synthetic", "batch_size": 8, "iterations": iterations,
-                     "eval_every": iterations, "compute": {"emulate_ms": 5}, "params": 100_000},
+        "workload": {
+            "model": "logreg",
+            "dataset": "synthetic",
+            "batch_size": 8,
+            "iterations": iterations,
+            "eval_every": iterations,
+            "compute": {"emulate_ms": 5},
+            "params": 100_000,
+        },
         "algorithms": ["allreduce_sgd"],
         "results": {"comm_calls": False},
         **extra,
@@ -44,12 +51,16 @@ def vhost_bed_missing() -> str | None:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"cannot list network namespaces: {exc}"
     if "harness-vh1" not in namespaces or "harness-vh2" not in namespaces:
-        return ("the virtual-host test bed is not running "
-                "(start it as root: bash harness/testing/vhosts/start_vhosts.sh)")
+        return (
+            "the virtual-host test bed is not running (start it as root: bash harness/testing/vhosts/start_vhosts.sh)"
+        )
     return None
 
 
 def harness_on_vh1(*args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
     """``python -m harness ARGS`` on virtual host vh1, in the repository."""
-    return run_command(["bash", str(SCRIPTS / "vhost_exec.sh"), "vh1", sys.executable, "-m", "harness",
-                        *map(str, args)], timeout=timeout, cwd=REPO)
+    return run_command(
+        ["bash", str(SCRIPTS / "vhost_exec.sh"), "vh1", sys.executable, "-m", "harness", *map(str, args)],
+        timeout=timeout,
+        cwd=REPO,
+    )

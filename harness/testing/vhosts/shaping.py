@@ -31,8 +31,27 @@ def shape_link(rate_mbit: int | None) -> None:
     for ns, dev in (("harness-vh2", "eth0"), ("harness-vswitch", "vh2-port")):
         subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], capture_output=True)
         if rate_mbit is not None:
-            subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{rate_mbit}mbit",
-                            "burst", "16kb", "latency", "200ms"], check=True, capture_output=True)
+            subprocess.run(
+                [
+                    "tc",
+                    "-n",
+                    ns,
+                    "qdisc",
+                    "add",
+                    "dev",
+                    dev,
+                    "root",
+                    "tbf",
+                    "rate",
+                    f"{rate_mbit}mbit",
+                    "burst",
+                    "16kb",
+                    "latency",
+                    "200ms",
+                ],
+                check=True,
+                capture_output=True,
+            )
 
 
 @dataclass
@@ -53,8 +72,9 @@ def _iteration_s(run: Path) -> float:
         return float(next(csv.DictReader(f))["iter_time_median_s"])
 
 
-def kernel_shaping_times(out: Path, harness: Callable[..., subprocess.CompletedProcess] = harness_on_vh1,
-                         iterations: int = 40) -> ShapingTimes:
+def kernel_shaping_times(
+    out: Path, harness: Callable[..., subprocess.CompletedProcess] = harness_on_vh1, iterations: int = 40
+) -> ShapingTimes:
     """Calibrate vh1 and vh2 (``calibrate --hosts --quick``), run 2 ranks on them with vh2's link
     shaped by the kernel (``tbf``, :data:`SHAPED_MBIT`) and again emulated by the native layer,
     and compare the emulated run (trace-driven); every command through ``harness`` on vh1."""
@@ -76,8 +96,20 @@ def kernel_shaping_times(out: Path, harness: Callable[..., subprocess.CompletedP
         return runs[0]
 
     calibration = out / "calibration.json"
-    succeeded(harness("calibrate", "--hosts", str(hosts), "--ranks", "2", "--quick", "--output", str(calibration),
-                       "--scenario", str(scenario_file("vhcal"))))
+    succeeded(
+        harness(
+            "calibrate",
+            "--hosts",
+            str(hosts),
+            "--ranks",
+            "2",
+            "--quick",
+            "--output",
+            str(calibration),
+            "--scenario",
+            str(scenario_file("vhcal")),
+        )
+    )
     shape_link(SHAPED_MBIT)
     try:
         succeeded(harness("run", str(scenario_file("vhshaped")), "--hosts", str(hosts), "--out", str(out / "shaped")))
@@ -91,5 +123,10 @@ def kernel_shaping_times(out: Path, harness: Callable[..., subprocess.CompletedP
 
     table = pd.read_csv(emulated_run / "compare.csv")
     simulated = float(table[table["mode"] == "trace"]["predicted_iter_s"].iloc[0])
-    return ShapingTimes(_iteration_s(only_run(out / "shaped", "vhshaped")), _iteration_s(emulated_run), simulated,
-                        calibration, proc.stdout + proc.stderr)
+    return ShapingTimes(
+        _iteration_s(only_run(out / "shaped", "vhshaped")),
+        _iteration_s(emulated_run),
+        simulated,
+        calibration,
+        proc.stdout + proc.stderr,
+    )

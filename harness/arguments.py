@@ -14,7 +14,8 @@ Example::
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -46,6 +47,24 @@ def int_at_least(low: int) -> Callable[[str], int]:
     return argtype(parse)
 
 
+def number_in(low: float, high: float = math.inf, *, above: bool = False) -> Callable[[str], float]:
+    """A number in ``[low, high]``; with ``above``, greater than ``low`` (``(low, high]``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"expected a number, got {text!r}") from None
+        if high == math.inf:
+            if not (value > low if above else value >= low):
+                raise ValueError(f"must be {'>' if above else '>='} {low:g} (got {text})")
+        elif not ((low < value if above else low <= value) and value <= high):
+            raise ValueError(f"must be in {'(' if above else '['}{low:g}, {high:g}] (got {text})")
+        return value
+
+    return argtype(parse)
+
+
 def split_list(text: str, what: str, example: str) -> list[str]:
     """The entries of a comma-separated list, stripped, in order; ValueError for an empty list
     or an empty entry (``a,,b``), showing ``example`` of the ``what`` list it should be."""
@@ -64,6 +83,26 @@ def name_list(what: str, example: str) -> Callable[[str], list[str]]:
     def names(text: str) -> list[str]:
         return list(dict.fromkeys(split_list(text, what, example)))
 
+    return argtype(names)
+
+
+def choice_list(
+    what: str, choices: Sequence[str], example: str, *, in_given_order: bool = True, ignore_case: bool = False
+) -> Callable[[str], list[str]]:
+    """An argparse ``type=`` for a comma-separated list of names out of ``choices``, duplicates
+    dropped: in the order given, or (``in_given_order=False``) in the order of ``choices``; an
+    unknown name is refused naming the valid ones."""
+    canonical = {(c.lower() if ignore_case else c): c for c in choices}
+
+    def names(text: str) -> list[str]:
+        given = split_list(text, what, example)
+        bad = [n for n in given if (n.lower() if ignore_case else n) not in canonical]
+        if bad:
+            raise ValueError(f"unknown {what} {bad[0]!r}: choose from {', '.join(choices)}")
+        picked = list(dict.fromkeys(canonical[n.lower() if ignore_case else n] for n in given))
+        return picked if in_given_order else [c for c in choices if c in picked]
+
+    names.__name__ = f"{what.replace(' ', '_')}_list"
     return argtype(names)
 
 

@@ -23,7 +23,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from harness.arguments import argtype, int_at_least, split_list
+from harness.arguments import argtype, choice_list, int_at_least, number_in
 from harness.bench.collective_ops import OPS
 from harness.bench.sizes import MIB, parse_bytes, parse_sizes
 from harness.errors import HarnessError
@@ -54,30 +54,7 @@ ROW_FIELDS = (
 
 
 # -- arguments (the command's and the worker's) ------------------------------------------------
-def _nonnegative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"expected a number, got {text!r}") from None
-    if not value >= 0:
-        raise ValueError(f"must be >= 0 (got {text})")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = _nonnegative_float(text)
-    if not value > 0:
-        raise ValueError(f"must be > 0 (got {text})")
-    return value
-
-
-def parse_ops(text: str) -> list[str]:
-    """Comma-separated op names out of ``OPS``, in the order given, duplicates dropped."""
-    names = split_list(text, "op", "allreduce,broadcast,allgather,reduce_scatter")
-    bad = [n for n in names if n not in OPS]
-    if bad:
-        raise ValueError(f"unknown op {bad[0]!r}: choose from {', '.join(OPS)}")
-    return list(dict.fromkeys(names))
+_ops_list = choice_list("op", tuple(OPS), "allreduce,broadcast,allgather,reduce_scatter")
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, ranks_default: int | None = None) -> None:
@@ -108,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, ranks_default: int | None 
     )
     parser.add_argument(
         "--ops",
-        type=argtype(parse_ops),
+        type=_ops_list,
         default=list(DEFAULT_OPS),
         help=f"comma-separated ops: {', '.join(OPS)} (default {','.join(DEFAULT_OPS)})",
     )
@@ -126,25 +103,25 @@ def add_arguments(parser: argparse.ArgumentParser, *, ranks_default: int | None 
     )
     topo.add_argument(
         "--nic-gbps",
-        type=argtype(_positive_float),
+        type=number_in(0, above=True),
         default=nic["bandwidth_gbps"],
         help=f"each node's NIC (default {nic['bandwidth_gbps']:g} Gb/s)",
     )
     topo.add_argument(
         "--nic-latency-us",
-        type=argtype(_nonnegative_float),
+        type=number_in(0),
         default=nic["latency_us"],
         help=f"latency between nodes (default {nic['latency_us']:g} us)",
     )
     topo.add_argument(
         "--intra-gbps",
-        type=argtype(_positive_float),
+        type=number_in(0, above=True),
         default=intra["bandwidth_gbps"],
         help=f"link between two ranks of a node (default {intra['bandwidth_gbps']:g} Gb/s)",
     )
     comm = parser.add_argument_group("native communicator options (default: the Communicator's)")
-    comm.add_argument("--spin-us", type=argtype(_nonnegative_float), help="progress thread spin before sleeping")
-    comm.add_argument("--max-sleep-us", type=argtype(_nonnegative_float), help="longest progress thread sleep")
+    comm.add_argument("--spin-us", type=number_in(0), help="progress thread spin before sleeping")
+    comm.add_argument("--max-sleep-us", type=number_in(0), help="longest progress thread sleep")
     comm.add_argument(
         "--ring-threshold",
         type=argtype(parse_bytes),

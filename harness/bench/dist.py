@@ -33,7 +33,7 @@ from __future__ import annotations
 import argparse
 import itertools
 
-from harness.arguments import argtype, int_at_least, split_list
+from harness.arguments import choice_list, int_at_least
 
 # name -> (layer widths, batch): parameter counts are sum(w_i * w_(i+1) + w_(i+1))
 MODELS: dict[str, tuple[tuple[int, ...], int]] = {
@@ -57,14 +57,7 @@ def parameter_count(widths: tuple[int, ...]) -> int:
     return sum(a * b + b for a, b in itertools.pairwise(widths))
 
 
-def parse_models(text: str) -> list[str]:
-    """Comma-separated model names out of ``MODELS`` (case-insensitive), duplicates dropped."""
-    names = split_list(text, "size", DEFAULT_SIZES)
-    by_lower = {k.lower(): k for k in MODELS}
-    bad = [n for n in names if n.lower() not in by_lower]
-    if bad:
-        raise ValueError(f"unknown model size {bad[0]!r}: choose from {', '.join(MODELS)}")
-    return list(dict.fromkeys(by_lower[n.lower()] for n in names))
+_models_list = choice_list("model size", tuple(MODELS), DEFAULT_SIZES, ignore_case=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,8 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--sizes",
-        type=argtype(parse_models),
-        default=parse_models(DEFAULT_SIZES),
+        type=_models_list,
+        default=_models_list(DEFAULT_SIZES),
         help=f"comma-separated model sizes out of {', '.join(MODELS)} (default {DEFAULT_SIZES})",
     )
     parser.add_argument(

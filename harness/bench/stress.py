@@ -35,12 +35,10 @@ Neither this module nor the worker imports mpi4py or the native layer before the
 from __future__ import annotations
 
 import argparse
-import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.arguments import argtype, int_at_least, split_list
+from harness.arguments import choice_list, int_at_least, number_in
 
 DEFAULT_RANKS = 8  # for the parent command (harness.commands.bench) when it launches the job
 DEFAULT_ROUNDS = 10_000
@@ -56,26 +54,7 @@ PARTS = ("wagma", "eager", "push")
 
 
 # -- arguments (the command's and the worker's) ------------------------------------------------
-def _float_in(low: float, high: float) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValueError(f"expected a number, got {text!r}") from None
-        if not low <= value <= high:
-            raise ValueError(f"must be in [{low:g}, {high:g}] (got {text})")
-        return value
-
-    return argtype(parse)
-
-
-def parse_parts(text: str) -> list[str]:
-    """Comma-separated parts out of ``PARTS``, run in the order of ``PARTS``."""
-    names = set(split_list(text, "part", ",".join(PARTS)))
-    bad = sorted(names - set(PARTS))
-    if bad:
-        raise ValueError(f"unknown part {bad[0]!r}: choose from {', '.join(PARTS)}")
-    return [p for p in PARTS if p in names]
+_parts_list = choice_list("part", PARTS, ",".join(PARTS), in_given_order=False)  # run in the order of PARTS
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, ranks_default: int | None = None) -> None:
@@ -97,19 +76,19 @@ def add_arguments(parser: argparse.ArgumentParser, *, ranks_default: int | None 
     )
     parser.add_argument(
         "--max-delay-ms",
-        type=_float_in(0, 10_000),
+        type=number_in(0, 10_000),
         default=DEFAULT_MAX_DELAY_MS,
         help=f"longest random sleep before a round (default {DEFAULT_MAX_DELAY_MS:g} ms)",
     )
     parser.add_argument(
         "--delay-fraction",
-        type=_float_in(0, 1),
+        type=number_in(0, 1),
         default=DEFAULT_DELAY_FRACTION,
         help=f"fraction of rounds with a sleep (default {DEFAULT_DELAY_FRACTION:g})",
     )
     parser.add_argument(
         "--parts",
-        type=argtype(parse_parts),
+        type=_parts_list,
         default=list(PARTS),
         help=f"comma-separated parts: {', '.join(PARTS)} (default all)",
     )
@@ -149,8 +128,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, ranks_default: int | None 
         "--corrupt", metavar="PART:RANK:ROUND", default=None, help=argparse.SUPPRESS
     )  # tests only: falsify one result to see the checks fail
     comm = parser.add_argument_group("native communicator options (default: the Communicator's)")
-    comm.add_argument("--spin-us", type=_float_in(0, math.inf), help="progress thread spin before sleeping")
-    comm.add_argument("--max-sleep-us", type=_float_in(0, math.inf), help="longest progress thread sleep")
+    comm.add_argument("--spin-us", type=number_in(0), help="progress thread spin before sleeping")
+    comm.add_argument("--max-sleep-us", type=number_in(0), help="longest progress thread sleep")
 
 
 def to_argv(args: argparse.Namespace, ranks: int) -> list[str]:

@@ -44,13 +44,7 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
     for algorithm in sim_algorithms:
         part = sweep[sweep["algorithm"] == algorithm].sort_values("ranks").dropna(subset=["relative_to_allreduce"])
         name = f"{style.label(algorithm)} (sim.)"
-        ax0.plot(
-            part["ranks"],
-            part["relative_to_allreduce"],
-            color=style.color(algorithm),
-            marker=style.marker(algorithm),
-            label=name,
-        )
+        style.line(ax0, algorithm, part["ranks"], part["relative_to_allreduce"], name)
         rows += [
             {
                 "panel": 0,
@@ -122,7 +116,7 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
         part = accuracy[accuracy["algorithm"] == algorithm]
         x = part["elapsed_s"]
         name = style.label(algorithm)
-        ax1.plot(x, part["test_accuracy"], color=style.color(algorithm), marker=style.marker(algorithm), label=name)
+        style.line(ax1, algorithm, x, part["test_accuracy"], name)
         rows += [
             {
                 "panel": 1,

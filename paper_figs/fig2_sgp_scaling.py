@@ -55,13 +55,7 @@ def _lines(ax, part: pd.DataFrame, panel: int, setup: str, network: str) -> list
     for algorithm in style.ordered(part["algorithm"].unique()):
         series = part[part["algorithm"] == algorithm].sort_values("nodes").dropna(subset=["iter_time_s"])
         name = style.label(algorithm)
-        ax.plot(
-            series["nodes"],
-            series["iter_time_s"],
-            color=style.color(algorithm),
-            marker=style.marker(algorithm),
-            label=name,
-        )
+        style.line(ax, algorithm, series["nodes"], series["iter_time_s"], name)
         rows += [
             {
                 "panel": panel,
@@ -141,7 +135,7 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
         part = accuracy[accuracy["algorithm"] == algorithm]
         x, y = part["elapsed_s"], 1.0 - part["test_accuracy"]
         name = style.label(algorithm)
-        ax.plot(x, y, color=style.color(algorithm), marker=style.marker(algorithm), label=name)
+        style.line(ax, algorithm, x, y, name)
         rows += [
             {
                 "panel": 3,

@@ -135,14 +135,14 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
         part = data[data["panel"] == panel]
         for algorithm in dict.fromkeys(part["algorithm"]):
             rows = part[part["algorithm"] == algorithm]
-            ax.plot(
+            style.line(
+                ax,
+                algorithm,
                 rows["x"].to_numpy(),
                 rows["y"].to_numpy(),
-                color=style.color(algorithm),
-                marker=style.marker(algorithm),
+                _series_label(algorithm),
                 linewidth=1.8,
                 markersize=6,
-                label=_series_label(algorithm),
             )
     has_epochs = bool((data["train_samples"] > 0).all())
     axes[0].set_xlabel("wall-clock time since the algorithm's first step (s)")

@@ -26,13 +26,7 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
     for algorithm in style.ordered(set(sweep["algorithm"])):
         part = sweep[sweep["algorithm"] == algorithm].sort_values("delay_ms").dropna(subset=["iter_time_s"])
         name = style.label(algorithm)
-        ax.plot(
-            part["delay_ms"],
-            part["iter_time_s"],
-            color=style.color(algorithm),
-            marker=style.marker(algorithm),
-            label=name,
-        )
+        style.line(ax, algorithm, part["delay_ms"], part["iter_time_s"], name)
         rows += [
             {
                 "panel": 0,

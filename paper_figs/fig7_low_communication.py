@@ -112,15 +112,7 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
         part = data[data["panel"] == panel]
         for algorithm in dict.fromkeys(part["algorithm"]):
             rows = part[part["algorithm"] == algorithm]
-            ax.plot(
-                rows["x"].to_numpy(),
-                rows["y"].to_numpy(),
-                color=style.color(algorithm),
-                marker=style.marker(algorithm),
-                linewidth=1.8,
-                markersize=6,
-                label=style.label(algorithm),
-            )
+            style.line(ax, algorithm, rows["x"].to_numpy(), rows["y"].to_numpy(), linewidth=1.8, markersize=6)
 
     ax = axes[0]
     real = data[data["panel"] == 0]

@@ -136,15 +136,7 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
     curves = data[data["panel"] == 0]
     for algorithm in dict.fromkeys(curves["algorithm"]):
         rows = curves[curves["algorithm"] == algorithm]
-        ax.plot(
-            rows["x"].to_numpy(),
-            rows["y"].to_numpy(),
-            color=style.color(algorithm),
-            marker=style.marker(algorithm),
-            linewidth=1.8,
-            markersize=6,
-            label=style.label(algorithm),
-        )
+        style.line(ax, algorithm, rows["x"].to_numpy(), rows["y"].to_numpy(), linewidth=1.8, markersize=6)
     ax.axhline(100.0 * target, color="black", linestyle="--", linewidth=1.0, label="_target")
     ax.set_xscale("log")
     ax.set_xlabel("simulated time until the averaged model exists (s, log scale)")
@@ -161,15 +153,7 @@ def draw(inputs: dict[str, Path]) -> tuple[plt.Figure, pd.DataFrame]:
     times = data[data["panel"] == 1]
     for algorithm in dict.fromkeys(times.loc[times["reached"], "algorithm"]):
         rows = times[(times["algorithm"] == algorithm) & times["reached"]].sort_values("x")
-        ax.plot(
-            rows["x"].to_numpy(),
-            rows["y"].to_numpy(),
-            color=style.color(algorithm),
-            marker=style.marker(algorithm),
-            linewidth=1.8,
-            markersize=6,
-            label=style.label(algorithm),
-        )
+        style.line(ax, algorithm, rows["x"].to_numpy(), rows["y"].to_numpy(), linewidth=1.8, markersize=6)
     missed = times[~times["reached"].astype(bool)]
     if len(missed):
         ax.scatter(

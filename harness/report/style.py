@@ -102,6 +102,19 @@ def marker(algorithm: str) -> str:
     return "o"
 
 
+def line(ax, algorithm: str, x, y, name: str | None = None, **kwargs):
+    """Plot one algorithm's series on ``ax`` in its colour and marker, labelled with its name
+    unless ``name`` is given (``kwargs``: matplotlib's, e.g. ``linewidth``); matplotlib's lines."""
+    return ax.plot(
+        x,
+        y,
+        color=color(algorithm),
+        marker=marker(algorithm),
+        label=label(algorithm) if name is None else name,
+        **kwargs,
+    )
+
+
 def setup() -> None:
     """Readable defaults for every figure."""
     plt.rcParams.update(

@@ -42,12 +42,13 @@ from pathlib import Path
 import yaml
 from tabulate import tabulate
 
+import paper_figs  # GALLERY_DIR read when used: a test points it elsewhere
 from harness.arguments import name_list
 from harness.errors import HarnessError
 from harness.results import atomic
 from harness.scenario import load_scenario
 from harness.sim.calibration import DEFAULT_PATH
-from paper_figs import GALLERY_DIR, manifest
+from paper_figs import manifest
 
 FIGURES_DIR = "figures"  # under the results root: sweeps' CSVs and, by default, the drawn figures
 QUICK_DIR = "quick"  # under FIGURES_DIR: figures drawn with --quick, kept apart from the full ones
@@ -165,7 +166,7 @@ def output_dir(args: argparse.Namespace) -> Path:
     if args.out is not None:
         return args.out
     if args.gallery:
-        return GALLERY_DIR
+        return paper_figs.GALLERY_DIR
     figures = args.results / FIGURES_DIR
     return figures / QUICK_DIR if args.quick else figures
 
@@ -216,5 +217,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"interrupted: figures drawn so far are kept in {out}", file=sys.stderr)
         return 130
     print(tabulate(rows, headers=["figure", "png", "csv", "points"], tablefmt="simple", disable_numparse=True))
-    print(f"figures written to {out}" + (" (the README's gallery)" if out.resolve() == GALLERY_DIR else ""))
+    print(f"figures written to {out}" + (" (the README's gallery)" if out.resolve() == paper_figs.GALLERY_DIR else ""))
     return 0

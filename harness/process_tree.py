@@ -37,6 +37,15 @@ def live_pids() -> list[int]:
         return []
 
 
+def command_line(pid: int) -> str | None:
+    """Process ``pid``'s command line, its arguments joined by spaces; None when it has ended."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+
+
 def parent_of(pid: int) -> int | None:
     """The parent's pid of process ``pid``; None when it has ended or /proc is missing."""
     try:

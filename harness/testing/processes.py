@@ -5,20 +5,12 @@ faults and of the watchdog require there be none."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
+
+from harness.process_tree import command_line, live_pids
 
 
 def processes_mentioning(marker: str) -> list[str]:
     """Command lines of live processes (not this one) that mention ``marker`` (a run directory,
     a scenario file): what a job left running."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmdline:
-            found.append(cmdline)
-    return found
+    lines = (command_line(pid) for pid in live_pids() if pid != os.getpid())
+    return [line for line in lines if line is not None and marker in line]

@@ -36,25 +36,29 @@ SMALL_SCENARIO: dict = {
 #: The compute of :data:`SMALL_SCENARIO`'s fixed calibration (predictive mode uses ``emulate_ms``).
 SMALL_COMPUTE = [("mlp", "mnist5k", 32, 0.003)]
 
+# The workload of the NIC and allreduce runs: a 1 MB buffer (250,000 floats), 10 ms of emulated
+# compute a step, 8 steps.
+_ONE_MB_WORKLOAD: dict = {
+    "model": "mlp",
+    "dataset": "digits",
+    "batch_size": 8,
+    "iterations": 8,
+    "eval_every": 8,
+    "compute": {"emulate_ms": 10},
+    "params": 250_000,
+}
+
 #: 4 ranks as 2 nodes of 2 behind 0.2 Gb/s NICs, a 1 MB buffer: every allreduce (a flat ring)
 #: puts 1.5 MB through each NIC, at 25 MB/s at least 60 ms per iteration against 10 ms of compute.
 NIC_RUN_SCENARIO: dict = {
     "name": "nodes",
     "ranks": 4,
     "seed": 5,
-    "workload": {
-        "model": "mlp",
-        "dataset": "digits",
-        "batch_size": 8,
-        "iterations": 8,
-        "eval_every": 8,
-        "compute": {"emulate_ms": 10},
-        "params": 250_000,
-    },
+    "workload": _ONE_MB_WORKLOAD,
     "algorithms": ["allreduce_sgd"],
     "network": {"topology": {"ranks_per_node": 2, "nic": {"latency_us": 50, "bandwidth_gbps": 0.2}}},
 }
-NIC_RUN_COMPUTE = [("mlp", "digits", 8, 0.01)]
+NIC_RUN_COMPUTE = [("mlp", "digits", 8, 0.01)]  # the fixed calibration of _ONE_MB_WORKLOAD's compute
 #: The least time per iteration of :data:`NIC_RUN_SCENARIO`: 1.5 MB through a 25 MB/s NIC.
 NIC_RUN_LEAST_S = 1.5e6 / 25e6
 
@@ -62,7 +66,7 @@ NIC_RUN_LEAST_S = 1.5e6 / 25e6
 #: (algorithm, ranks) of the ``allreduce_runs`` case and tests/test_allreduce_algorithms.py: odd
 #: rank counts, so recursive doubling folds a rank in and out and the binomial trees are uneven.
 ALLREDUCE_RUNS = (("recursive_doubling", 5), ("reduce_broadcast", 3))
-ALLREDUCE_RUN_COMPUTE = [("mlp", "digits", 8, 0.01)]
+ALLREDUCE_RUN_COMPUTE = NIC_RUN_COMPUTE
 #: 1 MB through a 0.2 Gb/s link: one whole-buffer step of the allreduce.
 ALLREDUCE_RUN_HOP_S = 1e6 / 25e6
 
@@ -77,13 +81,7 @@ def allreduce_run_scenario(algorithm: str, ranks: int) -> dict:
         "ranks": ranks,
         "seed": 5,
         "workload": {
-            "model": "mlp",
-            "dataset": "digits",
-            "batch_size": 8,
-            "iterations": 8,
-            "eval_every": 8,
-            "compute": {"emulate_ms": 10},
-            "params": 250_000,
+            **_ONE_MB_WORKLOAD,
             "node": {"gpus": 4, "link": {"bandwidth_gbps": 0.8}},
             "staging": {"bandwidth_gbps": 1.6},
         },

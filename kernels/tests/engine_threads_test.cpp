@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "check.hpp"
+#include "mpi_main.hpp"
 #include "communicator.hpp"
 #include "step_program.hpp"
 
@@ -180,14 +181,4 @@ TEST(persistent_operations_shared_with_the_progress_thread) {
   comm.shutdown();
 }
 
-int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-  MPI_Comm_size(MPI_COMM_WORLD, &size_);
-  harness_test::label() = "[rank " + std::to_string(rank_) + "] ";
-  int rc = harness_test::run_tests(argc, argv), worst = 0;
-  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return worst;
-}
+int main(int argc, char** argv) { return harness_test::run_mpi_tests(argc, argv, rank_, size_); }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "check.hpp"
+#include "mpi_main.hpp"
 #include "link_emulator.hpp"
 #include "shared_nics.hpp"
 
@@ -140,14 +141,4 @@ TEST(bad_node_counts_raise_comm_error_on_every_rank) {
   CHECK_EQ(ok->nodes(), 1);
 }
 
-int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-  MPI_Comm_size(MPI_COMM_WORLD, &size_);
-  harness_test::label() = "[rank " + std::to_string(rank_) + "] ";
-  int rc = harness_test::run_tests(argc, argv), worst = 0;
-  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return worst;
-}
+int main(int argc, char** argv) { return harness_test::run_mpi_tests(argc, argv, rank_, size_); }

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Native checks (.ci/run calls this with the venv active): the C++ tests of kernels/tests and a
 # slice of the multi-rank Python checks, under AddressSanitizer + UBSan, and the progress thread
-# under ThreadSanitizer. Everything is built into build/native-checks/ (CMake directly, -O1),
-# never into the venv: the module `pip install -e .` built stays in place. Exits non-zero on any
-# failure or sanitizer report. How to run parts of it: docs/guides/native-layer.md.
+# and the shared-memory path under ThreadSanitizer. Everything is built into build/native-checks/
+# (CMake directly, -O1), never into the venv: the module `pip install -e .` built stays in place.
+# Exits non-zero on any failure or sanitizer report. How to run parts of it: docs/guides/native-layer.md.
 #
 # Why the pieces are as they are:
 # - Python and MPICH are not instrumented, so the Python slice runs with libasan preloaded and
 #   leak detection off (the interpreter leaks by design); the instrumented module is loaded in
 #   place of the venv's by kernels/tests/asan_site/sitecustomize.py.
-# - TSan would report races inside the uninstrumented interpreter, so the progress thread is
-#   driven by a C++ binary (engine_threads_test) instead; kernels/tests/tsan.supp may only name
-#   MPICH internals, never harness code.
+# - TSan would report races inside the uninstrumented interpreter, so the progress thread and the
+#   shared-memory path are driven by C++ binaries (engine_threads_test, shm_collective_test)
+#   instead; kernels/tests/tsan.supp may only name MPICH internals, never harness code.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${VIRTUAL_ENV:?activate the venv of the project first (. .venv/bin/activate)}"
@@ -53,9 +53,10 @@ run "$T/step_program_test"
 run "$T/link_emulator_test"
 run mpiexec -n 3 "$T/shared_nics_test"
 run mpiexec -n 2 "$T/engine_threads_test"
+run mpiexec -n 3 "$T/shm_collective_test"
 
 step "build tsan (in the background, while the Python slice runs)"
-nice cmake --build "$OUT/tsan" -j 1 --target engine_threads_test >"$OUT/tsan-build.log" 2>&1 &
+nice cmake --build "$OUT/tsan" -j 1 --target engine_threads_test shm_collective_test >"$OUT/tsan-build.log" 2>&1 &
 TSAN_BUILD=$!
 
 step "Python slice under ASan + UBSan: tests/mpi/comm_checks.py on 3 and 2 ranks"
@@ -85,7 +86,7 @@ sys.exit(1 if failed or not report else 0)
 PY
 done
 
-step "progress thread under TSan (engine_threads_test on 2 ranks)"
+step "progress thread and shared-memory path under TSan (engine_threads_test, shm_collective_test on 2 ranks)"
 wait $TSAN_BUILD || { tail -n 40 "$OUT/tsan-build.log"; exit 1; }
 # UCX (MPICH's network layer) hooks madvise, and its hook takes a lock while a thread exits,
 # which crashes TSan's runtime: the hooks are off for this run (they only speed up memory
@@ -93,5 +94,8 @@ wait $TSAN_BUILD || { tail -n 40 "$OUT/tsan-build.log"; exit 1; }
 UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no \
   TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1 suppressions=$PWD/kernels/tests/tsan.supp" \
   run mpiexec -n 2 "$OUT/tsan/kernels/tests/engine_threads_test"
+UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no \
+  TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1 suppressions=$PWD/kernels/tests/tsan.supp" \
+  run mpiexec -n 2 "$OUT/tsan/kernels/tests/shm_collective_test"
 
 step "native checks passed"

@@ -18,8 +18,26 @@ using namespace harness;
 
 namespace {
 
-// Checks that `obj` is a C-contiguous float32 buffer (and writable if asked).
+FloatSpan float_buffer_checked(const py::object& obj, bool writable, const char* what);
+
+// Checks that `obj` is a C-contiguous float32 buffer (and writable if asked). The common case
+// asks the exporter for exactly that (no shape or stride vectors: every blocking call passes
+// here); anything else takes the checked path, which says what is wrong.
 FloatSpan float_buffer(const py::object& obj, bool writable, const char* what) {
+  Py_buffer view;
+  const int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+  if (PyObject_GetBuffer(obj.ptr(), &view, flags) != 0) {
+    PyErr_Clear();
+    return float_buffer_checked(obj, writable, what);
+  }
+  const bool plain = view.itemsize == 4 && view.format && view.format[0] == 'f' && view.format[1] == 0 &&
+                     view.len / 4 <= INT_MAX;
+  FloatSpan span{static_cast<float*>(view.buf), static_cast<int64_t>(view.len / 4)};
+  PyBuffer_Release(&view);
+  return plain ? span : float_buffer_checked(obj, writable, what);
+}
+
+FloatSpan float_buffer_checked(const py::object& obj, bool writable, const char* what) {
   py::buffer_info info;
   try {
     info = py::reinterpret_borrow<py::buffer>(obj).request(writable);
@@ -262,52 +280,60 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("size", [](PyGroup& g) { return g.native->size(); })
       .def_property_readonly("world_ranks", [](PyGroup& g) { return g.native->world_ranks(); })
       .def_property_readonly("tag_ub", [](PyGroup& g) { return g.native->tag_ub(); })
+      .def_property_readonly("shm_fallback_reason", [](PyGroup& g) { return g.native->shm_fallback_reason(); })
       .def("allreduce",
-           [handle](PyGroup& g, py::object keep, uintptr_t ptr, int64_t count, DType dtype, ReduceOp op, int tag) {
-             auto st = without_gil([&] { return g.native->allreduce(span(ptr, count), dtype, op, tag); });
+           [handle](PyGroup& g, py::object keep, uintptr_t ptr, int64_t count, DType dtype, ReduceOp op, int tag, bool block) {
+             auto st = without_gil([&] { return g.native->allreduce(span(ptr, count), dtype, op, tag, block); });
              return handle(g, st, keep);
-           })
+           },
+           py::arg("keep"), py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("op"), py::arg("tag"), py::arg("block") = false)
       .def("broadcast",
-           [handle](PyGroup& g, py::object keep, uintptr_t ptr, int64_t count, DType dtype, int root, int tag) {
-             auto st = without_gil([&] { return g.native->broadcast(span(ptr, count), dtype, root, tag); });
+           [handle](PyGroup& g, py::object keep, uintptr_t ptr, int64_t count, DType dtype, int root, int tag, bool block) {
+             auto st = without_gil([&] { return g.native->broadcast(span(ptr, count), dtype, root, tag, block); });
              return handle(g, st, keep);
-           })
+           },
+           py::arg("keep"), py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("root"), py::arg("tag"), py::arg("block") = false)
       .def("reduce",
-           [handle](PyGroup& g, py::object keep, uintptr_t ptr, int64_t count, DType dtype, ReduceOp op, int root, int tag) {
+           [handle](PyGroup& g, py::object keep, uintptr_t ptr, int64_t count, DType dtype, ReduceOp op, int root, int tag, bool block) {
              auto st = without_gil(
-                 [&] { return g.native->reduce(span(ptr, count), dtype, op, root, tag); });
+                 [&] { return g.native->reduce(span(ptr, count), dtype, op, root, tag, block); });
              return handle(g, st, keep);
-           })
+           },
+           py::arg("keep"), py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("op"), py::arg("root"), py::arg("tag"), py::arg("block") = false)
       .def("allgather",
            [handle](PyGroup& g, py::object keep, uintptr_t in, int64_t in_count, uintptr_t out, int64_t out_count,
-                    DType dtype, int tag) {
+                    DType dtype, int tag, bool block) {
              auto st = without_gil(
-                 [&] { return g.native->allgather(span(in, in_count), span(out, out_count), dtype, tag); });
+                 [&] { return g.native->allgather(span(in, in_count), span(out, out_count), dtype, tag, block); });
              return handle(g, st, keep);
-           })
+           },
+           py::arg("keep"), py::arg("in"), py::arg("in_count"), py::arg("out"), py::arg("out_count"), py::arg("dtype"), py::arg("tag"), py::arg("block") = false)
       .def("reduce_scatter",
            [handle](PyGroup& g, py::object keep, uintptr_t in, int64_t in_count, uintptr_t out, int64_t out_count,
-                    DType dtype, ReduceOp op, int tag) {
+                    DType dtype, ReduceOp op, int tag, bool block) {
              auto st = without_gil([&] {
                return g.native->reduce_scatter(span(in, in_count), span(out, out_count), dtype,
-                                               op, tag);
+                                               op, tag, block);
              });
              return handle(g, st, keep);
-           })
+           },
+           py::arg("keep"), py::arg("in"), py::arg("in_count"), py::arg("out"), py::arg("out_count"), py::arg("dtype"), py::arg("op"), py::arg("tag"), py::arg("block") = false)
       .def("gather",
            [handle](PyGroup& g, py::object keep, uintptr_t in, int64_t in_count, uintptr_t out, int64_t out_count,
-                    DType dtype, int root, int tag) {
+                    DType dtype, int root, int tag, bool block) {
              auto st = without_gil(
-                 [&] { return g.native->gather(span(in, in_count), span(out, out_count), dtype, root, tag); });
+                 [&] { return g.native->gather(span(in, in_count), span(out, out_count), dtype, root, tag, block); });
              return handle(g, st, keep);
-           })
+           },
+           py::arg("keep"), py::arg("in"), py::arg("in_count"), py::arg("out"), py::arg("out_count"), py::arg("dtype"), py::arg("root"), py::arg("tag"), py::arg("block") = false)
       .def("scatter",
            [handle](PyGroup& g, py::object keep, uintptr_t in, int64_t in_count, uintptr_t out, int64_t out_count,
-                    DType dtype, int root, int tag) {
+                    DType dtype, int root, int tag, bool block) {
              auto st = without_gil(
-                 [&] { return g.native->scatter(span(in, in_count), span(out, out_count), dtype, root, tag); });
+                 [&] { return g.native->scatter(span(in, in_count), span(out, out_count), dtype, root, tag, block); });
              return handle(g, st, keep);
-           })
+           },
+           py::arg("keep"), py::arg("in"), py::arg("in_count"), py::arg("out"), py::arg("out_count"), py::arg("dtype"), py::arg("root"), py::arg("tag"), py::arg("block") = false)
       .def("alltoall",
            [handle](PyGroup& g, py::object keep, uintptr_t in, int64_t in_count, uintptr_t out, int64_t out_count,
                     DType dtype, const std::vector<int64_t>& send_counts, const std::vector<int64_t>& recv_counts, int tag) {
@@ -318,10 +344,11 @@ PYBIND11_MODULE(_core, m) {
              return handle(g, st, keep);
            })
       .def("barrier",
-           [handle](PyGroup& g, int tag) {
-             auto st = without_gil([&] { return g.native->barrier(tag); });
+           [handle](PyGroup& g, int tag, bool block) {
+             auto st = without_gil([&] { return g.native->barrier(tag, block); });
              return handle(g, st, py::none());
-           })
+           },
+           py::arg("tag"), py::arg("block") = false)
       .def("send",
            [handle](PyGroup& g, py::object keep, uintptr_t ptr, int64_t count, DType dtype, int dst, int tag) {
              auto st = without_gil([&] { return g.native->send(span(ptr, count), dtype, dst, tag); });
@@ -433,6 +460,28 @@ PYBIND11_MODULE(_core, m) {
             return std::make_unique<Handle>(st, buf, c.graveyard);
           },
           py::arg("buf"), py::arg("root") = 0)
+      .def(
+          "allreduce",
+          [](PyComm& c, const py::object& buf, const std::string& op) {
+            FloatSpan b = float_buffer(buf, true, "allreduce buffer");
+            without_gil([&] {
+              c.native->allreduce(b, op);
+              return 0;
+            });
+          },
+          py::arg("buf"), py::arg("op") = "sum")
+      .def(
+          "broadcast",
+          [](PyComm& c, const py::object& buf, int root) {
+            FloatSpan b = float_buffer(buf, true, "broadcast buffer");
+            without_gil([&] {
+              c.native->broadcast(b, root);
+              return 0;
+            });
+          },
+          py::arg("buf"), py::arg("root") = 0)
+      .def("barrier", [](PyComm& c) { c.native->barrier(); }, release_gil())
+      .def_property_readonly("shm_fallback_reason", [](PyComm& c) { return c.native->shm_fallback_reason(); })
       .def("ibarrier",
            [](PyComm& c) {
              auto st = without_gil([&] { return c.native->ibarrier(); });
@@ -494,8 +543,9 @@ PYBIND11_MODULE(_core, m) {
           py::arg("algorithm"))
       .def(
           "set_links",
-          [](PyComm& c, const std::vector<std::tuple<int, double, double>>& links) { c.native->set_links(links); },
-          py::arg("links"))
+          [](PyComm& c, const std::vector<std::tuple<int, double, double>>& links,
+             std::vector<std::pair<int, int>> emulated_pairs) { c.native->set_links(links, std::move(emulated_pairs)); },
+          py::arg("links"), py::arg("emulated_pairs"))
       .def("drain_records",
            [](PyComm& c) {
              std::vector<std::tuple<std::string, double, double, double, int64_t, int64_t>> out;

@@ -13,15 +13,70 @@ Communicator::Communicator(MPI_Comm parent, EngineOptions options, int64_t ring_
   // Every allreduce takes it from its plan (the link emulator hands out the plans).
   engine_->links().set_tree_chunk_bytes(tree_chunk_bytes);
   exchange_comm_ = engine_->dup_comm();
+  everyone_.resize(static_cast<size_t>(size()));
+  for (int i = 0; i < size(); ++i) everyone_[i] = i;
+  shm_ = ShmChannel::open_on_host(engine_->dup_comm()->get(), everyone_, &shm_why_not_);
+}
+
+ShmChannel* Communicator::shm_for(ShmKind kind, int64_t bytes) const {
+  if (!shm_ || !shm_->wins(kind, bytes) || engine_->links().message_path_among(everyone_)) return nullptr;
+  return shm_.get();
+}
+
+ShmCall Communicator::allreduce_call(FloatSpan buf, const std::string& op) const {
+  ShmCall call{ShmKind::kAllreduce, buf.data, buf.data, buf.count, 4, reduce_fn(DType::kF32, ReduceOp::kSum, "allreduce")};
+  if (op == "mean") {
+    call.divide = divide_fn(DType::kF32, "allreduce");
+    call.divide_by = size();
+  }
+  return call;
+}
+
+namespace {
+void check_allreduce_op(const std::string& op) {
+  if (op != "sum" && op != "mean") throw CommError("allreduce op must be 'sum' or 'mean' (got '" + op + "')");
+}
+}  // namespace
+
+void Communicator::wait_for(const std::shared_ptr<OpState>& st) {
+  st->wait(-1);
+  st->throw_if_failed();
+}
+
+void Communicator::allreduce(FloatSpan buf, const std::string& op) {
+  check_open();
+  check_allreduce_op(op);
+  if (ShmChannel* shm = shm_for(ShmKind::kAllreduce, buf.count * 4)) return shm->run(*engine_, "allreduce", allreduce_call(buf, op));
+  wait_for(iallreduce(buf, op));
+}
+
+void Communicator::broadcast(FloatSpan buf, int root) {
+  check_open();
+  check_rank(root, size(), "broadcast root");
+  if (ShmChannel* shm = shm_for(ShmKind::kBroadcast, buf.count * 4)) {
+    ShmCall call{ShmKind::kBroadcast, buf.data, buf.data, buf.count, 4};
+    call.root = root;
+    return shm->run(*engine_, "broadcast", call);
+  }
+  wait_for(ibroadcast(buf, root));
+}
+
+void Communicator::barrier() {
+  check_open();
+  if (ShmChannel* shm = shm_for(ShmKind::kBarrier, 0)) return shm->run(*engine_, "barrier", ShmCall{});
+  wait_for(ibarrier());
 }
 
 std::shared_ptr<OpState> Communicator::iallreduce(FloatSpan buf, const std::string& op) {
   check_open();
-  if (op != "sum" && op != "mean") throw CommError("allreduce op must be 'sum' or 'mean' (got '" + op + "')");
-  std::vector<int> everyone(static_cast<size_t>(size()));
-  for (int i = 0; i < size(); ++i) everyone[i] = i;
+  check_allreduce_op(op);
+  if (ShmChannel* shm = shm_for(ShmKind::kAllreduce, buf.count * 4)) {
+    auto st = std::make_shared<OpState>();
+    engine_->submit(shm->op("allreduce", st, allreduce_call(buf, op)));
+    return st;
+  }
   StepProgram s = allreduce_program(size(), rank(), buf.data, buf.count, ring_threshold_,
-                                  engine_->links().allreduce_plan(everyone));
+                                  engine_->links().allreduce_plan(everyone_));
   s.result = buf.data;
   s.count = buf.count;
   s.divide_by = op == "mean" ? size() : 1;
@@ -31,11 +86,23 @@ std::shared_ptr<OpState> Communicator::iallreduce(FloatSpan buf, const std::stri
 std::shared_ptr<OpState> Communicator::ibroadcast(FloatSpan buf, int root) {
   check_open();
   check_rank(root, size(), "broadcast root");
+  if (ShmChannel* shm = shm_for(ShmKind::kBroadcast, buf.count * 4)) {
+    auto st = std::make_shared<OpState>();
+    ShmCall call{ShmKind::kBroadcast, buf.data, buf.data, buf.count, 4};
+    call.root = root;
+    engine_->submit(shm->op("broadcast", st, call));
+    return st;
+  }
   return submit("broadcast", binomial_bcast(size(), rank(), root, buf.data, buf.count));
 }
 
 std::shared_ptr<OpState> Communicator::ibarrier() {
   check_open();
+  if (ShmChannel* shm = shm_for(ShmKind::kBarrier, 0)) {
+    auto st = std::make_shared<OpState>();
+    engine_->submit(shm->op("barrier", st, ShmCall{}));
+    return st;
+  }
   return submit("barrier", dissemination_barrier(size(), rank()));
 }
 
@@ -85,7 +152,12 @@ std::unique_ptr<Group> Communicator::group(std::vector<int> world_ranks) {
   return std::make_unique<Group>(engine_, std::move(world_ranks), ring_threshold_);
 }
 
-void Communicator::set_links(const std::vector<std::tuple<int, double, double>>& links) {
+void Communicator::set_links(const std::vector<std::tuple<int, double, double>>& links,
+                             std::vector<std::pair<int, int>> emulated_pairs) {
+  for (auto& [src, dst] : emulated_pairs) {
+    check_rank(src, size(), "emulated link source");
+    check_rank(dst, size(), "emulated link destination");
+  }
   std::unordered_map<int, LinkParams> table;
   for (auto& [dst, lat, bw] : links) {
     check_rank(dst, size(), "link destination");
@@ -94,6 +166,7 @@ void Communicator::set_links(const std::vector<std::tuple<int, double, double>>&
     table[dst] = LinkParams{lat, bw};
   }
   engine_->links().set_links(table);
+  engine_->links().set_emulated_pairs(std::move(emulated_pairs));
 }
 
 void Communicator::set_allreduce(const std::string& algorithm) {
@@ -140,13 +213,11 @@ std::shared_ptr<OpState> Communicator::submit(const char* name, StepProgram s) {
     std::lock_guard<std::mutex> lock(seq_mu_);
     seq = collective_seq_++;
   }
-  std::vector<int> members(static_cast<size_t>(size()));
-  for (int i = 0; i < size(); ++i) members[i] = i;
   auto st = std::make_shared<OpState>();
   // The engine's communicator duplicates the world: members are world ranks as well.
   const int tag = static_cast<int>(seq % engine_->tag_ub());
   engine_->submit(std::make_unique<StepProgramOp>(
-      name, st, StepExecutor(engine_->shared_comm(), members, members, tag, std::move(s))));
+      name, st, StepExecutor(engine_->shared_comm(), everyone_, everyone_, tag, std::move(s))));
   return st;
 }
 

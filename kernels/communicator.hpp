@@ -35,6 +35,13 @@ class Communicator {
   std::shared_ptr<OpState> iallreduce(FloatSpan buf, const std::string& op);
   std::shared_ptr<OpState> ibroadcast(FloatSpan buf, int root);
   std::shared_ptr<OpState> ibarrier();
+  // The blocking calls: in the calling thread where the shared-memory path takes them (every
+  // rank on this host, nothing emulated), else posted and waited for. Throw the op's error.
+  void allreduce(FloatSpan buf, const std::string& op);
+  void broadcast(FloatSpan buf, int root);
+  void barrier();
+  // Why the ranks have no shared segment although they share a host ("" otherwise).
+  const std::string& shm_fallback_reason() const { return shm_why_not_; }
   // Symmetric exchange with `peer`: both sides call it; exchanges between the same two ranks
   // are matched in the order they are posted.
   std::shared_ptr<OpState> iexchange(FloatSpan send, FloatSpan recv, int peer);
@@ -47,8 +54,10 @@ class Communicator {
   // Typed collectives over `world_ranks` (collective over those ranks only; group.hpp).
   std::unique_ptr<Group> group(std::vector<int> world_ranks);
 
-  // Outgoing links of this rank: (dst rank, latency s, bandwidth B/s or inf).
-  void set_links(const std::vector<std::tuple<int, double, double>>& links);
+  // Outgoing links of this rank: (dst rank, latency s, bandwidth B/s or inf); `emulated_pairs`:
+  // every emulated link of the job as (src, dst), the same on every rank.
+  void set_links(const std::vector<std::tuple<int, double, double>>& links,
+                 std::vector<std::pair<int, int>> emulated_pairs);
   // Nodes of the emulated cluster (collective): node_of[world rank], intra-node link and NIC as
   // (latency s, bandwidth B/s or inf) and the fabric's bandwidth (inf: no limit). See
   // link_emulator.hpp for the contention rule.
@@ -67,6 +76,10 @@ class Communicator {
  private:
   void check_open() const;
   std::shared_ptr<OpState> submit(const char* name, StepProgram s);
+  // The shared-memory channel for a call of `kind` moving `bytes`, or null: the message path.
+  ShmChannel* shm_for(ShmKind kind, int64_t bytes) const;
+  static void wait_for(const std::shared_ptr<OpState>& st);
+  ShmCall allreduce_call(FloatSpan buf, const std::string& op) const;
 
   std::shared_ptr<Engine> engine_;
   int64_t ring_threshold_;
@@ -77,6 +90,9 @@ class Communicator {
   std::map<int, int64_t> exchange_seq_;
   int64_t collective_seq_ = 0;  // one tag per collective, in the order this rank posts them
   std::atomic<bool> closed_{false};
+  std::vector<int> everyone_;  // 0 .. size-1
+  std::shared_ptr<ShmChannel> shm_;
+  std::string shm_why_not_;
 };
 
 }  // namespace harness

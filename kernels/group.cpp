@@ -46,6 +46,26 @@ Group::Group(std::shared_ptr<Engine> engine, std::vector<int> world_ranks, int64
   MpiComm owned(created);
   p2p_comm_ = share(MpiComm::dup(owned.get()));
   comm_ = share(std::move(owned));
+  shm_ = ShmChannel::open_on_host(comm_->get(), world_, &shm_why_not_);
+}
+
+ShmChannel* Group::shm_for(ShmKind kind, int64_t bytes, int tag) const {
+  if (!shm_ || !shm_->wins(kind, bytes)) return nullptr;
+  if (tag >= (engine_->tag_ub() + 1) / 2) return nullptr;  // a collective posted from a callback
+  return engine_->links().message_path_among(world_) ? nullptr : shm_.get();
+}
+
+std::shared_ptr<OpState> Group::via_shm(const char* name, const ShmCall& call, bool block) {
+  auto st = std::make_shared<OpState>();
+  if (!block) {
+    engine_->submit(shm_->op(name, st, call));
+    return st;
+  }
+  st->t_post = now();
+  st->mark_started();
+  shm_->run(*engine_, name, call);
+  st->finish();
+  return st;
 }
 
 void Group::check_open(const char* what) const {
@@ -65,13 +85,21 @@ std::shared_ptr<OpState> Group::submit(const char* name, StepProgram s, bool p2p
   return st;
 }
 
-std::shared_ptr<OpState> Group::allreduce(TypedSpan buf, DType dtype, ReduceOp op, int tag) {
+std::shared_ptr<OpState> Group::allreduce(TypedSpan buf, DType dtype, ReduceOp op, int tag, bool block) {
   const std::string what = op_what("allreduce", dtype);
   check_open(what.c_str());
   check_count(buf.count, what.c_str());
   const ElemType et = elem_type(dtype);
   ReduceFn fn = reduce_fn(dtype, op, what);
   const int p = size();
+  if (shm_for(ShmKind::kAllreduce, buf.count * et.size, tag)) {
+    ShmCall call{ShmKind::kAllreduce, buf.data, buf.data, buf.count, et.size, fn};
+    if (op == ReduceOp::kAvg) {
+      call.divide = divide_fn(dtype, what);
+      call.divide_by = p;
+    }
+    return via_shm("allreduce", call, block);
+  }
   StepProgram s = allreduce_program(p, rank_, buf.data, buf.count, ring_threshold_, engine_->links().allreduce_plan(world_),
                                   et.size);
   s.elem = et;
@@ -85,18 +113,23 @@ std::shared_ptr<OpState> Group::allreduce(TypedSpan buf, DType dtype, ReduceOp o
   return submit("allreduce", std::move(s), false, tag);
 }
 
-std::shared_ptr<OpState> Group::broadcast(TypedSpan buf, DType dtype, int root, int tag) {
+std::shared_ptr<OpState> Group::broadcast(TypedSpan buf, DType dtype, int root, int tag, bool block) {
   const std::string what = op_what("broadcast", dtype);
   check_open(what.c_str());
   check_count(buf.count, what.c_str());
   check_rank(root, size(), "broadcast root");
   const ElemType et = elem_type(dtype);
+  if (shm_for(ShmKind::kBroadcast, buf.count * et.size, tag)) {
+    ShmCall call{ShmKind::kBroadcast, buf.data, buf.data, buf.count, et.size};
+    call.root = root;
+    return via_shm("broadcast", call, block);
+  }
   StepProgram s = binomial_bcast(size(), rank_, root, buf.data, buf.count, et.size);
   s.elem = et;
   return submit("broadcast", std::move(s), false, tag);
 }
 
-std::shared_ptr<OpState> Group::reduce(TypedSpan buf, DType dtype, ReduceOp op, int root, int tag) {
+std::shared_ptr<OpState> Group::reduce(TypedSpan buf, DType dtype, ReduceOp op, int root, int tag, bool block) {
   const std::string what = op_what("reduce", dtype);
   check_open(what.c_str());
   check_count(buf.count, what.c_str());
@@ -104,6 +137,15 @@ std::shared_ptr<OpState> Group::reduce(TypedSpan buf, DType dtype, ReduceOp op, 
   const ElemType et = elem_type(dtype);
   const int p = size(), esz = et.size;
   const int64_t n = buf.count;
+  if (shm_for(ShmKind::kReduce, n * esz, tag)) {
+    ShmCall call{ShmKind::kReduce, buf.data, buf.data, n, esz, reduce_fn(dtype, op, what)};
+    call.root = root;
+    if (op == ReduceOp::kAvg) {
+      call.divide = divide_fn(dtype, what);
+      call.divide_by = p;
+    }
+    return via_shm("reduce", call, block);
+  }
   StepProgram s;
   s.elem = et;
   s.reduce = reduce_fn(dtype, op, what);
@@ -131,7 +173,7 @@ std::shared_ptr<OpState> Group::reduce(TypedSpan buf, DType dtype, ReduceOp op, 
   return submit("reduce", std::move(s), false, tag);
 }
 
-std::shared_ptr<OpState> Group::allgather(TypedSpan in, TypedSpan out, DType dtype, int tag) {
+std::shared_ptr<OpState> Group::allgather(TypedSpan in, TypedSpan out, DType dtype, int tag, bool block) {
   const std::string what = op_what("allgather", dtype);
   check_open(what.c_str());
   check_count(out.count, what.c_str());
@@ -142,6 +184,8 @@ std::shared_ptr<OpState> Group::allgather(TypedSpan in, TypedSpan out, DType dty
                     std::to_string(p) + " x " + std::to_string(n));
   const ElemType et = elem_type(dtype);
   const int esz = et.size;
+  if (shm_for(ShmKind::kAllgather, out.count * esz, tag))
+    return via_shm("allgather", ShmCall{ShmKind::kAllgather, in.data, out.data, n, esz}, block);
   char* mine = at(out.data, rank_ * n, esz);
   if (mine != in.data) std::memmove(mine, in.data, static_cast<size_t>(n * esz));
   StepProgram s;
@@ -154,7 +198,8 @@ std::shared_ptr<OpState> Group::allgather(TypedSpan in, TypedSpan out, DType dty
   return submit("allgather", std::move(s), false, tag);
 }
 
-std::shared_ptr<OpState> Group::reduce_scatter(TypedSpan in, TypedSpan out, DType dtype, ReduceOp op, int tag) {
+std::shared_ptr<OpState> Group::reduce_scatter(TypedSpan in, TypedSpan out, DType dtype, ReduceOp op, int tag,
+                                              bool block) {
   const std::string what = op_what("reduce_scatter", dtype);
   check_open(what.c_str());
   check_count(in.count, what.c_str());
@@ -165,6 +210,14 @@ std::shared_ptr<OpState> Group::reduce_scatter(TypedSpan in, TypedSpan out, DTyp
                     " x " + std::to_string(n));
   const ElemType et = elem_type(dtype);
   const int esz = et.size;
+  if (shm_for(ShmKind::kReduceScatter, in.count * esz, tag)) {
+    ShmCall call{ShmKind::kReduceScatter, in.data, out.data, n, esz, reduce_fn(dtype, op, what)};
+    if (op == ReduceOp::kAvg) {
+      call.divide = divide_fn(dtype, what);
+      call.divide_by = p;
+    }
+    return via_shm("reduce_scatter", call, block);
+  }
   StepProgram s;
   s.elem = et;
   s.reduce = reduce_fn(dtype, op, what);
@@ -191,7 +244,7 @@ std::shared_ptr<OpState> Group::reduce_scatter(TypedSpan in, TypedSpan out, DTyp
   return submit("reduce_scatter", std::move(s), false, tag);
 }
 
-std::shared_ptr<OpState> Group::gather(TypedSpan in, TypedSpan out, DType dtype, int root, int tag) {
+std::shared_ptr<OpState> Group::gather(TypedSpan in, TypedSpan out, DType dtype, int root, int tag, bool block) {
   const std::string what = op_what("gather", dtype);
   check_open(what.c_str());
   check_count(in.count, what.c_str());
@@ -199,13 +252,18 @@ std::shared_ptr<OpState> Group::gather(TypedSpan in, TypedSpan out, DType dtype,
   const int p = size();
   const int64_t n = in.count;
   const ElemType et = elem_type(dtype);
+  if (rank_ == root && out.count != n * p)
+    throw CommError(what + ": the root's output holds " + std::to_string(out.count) + " elements, not " +
+                    std::to_string(p) + " x " + std::to_string(n));
+  if (shm_for(ShmKind::kGather, n * p * et.size, tag)) {
+    ShmCall call{ShmKind::kGather, in.data, out.data, n, et.size};
+    call.root = root;
+    return via_shm("gather", call, block);
+  }
   StepProgram s;
   s.elem = et;
   Step step;
   if (rank_ == root) {
-    if (out.count != n * p)
-      throw CommError(what + ": the root's output holds " + std::to_string(out.count) + " elements, not " +
-                      std::to_string(p) + " x " + std::to_string(n));
     std::memmove(at(out.data, rank_ * n, et.size), in.data, static_cast<size_t>(n * et.size));
     for (int m = 0; m < p; ++m)
       if (m != rank_) step.recvs.push_back({m, at(out.data, m * n, et.size), n});
@@ -216,7 +274,7 @@ std::shared_ptr<OpState> Group::gather(TypedSpan in, TypedSpan out, DType dtype,
   return submit("gather", std::move(s), false, tag);
 }
 
-std::shared_ptr<OpState> Group::scatter(TypedSpan in, TypedSpan out, DType dtype, int root, int tag) {
+std::shared_ptr<OpState> Group::scatter(TypedSpan in, TypedSpan out, DType dtype, int root, int tag, bool block) {
   const std::string what = op_what("scatter", dtype);
   check_open(what.c_str());
   check_count(out.count, what.c_str());
@@ -224,13 +282,18 @@ std::shared_ptr<OpState> Group::scatter(TypedSpan in, TypedSpan out, DType dtype
   const int p = size();
   const int64_t n = out.count;
   const ElemType et = elem_type(dtype);
+  if (rank_ == root && in.count != n * p)
+    throw CommError(what + ": the root's input holds " + std::to_string(in.count) + " elements, not " +
+                    std::to_string(p) + " x " + std::to_string(n));
+  if (shm_for(ShmKind::kScatter, n * p * et.size, tag)) {
+    ShmCall call{ShmKind::kScatter, in.data, out.data, n, et.size};
+    call.root = root;
+    return via_shm("scatter", call, block);
+  }
   StepProgram s;
   s.elem = et;
   Step step;
   if (rank_ == root) {
-    if (in.count != n * p)
-      throw CommError(what + ": the root's input holds " + std::to_string(in.count) + " elements, not " +
-                      std::to_string(p) + " x " + std::to_string(n));
     std::memmove(out.data, at(in.data, rank_ * n, et.size), static_cast<size_t>(n * et.size));
     for (int m = 0; m < p; ++m)
       if (m != rank_) step.sends.push_back({m, at(in.data, m * n, et.size), n});
@@ -282,8 +345,9 @@ std::shared_ptr<OpState> Group::alltoall(TypedSpan in, TypedSpan out, DType dtyp
   return submit("alltoall", std::move(s), false, tag);
 }
 
-std::shared_ptr<OpState> Group::barrier(int tag) {
+std::shared_ptr<OpState> Group::barrier(int tag, bool block) {
   check_open("barrier");
+  if (shm_for(ShmKind::kBarrier, 0, tag)) return via_shm("barrier", ShmCall{}, block);
   return submit("barrier", dissemination_barrier(size(), rank_), false, tag);
 }
 

@@ -18,6 +18,7 @@
 
 #include "caller.hpp"
 #include "dtype.hpp"
+#include "shm_collective.hpp"
 #include "step_program.hpp"
 
 namespace harness {
@@ -27,6 +28,9 @@ struct TypedSpan {
   int64_t count;  // elements
 };
 
+// block: the caller waits for the operation anyway, so where the shared-memory path takes it
+// (every member on this host, nothing emulated between them, ShmChannel::wins), it runs in the
+// calling thread and the returned state is already done. Otherwise the operation is posted.
 class Group {
  public:
   // Collective over the members: world_ranks[i] is the world rank of group rank i.
@@ -38,23 +42,26 @@ class Group {
   int size() const { return static_cast<int>(world_.size()); }
   const std::vector<int>& world_ranks() const { return world_; }
 
-  std::shared_ptr<OpState> allreduce(TypedSpan buf, DType dtype, ReduceOp op, int tag = -1);
-  std::shared_ptr<OpState> broadcast(TypedSpan buf, DType dtype, int root, int tag = -1);
+  std::shared_ptr<OpState> allreduce(TypedSpan buf, DType dtype, ReduceOp op, int tag = -1, bool block = false);
+  std::shared_ptr<OpState> broadcast(TypedSpan buf, DType dtype, int root, int tag = -1, bool block = false);
   // The reduction lands in `buf` on `root`; other members' buffers are left as they were.
-  std::shared_ptr<OpState> reduce(TypedSpan buf, DType dtype, ReduceOp op, int root, int tag = -1);
+  std::shared_ptr<OpState> reduce(TypedSpan buf, DType dtype, ReduceOp op, int root, int tag = -1, bool block = false);
   // out: size() * in.count elements, member m's input at m * in.count (`in` may alias its slot).
-  std::shared_ptr<OpState> allgather(TypedSpan in, TypedSpan out, DType dtype, int tag = -1);
+  std::shared_ptr<OpState> allgather(TypedSpan in, TypedSpan out, DType dtype, int tag = -1, bool block = false);
   // in: size() * out.count elements; member m gets the reduction of every member's chunk m.
-  std::shared_ptr<OpState> reduce_scatter(TypedSpan in, TypedSpan out, DType dtype, ReduceOp op, int tag = -1);
+  std::shared_ptr<OpState> reduce_scatter(TypedSpan in, TypedSpan out, DType dtype, ReduceOp op, int tag = -1, bool block = false);
   // out (root only): size() * in.count elements.
-  std::shared_ptr<OpState> gather(TypedSpan in, TypedSpan out, DType dtype, int root, int tag = -1);
+  std::shared_ptr<OpState> gather(TypedSpan in, TypedSpan out, DType dtype, int root, int tag = -1, bool block = false);
   // in (root only): size() * out.count elements.
-  std::shared_ptr<OpState> scatter(TypedSpan in, TypedSpan out, DType dtype, int root, int tag = -1);
+  std::shared_ptr<OpState> scatter(TypedSpan in, TypedSpan out, DType dtype, int root, int tag = -1, bool block = false);
   // in / out hold send_counts[m] / recv_counts[m] elements for member m, one after another.
   std::shared_ptr<OpState> alltoall(TypedSpan in, TypedSpan out, DType dtype, const std::vector<int64_t>& send_counts,
                                     const std::vector<int64_t>& recv_counts, int tag = -1);
-  std::shared_ptr<OpState> barrier(int tag = -1);
+  std::shared_ptr<OpState> barrier(int tag = -1, bool block = false);
   int tag_ub() const { return engine_->tag_ub(); }
+  // Why the members that share this host have no shared segment ("" when they have one, or
+  // when some member is on another host).
+  const std::string& shm_fallback_reason() const { return shm_why_not_; }
   // Point to point on a communicator of their own: messages between two members with the same
   // tag are matched in the order they were posted.
   std::shared_ptr<OpState> send(TypedSpan buf, DType dtype, int dst, int tag);
@@ -66,6 +73,11 @@ class Group {
   // group's own sequence.
   std::shared_ptr<OpState> submit(const char* name, StepProgram s, bool p2p = false, int tag = -1);
   void check_open(const char* what) const;
+  // The shared-memory channel for a call of `kind` moving `bytes` with `tag`, or null: the message path.
+  // Only the main sequence of a group (tag < 0, or below half the tag range: harness.dist's
+  // numbering) is posted in the same order on every member, which the channel needs.
+  ShmChannel* shm_for(ShmKind kind, int64_t bytes, int tag) const;
+  std::shared_ptr<OpState> via_shm(const char* name, const ShmCall& call, bool block);
 
   std::shared_ptr<Engine> engine_;
   std::vector<int> world_;
@@ -73,6 +85,8 @@ class Group {
   int rank_ = 0;
   int64_t ring_threshold_;
   SharedComm comm_, p2p_comm_;  // held as well by the operations that run on them
+  std::shared_ptr<ShmChannel> shm_;  // null: some member is on another host, or no segment
+  std::string shm_why_not_;
   std::mutex seq_mu_;
   int64_t seq_ = 0;
 };

@@ -18,6 +18,8 @@
 // one finishes at the same time under both rules; FIFO finishes the others earlier.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -85,6 +87,27 @@ class LinkEmulator {
     topo_ = std::move(topology);
     nics_ = std::move(nics);
     intra_free_.clear();
+    note_emulation();
+  }
+
+  // Every emulated link of the job as (src, dst) world ranks: the same list on every rank
+  // (set_links' table holds this rank's own links only).
+  void set_emulated_pairs(std::vector<std::pair<int, int>> pairs) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pairs_ = std::move(pairs);
+    note_emulation();
+  }
+
+  // Whether collectives among `members` must take the message path: an emulated link between
+  // two of them, emulated nodes, or an allreduce algorithm named by the user. The answer is the
+  // same on every member (all three are set alike everywhere), so they all take the same path.
+  bool message_path_among(const std::vector<int>& members) const {
+    if (!emulates_.load(std::memory_order_acquire)) return false;  // every blocking call asks: no lock
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!topo_.node_of.empty() || allreduce_ != AllreduceAlgorithm::kAuto) return true;
+    if (pairs_.empty()) return false;
+    auto member = [&](int r) { return std::find(members.begin(), members.end(), r) != members.end(); };
+    return std::any_of(pairs_.begin(), pairs_.end(), [&](const auto& p) { return member(p.first) && member(p.second); });
   }
 
   std::unordered_map<int, LinkParams> links() const {
@@ -97,6 +120,7 @@ class LinkEmulator {
   void set_allreduce(AllreduceAlgorithm algorithm) {
     std::lock_guard<std::mutex> lock(mu_);
     allreduce_ = algorithm;
+    note_emulation();
   }
 
   // The chunk size of the tree allreduce's pipeline (the communicator's, set once).
@@ -153,9 +177,17 @@ class LinkEmulator {
   }
 
  private:
+  // Under mu_: whether anything at all is emulated or named (message_path_among's shortcut).
+  void note_emulation() {
+    emulates_.store(!topo_.node_of.empty() || allreduce_ != AllreduceAlgorithm::kAuto || !pairs_.empty(),
+                    std::memory_order_release);
+  }
+
   int self_ = -1;
+  std::atomic<bool> emulates_{false};
   mutable std::mutex mu_;
   std::unordered_map<int, LinkParams> links_;
+  std::vector<std::pair<int, int>> pairs_;
   std::unordered_map<int, double> pair_free_, intra_free_;
   AllreduceAlgorithm allreduce_ = AllreduceAlgorithm::kAuto;
   int64_t tree_chunk_bytes_ = 0;

@@ -86,7 +86,7 @@ def test_parent_launches_worker_without_importing_mpi4py():
         calls = []
         def fake_run_ranks(n, argv, **kw):
             calls.append([n, list(argv)])
-            return subprocess.CompletedProcess(argv, 3)
+            return subprocess.CompletedProcess(argv, 3 if "--baselines" in argv else 0)
         bench.run_ranks = fake_run_ranks
         from harness.cli import main
         rc = main(["bench", "collectives", "--sizes", "1M,4K", "--ops", "broadcast", "--spin-us", "10"])
@@ -97,11 +97,18 @@ def test_parent_launches_worker_without_importing_mpi4py():
     out = json.loads(proc.stdout)
     assert out["rc"] == 3  # the job's status is the command's
     assert not out["mpi4py"]
-    [[ranks, argv]] = out["calls"]
+    options = ["--ranks", "4", "--sizes", "4096,1048576", "--iters", "20", "--warmup", "5", "--ops", "broadcast"]
+    # MPI alone at each thread level, each in a job of its own, then the native job reading their times
+    single, multiple, native = out["calls"]
+    rows = []
+    for (ranks, argv), mode in ((single, "single"), (multiple, "multiple")):
+        assert ranks == 4
+        assert argv[:3] == [sys.executable, "-m", "harness.bench.collectives_worker"]
+        assert argv[3:13] == options and argv[13:16] == ["--mpi-baseline", mode, "--rows"]
+        rows.append(argv[16])
+    ranks, argv = native
     assert ranks == 4
-    assert argv[:3] == [sys.executable, "-m", "harness.bench.collectives_worker"]
-    assert argv[3:] == ["--ranks", "4", "--sizes", "4096,1048576", "--iters", "20", "--warmup", "5",
-                        "--ops", "broadcast", "--spin-us", "10.0"]
+    assert argv[3:] == options + ["--baselines", *rows, "--spin-us", "10.0"]
 
 
 @pytest.mark.mpi
@@ -110,7 +117,8 @@ def test_collectives_two_ranks(tmp_path):
     proc = _harness("bench", "collectives", "--ranks", "2", "--sizes", "4K,64K", "--iters", "3", "--warmup", "1",
                     "--json", str(out), timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    header = "size(B) count(elems) time(us) algbw(GB/s) busbw(GB/s) #wrong mpi_time(us) mpi_busbw(GB/s) ratio"
+    header = ("size(B) count(elems) time(us) algbw(GB/s) busbw(GB/s) #wrong mpi_single(us) mpi_multi(us) "
+              "mpi_busbw(GB/s) ratio floor(us) floor/time")
     tables = [line for line in proc.stdout.splitlines() if " ".join(line.split()[1:]) == header]
     assert len(tables) == 4, proc.stdout  # allreduce, broadcast, allgather, reduce_scatter
     assert "2 ranks, warmup 1, iters 3" in proc.stdout
@@ -118,6 +126,8 @@ def test_collectives_two_ranks(tmp_path):
 
     report = json.loads(out.read_text())
     assert (report["ranks"], report["iters"], report["warmup"]) == (2, 3, 1)
+    # MPI at its best: each thread level measured in a job of its own, and MPI gave each the level asked
+    assert report["mpi_modes"] == {"single": "single", "multiple": "multiple"}
     rows = {(r["op"], r["size_bytes"]): r for r in report["rows"]}
     assert set(rows) == {(op, s) for op in ("allreduce", "broadcast", "allgather", "reduce_scatter")
                          for s in (4096, 65536)}
@@ -125,7 +135,10 @@ def test_collectives_two_ranks(tmp_path):
         assert row["count"] == size // 4
         assert row["wrong"] == 0, (op, size)
         assert row["time_us"] > 0 and row["mpi_time_us"] > 0
+        assert row["mpi_time_us"] == min(row["mpi_single_time_us"], row["mpi_multiple_time_us"])
         assert row["ratio"] == pytest.approx(row["mpi_time_us"] / row["time_us"])
+        assert row["floor_time_us"] > 0
+        assert row["floor_ratio"] == pytest.approx(row["floor_time_us"] / row["time_us"])
     ar = rows["allreduce", 4096]
     assert ar["busbw_gbs"] == pytest.approx(ar["algbw_gbs"] * 2 * (2 - 1) / 2)
     ag = rows["allgather", 4096]

@@ -83,6 +83,31 @@ def test_a_peer_dying_while_a_link_holds_a_send_raises_peer_lost_on_the_survivor
     assert report.get("closed"), f"the survivor did not close its communicator:\n{printed[-3000:]}"
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("posted", [False, True], ids=["blocking", "posted"])
+def test_a_peer_dying_in_a_shared_memory_collective_raises_peer_lost_on_the_survivors(tmp_path, posted):
+    # The ranks share this host: their allreduce runs in a shared segment, where no MPI call
+    # would notice the death; the waiters check that the process they wait for still exists.
+    out = tmp_path / "survivor"
+    cmd = [str(mpiexec_path()), "-disable-auto-cleanup", "-n", "3", sys.executable, "-u",
+           str(MPI_DIR / "shm_peer_lost_checks.py"), str(out)] + (["posted"] if posted else [])
+    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        stop_job(proc)
+        pytest.fail("the survivors did not finish within 120 s")
+    printed = stdout + stderr
+    for rank in (0, 2):
+        path = tmp_path / f"survivor.{rank}.json"
+        assert path.exists(), f"rank {rank} wrote no report:\n{printed[-3000:]}"
+        report = json.loads(path.read_text())
+        assert report["raised"] == "PeerLostError" and report["kind"] == "PEER_LOST", report
+        assert "rank 1" in report["message"] and "exited" in report["message"], report
+        assert report.get("closed"), f"rank {rank} did not close its communicator:\n{printed[-3000:]}"
+
+
 def test_dtype_and_reduce_op_codes_come_from_the_module():
     assert set(DTYPE_CODES) == {getattr(torch, name) for name in _core.DType.__members__}
     assert all(isinstance(code, _core.DType) for code in DTYPE_CODES.values())

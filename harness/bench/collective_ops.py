@@ -36,6 +36,7 @@ ITER_BUDGET_BYTES = 256 * MIB  # sizes above 1 MiB run about this many bytes of 
 MIN_LARGE_ITERS = 5  # ...but at least this many
 RTOL = 1e-5
 SEED = 1234
+MPI_WARMUP = 10  # untimed MPI calls at least (MPICH's shared-memory collectives start after a few)
 
 
 def iterations_for(size: int, iters: int, warmup: int) -> tuple[int, int]:
@@ -131,7 +132,7 @@ def _native_allgather(comm: Any, buf: np.ndarray) -> None:
     g = _group(comm)
     k = buf.size // g.size
     out = buf[: k * g.size]
-    g.allgather(buf, out[g.rank * k :].ctypes.data, k, out.ctypes.data, out.size, DType.float32, 0).wait()
+    g.allgather(buf, out[g.rank * k :].ctypes.data, k, out.ctypes.data, out.size, DType.float32, -1, block=True).wait()
 
 
 def _native_reduce_scatter(comm: Any, buf: np.ndarray) -> None:
@@ -139,7 +140,9 @@ def _native_reduce_scatter(comm: Any, buf: np.ndarray) -> None:
 
     g = _group(comm)  # the input is copied when the op is posted, so the output may overlap it
     k = buf.size // g.size
-    g.reduce_scatter(buf, buf.ctypes.data, k * g.size, buf.ctypes.data, k, DType.float32, ReduceOp.SUM, 0).wait()
+    g.reduce_scatter(
+        buf, buf.ctypes.data, k * g.size, buf.ctypes.data, k, DType.float32, ReduceOp.SUM, -1, block=True
+    ).wait()
 
 
 ABOUT = {  # what the worker's table headers add to an op's name
@@ -172,16 +175,44 @@ def _timed(world: Any, run: Callable[[], None], refill: Callable[[], None], iter
     return statistics.median(times.tolist())
 
 
+def _input(world: Any, size: int) -> np.ndarray:
+    """This rank's seeded input of ``size`` bytes (float32)."""
+    return np.random.default_rng([SEED, world.Get_rank(), size]).standard_normal(size // 4, dtype=np.float32)
+
+
+def measure_mpi(world: Any, name: str, size: int, iters: int, warmup: int) -> float:
+    """MPI's own time of op ``name`` on ``size`` bytes (seconds, median of the slowest rank), in
+    this process at whatever thread level MPI was initialized with. At least ``MPI_WARMUP``
+    untimed calls first: MPICH switches its shared-memory collectives on after a few calls of
+    a collective on a communicator, and the baseline is MPI at its best."""
+    op = OPS[name]
+    iters, warmup = iterations_for(size, iters, warmup)
+    inp = _input(world, size)
+    buf = np.empty_like(inp)
+    return _timed(world, lambda: op.mpi(world, inp, buf), lambda: np.copyto(buf, inp), iters, max(warmup, MPI_WARMUP))
+
+
+def measure_floor(world: Any, size: int, iters: int, warmup: int) -> float:
+    """What a ``memcpy`` of ``size`` bytes costs on every rank at once (seconds, timed as the
+    ops are): the floor under a collective that leaves ``size`` bytes in each rank's buffer."""
+    iters, warmup = iterations_for(size, iters, warmup)
+    src = _input(world, size)
+    dst = np.empty_like(src)
+    return _timed(world, lambda: np.copyto(dst, src), lambda: None, iters, warmup)
+
+
 def measure(
     comm: Any, world: Any, name: str, size: int, iters: int, warmup: int, baseline: bool = True
 ) -> dict[str, Any]:
     """One row: native and MPI timings of op ``name`` on ``size`` bytes, and the #wrong check
-    (without ``baseline``, the MPI columns are NaN)."""
+    (without ``baseline``, the MPI columns are NaN). MPI runs in this process, at the native
+    layer's ``MPI_THREAD_MULTIPLE``; the command adds MPI at its best from jobs of its own
+    (``merge_baselines``)."""
     from mpi4py import MPI  # noqa: PLC0415  (initializes MPI: on the ranks only)
 
     op, n, count = OPS[name], world.Get_size(), size // 4
     iters, warmup = iterations_for(size, iters, warmup)
-    inp = np.random.default_rng([SEED, world.Get_rank(), size]).standard_normal(count, dtype=np.float32)
+    inp = _input(world, size)
     buf, expected = np.empty_like(inp), np.empty_like(inp)
 
     np.copyto(expected, inp)
@@ -200,7 +231,8 @@ def measure(
     check()
     native_s = _timed(world, lambda: op.native(comm, buf), refill, iters, warmup)
     check()  # the last timed iteration's result
-    mpi_s = _timed(world, lambda: op.mpi(world, inp, buf), refill, iters, warmup) if baseline else None
+    mpi_s = _timed(world, lambda: op.mpi(world, inp, buf), refill, iters, max(warmup, MPI_WARMUP)) if baseline else None
+    floor_s = measure_floor(world, size, iters, warmup)
 
     n_wrong = world.allreduce(int(np.count_nonzero(wrong)), op=MPI.SUM)
     algbw = size / native_s / 1e9
@@ -217,9 +249,24 @@ def measure(
         "mpi_time_us": None,
         "mpi_busbw_gbs": None,
         "ratio": None,
+        "mpi_single_time_us": None,
+        "mpi_multiple_time_us": None if mpi_s is None else mpi_s * 1e6,
+        "floor_time_us": floor_s * 1e6,
+        "floor_ratio": floor_s / native_s,
     }
-    if mpi_s is not None:
-        row.update(
-            mpi_time_us=mpi_s * 1e6, mpi_busbw_gbs=size / mpi_s / 1e9 * op.bus_factor(n), ratio=mpi_s / native_s
-        )  # = native busbw / mpi busbw, defined at 1 rank too
+    set_best_mpi(row, n)
     return row
+
+
+def set_best_mpi(row: dict[str, Any], ranks: int) -> None:
+    """``mpi_time_us``, ``mpi_busbw_gbs`` and ``ratio`` of ``row`` from the faster MPI mode
+    measured (None where neither was)."""
+    times = [t for t in (row["mpi_single_time_us"], row["mpi_multiple_time_us"]) if t is not None]
+    if not times:
+        return
+    best = min(times)
+    row.update(
+        mpi_time_us=best,
+        mpi_busbw_gbs=row["size_bytes"] / (best * 1e-6) / 1e9 * OPS[row["op"]].bus_factor(ranks),
+        ratio=best / row["time_us"],  # = native busbw / mpi busbw, defined at 1 rank too
+    )

@@ -8,10 +8,20 @@ Per op and size the native op and MPI's run on the same buffers, each timed on i
 the native result is checked against MPI's (``#wrong``: wrong elements over all ranks); the exit
 status is 1 when any is wrong.
 
+**MPI at its best.** Run from a shell, the command first runs MPI's own collectives in two jobs
+of their own, one at ``MPI_THREAD_SINGLE`` and one at ``MPI_THREAD_MULTIPLE`` (MPICH turns its
+shared-memory collectives off under ``THREAD_MULTIPLE``, the level the native layer needs), each
+warmed past MPICH's switch-over and with its buffers refilled between calls; then the native
+job, which reads their times. ``ratio`` is MPI's faster mode over the native time (above 1: the
+native layer is faster). Inside an MPI job already running (no jobs of its own to start), MPI
+is measured in the native job's own processes, at ``THREAD_MULTIPLE`` only. ``floor`` is what a
+``memcpy`` of the buffer costs on every rank at once, measured in the native job, and
+``floor/time`` how close the native op comes to it.
+
 JSON (``--json``, written by rank 0): the header fields (``ranks``, ``warmup``, ``iters``,
-``sizes``, ``ops``, ``mpi_library``, ``comm_options``), ``rows`` with one entry per op and size
-using ``ROW_FIELDS`` (times in microseconds, bandwidths in GB/s = 1e9 B/s) and
-``min_allreduce_ratio_ge_1MiB``.
+``sizes``, ``ops``, ``mpi_library``, ``mpi_modes``: the thread level each baseline job got,
+``comm_options``), ``rows`` with one entry per op and size using ``ROW_FIELDS`` (times in
+microseconds, bandwidths in GB/s = 1e9 B/s) and ``min_allreduce_ratio_ge_1MiB``.
 
 Neither this module nor the worker imports mpi4py or the native layer before the worker runs,
 so the parent command can import them without initializing MPI.
@@ -47,10 +57,15 @@ ROW_FIELDS = (
     "algbw_gbs",
     "busbw_gbs",
     "wrong",
-    "mpi_time_us",
+    "mpi_time_us",  # MPI at its best: the faster of the two modes below
     "mpi_busbw_gbs",
-    "ratio",
+    "ratio",  # mpi_time_us / time_us: native against MPI at its best
+    "mpi_single_time_us",  # MPI_THREAD_SINGLE, in a job of its own
+    "mpi_multiple_time_us",  # MPI_THREAD_MULTIPLE, in a job of its own (or in the native job's processes)
+    "floor_time_us",  # a memcpy of the buffer on every rank at once
+    "floor_ratio",  # floor_time_us / time_us
 )
+MPI_MODES = ("single", "multiple")
 
 
 # -- arguments (the command's and the worker's) ------------------------------------------------
@@ -90,6 +105,11 @@ def add_arguments(parser: argparse.ArgumentParser, *, ranks_default: int | None 
         help=f"comma-separated ops: {', '.join(OPS)} (default {','.join(DEFAULT_OPS)})",
     )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write all rows as JSON (rank 0)")
+    # Between the command and its jobs: a job measuring MPI alone at one thread level writes
+    # its times (--mpi-baseline MODE --rows FILE); the native job reads them (--baselines).
+    parser.add_argument("--mpi-baseline", choices=MPI_MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--rows", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--baselines", type=Path, nargs="*", default=[], help=argparse.SUPPRESS)
     nic, intra = _PRESET["nic"], _PRESET["intra"]
     topo = parser.add_argument_group(
         f"emulated nodes (flat and hierarchical side by side; no MPI baseline, which would not be emulated); "
@@ -146,6 +166,10 @@ def to_argv(args: argparse.Namespace, ranks: int) -> list[str]:
     ]
     if args.json is not None:
         argv += ["--json", str(Path(args.json).absolute())]
+    if args.mpi_baseline is not None:
+        argv += ["--mpi-baseline", args.mpi_baseline, "--rows", str(Path(args.rows).absolute())]
+    if args.baselines:
+        argv += ["--baselines", *(str(Path(b).absolute()) for b in args.baselines)]
     if args.ranks_per_node is not None:
         argv += [
             "--ranks-per-node",
@@ -180,9 +204,12 @@ _COLUMNS = (  # (header, width, format of the row value)
     ("algbw(GB/s)", 12, "{algbw_gbs:.2f}"),
     ("busbw(GB/s)", 12, "{busbw_gbs:.2f}"),
     ("#wrong", 7, "{wrong:d}"),
-    ("mpi_time(us)", 14, "{mpi_time_us:.1f}"),
+    ("mpi_single(us)", 15, "{mpi_single_time_us:.1f}"),
+    ("mpi_multi(us)", 14, "{mpi_multiple_time_us:.1f}"),
     ("mpi_busbw(GB/s)", 16, "{mpi_busbw_gbs:.2f}"),
     ("ratio", 7, "{ratio:.2f}"),
+    ("floor(us)", 10, "{floor_time_us:.1f}"),
+    ("floor/time", 11, "{floor_ratio:.2f}"),
 )
 
 

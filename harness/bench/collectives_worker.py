@@ -12,11 +12,13 @@ wrong. mpi4py and the native layer are imported inside ``run_worker`` only.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from harness.bench.arguments import say, worker_main
-from harness.bench.collective_ops import ABOUT, iterations_for, measure
+from harness.bench.collective_ops import ABOUT, iterations_for, measure, measure_mpi, set_best_mpi
 from harness.bench.collectives import (
     add_arguments,
     comm_options,
@@ -37,15 +39,52 @@ def worker_argv(args: argparse.Namespace, ranks: int) -> list[str]:
     return worker_command("harness.bench.collectives_worker", to_argv(args, ranks))
 
 
+def run_worker(args: argparse.Namespace) -> int:
+    """Run the benchmark on this rank; rank 0 prints (and writes ``--json``). 0, or 1 if #wrong > 0.
+    With ``--mpi-baseline MODE``: MPI's collectives alone, at that thread level, their times
+    written to ``--rows`` (rank 0)."""
+    if args.mpi_baseline == "single":
+        import mpi4py  # noqa: PLC0415  (the thread level is set before MPI initializes, on the ranks only)
+
+        mpi4py.rc.thread_level = "single"
+    return _run_baseline(args) if args.mpi_baseline is not None else _run_native(args)
+
+
 @on_world
-def run_worker(args: argparse.Namespace, world: Any) -> int:
-    """Run the benchmark on this rank; rank 0 prints (and writes ``--json``). 0, or 1 if #wrong > 0."""
+def _run_baseline(args: argparse.Namespace, world: Any) -> int:
+    from mpi4py import MPI  # noqa: PLC0415  (initializes MPI: on the ranks only)
+
+    times = {
+        f"{name}:{size}": measure_mpi(world, name, size, args.iters, args.warmup) * 1e6
+        for name in args.ops
+        for size in args.sizes
+    }
+    if world.Get_rank() == 0:
+        levels = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled", MPI.THREAD_SERIALIZED: "serialized"}
+        level = levels.get(MPI.Query_thread(), "multiple")
+        write_json(args.rows, {"mode": args.mpi_baseline, "thread_level": level, "times_us": times})
+    return 0
+
+
+def _baseline_times(paths: list) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+    """{mode: {"op:size": us}} and {mode: the thread level MPI gave} of the baseline jobs' files."""
+    times, levels = {}, {}
+    for path in paths:
+        doc = json.loads(Path(path).read_text())
+        times[doc["mode"]] = doc["times_us"]
+        levels[doc["mode"]] = doc["thread_level"]
+    return times, levels
+
+
+@on_world
+def _run_native(args: argparse.Namespace, world: Any) -> int:
     from mpi4py import MPI  # noqa: PLC0415  (initializes MPI: on the ranks only)
 
     from harness.comm import Communicator  # noqa: PLC0415  (loads MPI and the native layer: ranks only)
 
     n, rank = world.Get_size(), world.Get_rank()
     library = " ".join(MPI.Get_library_version().splitlines()[0].split())
+    baselines, levels = _baseline_times(args.baselines)
     header = {
         "benchmark": "collectives",
         "ranks": n,
@@ -54,6 +93,7 @@ def run_worker(args: argparse.Namespace, world: Any) -> int:
         "sizes": args.sizes,
         "ops": args.ops,
         "mpi_library": library,
+        "mpi_modes": levels or {"multiple": "multiple (in the native job's processes)"},
         "comm_options": comm_options(args),
         "emulated_nodes": None
         if args.ranks_per_node is None
@@ -73,7 +113,12 @@ def run_worker(args: argparse.Namespace, world: Any) -> int:
             + (f" (iters+warmup cut for {', '.join(reduced)})" if reduced else "")
             + "; time = median over iters of the slowest rank"
         )
-        say(f"# native: harness.comm.Communicator ({options}); baseline: mpi4py {library}")
+        where = (
+            "; ".join(f"{mode}: a job of its own (thread level {level})" for mode, level in levels.items())
+            if levels
+            else "multiple: in these processes"
+        )
+        say(f"# native: harness.comm.Communicator ({options}); baseline: mpi4py {library}, MPI {where}")
 
     rows: list[dict[str, Any]] = []
     for topology, kind in topologies(args, n):
@@ -89,7 +134,11 @@ def run_worker(args: argparse.Namespace, world: Any) -> int:
                     say(f"# {name} (float32{ABOUT[name]}){describe(topology, kind)}")
                     say(table_header())
                 for size in args.sizes:
-                    row = measure(comm, world, name, size, args.iters, args.warmup, baseline=topology is None)
+                    in_process = topology is None and not baselines
+                    row = measure(comm, world, name, size, args.iters, args.warmup, baseline=in_process)
+                    for mode, times in baselines.items():
+                        row[f"mpi_{mode}_time_us"] = times.get(f"{name}:{size}")
+                    set_best_mpi(row, n)
                     if topology is not None:
                         row["allreduce_kind"] = kind
                     rows.append(row)

@@ -25,6 +25,8 @@ def as_float32_buffer(obj: Any, what: str = "buffer") -> Any:
     Raises CommError for a torch tensor that is not on the CPU, not float32 or not contiguous;
     the native layer checks numpy arrays (dtype, contiguity, writability) itself.
     """
+    if type(obj) is np.ndarray:  # the common case first: every blocking call passes here
+        return obj
     if _is_torch_tensor(obj):
         if obj.device.type != "cpu":
             raise CommError(

@@ -28,6 +28,7 @@ from harness import _core
 from harness._core import CommError
 from harness.comm.buffers import as_float32_buffer
 from harness.comm.op_record import OpRecord
+from harness.comm.shm import warn_shm_fallback
 from harness.emulated_link import EmulatedLink
 from harness.schedules import RING_THRESHOLD_BYTES, TREE_CHUNK_BYTES, checked_quorum
 
@@ -84,6 +85,7 @@ class Communicator:
             ring_threshold_bytes=ring_threshold_bytes,
             tree_chunk_bytes=tree_chunk_bytes,
         )
+        warn_shm_fallback(self._native.shm_fallback_reason)
         _live.add(self)
 
     # -- identity ---------------------------------------------------------------------------
@@ -105,20 +107,22 @@ class Communicator:
         return self._native.iallreduce(as_float32_buffer(buf, "allreduce buffer"), op)
 
     def allreduce(self, buf: Any, op: str = "sum") -> None:
-        self.iallreduce(buf, op).wait()
+        """The blocking allreduce: in this thread where the ranks share a host and nothing between
+        them is emulated (the shared-memory path), else posted and waited for."""
+        self._native.allreduce(as_float32_buffer(buf, "allreduce buffer"), op)
 
     def ibroadcast(self, buf: Any, root: int = 0) -> _core.Handle:
         """Start an in-place broadcast of ``buf`` from member ``root``."""
         return self._native.ibroadcast(as_float32_buffer(buf, "broadcast buffer"), root)
 
     def broadcast(self, buf: Any, root: int = 0) -> None:
-        self.ibroadcast(buf, root).wait()
+        self._native.broadcast(as_float32_buffer(buf, "broadcast buffer"), root)
 
     def ibarrier(self) -> _core.Handle:
         return self._native.ibarrier()
 
     def barrier(self) -> None:
-        self.ibarrier().wait()
+        self._native.barrier()
 
     # -- point to point ---------------------------------------------------------------------
     def iexchange(self, send: Any, recv: Any, peer: int) -> _core.Handle:
@@ -193,14 +197,17 @@ class Communicator:
 
         A message of b bytes is handed to MPI no earlier than latency + b / bandwidth after its
         link is free; a link carries one message after another. Replaces earlier settings.
+        Every rank passes the same ``links`` (the whole job's): collectives among ranks that an
+        emulated link joins leave the shared-memory path for the messages the links delay.
         """
-        table = []
+        table, pairs = [], []
         for link in links:
-            if link.src != self.rank:
-                continue
             bw = float("inf") if link.bandwidth_bytes_per_s is None else float(link.bandwidth_bytes_per_s)
-            table.append((int(link.dst), float(link.latency_s), bw))
-        self._native.set_links(table)
+            if link.latency_s > 0 or bw < float("inf"):
+                pairs.append((int(link.src), int(link.dst)))  # every rank knows every emulated link
+            if link.src == self.rank:
+                table.append((int(link.dst), float(link.latency_s), bw))
+        self._native.set_links(table, pairs)
 
     def set_topology(self, topology: NodeTopology | None) -> None:
         """Emulate nodes that share NICs (collective: every rank calls it with the same topology).

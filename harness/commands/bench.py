@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 
 from harness.bench import (
@@ -60,10 +62,30 @@ class Benchmark:
 
 
 def run_collectives(args: argparse.Namespace) -> int:
-    """Run the collectives worker here (inside a job) or in a job of ``--ranks`` ranks; its status."""
-    if inside_mpi_job() is None and args.json is not None and not args.json.absolute().parent.is_dir():
+    """Run the collectives worker here (inside a job) or in a job of ``--ranks`` ranks; its status.
+    From a shell, MPI's baselines run first, each thread level in a job of its own (none with
+    emulated nodes, which MPI would not see)."""
+    if inside_mpi_job() is not None:
+        return _here_or_in_a_job(args, collectives_worker, DEFAULT_RANKS)
+    if args.json is not None and not args.json.absolute().parent.is_dir():
         return _error(f"--json {args.json}: directory {args.json.absolute().parent} does not exist")
-    return _here_or_in_a_job(args, collectives_worker, DEFAULT_RANKS)
+    if args.ranks_per_node is not None:
+        return _here_or_in_a_job(args, collectives_worker, DEFAULT_RANKS)
+    with tempfile.TemporaryDirectory(prefix="harness-bench-") as tmp:
+        baselines = []
+        for mode in collectives.MPI_MODES:
+            rows = Path(tmp) / f"mpi_{mode}.json"
+            status = _here_or_in_a_job(
+                argparse.Namespace(**{**vars(args), "mpi_baseline": mode, "rows": rows, "json": None}),
+                collectives_worker,
+                DEFAULT_RANKS,
+            )
+            if status != 0:
+                return status
+            baselines.append(rows)
+        return _here_or_in_a_job(
+            argparse.Namespace(**{**vars(args), "baselines": baselines}), collectives_worker, DEFAULT_RANKS
+        )
 
 
 def run_dist(args: argparse.Namespace) -> int:

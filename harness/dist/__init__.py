@@ -25,6 +25,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from harness.comm.shm import warn_shm_fallback
 from harness.dist import mismatch
 from harness.dist.errors import BackendInitError, UnsupportedError
 from harness.dist.metrics import record
@@ -61,6 +62,7 @@ def _create(dist_opts: Any, _backend_opts: Any) -> HarnessProcessGroup:
         check_against_mpi(dist_opts.group_rank, dist_opts.group_size)
         ranks = list(range(comm.size))
     native = comm._native.group(ranks)
+    warn_shm_fallback(native.shm_fallback_reason)
     if (native.rank, native.size) != (dist_opts.group_rank, dist_opts.group_size):
         raise BackendInitError(
             f"new_group({ranks}): torch says rank {dist_opts.group_rank} of {dist_opts.group_size}, the native "

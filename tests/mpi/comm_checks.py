@@ -510,6 +510,69 @@ def close_raises_the_error_the_operation_ended_with(comm: Communicator) -> None:
             raise AssertionError(f"{name}: close() after a shutdown raised nothing")
 
 
+# Element types of the typed collectives with a numpy twin (bfloat16 has none: dist_checks.py
+# covers it through torch). Values stay small integers, so every sum is exact in every type.
+SHM_DTYPES = ("float32", "float64", "float16", "int64", "int32", "uint8", "int8", "bool")
+# 1 element, an odd count, and a count whose reductions span several chunks of the shared
+# segment's 256 KiB slot (2 of float32, 3 of float64) without being a multiple of it
+# (kernels/shm_collective.hpp: ShmChannel::kSlotBytes)
+SHM_COUNTS = (1, 7, 70_001)
+
+
+def _typed(values: np.ndarray, dtype: str) -> np.ndarray:
+    return (values % 2 == 0) if dtype == "bool" else values.astype(dtype)
+
+
+@check
+def typed_collectives_blocking_and_posted_give_exact_results(comm: Communicator) -> None:
+    """Every typed collective (harness.dist's), run in the caller's thread (block=True: the
+    shared-memory path where the ranks share a host) and posted, for every dtype, gives the
+    exact result numpy computes, the same on every rank."""
+    from harness._core import DType, ReduceOp
+
+    group = comm._native.group(list(range(SIZE)))
+    root = SIZE - 1
+    for dtype in SHM_DTYPES:
+        code = getattr(DType, dtype)
+        total = np.logical_or.reduce if dtype == "bool" else (lambda a: np.sum(a, axis=0).astype(dtype))
+        for n in SHM_COUNTS:
+            data = [_typed((np.arange(n) + r) % 4, dtype) for r in range(SIZE)]
+            blocks = [_typed((np.arange(n * SIZE) + 3 * r) % 3, dtype) for r in range(SIZE)]
+            mine, mine_blocks = data[RANK], blocks[RANK]
+            for block in (True, False):
+                def done(handle):
+                    handle.wait()  # at once after block=True on the shared-memory path; posted otherwise
+
+                x = mine.copy()
+                done(group.allreduce(x, x.ctypes.data, n, code, ReduceOp.SUM, -1, block=block))
+                np.testing.assert_array_equal(x, total(np.stack(data)), err_msg=f"allreduce {dtype} {n}")
+                x = mine.copy()
+                done(group.broadcast(x, x.ctypes.data, n, code, root, -1, block=block))
+                np.testing.assert_array_equal(x, data[root], err_msg=f"broadcast {dtype} {n}")
+                x = mine.copy()
+                done(group.reduce(x, x.ctypes.data, n, code, ReduceOp.SUM, 0, -1, block=block))
+                np.testing.assert_array_equal(x, total(np.stack(data)) if RANK == 0 else mine,
+                                              err_msg=f"reduce {dtype} {n}")
+                out = np.zeros(n * SIZE, dtype=mine.dtype)
+                done(group.allgather(mine, mine.ctypes.data, n, out.ctypes.data, out.size, code, -1, block=block))
+                np.testing.assert_array_equal(out, np.concatenate(data), err_msg=f"allgather {dtype} {n}")
+                out = np.zeros(n, dtype=mine.dtype)
+                done(group.reduce_scatter(mine_blocks, mine_blocks.ctypes.data, mine_blocks.size, out.ctypes.data, n,
+                                          code, ReduceOp.SUM, -1, block=block))
+                np.testing.assert_array_equal(out, total(np.stack(blocks))[RANK * n:(RANK + 1) * n],
+                                              err_msg=f"reduce_scatter {dtype} {n}")
+                out = np.zeros(n * SIZE if RANK == root else 0, dtype=mine.dtype)
+                done(group.gather(mine, mine.ctypes.data, n, out.ctypes.data, out.size, code, root, -1, block=block))
+                if RANK == root:
+                    np.testing.assert_array_equal(out, np.concatenate(data), err_msg=f"gather {dtype} {n}")
+                out = np.zeros(n, dtype=mine.dtype)
+                src = blocks[root]
+                done(group.scatter(src, src.ctypes.data, src.size if RANK == root else 0, out.ctypes.data, n, code,
+                                   root, -1, block=block))
+                np.testing.assert_array_equal(out, src[RANK * n:(RANK + 1) * n], err_msg=f"scatter {dtype} {n}")
+    group.barrier(-1, block=True).wait()
+
+
 @check
 def use_after_close_raises(comm: Communicator) -> None:
     c = Communicator(WORLD)

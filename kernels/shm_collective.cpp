@@ -1,0 +1,428 @@
+#include "shm_collective.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "mpi_comm.hpp"
+
+namespace harness {
+
+namespace {
+
+int64_t per_chunk(const ShmSegment& seg, const ShmCall& call) {
+  const int64_t slot_elems = seg.slot_bytes() / call.esz;
+  // reduce_scatter packs every member's sub-block of a chunk into its own slot
+  return call.kind == ShmKind::kReduceScatter ? slot_elems / seg.members() : slot_elems;
+}
+
+}  // namespace
+
+ShmCollective::ShmCollective(std::shared_ptr<ShmSegment> seg, ShmCall call, std::string what)
+    : seg_(std::move(seg)), call_(call), what_(std::move(what)) {
+  per_chunk_ = per_chunk(*seg_, call_);
+  chunks_ = generations(*seg_, call_);
+}
+
+int64_t ShmCollective::generations(const ShmSegment& seg, const ShmCall& call) {
+  if (call.kind == ShmKind::kBarrier) return 1;
+  const int64_t c = per_chunk(seg, call);
+  if (c <= 0) throw CommError("shared segment too small for " + std::to_string(seg.members()) + " members");
+  return (call.count + c - 1) / c;
+}
+
+bool ShmCollective::writes_slot() const {
+  switch (call_.kind) {
+    case ShmKind::kBroadcast:
+    case ShmKind::kScatter: return seg_->me() == call_.root;
+    case ShmKind::kBarrier: return false;
+    default: return true;
+  }
+}
+
+bool ShmCollective::waits_for_all_done() const {
+  return call_.kind == ShmKind::kAllreduce || (call_.kind == ShmKind::kReduce && seg_->me() == call_.root);
+}
+
+bool ShmCollective::ready(ShmFlag& flag, int m, uint32_t target, bool block, const std::function<void()>& check) {
+  if (reached(flag.value.load(std::memory_order_acquire), target)) return true;
+  if (block) {
+    seg_->wait(flag, m, target, what_, check);
+    return true;
+  }
+  // Polled by the progress thread: a member that died is noticed within kLivenessCheckS.
+  const double t = now();
+  if (idle_since_ < 0) {
+    idle_since_ = t;
+    next_check_ = t + ShmSegment::kLivenessCheckS;
+  } else if (t >= next_check_) {
+    seg_->check_alive(m, what_);
+    next_check_ = t + ShmSegment::kLivenessCheckS;
+  }
+  return false;
+}
+
+void ShmCollective::check_count(int m, uint32_t g) const {
+  ShmFlag& f = seg_->arrived(m);
+  // A member already in a later generation has overwritten what it said of this one.
+  if (f.value.load(std::memory_order_acquire) != g) return;
+  const int64_t theirs = f.info.load(std::memory_order_relaxed);
+  if (theirs != call_.count)
+    throw CommError("size mismatch in " + what_ + ": member " + std::to_string(m) + " (rank " +
+                    std::to_string(seg_->world_rank(m)) + ") has " + std::to_string(theirs) +
+                    " elements, this rank " + std::to_string(call_.count) + " (buffer lengths differ across ranks)");
+}
+
+bool ShmCollective::arrivals_ready(uint32_t g, bool block, const std::function<void()>& check) {
+  const bool from_root = call_.kind == ShmKind::kBroadcast || call_.kind == ShmKind::kScatter;
+  if (from_root) {
+    if (seg_->me() == call_.root) return true;
+    if (!ready(seg_->arrived(call_.root), call_.root, g, block, check)) return false;
+    check_count(call_.root, g);
+    return true;
+  }
+  for (; cursor_ < seg_->members(); ++cursor_) {
+    if (!ready(seg_->arrived(cursor_), cursor_, g, block, check)) return false;
+    check_count(cursor_, g);
+  }
+  return true;
+}
+
+bool ShmCollective::all_done(uint32_t g, bool block, const std::function<void()>& check) {
+  for (; cursor_ < seg_->members(); ++cursor_)
+    if (!ready(seg_->done(cursor_), cursor_, g, block, check)) return false;
+  return true;
+}
+
+void ShmCollective::write(int64_t e0, int64_t c) {
+  const ShmSegment& s = *seg_;
+  const int p = s.members(), me = s.me(), esz = call_.esz;
+  const auto* in = static_cast<const char*>(call_.in);
+  switch (call_.kind) {
+    case ShmKind::kBroadcast:
+      if (me != call_.root) break;
+      [[fallthrough]];
+    case ShmKind::kAllreduce:
+    case ShmKind::kReduce:
+    case ShmKind::kAllgather:
+    case ShmKind::kGather:
+      std::memcpy(s.slot(me), in + e0 * esz, static_cast<size_t>(c * esz));
+      bytes_written_ += c * esz;
+      break;
+    case ShmKind::kScatter:  // the root fills every member's slot with its block's chunk
+      if (me != call_.root) break;
+      for (int m = 0; m < p; ++m) std::memcpy(s.slot(m), in + (m * call_.count + e0) * esz, static_cast<size_t>(c * esz));
+      bytes_written_ += (p - 1) * c * esz;
+      break;
+    case ShmKind::kReduceScatter:  // every block's chunk, packed
+      for (int m = 0; m < p; ++m)
+        std::memcpy(s.slot(me) + m * c * esz, in + (m * call_.count + e0) * esz, static_cast<size_t>(c * esz));
+      bytes_written_ += p * c * esz;
+      break;
+    case ShmKind::kBarrier: break;
+  }
+}
+
+void ShmCollective::compute(int64_t e0, int64_t c) {
+  const ShmSegment& s = *seg_;
+  const int p = s.members(), me = s.me(), esz = call_.esz;
+  auto* out = static_cast<char*>(call_.out);
+  auto reduce_into = [&](char* dst, int64_t offset, int64_t n) {
+    std::memcpy(dst, s.slot(0) + offset, static_cast<size_t>(n * esz));
+    for (int m = 1; m < p; ++m) call_.reduce(dst, s.slot(m) + offset, n);
+    if (call_.divide && call_.divide_by > 1) call_.divide(dst, n, call_.divide_by);
+  };
+  switch (call_.kind) {
+    case ShmKind::kAllreduce:
+    case ShmKind::kReduce: {  // this member's share of the chunk, into the result area
+      const int64_t lo = c * me / p, hi = c * (me + 1) / p;
+      if (hi > lo) reduce_into(s.result() + lo * esz, lo * esz, hi - lo);
+      break;
+    }
+    case ShmKind::kReduceScatter:
+      if (c > 0) reduce_into(out + e0 * esz, me * c * esz, c);
+      break;
+    case ShmKind::kBroadcast:
+      if (me != call_.root) std::memcpy(out + e0 * esz, s.slot(call_.root), static_cast<size_t>(c * esz));
+      break;
+    case ShmKind::kScatter:
+      if (me != call_.root) std::memcpy(out + e0 * esz, s.slot(me), static_cast<size_t>(c * esz));
+      else std::memmove(out + e0 * esz, static_cast<const char*>(call_.in) + (me * call_.count + e0) * esz,
+                        static_cast<size_t>(c * esz));
+      break;
+    case ShmKind::kAllgather:
+    case ShmKind::kGather:
+      if (call_.kind == ShmKind::kGather && me != call_.root) break;
+      for (int m = 0; m < p; ++m)
+        std::memcpy(out + (m * call_.count + e0) * esz, s.slot(m), static_cast<size_t>(c * esz));
+      break;
+    case ShmKind::kBarrier: break;
+  }
+}
+
+void ShmCollective::copy_out(int64_t e0, int64_t c) {
+  std::memcpy(static_cast<char*>(call_.out) + e0 * call_.esz, seg_->result(), static_cast<size_t>(c * call_.esz));
+}
+
+void ShmCollective::alone() {
+  // One member: every result is its own input, in place or moved to the output.
+  const auto* in = static_cast<const char*>(call_.in);
+  auto* out = static_cast<char*>(call_.out);
+  const size_t bytes = static_cast<size_t>(call_.count * call_.esz);
+  switch (call_.kind) {
+    case ShmKind::kAllgather:
+    case ShmKind::kGather:
+    case ShmKind::kScatter:
+    case ShmKind::kReduceScatter:
+      if (in != out) std::memmove(out, in, bytes);
+      break;
+    default: break;  // in place: allreduce and reduce of one (divided by 1), broadcast, barrier
+  }
+  chunk_ = chunks_;
+}
+
+bool ShmCollective::advance(bool block, const std::function<void()>& check) {
+  ShmSegment& s = *seg_;
+  const int me = s.me();
+  if (s.members() == 1 && chunk_ < chunks_) alone();
+  while (chunk_ < chunks_) {
+    const uint32_t g = gen0_ + static_cast<uint32_t>(chunk_);
+    const int64_t e0 = chunk_ * per_chunk_;
+    const int64_t c = std::min(per_chunk_, call_.count - e0);
+    if (stage_ == 0) {  // write this member's part once every member is done with the last generation
+      if (writes_slot() && !all_done(g - 1, block, check)) return false;
+      write(e0, c);
+      ShmSegment::publish(s.arrived(me), g, call_.count);
+      stage_ = 1;
+      cursor_ = 0;
+      idle_since_ = -1;
+    }
+    if (stage_ == 1) {
+      if (!arrivals_ready(g, block, check)) return false;
+      compute(e0, c);
+      ShmSegment::publish(s.done(me), g);
+      stage_ = 2;
+      cursor_ = 0;
+      idle_since_ = -1;
+    }
+    if (waits_for_all_done()) {
+      if (!all_done(g, block, check)) return false;
+      copy_out(e0, c);
+    }
+    stage_ = 0;
+    cursor_ = 0;
+    idle_since_ = -1;
+    ++chunk_;
+  }
+  return true;
+}
+
+// -- the channel -------------------------------------------------------------------------------
+
+std::shared_ptr<ShmChannel> ShmChannel::open(MPI_Comm comm, std::vector<int> world_ranks, int64_t slot_bytes,
+                                             std::string* why_not) {
+  auto seg = ShmSegment::create(comm, std::move(world_ranks), slot_bytes, why_not);
+  if (!seg) return nullptr;
+  auto channel = std::make_shared<ShmChannel>();
+  channel->seg_ = std::move(seg);
+  return channel;
+}
+
+std::shared_ptr<ShmChannel> ShmChannel::open_on_host(MPI_Comm comm, std::vector<int> world_ranks,
+                                                     std::string* why_not) {
+  MPI_Comm local = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local), "MPI_Comm_split_type");
+  MpiComm on_host(local);
+  int size = 0, local_size = 0;
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_size(local, &local_size);
+  const char* env = std::getenv("HARNESS_SHM");
+  int wanted = (env && std::string(env) == "0") ? 0 : 1, all = 0;
+  // Every member decides alike: one host (each member sees the whole group on its host) and
+  // nobody turned the path off.
+  wanted = wanted && local_size == size;
+  check_mpi(MPI_Allreduce(&wanted, &all, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce(shared path)");
+  if (!all) return nullptr;
+  return open(comm, std::move(world_ranks), kSlotBytes, why_not);
+}
+
+ShmChannel::Ticket ShmChannel::take(const ShmCall& call) {
+  const int64_t gens = ShmCollective::generations(*seg_, call);
+  std::lock_guard<std::mutex> lock(mu_);
+  Ticket t{next_seq_++, next_gen_};
+  next_gen_ += static_cast<uint32_t>(gens);
+  return t;
+}
+
+bool ShmChannel::my_turn(uint64_t seq) {
+  if (turn_.load(std::memory_order_acquire) != seq) return false;
+  if (broken_flag_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    throw *broken_;
+  }
+  return true;
+}
+
+void ShmChannel::wait_turn(uint64_t seq, const std::function<void()>& check) {
+  if (turn_.load(std::memory_order_acquire) != seq) {
+    std::unique_lock<std::mutex> lock(mu_);
+    sleepers_.fetch_add(1);
+    while (turn_.load() != seq) {
+      // Earlier operations run on the progress thread; they end (or fail) by themselves.
+      cv_.wait_for(lock, std::chrono::duration<double>(ShmSegment::kLivenessCheckS));
+      if (turn_.load() != seq && check) {
+        lock.unlock();
+        try {
+          check();
+        } catch (...) {
+          sleepers_.fetch_sub(1);
+          throw;
+        }
+        lock.lock();
+      }
+    }
+    sleepers_.fetch_sub(1);
+  }
+  if (broken_flag_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    throw *broken_;
+  }
+}
+
+void ShmChannel::break_with(const CommError& failure) {
+  if (!broken_)
+    broken_ = CommError("an earlier shared-memory collective of this group failed: " + std::string(failure.what()),
+                        failure.kind());
+  broken_flag_.store(true, std::memory_order_release);
+}
+
+void ShmChannel::skip_cancelled() {
+  uint64_t next = turn_.load();
+  while (cancelled_.erase(next)) ++next;
+  cancelled_count_.store(static_cast<int>(cancelled_.size()));
+  turn_.store(next, std::memory_order_release);
+}
+
+void ShmChannel::advance_turn() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    turn_.fetch_add(1);
+    skip_cancelled();
+  }
+  cv_.notify_all();
+}
+
+void ShmChannel::end_turn(const std::optional<CommError>& failure) {
+  if (failure) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      break_with(*failure);
+    }
+    advance_turn();
+    return;
+  }
+  // The common case takes no lock: nothing cancelled ahead, nobody asleep for a turn (a thread
+  // going to sleep counts itself first and checks turn_ again under the lock, so it either sees
+  // the new turn or is counted here; its sleep is bounded by kLivenessCheckS all the same).
+  turn_.fetch_add(1);
+  if (cancelled_count_.load() != 0 || sleepers_.load() != 0) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);  // orders the wake-up after a sleeper's check
+      skip_cancelled();
+    }
+    cv_.notify_all();
+  }
+}
+
+void ShmChannel::cancel(uint64_t seq, const CommError& failure) {
+  bool now = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    break_with(failure);
+    if (seq == turn_.load()) {
+      now = true;
+    } else if (seq > turn_.load()) {
+      cancelled_.insert(seq);
+      cancelled_count_.store(static_cast<int>(cancelled_.size()));
+    }
+  }
+  if (now) advance_turn();
+}
+
+void ShmChannel::run(Engine& engine, const char* name, const ShmCall& call) {
+  const double t_post = now();
+  const Ticket ticket = take(call);
+  auto check = [&engine] {
+    if (!engine.running()) throw CommError("communicator was shut down");
+  };
+  // Its start is its post unless it waited for an earlier operation (one clock read saved on
+  // the path of every blocking call).
+  const bool queued = turn_.load(std::memory_order_acquire) != ticket.seq;
+  try {
+    wait_turn(ticket.seq, check);
+  } catch (const CommError& e) {
+    cancel(ticket.seq, e);  // a shutdown while waiting, or a broken channel: the turn is given up
+    throw;
+  }
+  const double t_start = queued ? now() : t_post;
+  ShmCollective coll(seg_, call, name);
+  coll.start_at(ticket.first_gen);
+  try {
+    coll.advance(true, check);
+  } catch (const CommError& e) {
+    end_turn(e);
+    throw;
+  }
+  end_turn(std::nullopt);
+  engine.add_record({name, t_post, t_start, now(), coll.bytes_written(), -1});
+}
+
+// The progress thread's side of a nonblocking call: it waits for its turn, then polls.
+class ShmOp : public Op {
+ public:
+  ShmOp(std::string name, std::shared_ptr<OpState> st, std::shared_ptr<ShmChannel> channel, uint64_t seq,
+        uint32_t first_gen, ShmCollective coll)
+      : Op(std::move(name), std::move(st)), channel_(std::move(channel)), seq_(seq), coll_(std::move(coll)) {
+    coll_.start_at(first_gen);
+  }
+  ~ShmOp() override {
+    if (!ended_) channel_->cancel(seq_, CommError("the operation was dropped"));
+  }
+  bool progress(Engine&) override {
+    if (done_) return false;
+    if (!started_) {
+      if (!channel_->my_turn(seq_)) return false;  // throws when the channel broke
+      started_ = true;
+    }
+    done_ = coll_.advance(false, nullptr);
+    if (done_) {
+      bytes_sent = coll_.bytes_written();
+      ended_ = true;
+      channel_->end_turn(std::nullopt);
+    }
+    return true;
+  }
+  bool finished() const override { return done_; }
+  void abort(Engine&, const CommError& error) override {
+    if (!ended_) {
+      ended_ = true;
+      // In its turn (started, or refused by a broken channel) it ends the turn; before, it
+      // gives its turn up.
+      channel_->cancel(seq_, error);
+    }
+  }
+
+ private:
+  std::shared_ptr<ShmChannel> channel_;
+  uint64_t seq_;
+  ShmCollective coll_;
+  bool started_ = false, done_ = false, ended_ = false;
+};
+
+std::unique_ptr<Op> ShmChannel::op(const char* name, std::shared_ptr<OpState> state, const ShmCall& call) {
+  const Ticket ticket = take(call);
+  return std::make_unique<ShmOp>(name, std::move(state), shared_from_this(), ticket.seq, ticket.first_gen,
+                                 ShmCollective(seg_, call, name));
+}
+
+}  // namespace harness

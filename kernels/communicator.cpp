@@ -23,12 +23,29 @@ ShmChannel* Communicator::shm_for(ShmKind kind, int64_t bytes) const {
   return shm_.get();
 }
 
-ShmCall Communicator::allreduce_call(FloatSpan buf, const std::string& op) const {
+StepProgram Communicator::allreduce_steps(FloatSpan buf, const std::string& op) const {
+  StepProgram s = allreduce_program(size(), rank(), buf.data, buf.count, ring_threshold_,
+                                    engine_->links().allreduce_plan(everyone_));
+  s.result = buf.data;
+  s.count = buf.count;
+  s.divide_by = op == "mean" ? size() : 1;
+  return s;
+}
+
+ShmCall Communicator::allreduce_call(ShmChannel& shm, FloatSpan buf, const std::string& op) const {
   ShmCall call{ShmKind::kAllreduce, buf.data, buf.data, buf.count, 4, reduce_fn(DType::kF32, ReduceOp::kSum, "allreduce")};
   if (op == "mean") {
     call.divide = divide_fn(DType::kF32, "allreduce");
     call.divide_by = size();
   }
+  call.record_bytes = shm.record_bytes(call, [&] { return allreduce_steps(buf, op); });
+  return call;
+}
+
+ShmCall Communicator::broadcast_call(ShmChannel& shm, FloatSpan buf, int root) const {
+  ShmCall call{ShmKind::kBroadcast, buf.data, buf.data, buf.count, 4};
+  call.root = root;
+  call.record_bytes = shm.record_bytes(call, [&] { return binomial_bcast(size(), rank(), root, buf.data, buf.count); });
   return call;
 }
 
@@ -46,18 +63,16 @@ void Communicator::wait_for(const std::shared_ptr<OpState>& st) {
 void Communicator::allreduce(FloatSpan buf, const std::string& op) {
   check_open();
   check_allreduce_op(op);
-  if (ShmChannel* shm = shm_for(ShmKind::kAllreduce, buf.count * 4)) return shm->run(*engine_, "allreduce", allreduce_call(buf, op));
+  if (ShmChannel* shm = shm_for(ShmKind::kAllreduce, buf.count * 4))
+    return shm->run(*engine_, "allreduce", allreduce_call(*shm, buf, op));
   wait_for(iallreduce(buf, op));
 }
 
 void Communicator::broadcast(FloatSpan buf, int root) {
   check_open();
   check_rank(root, size(), "broadcast root");
-  if (ShmChannel* shm = shm_for(ShmKind::kBroadcast, buf.count * 4)) {
-    ShmCall call{ShmKind::kBroadcast, buf.data, buf.data, buf.count, 4};
-    call.root = root;
-    return shm->run(*engine_, "broadcast", call);
-  }
+  if (ShmChannel* shm = shm_for(ShmKind::kBroadcast, buf.count * 4))
+    return shm->run(*engine_, "broadcast", broadcast_call(*shm, buf, root));
   wait_for(ibroadcast(buf, root));
 }
 
@@ -72,15 +87,10 @@ std::shared_ptr<OpState> Communicator::iallreduce(FloatSpan buf, const std::stri
   check_allreduce_op(op);
   if (ShmChannel* shm = shm_for(ShmKind::kAllreduce, buf.count * 4)) {
     auto st = std::make_shared<OpState>();
-    engine_->submit(shm->op("allreduce", st, allreduce_call(buf, op)));
+    engine_->submit(shm->op("allreduce", st, allreduce_call(*shm, buf, op)));
     return st;
   }
-  StepProgram s = allreduce_program(size(), rank(), buf.data, buf.count, ring_threshold_,
-                                  engine_->links().allreduce_plan(everyone_));
-  s.result = buf.data;
-  s.count = buf.count;
-  s.divide_by = op == "mean" ? size() : 1;
-  return submit("allreduce", std::move(s));
+  return submit("allreduce", allreduce_steps(buf, op));
 }
 
 std::shared_ptr<OpState> Communicator::ibroadcast(FloatSpan buf, int root) {
@@ -88,9 +98,7 @@ std::shared_ptr<OpState> Communicator::ibroadcast(FloatSpan buf, int root) {
   check_rank(root, size(), "broadcast root");
   if (ShmChannel* shm = shm_for(ShmKind::kBroadcast, buf.count * 4)) {
     auto st = std::make_shared<OpState>();
-    ShmCall call{ShmKind::kBroadcast, buf.data, buf.data, buf.count, 4};
-    call.root = root;
-    engine_->submit(shm->op("broadcast", st, call));
+    engine_->submit(shm->op("broadcast", st, broadcast_call(*shm, buf, root)));
     return st;
   }
   return submit("broadcast", binomial_bcast(size(), rank(), root, buf.data, buf.count));
@@ -98,6 +106,7 @@ std::shared_ptr<OpState> Communicator::ibroadcast(FloatSpan buf, int root) {
 
 std::shared_ptr<OpState> Communicator::ibarrier() {
   check_open();
+  // A barrier's messages are empty: its record counts no bytes on either path.
   if (ShmChannel* shm = shm_for(ShmKind::kBarrier, 0)) {
     auto st = std::make_shared<OpState>();
     engine_->submit(shm->op("barrier", st, ShmCall{}));

@@ -79,7 +79,10 @@ class Communicator {
   // The shared-memory channel for a call of `kind` moving `bytes`, or null: the message path.
   ShmChannel* shm_for(ShmKind kind, int64_t bytes) const;
   static void wait_for(const std::shared_ptr<OpState>& st);
-  ShmCall allreduce_call(FloatSpan buf, const std::string& op) const;
+  StepProgram allreduce_steps(FloatSpan buf, const std::string& op) const;
+  // The shared-memory path's calls, their record bytes those of the message path's programs.
+  ShmCall allreduce_call(ShmChannel& shm, FloatSpan buf, const std::string& op) const;
+  ShmCall broadcast_call(ShmChannel& shm, FloatSpan buf, int root) const;
 
   std::shared_ptr<Engine> engine_;
   int64_t ring_threshold_;

@@ -55,7 +55,9 @@ ShmChannel* Group::shm_for(ShmKind kind, int64_t bytes, int tag) const {
   return engine_->links().message_path_among(world_) ? nullptr : shm_.get();
 }
 
-std::shared_ptr<OpState> Group::via_shm(const char* name, const ShmCall& call, bool block) {
+template <class Build>
+std::shared_ptr<OpState> Group::via_shm(const char* name, ShmCall call, bool block, Build&& build) {
+  call.record_bytes = shm_->record_bytes(call, build);
   auto st = std::make_shared<OpState>();
   if (!block) {
     engine_->submit(shm_->op(name, st, call));
@@ -92,25 +94,28 @@ std::shared_ptr<OpState> Group::allreduce(TypedSpan buf, DType dtype, ReduceOp o
   const ElemType et = elem_type(dtype);
   ReduceFn fn = reduce_fn(dtype, op, what);
   const int p = size();
+  auto build = [&] {
+    StepProgram s = allreduce_program(p, rank_, buf.data, buf.count, ring_threshold_, engine_->links().allreduce_plan(world_),
+                                    et.size);
+    s.elem = et;
+    s.reduce = fn;
+    s.result = buf.data;
+    s.count = buf.count;
+    if (op == ReduceOp::kAvg) {
+      s.divide = divide_fn(dtype, what);
+      s.divide_by = p;
+    }
+    return s;
+  };
   if (shm_for(ShmKind::kAllreduce, buf.count * et.size, tag)) {
     ShmCall call{ShmKind::kAllreduce, buf.data, buf.data, buf.count, et.size, fn};
     if (op == ReduceOp::kAvg) {
       call.divide = divide_fn(dtype, what);
       call.divide_by = p;
     }
-    return via_shm("allreduce", call, block);
+    return via_shm("allreduce", call, block, build);
   }
-  StepProgram s = allreduce_program(p, rank_, buf.data, buf.count, ring_threshold_, engine_->links().allreduce_plan(world_),
-                                  et.size);
-  s.elem = et;
-  s.reduce = fn;
-  s.result = buf.data;
-  s.count = buf.count;
-  if (op == ReduceOp::kAvg) {
-    s.divide = divide_fn(dtype, what);
-    s.divide_by = p;
-  }
-  return submit("allreduce", std::move(s), false, tag);
+  return submit("allreduce", build(), false, tag);
 }
 
 std::shared_ptr<OpState> Group::broadcast(TypedSpan buf, DType dtype, int root, int tag, bool block) {
@@ -119,14 +124,17 @@ std::shared_ptr<OpState> Group::broadcast(TypedSpan buf, DType dtype, int root, 
   check_count(buf.count, what.c_str());
   check_rank(root, size(), "broadcast root");
   const ElemType et = elem_type(dtype);
+  auto build = [&] {
+    StepProgram s = binomial_bcast(size(), rank_, root, buf.data, buf.count, et.size);
+    s.elem = et;
+    return s;
+  };
   if (shm_for(ShmKind::kBroadcast, buf.count * et.size, tag)) {
     ShmCall call{ShmKind::kBroadcast, buf.data, buf.data, buf.count, et.size};
     call.root = root;
-    return via_shm("broadcast", call, block);
+    return via_shm("broadcast", call, block, build);
   }
-  StepProgram s = binomial_bcast(size(), rank_, root, buf.data, buf.count, et.size);
-  s.elem = et;
-  return submit("broadcast", std::move(s), false, tag);
+  return submit("broadcast", build(), false, tag);
 }
 
 std::shared_ptr<OpState> Group::reduce(TypedSpan buf, DType dtype, ReduceOp op, int root, int tag, bool block) {
@@ -137,6 +145,33 @@ std::shared_ptr<OpState> Group::reduce(TypedSpan buf, DType dtype, ReduceOp op, 
   const ElemType et = elem_type(dtype);
   const int p = size(), esz = et.size;
   const int64_t n = buf.count;
+  auto build = [&] {
+    StepProgram s;
+    s.elem = et;
+    s.reduce = reduce_fn(dtype, op, what);
+    s.count = n;
+    const bool is_root = rank_ == root;
+    if (is_root && op == ReduceOp::kAvg) {
+      s.divide = divide_fn(dtype, what);
+      s.divide_by = p;
+    }
+    // Binomial tree towards root over virtual ranks v = (me - root) mod p; a non-root reduces in
+    // a copy so that its own buffer stays as it was.
+    char* tmp = alloc_scratch(s, 2 * n * esz);
+    void* work = is_root ? buf.data : tmp + n * esz;
+    if (!is_root) std::memcpy(work, buf.data, static_cast<size_t>(n * esz));
+    s.result = work;
+    const int v = (rank_ - root + p) % p;
+    auto real = [&](int vr) { return (vr + root) % p; };
+    for (int mask = 1; mask < p; mask <<= 1) {
+      if (v & mask) {
+        s.steps.push_back({{{real(v - mask), work, n}}, {}, {}});
+        break;
+      }
+      if (v + mask < p) s.steps.push_back({{}, {{real(v + mask), tmp, n}}, {{work, tmp, n}}});
+    }
+    return s;
+  };
   if (shm_for(ShmKind::kReduce, n * esz, tag)) {
     ShmCall call{ShmKind::kReduce, buf.data, buf.data, n, esz, reduce_fn(dtype, op, what)};
     call.root = root;
@@ -144,33 +179,9 @@ std::shared_ptr<OpState> Group::reduce(TypedSpan buf, DType dtype, ReduceOp op, 
       call.divide = divide_fn(dtype, what);
       call.divide_by = p;
     }
-    return via_shm("reduce", call, block);
+    return via_shm("reduce", call, block, build);
   }
-  StepProgram s;
-  s.elem = et;
-  s.reduce = reduce_fn(dtype, op, what);
-  s.count = n;
-  const bool is_root = rank_ == root;
-  if (is_root && op == ReduceOp::kAvg) {
-    s.divide = divide_fn(dtype, what);
-    s.divide_by = p;
-  }
-  // Binomial tree towards root over virtual ranks v = (me - root) mod p; a non-root reduces in
-  // a copy so that its own buffer stays as it was.
-  char* tmp = alloc_scratch(s, 2 * n * esz);
-  void* work = is_root ? buf.data : tmp + n * esz;
-  if (!is_root) std::memcpy(work, buf.data, static_cast<size_t>(n * esz));
-  s.result = work;
-  const int v = (rank_ - root + p) % p;
-  auto real = [&](int vr) { return (vr + root) % p; };
-  for (int mask = 1; mask < p; mask <<= 1) {
-    if (v & mask) {
-      s.steps.push_back({{{real(v - mask), work, n}}, {}, {}});
-      break;
-    }
-    if (v + mask < p) s.steps.push_back({{}, {{real(v + mask), tmp, n}}, {{work, tmp, n}}});
-  }
-  return submit("reduce", std::move(s), false, tag);
+  return submit("reduce", build(), false, tag);
 }
 
 std::shared_ptr<OpState> Group::allgather(TypedSpan in, TypedSpan out, DType dtype, int tag, bool block) {
@@ -184,18 +195,23 @@ std::shared_ptr<OpState> Group::allgather(TypedSpan in, TypedSpan out, DType dty
                     std::to_string(p) + " x " + std::to_string(n));
   const ElemType et = elem_type(dtype);
   const int esz = et.size;
-  if (shm_for(ShmKind::kAllgather, out.count * esz, tag))
-    return via_shm("allgather", ShmCall{ShmKind::kAllgather, in.data, out.data, n, esz}, block);
-  char* mine = at(out.data, rank_ * n, esz);
-  if (mine != in.data) std::memmove(mine, in.data, static_cast<size_t>(n * esz));
-  StepProgram s;
-  s.elem = et;
-  s.count = out.count;
-  const int right = (rank_ + 1) % p, left = (rank_ + p - 1) % p;
-  auto chunk = [&](int k) { return at(out.data, ((k % p + p) % p) * n, esz); };
-  for (int st = 0; st < p - 1; ++st)
-    s.steps.push_back({{{right, chunk(rank_ - st), n}}, {{left, chunk(rank_ - st - 1), n}}, {}});
-  return submit("allgather", std::move(s), false, tag);
+  auto build = [&] {
+    char* mine = at(out.data, rank_ * n, esz);
+    if (mine != in.data) std::memmove(mine, in.data, static_cast<size_t>(n * esz));
+    StepProgram s;
+    s.elem = et;
+    s.count = out.count;
+    const int right = (rank_ + 1) % p, left = (rank_ + p - 1) % p;
+    auto chunk = [&](int k) { return at(out.data, ((k % p + p) % p) * n, esz); };
+    for (int st = 0; st < p - 1; ++st)
+      s.steps.push_back({{{right, chunk(rank_ - st), n}}, {{left, chunk(rank_ - st - 1), n}}, {}});
+    return s;
+  };
+  if (shm_for(ShmKind::kAllgather, out.count * esz, tag)) {
+    ShmCall call{ShmKind::kAllgather, in.data, out.data, n, esz};
+    return via_shm("allgather", call, block, build);
+  }
+  return submit("allgather", build(), false, tag);
 }
 
 std::shared_ptr<OpState> Group::reduce_scatter(TypedSpan in, TypedSpan out, DType dtype, ReduceOp op, int tag,
@@ -210,38 +226,41 @@ std::shared_ptr<OpState> Group::reduce_scatter(TypedSpan in, TypedSpan out, DTyp
                     " x " + std::to_string(n));
   const ElemType et = elem_type(dtype);
   const int esz = et.size;
+  auto build = [&] {
+    StepProgram s;
+    s.elem = et;
+    s.reduce = reduce_fn(dtype, op, what);
+    // Ring reduce-scatter in a copy of the input: at step t a member sends chunk (me - t - 1) to
+    // its right and adds the chunk (me - t - 2) its left sends; after p - 1 steps its chunk `me`
+    // holds every member's contribution.
+    char* work = alloc_scratch(s, (in.count + n) * esz);
+    char* tmp = work + in.count * esz;
+    std::memcpy(work, in.data, static_cast<size_t>(in.count * esz));
+    const int right = (rank_ + 1) % p, left = (rank_ + p - 1) % p;
+    auto chunk = [&](int k) { return work + ((k % p + p) % p) * n * esz; };
+    for (int st = 0; st < p - 1; ++st)
+      s.steps.push_back({{{right, chunk(rank_ - st - 1), n}}, {{left, tmp, n}}, {{chunk(rank_ - st - 2), tmp, n}}});
+    s.result = chunk(rank_);
+    s.count = n;
+    if (op == ReduceOp::kAvg) {
+      s.divide = divide_fn(dtype, what);
+      s.divide_by = p;
+    }
+    void* result = s.result;
+    void* dst = out.data;
+    const size_t bytes = static_cast<size_t>(n * esz);
+    s.on_done = [result, dst, bytes] { std::memcpy(dst, result, bytes); };
+    return s;
+  };
   if (shm_for(ShmKind::kReduceScatter, in.count * esz, tag)) {
     ShmCall call{ShmKind::kReduceScatter, in.data, out.data, n, esz, reduce_fn(dtype, op, what)};
     if (op == ReduceOp::kAvg) {
       call.divide = divide_fn(dtype, what);
       call.divide_by = p;
     }
-    return via_shm("reduce_scatter", call, block);
+    return via_shm("reduce_scatter", call, block, build);
   }
-  StepProgram s;
-  s.elem = et;
-  s.reduce = reduce_fn(dtype, op, what);
-  // Ring reduce-scatter in a copy of the input: at step t a member sends chunk (me - t - 1) to
-  // its right and adds the chunk (me - t - 2) its left sends; after p - 1 steps its chunk `me`
-  // holds every member's contribution.
-  char* work = alloc_scratch(s, (in.count + n) * esz);
-  char* tmp = work + in.count * esz;
-  std::memcpy(work, in.data, static_cast<size_t>(in.count * esz));
-  const int right = (rank_ + 1) % p, left = (rank_ + p - 1) % p;
-  auto chunk = [&](int k) { return work + ((k % p + p) % p) * n * esz; };
-  for (int st = 0; st < p - 1; ++st)
-    s.steps.push_back({{{right, chunk(rank_ - st - 1), n}}, {{left, tmp, n}}, {{chunk(rank_ - st - 2), tmp, n}}});
-  s.result = chunk(rank_);
-  s.count = n;
-  if (op == ReduceOp::kAvg) {
-    s.divide = divide_fn(dtype, what);
-    s.divide_by = p;
-  }
-  void* result = s.result;
-  void* dst = out.data;
-  const size_t bytes = static_cast<size_t>(n * esz);
-  s.on_done = [result, dst, bytes] { std::memcpy(dst, result, bytes); };
-  return submit("reduce_scatter", std::move(s), false, tag);
+  return submit("reduce_scatter", build(), false, tag);
 }
 
 std::shared_ptr<OpState> Group::gather(TypedSpan in, TypedSpan out, DType dtype, int root, int tag, bool block) {
@@ -255,23 +274,26 @@ std::shared_ptr<OpState> Group::gather(TypedSpan in, TypedSpan out, DType dtype,
   if (rank_ == root && out.count != n * p)
     throw CommError(what + ": the root's output holds " + std::to_string(out.count) + " elements, not " +
                     std::to_string(p) + " x " + std::to_string(n));
+  auto build = [&] {
+    StepProgram s;
+    s.elem = et;
+    Step step;
+    if (rank_ == root) {
+      std::memmove(at(out.data, rank_ * n, et.size), in.data, static_cast<size_t>(n * et.size));
+      for (int m = 0; m < p; ++m)
+        if (m != rank_) step.recvs.push_back({m, at(out.data, m * n, et.size), n});
+    } else {
+      step.sends.push_back({root, in.data, n});
+    }
+    if (p > 1) s.steps.push_back(std::move(step));
+    return s;
+  };
   if (shm_for(ShmKind::kGather, n * p * et.size, tag)) {
     ShmCall call{ShmKind::kGather, in.data, out.data, n, et.size};
     call.root = root;
-    return via_shm("gather", call, block);
+    return via_shm("gather", call, block, build);
   }
-  StepProgram s;
-  s.elem = et;
-  Step step;
-  if (rank_ == root) {
-    std::memmove(at(out.data, rank_ * n, et.size), in.data, static_cast<size_t>(n * et.size));
-    for (int m = 0; m < p; ++m)
-      if (m != rank_) step.recvs.push_back({m, at(out.data, m * n, et.size), n});
-  } else {
-    step.sends.push_back({root, in.data, n});
-  }
-  if (p > 1) s.steps.push_back(std::move(step));
-  return submit("gather", std::move(s), false, tag);
+  return submit("gather", build(), false, tag);
 }
 
 std::shared_ptr<OpState> Group::scatter(TypedSpan in, TypedSpan out, DType dtype, int root, int tag, bool block) {
@@ -285,23 +307,26 @@ std::shared_ptr<OpState> Group::scatter(TypedSpan in, TypedSpan out, DType dtype
   if (rank_ == root && in.count != n * p)
     throw CommError(what + ": the root's input holds " + std::to_string(in.count) + " elements, not " +
                     std::to_string(p) + " x " + std::to_string(n));
+  auto build = [&] {
+    StepProgram s;
+    s.elem = et;
+    Step step;
+    if (rank_ == root) {
+      std::memmove(out.data, at(in.data, rank_ * n, et.size), static_cast<size_t>(n * et.size));
+      for (int m = 0; m < p; ++m)
+        if (m != rank_) step.sends.push_back({m, at(in.data, m * n, et.size), n});
+    } else {
+      step.recvs.push_back({root, out.data, n});
+    }
+    if (p > 1) s.steps.push_back(std::move(step));
+    return s;
+  };
   if (shm_for(ShmKind::kScatter, n * p * et.size, tag)) {
     ShmCall call{ShmKind::kScatter, in.data, out.data, n, et.size};
     call.root = root;
-    return via_shm("scatter", call, block);
+    return via_shm("scatter", call, block, build);
   }
-  StepProgram s;
-  s.elem = et;
-  Step step;
-  if (rank_ == root) {
-    std::memmove(out.data, at(in.data, rank_ * n, et.size), static_cast<size_t>(n * et.size));
-    for (int m = 0; m < p; ++m)
-      if (m != rank_) step.sends.push_back({m, at(in.data, m * n, et.size), n});
-  } else {
-    step.recvs.push_back({root, out.data, n});
-  }
-  if (p > 1) s.steps.push_back(std::move(step));
-  return submit("scatter", std::move(s), false, tag);
+  return submit("scatter", build(), false, tag);
 }
 
 std::shared_ptr<OpState> Group::alltoall(TypedSpan in, TypedSpan out, DType dtype,
@@ -347,8 +372,9 @@ std::shared_ptr<OpState> Group::alltoall(TypedSpan in, TypedSpan out, DType dtyp
 
 std::shared_ptr<OpState> Group::barrier(int tag, bool block) {
   check_open("barrier");
-  if (shm_for(ShmKind::kBarrier, 0, tag)) return via_shm("barrier", ShmCall{}, block);
-  return submit("barrier", dissemination_barrier(size(), rank_), false, tag);
+  auto build = [&] { return dissemination_barrier(size(), rank_); };
+  if (shm_for(ShmKind::kBarrier, 0, tag)) return via_shm("barrier", ShmCall{}, block, build);
+  return submit("barrier", build(), false, tag);
 }
 
 std::shared_ptr<OpState> Group::send(TypedSpan buf, DType dtype, int dst, int tag) {

@@ -77,7 +77,10 @@ class Group {
   // Only the main sequence of a group (tag < 0, or below half the tag range: harness.dist's
   // numbering) is posted in the same order on every member, which the channel needs.
   ShmChannel* shm_for(ShmKind kind, int64_t bytes, int tag) const;
-  std::shared_ptr<OpState> via_shm(const char* name, const ShmCall& call, bool block);
+  // The call on the shared-memory path; `build` makes the step program the message path would
+  // run, whose bytes the op's record counts (ShmChannel::record_bytes).
+  template <class Build>
+  std::shared_ptr<OpState> via_shm(const char* name, ShmCall call, bool block, Build&& build);
 
   std::shared_ptr<Engine> engine_;
   std::vector<int> world_;

@@ -107,17 +107,14 @@ void ShmCollective::write(int64_t e0, int64_t c) {
     case ShmKind::kAllgather:
     case ShmKind::kGather:
       std::memcpy(s.slot(me), in + e0 * esz, static_cast<size_t>(c * esz));
-      bytes_written_ += c * esz;
       break;
     case ShmKind::kScatter:  // the root fills every member's slot with its block's chunk
       if (me != call_.root) break;
       for (int m = 0; m < p; ++m) std::memcpy(s.slot(m), in + (m * call_.count + e0) * esz, static_cast<size_t>(c * esz));
-      bytes_written_ += (p - 1) * c * esz;
       break;
     case ShmKind::kReduceScatter:  // every block's chunk, packed
       for (int m = 0; m < p; ++m)
         std::memcpy(s.slot(me) + m * c * esz, in + (m * call_.count + e0) * esz, static_cast<size_t>(c * esz));
-      bytes_written_ += p * c * esz;
       break;
     case ShmKind::kBarrier: break;
   }
@@ -374,7 +371,7 @@ void ShmChannel::run(Engine& engine, const char* name, const ShmCall& call) {
     throw;
   }
   end_turn(std::nullopt);
-  engine.add_record({name, t_post, t_start, now(), coll.bytes_written(), -1});
+  engine.add_record({name, t_post, t_start, now(), call.record_bytes, -1});
 }
 
 // The progress thread's side of a nonblocking call: it waits for its turn, then polls.
@@ -384,6 +381,7 @@ class ShmOp : public Op {
         uint32_t first_gen, ShmCollective coll)
       : Op(std::move(name), std::move(st)), channel_(std::move(channel)), seq_(seq), coll_(std::move(coll)) {
     coll_.start_at(first_gen);
+    bytes_sent = coll_.call().record_bytes;
   }
   ~ShmOp() override {
     if (!ended_) channel_->cancel(seq_, CommError("the operation was dropped"));
@@ -396,7 +394,6 @@ class ShmOp : public Op {
     }
     done_ = coll_.advance(false, nullptr);
     if (done_) {
-      bytes_sent = coll_.bytes_written();
       ended_ = true;
       channel_->end_turn(std::nullopt);
     }

@@ -23,13 +23,16 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "dtype.hpp"
 #include "engine.hpp"
 #include "shm_segment.hpp"
+#include "step_program.hpp"
 
 namespace harness {
 
@@ -49,6 +52,10 @@ struct ShmCall {
   DivideFn divide = nullptr;  // AVG: the result is divided by divide_by
   int divide_by = 1;
   int root = 0;
+  // What the op's record counts as bytes sent: the bytes the message path's step program would
+  // send from this rank (ShmChannel::record_bytes), so that a run's traffic is counted alike on
+  // both paths and as the simulator counts it.
+  int64_t record_bytes = 0;
 };
 
 class ShmCollective {
@@ -57,12 +64,10 @@ class ShmCollective {
   // Generations the call takes (every member computes the same from the same call).
   static int64_t generations(const ShmSegment& seg, const ShmCall& call);
   void start_at(uint32_t first_generation) { gen0_ = first_generation; }
+  const ShmCall& call() const { return call_; }
   // Moves the operation on; with `block` until it is done (`check` runs while it sleeps and
   // throws to give up). Returns whether it is done. Throws CommError.
   bool advance(bool block, const std::function<void()>& check);
-  // Bytes this member wrote into the segment for others to read (0 alone): its op record's
-  // "bytes sent".
-  int64_t bytes_written() const { return seg_->members() > 1 ? bytes_written_ : 0; }
 
  private:
   void alone();  // the whole call when this member is the only one
@@ -86,7 +91,6 @@ class ShmCollective {
   int cursor_ = 0;           // the next member whose flag a stage still waits for
   double idle_since_ = -1;   // nonblocking: when the current wait began (liveness checks)
   double next_check_ = 0;
-  int64_t bytes_written_ = 0;
 };
 
 // The shared-memory path of one communicator or group whose members share a host: its segment
@@ -115,6 +119,22 @@ class ShmChannel : public std::enable_shared_from_this<ShmChannel> {
   void run(Engine& engine, const char* name, const ShmCall& call);
   // The same for the progress thread: an Op that waits for its turn, then advances the call.
   std::unique_ptr<Op> op(const char* name, std::shared_ptr<OpState> state, const ShmCall& call);
+
+  // The bytes `call`'s record counts: those of the step program `build()` makes (the message
+  // path's), built once per kind, count, root and element size, then remembered.
+  template <class Build>
+  int64_t record_bytes(const ShmCall& call, Build&& build) {
+    const BytesKey key{call.kind, call.count, call.root, call.esz};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = bytes_.find(key);
+      if (it != bytes_.end()) return it->second;
+    }
+    const int64_t bytes = bytes_sent(build());
+    std::lock_guard<std::mutex> lock(mu_);
+    bytes_[key] = bytes;
+    return bytes;
+  }
 
   static constexpr int64_t kSlotBytes = 256 << 10;
   static constexpr int64_t kMaxBytes = int64_t{64} << 20;
@@ -153,6 +173,8 @@ class ShmChannel : public std::enable_shared_from_this<ShmChannel> {
   uint32_t next_gen_ = 1;  // the flags start at 0
   std::optional<CommError> broken_;
   std::set<uint64_t> cancelled_;  // under mu_
+  using BytesKey = std::tuple<ShmKind, int64_t, int, int>;
+  std::map<BytesKey, int64_t> bytes_;  // under mu_
   std::atomic<int> cancelled_count_{0};
 };
 

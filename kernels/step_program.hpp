@@ -52,6 +52,14 @@ struct StepProgram {
   std::function<void()> on_done;
 };
 
+// The bytes a member sends running `s` (what its op record counts).
+inline int64_t bytes_sent(const StepProgram& s) {
+  int64_t bytes = 0;
+  for (const Step& step : s.steps)
+    for (const Xfer& x : step.sends) bytes += x.count * s.elem.size;
+  return bytes;
+}
+
 // Scratch space of `bytes` bytes in `s` (aligned for any element type); returns its start.
 inline char* alloc_scratch(StepProgram& s, int64_t bytes) {
   const int64_t floats = (bytes + 3) / 4;

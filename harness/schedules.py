@@ -121,6 +121,7 @@ def exponential_levels(ranks: int, peers: int = 1) -> int:
     return levels
 
 
+@lru_cache(maxsize=1024)  # pure and the same on every rank: the simulator's ranks ask for it every iteration
 def _exponential_hop(ranks: int, t: int, peers: int) -> int:
     """(k+1)^(t mod L): the hop of iteration ``t``'s level."""
     levels = exponential_levels(ranks, peers)
@@ -199,6 +200,10 @@ def bipartite_exponential_shift(ranks: int, t: int) -> int:
     return offset if step % 2 == 0 else -offset
 
 
+# Pure, and the same on every rank: the simulator's ranks of one process ask for each round's
+# draw once each (a numpy generator per draw costs tens of microseconds); ranks drift apart by
+# far fewer rounds than the cache holds.
+@lru_cache(maxsize=4096)
 def majority_initiator(seed: int, t: int, ranks: int) -> int:
     """eager-SGD majority mode: the rank that initiates round ``t`` (same draw on every rank)."""
     return int(np.random.default_rng(np.random.SeedSequence([seed, 0xEA6E, t])).integers(ranks))

@@ -82,6 +82,9 @@ class Iterations:
     ) -> None:
         self.algorithm, self.comm, self.now = algorithm, comm, now
         self.beat = heartbeat if heartbeat is not None else Heartbeat(None, comm.rank)
+        # Without a watchdog every beat is a no-op: the calls made every iteration are skipped
+        # (thousands of simulated ranks would make them several times an iteration).
+        self._watched = getattr(self.beat, "watched", True)
         self.faults, self.keep_ops = faults, keep_ops
         if faults:
             faults.watched_by(self.beat)  # an injected fault is announced to the watchdog before it strikes
@@ -99,18 +102,23 @@ class Iterations:
         comm.drain_records()
 
     def _hook(self, fn, t: int) -> float:
-        now, beat = self.now, self.beat
+        now = self.now
         h0 = now()
-        beat.phase(Phase.COMMUNICATING)
-        fn(t)
-        beat.phase(Phase.LOCAL)
+        if self._watched:
+            beat = self.beat
+            beat.phase(Phase.COMMUNICATING)
+            fn(t)
+            beat.phase(Phase.LOCAL)
+        else:
+            fn(t)
         return now() - h0
 
     def begin(self, t: int) -> None:
         """Start iteration t: strike an injected fault, then ``before_forward``."""
         if self._begin is not None:
             self._begin(t)
-        self.beat.iteration(t)
+        if self._watched:
+            self.beat.iteration(t)
         if self.faults:
             self.faults.at_iteration(self.algorithm.name, t)
         self._start = self.now()
@@ -133,7 +141,8 @@ class Iterations:
     def end(self, t: int, compute: float, delay: float, loss: float) -> None:
         """Record iteration t and count the bytes of the operations that finished meanwhile."""
         end = self.now()
-        self.beat.iteration_done(end - self._start)
+        if self._watched:
+            self.beat.iteration_done(end - self._start)
         self.rows.append((self._start, end, compute, delay, self._blocked, loss, int(self.algorithm.staleness)))
         self.starts.append(self._start)
         self.sent.append(0)
@@ -157,10 +166,13 @@ class Iterations:
 
     def _collect(self, records) -> None:
         """Count each finished operation in the iteration that posted it; keep it if asked."""
+        sent = self.sent
         for r in records:
-            t = _posting_iteration(r, self.starts, self.rows)
+            t = r.iteration  # the simulator's records name the iteration that posted them
+            if t is None:  # the native layer's do not
+                t = _iteration_at(r.post_s, self.starts, self.rows)
             if t >= 0:
-                self.sent[t] += r.bytes
+                sent[t] += r.bytes
         if self.keep_ops:
             self.ops.extend(records)
 
@@ -227,13 +239,11 @@ def train(
     return steps, evals, kept
 
 
-def _posting_iteration(record, starts: list[float], rows: list[tuple]) -> int:
-    """The iteration that posted ``record`` (-1: none): the one it names (the simulator's), or
-    (the native layer's) the one whose [start, end] holds its post time. Every iteration up to
-    the one that posted it has ended when a record is drained, so this is known then."""
-    t = record.iteration
-    if t is None:
-        t = bisect.bisect_right(starts, record.post_s) - 1
-        if t >= 0 and record.post_s > rows[t][1]:
-            t = -1  # between iterations or after the last
+def _iteration_at(post_s: float, starts: list[float], rows: list[tuple]) -> int:
+    """The iteration that posted a native record, posted at ``post_s`` (-1: none): the one whose
+    [start, end] holds it. Every iteration up to the one that posted it has ended when a record
+    is drained, so this is known then."""
+    t = bisect.bisect_right(starts, post_s) - 1
+    if t >= 0 and post_s > rows[t][1]:
+        t = -1  # between iterations or after the last
     return t

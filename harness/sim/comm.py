@@ -45,6 +45,7 @@ from harness.sim.step_programs import FLOAT_BYTES
 from harness.sim.wait_avoiding import SimWaitAvoidingAllreduce, WaitAvoidingState
 
 _H = TypeVar("_H", bound=Handle)
+_new_tuple = tuple.__new__
 
 
 def _floats(buf: Any) -> int:
@@ -210,20 +211,25 @@ class SimCommunicator:
         return self._posted(ReceiveHandle(self.engine, self.fabric.mail, self._rank, peer, seq))
 
     def iexchange(self, send: Any, recv: Any, peer: int) -> Handle:
-        if not 0 <= peer < self.fabric.ranks or peer == self._rank:
+        fabric, me = self.fabric, self._rank
+        if not 0 <= peer < fabric.ranks or peer == me:
             self._check_peer(peer, "exchange peer")  # raises
         n = send.numel()
         if recv.numel() != n:
             raise SimCommError(f"exchange buffers differ in length ({n} vs {_floats(recv)})")
-        seq = self._exchanges[peer]
-        self._exchanges[peer] = seq + 1
-        release = self.fabric.mail.send(self._rank, peer, n * FLOAT_BYTES)
-        handle = ExchangeHandle(self.engine, self.fabric.mail, self._rank, peer, seq, n * FLOAT_BYTES, release)
-        payload = self.fabric.payload
+        exchanges = self._exchanges
+        seq = exchanges[peer]
+        exchanges[peer] = seq + 1
+        mail, nbytes = fabric.mail, n * FLOAT_BYTES
+        handle = ExchangeHandle(self.engine, mail, me, peer, seq, nbytes, mail.send(me, peer, nbytes))
+        payload = fabric.payload
         if payload is not None:
-            payload.sent(self._rank, peer, seq, send)
-            handle.deliver = lambda: payload.delivered(peer, self._rank, seq, recv)
-        return self._posted(handle)
+            payload.sent(me, peer, seq, send)
+            handle.deliver = lambda: payload.delivered(peer, me, seq, recv)
+        # _posted, inlined: the gossip methods' thousands of ranks exchange every iteration
+        handle.iteration = self._iteration
+        self._unfinished.append(handle)
+        return handle
 
     def exchange(self, send: Any, recv: Any, peer: int) -> None:
         self.iexchange(send, recv, peer).wait()
@@ -274,12 +280,17 @@ class SimCommunicator:
     def drain_records(self) -> list[OpRecord]:
         """Operations finished by now since the last call, in posting order (as the native
         layer's records, whose order is finishing order; only the set per call matters)."""
-        now = self.engine.env.now
+        unfinished = self._unfinished
+        if not unfinished:
+            return []
+        now = self.engine.env._now
         out, keep = [], []
-        for h in self._unfinished:
+        for h in unfinished:
             end = h.end()
             if end is not None and end <= now:
-                out.append(OpRecord(h.name, h.post, h.start(), end, h.bytes, h.round, h.iteration))
+                # OpRecord(...) without the named tuple's Python-level __new__: a record per
+                # operation per rank
+                out.append(_new_tuple(OpRecord, (h.name, h.post, h.start(), end, h.bytes, h.round, h.iteration)))
             else:
                 keep.append(h)
         self._unfinished = keep
@@ -316,16 +327,20 @@ class SimPushChannel:
         n = _floats(buf)
         if n > self._count:
             raise SimCommError(f"push of {n} floats on a channel of {self._count}")
-        nbytes = n * FLOAT_BYTES
-        at = comm.engine.env.now
+        nbytes, round, me, fabric = n * FLOAT_BYTES, int(round), comm._rank, comm.fabric
+        at = comm.engine.env._now
         arrivals = []
-        for p in peers:
-            arrivals.append(comm.fabric.mail.push(comm.rank, comm._check_peer(p, "push peer"), nbytes, int(round)))
-            at = max(at, arrivals[-1])
-        if comm.fabric.payload is not None:
-            comm.fabric.payload.pushed(comm.rank, [int(p) for p in peers], arrivals, int(round), buf)
-        self._last_send = max(self._last_send, at)
-        return comm._posted(TimedHandle(comm.engine, "push", nbytes * len(peers), at, int(round)))
+        push = fabric.mail.push
+        for p in peers:  # every rank of the push-sum methods pushes every iteration: locals
+            arrival = push(me, comm._check_peer(p, "push peer"), nbytes, round)
+            arrivals.append(arrival)
+            if arrival > at:
+                at = arrival
+        if fabric.payload is not None:
+            fabric.payload.pushed(me, [int(p) for p in peers], arrivals, round, buf)
+        if at > self._last_send:
+            self._last_send = at
+        return comm._posted(TimedHandle(comm.engine, "push", nbytes * len(peers), at, round))
 
     def drain(self, out: Any, min_messages: int = 0, timeout: float | None = None, round: int | None = None) -> int:
         mail, me = self._comm.fabric.mail, self._comm.rank

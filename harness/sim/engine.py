@@ -18,11 +18,12 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from heapq import heappop, heappush
 from typing import Any
 
 import simpy
-from greenlet import greenlet
+from greenlet import getcurrent, greenlet
 from simpy.core import NORMAL
 
 
@@ -40,18 +41,6 @@ class CountingEnvironment(simpy.Environment):
         heappush(self._queue, (self._now + delay, priority, next(self._eid), event))
 
 
-class _Wake:
-    """A bare SimPy-queue entry that wakes one parked rank: what ``sleep`` schedules instead of a
-    ``simpy.Timeout`` (no value, no checks; the queue's order, NORMAL priority and event ids,
-    are the Timeout's, so the simulation is the same event for event)."""
-
-    __slots__ = ("_ok", "callbacks")
-
-    def __init__(self, callback: Callable) -> None:
-        self.callbacks = [callback]
-        self._ok = True
-
-
 class SimDeadlock(RuntimeError):
     """Simulated ranks still waiting when no event is left: they can never continue."""
 
@@ -66,48 +55,67 @@ class SimEngine:
         self._finished: set[int] = set()
         # what a rank last blocked on (deadlock reports), or what says it
         self._waiting_for: dict[greenlet, str | Callable[[], str]] = {}
+        # now(): the simulated time, for the code inside a rank. Every rank reads it several times
+        # an iteration: a C-level getattr of the clock, not a method with a Python frame.
+        self.now: Callable[[], float] = partial(getattr, self.env, "_now")
 
     # -- time, for the code inside a rank ---------------------------------------------------------
-    def now(self) -> float:
-        return self.env.now
-
+    # sleep and sleep_until park the calling rank until a time: the hot path of every simulated
+    # compute, sleep and wait whose end is known. The queue entry is the rank's greenlet itself
+    # (wake_after), which _run_events switches to: no event object, no callback.
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
-            self._wake_after(seconds)
+            self.wake_after(getcurrent(), seconds)
+            self._hub.switch()
 
     def sleep_until(self, when: float) -> None:
-        now = self.env._now
-        if when > now:
-            self._wake_after(when - now)
+        delay = when - self.env._now
+        if delay > 0:  # when > now
+            self.wake_after(getcurrent(), delay)
+            self._hub.switch()
 
-    def _wake_after(self, delay: float) -> None:
-        """Park the calling rank until ``delay`` from now: the hot path of every simulated
-        compute, sleep and wait whose end is known."""
+    # park, current and wake_after: a wait without an event object (the sequenced receive and the
+    # push channel's wait for messages, every iteration of the gossip methods on thousands of
+    # ranks): the rank leaves current() where its waker finds it, parks, and the waker queues
+    # its wake-up.
+    current = staticmethod(getcurrent)  # the calling rank (its greenlet), for wake_after
+
+    def park(self, what: str | Callable[[], str]) -> None:
+        """Block the calling rank until :meth:`wake_after` wakes it; ``what`` names the wait, as
+        :meth:`wait`'s."""
+        self._waiting_for[getcurrent()] = what
+        self._hub.switch()
+
+    def wake_after(self, rank: greenlet, delay: float) -> None:
+        """Wake a parked rank ``delay`` from now: its greenlet queued as the entry a
+        ``simpy.Timeout`` of that delay (or an event scheduled with it) would get, the same
+        place in the queue (time, NORMAL priority, event id), so the simulation is the same
+        event for event."""
         env = self.env
         env.events_scheduled += 1
-        queue: list[Any] = env._queue  # SimPy's events and the _Wake entries that stand in for Timeouts
-        heappush(queue, (env._now + delay, NORMAL, next(env._eid), _Wake(greenlet.getcurrent().switch)))
-        self._hub.switch()
+        heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), rank))
 
     def wait(self, event: simpy.Event, what: str | Callable[[], str]) -> None:
         """Block the calling rank until ``event`` has been processed (at once if it has);
         ``what`` (or what it returns, formatted only if needed) names the wait if the simulation
         deadlocks there."""
-        if event.callbacks is not None:
-            self._waiting_for[greenlet.getcurrent()] = what
-            self._park(event)
-
-    def _park(self, event: simpy.Event) -> None:
-        event.callbacks.append(greenlet.getcurrent().switch)
-        self._hub.switch()
+        callbacks = event.callbacks
+        if callbacks is not None:
+            me = getcurrent()
+            self._waiting_for[me] = what
+            callbacks.append(me.switch)
+            self._hub.switch()
 
     def _run_events(self) -> None:
         """``simpy.Environment.run()`` until no event is left, its ``step`` inlined (SimPy 4's
         queue entries): the simulator processes millions of events."""
         env = self.env
-        queue: list[Any] = env._queue  # SimPy's events and _Wake entries (whose callbacks are cleared too)
+        queue: list[Any] = env._queue  # SimPy's events and parked ranks' greenlets (sleep, sleep_until)
         while queue:
             env._now, _, _, event = heappop(queue)
+            if event.__class__ is greenlet:  # a parked rank's wake-up
+                event.switch()
+                continue
             callbacks, event.callbacks = event.callbacks, None
             for callback in callbacks:
                 callback(event)
@@ -131,7 +139,7 @@ class SimEngine:
 
         An exception inside a rank propagates out of here (through SimPy's event loop).
         """
-        self._hub = greenlet.getcurrent()
+        self._hub = getcurrent()
         for g in self._ranks.values():
             g.parent = self._hub
         self._run_events()

@@ -30,7 +30,7 @@ class Handle:
     def __init__(self, engine: SimEngine, name: str, nbytes: int, round: int = -1) -> None:
         self.engine = engine
         self.name = name
-        self.post = engine.env.now
+        self.post = engine.env._now
         self.bytes = nbytes
         self.round = round
         self.iteration = -1
@@ -49,7 +49,7 @@ class Handle:
 
     def done(self) -> bool:
         end = self.end()
-        finished = end is not None and end <= self.engine.env.now
+        finished = end is not None and end <= self.engine.env._now
         if finished and self.deliver is not None:
             self._delivered()
         return finished
@@ -94,28 +94,29 @@ class TimedHandle(Handle):
 
 
 class ExchangeHandle(Handle):
-    __slots__ = ("_end", "mail", "me", "peer", "release", "seq")
+    __slots__ = ("_end", "arrivals", "mail", "me", "peer", "release", "seq")
 
     def __init__(self, engine, mail: Mailboxes, me: int, peer: int, seq: int, nbytes: int, release: float) -> None:
         # Handle.__init__ spelled out: thousands of ranks post exchanges every iteration.
         self.engine, self.name, self.post, self.bytes, self.round, self.iteration, self.deliver = (
             engine,
             "exchange",
-            engine.env.now,
+            engine.env._now,
             nbytes,
             -1,
             -1,
             None,
         )
         self.mail, self.me, self.peer, self.seq, self.release = mail, me, peer, seq, release
+        self.arrivals = mail.pair_arrivals(peer, me)  # the peer's messages to this rank, as they are sent
         self._end = None  # known once the peer's message is: it never changes after
 
     def end(self):
-        if self._end is None:
-            arrival = self.mail.arrival(self.peer, self.me, self.seq)
-            if arrival is not None:
-                self._end = arrival if arrival > self.release else self.release
-        return self._end
+        end = self._end
+        if end is None and self.seq < len(self.arrivals):  # the peer's message is sent: its arrival known
+            arrival = self.arrivals[self.seq]
+            end = self._end = arrival if arrival > self.release else self.release
+        return end
 
     def wait(self, timeout=None):
         end = self.end()

@@ -72,11 +72,14 @@ class _Resource:
         if self.runs:
             self._unpack_runs()
         if post >= self.last_post:  # posted after all the others (the common case): after them all
-            start = max(earliest, self.max_end)
-            self.busy.append((start, start + transfer))
+            max_end = self.max_end
+            start = earliest if earliest > max_end else max_end
+            end = start + transfer
+            self.busy.append((start, end))
             self.posts.append(post)
-            self.ends.append(start + transfer)
+            self.ends.append(end)
             self.last_post = post
+            self.max_end = end  # it starts after every other ends: it ends last
         else:
             i = bisect.bisect_right(self.posts, post)
             start = max(earliest, max(self.ends[:i], default=earliest))
@@ -90,7 +93,7 @@ class _Resource:
             self.posts.insert(i, post)
             self.ends.insert(i, start + transfer)
             self.in_order = False
-        self.max_end = max(self.max_end, start + transfer)
+            self.max_end = max(self.max_end, start + transfer)
         if len(self.busy) > self.prune_at:
             self._forget_before(now)
         return start
@@ -217,6 +220,7 @@ class SimNetwork:
             self._fabric_inv = inv(topology.fabric_bandwidth_bytes_per_s)
             self._intra_emulated = self._intra != (0.0, 0.0)
             self._inter_emulated = self._nic != (0.0, 0.0) or self._fabric_inv > 0
+        self._holds = self.emulated  # whether any message may be held (message()'s fast path)
         self._matrix = None
         if self._links and ranks <= _MATRIX_MAX_RANKS:
             self._matrix = np.zeros((ranks, ranks), dtype=bool)
@@ -321,26 +325,26 @@ class SimNetwork:
         for resource, inv_bw in path:
             transfer = nbytes * inv_bw
             start = resource.reserve(post, start, transfer, now)
-            finish = max(finish, start + transfer)
+            end = start + transfer
+            if end > finish:
+                finish = end
         return finish + latency + (self.progress * self.load_factor() if wakes else 0.0)
 
     def message(self, src: int, dst: int, nbytes: float, post: float) -> tuple[float, float]:
         """(release, arrival) of one message posted at ``post``."""
-        # A pair held before has its route cached: the hot path of point-to-point algorithms.
-        route = self._paths.get((src, dst))
-        if (
-            route is None
-            and src != dst
-            and (
-                (src, dst) in self._links
-                or (
-                    self._node is not None
-                    and (self._intra_emulated if self._node_list[src] == self._node_list[dst] else self._inter_emulated)
-                )
-            )
-        ):
-            route = self._path(src, dst)
-        release = self._hold_on(route, nbytes, post) if route is not None else post
+        release = post
+        if self._holds:  # else nothing is emulated: every message is released at once
+            # A pair held before has its route cached: the hot path of point-to-point algorithms.
+            route = self._paths.get((src, dst))
+            if route is None and src != dst:  # a pair not held before: held on an emulated path?
+                if (src, dst) in self._links:
+                    route = self._path(src, dst)
+                elif self._node is not None:
+                    same_node = self._node_list[src] == self._node_list[dst]
+                    if self._intra_emulated if same_node else self._inter_emulated:
+                        route = self._path(src, dst)
+            if route is not None:
+                release = self._hold_on(route, nbytes, post)
         cost = self.alpha + nbytes * self.inv_bandwidth
         return release, release + (cost * self.load_factor() if self.shared_cores else cost)
 

@@ -15,9 +15,11 @@ on these.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import simpy
 
 from harness.sim.collective_timing import broadcast_times, run_program
@@ -35,6 +37,7 @@ from harness.sim.step_programs import (
 
 if TYPE_CHECKING:
     import torch
+    from greenlet import greenlet
 
 
 class Collective:
@@ -110,7 +113,7 @@ class Collective:
         """``rank`` contributes now (its own call, or its progress thread on its behalf);
         ``buf``: its buffer, when the simulation carries values."""
         i = self.index[rank]
-        self.join_at[i] = self.engine.env.now
+        self.join_at[i] = self.engine.env._now
         self.joined += 1
         if buf is not None:
             if self.buffers is None:
@@ -178,7 +181,7 @@ class Collective:
         """Bytes ``rank`` sends in this collective (the native layer's count)."""
         if self.program is not None:
             if self._sent is None:
-                self._sent = [int(b) for b in self.program.bytes_sent]
+                self._sent = self.program.bytes_sent.astype(np.int64).tolist()  # int() of each, at C speed
             return self._sent[self.index[rank]]
         return broadcast_bytes_sent(len(self.members), self.root, self.index[rank], self.count * FLOAT_BYTES)
 
@@ -206,10 +209,12 @@ class Mailboxes:
         self.env = engine.env
         self.network = network
         self._inbox: list[dict[int, list[float]]] = [{} for _ in range(ranks)]  # rank -> round -> arrivals not taken
-        self._waiter: list[tuple[int | None, simpy.Event] | None] = [None] * ranks  # a rank blocked in wait_count
+        # a rank blocked in wait_count: (its round, its event with a deadline, else the parked rank)
+        self._waiter: list[tuple[int | None, simpy.Event | greenlet] | None] = [None] * ranks
         self._ranks = ranks
-        self._pair_arrivals: dict[int, list[float]] = {}  # src * ranks + dst -> arrival of each message
-        self._pair_waiters: dict[tuple[int, int], simpy.Event] = {}  # (pair, seq) -> receiver waiting
+        # src * ranks + dst -> arrival of each message (a pair's list made when first used)
+        self._pair_arrivals: defaultdict[int, list[float]] = defaultdict(list)
+        self._pair_waiters: dict[tuple[int, int], greenlet] = {}  # (pair, seq) -> receiver waiting (parked)
 
     # -- counted, per round (the push channel) ------------------------------------------------------
     # Arrival times are known when a message is pushed, so nothing is scheduled per message: a
@@ -219,7 +224,7 @@ class Mailboxes:
     def push(self, src: int, dst: int, nbytes: int, round: int) -> float:
         """Send a push message of gossip ``round`` now; returns when the send completes (the
         native channel's sends are synchronous and the receiver always listens: on arrival)."""
-        _, arrival = self.network.message(src, dst, nbytes, self.env.now)
+        _, arrival = self.network.message(src, dst, nbytes, self.env._now)
         box = self._inbox[dst]
         times = box.get(round)
         if times is None:
@@ -227,9 +232,13 @@ class Mailboxes:
         else:
             times.append(arrival)
         waiter = self._waiter[dst]
-        if waiter is not None and (waiter[0] is None or waiter[0] == round):
+        if waiter is not None and (waiter[0] is None or waiter[0] == round):  # it recomputes: wake it now
             self._waiter[dst] = None
-            waiter[1].succeed()  # it recomputes when its messages arrive
+            waker = waiter[1]
+            if isinstance(waker, simpy.Event):  # a wait with a deadline
+                waker.succeed()
+            else:  # a parked rank (what succeed() would schedule, without the event)
+                self.engine.wake_after(waker, 0.0)
         return arrival
 
     def _arrivals(self, rank: int, round: int | None) -> list[float]:
@@ -257,12 +266,13 @@ class Mailboxes:
                     return False
                 self.engine.sleep_until(ready)
                 return True
-            event = env.event()
-            self._waiter[rank] = (round, event)
             what = lambda: f"{at_least} push messages" + ("" if round is None else f" of round {round}")  # noqa: E731
-            if deadline is None:
-                self.engine.wait(event, what)
+            if deadline is None:  # parked until a push of its round wakes it
+                self._waiter[rank] = (round, self.engine.current())
+                self.engine.park(what)
             else:
+                event = env.event()
+                self._waiter[rank] = (round, event)
                 self.engine.wait(env.any_of([event, env.timeout(max(0.0, deadline - env.now))]), what)
                 if not event.triggered:
                     self._waiter[rank] = None
@@ -270,7 +280,7 @@ class Mailboxes:
 
     def take(self, rank: int, round: int | None) -> int:
         """Take every message (of ``round``, or of every round) arrived at ``rank`` by now; how many."""
-        now = self.env.now
+        now = self.env._now
         box = self._inbox[rank]
         taken = 0
         for r in [round] if round is not None else list(box):
@@ -288,20 +298,22 @@ class Mailboxes:
     # -- sequenced (exchange) -------------------------------------------------------------------
     def send(self, src: int, dst: int, nbytes: int) -> float:
         """Send the next message of pair (src, dst) now; returns its release time (send complete)."""
-        now = self.env.now
+        now = self.env._now
         release, arrival = self.network.message(src, dst, nbytes, now)
         pair = src * self._ranks + dst
-        arrivals = self._pair_arrivals.get(pair)
-        if arrivals is None:
-            arrivals = self._pair_arrivals[pair] = []
+        arrivals = self._pair_arrivals[pair]
         seq = len(arrivals)
         arrivals.append(arrival)
         if self._pair_waiters:
-            event = self._pair_waiters.pop((pair, seq), None)
-            if event is not None:  # the receiver waits: wake it when the message arrives
-                event._ok, event._value = True, None  # Event.succeed(), but at the arrival time
-                self.env.schedule(event, delay=max(0.0, arrival - now))
+            receiver = self._pair_waiters.pop((pair, seq), None)
+            if receiver is not None:  # the receiver waits: wake it when the message arrives
+                self.engine.wake_after(receiver, max(0.0, arrival - now))
         return release
+
+    def pair_arrivals(self, src: int, dst: int) -> list[float]:
+        """The arrivals of the messages from ``src`` to ``dst``, in sequence: the list itself,
+        which grows as they are sent."""
+        return self._pair_arrivals[src * self._ranks + dst]
 
     def arrival(self, src: int, dst: int, seq: int) -> float | None:
         """When the ``seq``-th message (0-based) from ``src`` reaches ``dst``; None: not sent yet."""
@@ -311,9 +323,9 @@ class Mailboxes:
     def receive(self, src: int, dst: int, seq: int) -> float:
         """Block ``dst`` until the ``seq``-th message (0-based) from ``src`` has arrived; its arrival."""
         when = self.arrival(src, dst, seq)
-        if when is None:
-            event = self._pair_waiters.setdefault((src * self._ranks + dst, seq), self.env.event())
-            self.engine.wait(event, lambda: f"message {seq} from rank {src}")
+        if when is None:  # not sent yet: the sender wakes this rank at the arrival
+            self._pair_waiters[(src * self._ranks + dst, seq)] = self.engine.current()
+            self.engine.park(lambda: f"message {seq} from rank {src}")
             when = self.arrival(src, dst, seq)
             assert when is not None  # the event fires when the message is sent
         self.engine.sleep_until(when)

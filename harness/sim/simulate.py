@@ -177,7 +177,7 @@ def simulate_algorithm(
         base,
         link_table(scenario),
         topology=node_topology(scenario),
-        clock=lambda: engine.env.now,
+        clock=engine.now,
         hosts=hosts,
         allreduce=scenario.network.allreduce,
     )

@@ -85,7 +85,18 @@ class StandIn:
             return _ELEMENT
         start, stop = index.start or 0, index.stop
         if index.step is None and start >= 0 and stop is not None and stop >= 0:  # x[a:b], the common case
-            return StandIn(max(0, min(stop, self.n) - min(start, self.n)))
+            # max(0, min(stop, n) - min(start, n)) without the builtins' calls, and one object per
+            # length (as _ELEMENT): the push-sum methods slice their buffers every iteration
+            n = self.n
+            length = (stop if stop < n else n) - (start if start < n else n)
+            if length < 0:
+                length = 0
+            view = _VIEWS.get(length)
+            if view is None:
+                view = StandIn(length)
+                if len(_VIEWS) < 1024:  # a model's few part lengths; a bound for any odd use
+                    _VIEWS[length] = view
+            return view
         return StandIn(len(range(*index.indices(self.n))))
 
     def __setitem__(self, index: Any, value: Any) -> None:
@@ -154,6 +165,7 @@ class StandIn:
 
 
 _ELEMENT = StandIn(1)  # x[i]: one element (stand-ins hold no state, so one object serves all)
+_VIEWS: dict[int, StandIn] = {}  # x[a:b] by length, for the same reason
 
 
 def _reduction(*args: Any, **kwargs: Any) -> StandIn:

@@ -127,22 +127,40 @@ def _group(comm: Any) -> Any:
 
 
 def _native_allgather(comm: Any, buf: np.ndarray) -> None:
-    from harness._core import DType  # noqa: PLC0415  (the native layer: on the ranks only)
-
-    g = _group(comm)
-    k = buf.size // g.size
-    out = buf[: k * g.size]
-    g.allgather(buf, out[g.rank * k :].ctypes.data, k, out.ctypes.data, out.size, DType.float32, -1, block=True).wait()
+    _prepared(comm, buf, "allgather")()
 
 
 def _native_reduce_scatter(comm: Any, buf: np.ndarray) -> None:
+    _prepared(comm, buf, "reduce_scatter")()
+
+
+# The group calls' arguments per buffer, made once: numpy's ``.ctypes.data`` costs about a
+# microsecond each time, which a 4 KiB call's timing would charge to the native layer. Keyed by
+# the buffer's id and held with it (an id is not reused while the buffer lives).
+_CALLS: dict[tuple[str, int], tuple[np.ndarray, Any]] = {}
+
+
+def _prepared(comm: Any, buf: np.ndarray, name: str) -> Any:
+    key = (name, id(buf))
+    held = _CALLS.get(key)
+    if held is None or held[0] is not buf:
+        _CALLS.clear()  # one buffer per size at a time: keep nothing of the last size
+        held = _CALLS[key] = (buf, _group_call(comm, buf, name))
+    return held[1]
+
+
+def _group_call(comm: Any, buf: np.ndarray, name: str) -> Any:
+    """The blocking group call of op ``name`` on ``buf``, its arguments made."""
     from harness._core import DType, ReduceOp  # noqa: PLC0415  (the native layer: on the ranks only)
 
-    g = _group(comm)  # the input is copied when the op is posted, so the output may overlap it
+    g = _group(comm)
     k = buf.size // g.size
-    g.reduce_scatter(
-        buf, buf.ctypes.data, k * g.size, buf.ctypes.data, k, DType.float32, ReduceOp.SUM, -1, block=True
-    ).wait()
+    base = buf.ctypes.data
+    if name == "allgather":
+        mine = base + g.rank * k * buf.itemsize
+        return lambda: g.allgather(buf, mine, k, base, k * g.size, DType.float32, -1, block=True).wait()
+    # the input is read before any output is written, so the output may overlap it
+    return lambda: g.reduce_scatter(buf, base, k * g.size, base, k, DType.float32, ReduceOp.SUM, -1, block=True).wait()
 
 
 ABOUT = {  # what the worker's table headers add to an op's name

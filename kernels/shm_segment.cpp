@@ -206,6 +206,14 @@ void ShmSegment::wait(ShmFlag& flag, int m, uint32_t target, const std::string& 
       if (reached(flag.value.load(std::memory_order_acquire), target)) return;
       if (i % 64 == 0 && now() > until) break;
     }
+  } else {
+    // More members than cores: the awaited one may need this core. Give it away a few times
+    // (a yield lets a runnable member run at once, cheaper than a futex sleep and wake-up),
+    // then sleep.
+    for (int i = 0; i < kYields; ++i) {
+      std::this_thread::yield();
+      if (reached(flag.value.load(std::memory_order_acquire), target)) return;
+    }
   }
   for (;;) {
     flag.sleepers.fetch_add(1, std::memory_order_seq_cst);

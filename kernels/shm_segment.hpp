@@ -7,9 +7,10 @@
 // $HARNESS_SHM_DIR) and is unlinked as soon as every member has mapped it, so nothing is left
 // behind when a process dies.
 //
-// Waiting never spins unbounded: a waiter polls a flag for a bounded time (none at all when the
-// host's members outnumber its cores), then sleeps in the kernel on the flag's futex until the
-// publisher wakes it, checking every `kLivenessCheckS` that the member it waits for still lives.
+// Waiting never spins unbounded: a waiter polls a flag for a bounded time (when the host's
+// members outnumber its cores it yields the core a few times instead), then sleeps in the
+// kernel on the flag's futex until the publisher wakes it, checking every `kLivenessCheckS`
+// that the member it waits for still lives.
 #pragma once
 
 #include <mpi.h>
@@ -70,6 +71,7 @@ class ShmSegment {
   void check_alive(int m, const std::string& what) const;
 
   static constexpr double kSpinS = 20e-6;
+  static constexpr int kYields = 8;  // oversubscribed: yields of the core before a futex sleep
   static constexpr double kLivenessCheckS = 0.05;
 
  private:

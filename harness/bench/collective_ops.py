@@ -37,6 +37,8 @@ MIN_LARGE_ITERS = 5  # ...but at least this many
 RTOL = 1e-5
 SEED = 1234
 MPI_WARMUP = 10  # untimed MPI calls at least (MPICH's shared-memory collectives start after a few)
+BASELINE_BUDGET_S = 5.0  # a baseline job's timed iterations of one op and size stop after about this long...
+MIN_BUDGET_ITERS = 3  # ...once at least this many are done
 
 
 def iterations_for(size: int, iters: int, warmup: int) -> tuple[int, int]:
@@ -159,7 +161,7 @@ def _group_call(comm: Any, buf: np.ndarray, name: str) -> Any:
     if name == "allgather":
         mine = base + g.rank * k * buf.itemsize
         return lambda: g.allgather(buf, mine, k, base, k * g.size, DType.float32, -1, block=True).wait()
-    # the input is read before any output is written, so the output may overlap it
+    # the output may overlap the input: each part of it is written after the input it covers was read
     return lambda: g.reduce_scatter(buf, base, k * g.size, base, k, DType.float32, ReduceOp.SUM, -1, block=True).wait()
 
 
@@ -172,16 +174,32 @@ ABOUT = {  # what the worker's table headers add to an op's name
 
 
 # -- measuring ----------------------------------------------------------------------------------
-def _timed(world: Any, run: Callable[[], None], refill: Callable[[], None], iters: int, warmup: int) -> float:
+def _timed(
+    world: Any,
+    run: Callable[[], None],
+    refill: Callable[[], None],
+    iters: int,
+    warmup: int,
+    budget_s: float | None = None,
+) -> float:
     """Median over iterations of the slowest rank's time of ``run`` (seconds).
 
     Nothing but the refill runs between iterations: numpy work there (say, checking each
-    result) was measured to slow the next op by up to 2-3x on a 2-core machine.
+    result) was measured to slow the next op by up to 2-3x on a 2-core machine. With
+    ``budget_s``, the timed iterations stop (all ranks alike: rank 0 decides) once they have
+    taken that long and at least ``MIN_BUDGET_ITERS`` are done: a baseline whose waiters spin on
+    an oversubscribed machine takes milliseconds to seconds a call.
     """
     from mpi4py import MPI  # noqa: PLC0415  (initializes MPI: on the ranks only)
 
     times = np.zeros(iters)
+    done, started = iters, time.perf_counter()
     for i in range(-warmup, iters):
+        if budget_s is not None and i >= MIN_BUDGET_ITERS:
+            over = world.rank == 0 and time.perf_counter() - started > budget_s
+            if world.bcast(over, root=0):
+                done = i
+                break
         refill()
         world.Barrier()
         t0 = time.perf_counter()
@@ -189,6 +207,7 @@ def _timed(world: Any, run: Callable[[], None], refill: Callable[[], None], iter
         t1 = time.perf_counter()
         if i >= 0:
             times[i] = t1 - t0
+    times = times[:done]
     world.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
     return statistics.median(times.tolist())
 
@@ -202,12 +221,20 @@ def measure_mpi(world: Any, name: str, size: int, iters: int, warmup: int) -> fl
     """MPI's own time of op ``name`` on ``size`` bytes (seconds, median of the slowest rank), in
     this process at whatever thread level MPI was initialized with. At least ``MPI_WARMUP``
     untimed calls first: MPICH switches its shared-memory collectives on after a few calls of
-    a collective on a communicator, and the baseline is MPI at its best."""
+    a collective on a communicator, and the baseline is MPI at its best. Its timed iterations
+    stop after ``BASELINE_BUDGET_S`` (at least ``MIN_BUDGET_ITERS`` of them)."""
     op = OPS[name]
     iters, warmup = iterations_for(size, iters, warmup)
     inp = _input(world, size)
     buf = np.empty_like(inp)
-    return _timed(world, lambda: op.mpi(world, inp, buf), lambda: np.copyto(buf, inp), iters, max(warmup, MPI_WARMUP))
+    return _timed(
+        world,
+        lambda: op.mpi(world, inp, buf),
+        lambda: np.copyto(buf, inp),
+        iters,
+        max(warmup, MPI_WARMUP),
+        BASELINE_BUDGET_S,
+    )
 
 
 def measure_floor(world: Any, size: int, iters: int, warmup: int) -> float:

@@ -11,7 +11,9 @@ status is 1 when any is wrong.
 **MPI at its best.** Run from a shell, the command first runs MPI's own collectives in two jobs
 of their own, one at ``MPI_THREAD_SINGLE`` and one at ``MPI_THREAD_MULTIPLE`` (MPICH turns its
 shared-memory collectives off under ``THREAD_MULTIPLE``, the level the native layer needs), each
-warmed past MPICH's switch-over and with its buffers refilled between calls; then the native
+warmed past MPICH's switch-over and with its buffers refilled between calls (its timed calls of
+one op and size stop after about 5 s: oversubscribed, MPICH's ``THREAD_SINGLE`` waiters spin,
+and a call can take milliseconds to seconds); then the native
 job, which reads their times. ``ratio`` is MPI's faster mode over the native time (above 1: the
 native layer is faster). Inside an MPI job already running (no jobs of its own to start), MPI
 is measured in the native job's own processes, at ``THREAD_MULTIPLE`` only. ``floor`` is what a

@@ -52,8 +52,7 @@ bool ShmCollective::ready(ShmFlag& flag, int m, uint32_t target, bool block, con
   }
   // Polled by the progress thread: a member that died is noticed within kLivenessCheckS.
   const double t = now();
-  if (idle_since_ < 0) {
-    idle_since_ = t;
+  if (next_check_ < 0) {
     next_check_ = t + ShmSegment::kLivenessCheckS;
   } else if (t >= next_check_) {
     seg_->check_alive(m, what_);
@@ -192,7 +191,7 @@ bool ShmCollective::advance(bool block, const std::function<void()>& check) {
       ShmSegment::publish(s.arrived(me), g, call_.count);
       stage_ = 1;
       cursor_ = 0;
-      idle_since_ = -1;
+      next_check_ = -1;
     }
     if (stage_ == 1) {
       if (!arrivals_ready(g, block, check)) return false;
@@ -200,7 +199,7 @@ bool ShmCollective::advance(bool block, const std::function<void()>& check) {
       ShmSegment::publish(s.done(me), g);
       stage_ = 2;
       cursor_ = 0;
-      idle_since_ = -1;
+      next_check_ = -1;
     }
     if (waits_for_all_done()) {
       if (!all_done(g, block, check)) return false;
@@ -208,7 +207,7 @@ bool ShmCollective::advance(bool block, const std::function<void()>& check) {
     }
     stage_ = 0;
     cursor_ = 0;
-    idle_since_ = -1;
+    next_check_ = -1;
     ++chunk_;
   }
   return true;

@@ -22,8 +22,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -89,8 +89,7 @@ class ShmCollective {
   uint32_t gen0_ = 0;
   int stage_ = 0;
   int cursor_ = 0;           // the next member whose flag a stage still waits for
-  double idle_since_ = -1;   // nonblocking: when the current wait began (liveness checks)
-  double next_check_ = 0;
+  double next_check_ = -1;  // nonblocking: when to check the awaited member's process next (-1: not waiting)
 };
 
 // The shared-memory path of one communicator or group whose members share a host: its segment

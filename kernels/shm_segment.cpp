@@ -166,8 +166,7 @@ std::unique_ptr<ShmSegment> ShmSegment::create(MPI_Comm comm, std::vector<int> w
   pid_table[me] = static_cast<int32_t>(getpid());
   if (me == 0) *head = Header{kMagic, members, slot_bytes};
   const unsigned cores = std::thread::hardware_concurrency();
-  int on_host = members;
-  seg->may_spin_ = cores > 0 && static_cast<unsigned>(on_host) <= cores;
+  seg->may_spin_ = cores > 0 && static_cast<unsigned>(members) <= cores;
   check_mpi(MPI_Barrier(comm), "MPI_Barrier(shared segment)");  // pids and header visible to all
   // A member in another pid namespace (a container of its own) cannot be watched: no liveness
   // checks of it from here.

@@ -55,6 +55,22 @@ def test_an_argument_error_is_a_local_error():
     assert raised.value.kind == ErrorKind.LOCAL
 
 
+def _run_with_survivors(ranks: int, args: list[str], env: dict) -> str:
+    """Run tests/mpi/ARGS[0] on ``ranks`` ranks, where a rank dies and the others must carry on
+    (``-disable-auto-cleanup`` keeps the launcher from ending them); what the job printed. The
+    120 s is a hang guard: the survivors report within a second or two."""
+    cmd = [str(mpiexec_path()), "-disable-auto-cleanup", "-n", str(ranks), sys.executable, "-u",
+           str(MPI_DIR / args[0]), *args[1:]]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        stop_job(proc)
+        pytest.fail(f"{args[0]}: the survivors never finished (stopped after 120 s)")
+    return stdout + stderr
+
+
 @pytest.mark.mpi
 def test_a_peer_dying_while_a_link_holds_a_send_raises_peer_lost_on_the_survivor(tmp_path):
     # Shared memory (MPICH's default between ranks of one host) never notices a dead peer: a
@@ -64,16 +80,7 @@ def test_a_peer_dying_while_a_link_holds_a_send_raises_peer_lost_on_the_survivor
     out = tmp_path / "survivor.json"
     env = dict(os.environ, PYTHONUNBUFFERED="1", MPIR_CVAR_NOLOCAL="1", MPIR_CVAR_CH4_NETMOD="ofi",
                FI_PROVIDER="sockets")
-    cmd = [str(mpiexec_path()), "-disable-auto-cleanup", "-n", "2", sys.executable, "-u",
-           str(MPI_DIR / "native_error_checks.py"), str(out)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        stop_job(proc)
-        pytest.fail("the survivor did not finish within 120 s")
-    printed = stdout + stderr
+    printed = _run_with_survivors(2, ["native_error_checks.py", str(out)], env)
     assert "terminate called" not in printed and "Aborted" not in printed, printed[-3000:]
     assert out.exists(), f"the survivor wrote no report:\n{printed[-3000:]}"
     report = json.loads(out.read_text())
@@ -89,16 +96,8 @@ def test_a_peer_dying_in_a_shared_memory_collective_raises_peer_lost_on_the_surv
     # The ranks share this host: their allreduce runs in a shared segment, where no MPI call
     # would notice the death; the waiters check that the process they wait for still exists.
     out = tmp_path / "survivor"
-    cmd = [str(mpiexec_path()), "-disable-auto-cleanup", "-n", "3", sys.executable, "-u",
-           str(MPI_DIR / "shm_peer_lost_checks.py"), str(out)] + (["posted"] if posted else [])
-    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        stop_job(proc)
-        pytest.fail("the survivors did not finish within 120 s")
-    printed = stdout + stderr
+    args = ["shm_peer_lost_checks.py", str(out)] + (["posted"] if posted else [])
+    printed = _run_with_survivors(3, args, dict(os.environ, PYTHONUNBUFFERED="1"))
     for rank in (0, 2):
         path = tmp_path / f"survivor.{rank}.json"
         assert path.exists(), f"rank {rank} wrote no report:\n{printed[-3000:]}"

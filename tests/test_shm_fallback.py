@@ -34,6 +34,7 @@ comm.close()
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_a_missing_shared_memory_directory_warns_once_and_falls_back(tmp_path, ranks):
     env = dict(os.environ, HARNESS_SHM_DIR=str(tmp_path / "no_such_directory"))
+    # 120 s: a hang guard (a fallback that hung); the job takes about a second
     proc = run_ranks(ranks, [sys.executable, "-c", _SCRIPT], env=env, timeout=120, capture=True)
     printed = proc.stdout + proc.stderr
     assert proc.returncode == 0, printed[-3000:]

@@ -38,7 +38,7 @@ def main(out_prefix: str, posted: bool) -> int:
     report: dict = {"raised": None}
     try:
         if posted:
-            comm.iallreduce(x).wait(timeout=30)
+            comm.iallreduce(x).wait()  # the launch's own deadline guards a hang
         else:
             comm.allreduce(x)
     except CommError as exc:

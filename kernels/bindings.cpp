@@ -281,6 +281,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("world_ranks", [](PyGroup& g) { return g.native->world_ranks(); })
       .def_property_readonly("tag_ub", [](PyGroup& g) { return g.native->tag_ub(); })
       .def_property_readonly("shm_fallback_reason", [](PyGroup& g) { return g.native->shm_fallback_reason(); })
+      .def_property_readonly("shm_path", [](PyGroup& g) { return g.native->shm_path(); })
       .def("allreduce",
            [handle](PyGroup& g, py::object keep, uintptr_t ptr, int64_t count, DType dtype, ReduceOp op, int tag, bool block) {
              auto st = without_gil([&] { return g.native->allreduce(span(ptr, count), dtype, op, tag, block); });
@@ -482,6 +483,7 @@ PYBIND11_MODULE(_core, m) {
           py::arg("buf"), py::arg("root") = 0)
       .def("barrier", [](PyComm& c) { c.native->barrier(); }, release_gil())
       .def_property_readonly("shm_fallback_reason", [](PyComm& c) { return c.native->shm_fallback_reason(); })
+      .def_property_readonly("shm_path", [](PyComm& c) { return c.native->shm_path(); })
       .def("ibarrier",
            [](PyComm& c) {
              auto st = without_gil([&] { return c.native->ibarrier(); });

@@ -15,12 +15,19 @@ Communicator::Communicator(MPI_Comm parent, EngineOptions options, int64_t ring_
   exchange_comm_ = engine_->dup_comm();
   everyone_.resize(static_cast<size_t>(size()));
   for (int i = 0; i < size(); ++i) everyone_[i] = i;
-  shm_ = ShmChannel::open_on_host(engine_->dup_comm()->get(), everyone_, &shm_why_not_);
+  SharedComm layout = engine_->dup_comm();  // for the collective set-up below only
+  shm_ = ShmChannel::open_on_host(layout->get(), everyone_, &shm_why_not_);
+  hier_ = HostHierarchy::open(layout->get(), everyone_, ring_threshold_, &shm_why_not_);
 }
 
 ShmChannel* Communicator::shm_for(ShmKind kind, int64_t bytes) const {
   if (!shm_ || !shm_->wins(kind, bytes) || engine_->links().message_path_among(everyone_)) return nullptr;
   return shm_.get();
+}
+
+HostHierarchy* Communicator::hierarchy_for(ShmKind kind, int64_t bytes) const {
+  if (!hier_ || !hier_->wins(kind, bytes) || engine_->links().message_path_among(everyone_)) return nullptr;
+  return hier_.get();
 }
 
 StepProgram Communicator::allreduce_steps(FloatSpan buf, const std::string& op) const {
@@ -90,6 +97,11 @@ std::shared_ptr<OpState> Communicator::iallreduce(FloatSpan buf, const std::stri
     engine_->submit(shm->op("allreduce", st, allreduce_call(*shm, buf, op)));
     return st;
   }
+  if (HostHierarchy* h = hierarchy_for(ShmKind::kAllreduce, buf.count * 4)) {
+    auto st = std::make_shared<OpState>();
+    engine_->submit(h->allreduce("allreduce", st, allreduce_call(h->local(), buf, op), elem_type(DType::kF32)));
+    return st;
+  }
   return submit("allreduce", allreduce_steps(buf, op));
 }
 
@@ -110,6 +122,11 @@ std::shared_ptr<OpState> Communicator::ibarrier() {
   if (ShmChannel* shm = shm_for(ShmKind::kBarrier, 0)) {
     auto st = std::make_shared<OpState>();
     engine_->submit(shm->op("barrier", st, ShmCall{}));
+    return st;
+  }
+  if (HostHierarchy* h = hierarchy_for(ShmKind::kBarrier, 0)) {
+    auto st = std::make_shared<OpState>();
+    engine_->submit(h->barrier("barrier", st));
     return st;
   }
   return submit("barrier", dissemination_barrier(size(), rank()));

@@ -16,6 +16,7 @@
 #include "async_pairwise_caller.hpp"
 #include "caller.hpp"
 #include "group.hpp"
+#include "host_hierarchy.hpp"
 #include "push_channel_caller.hpp"
 #include "wait_avoiding_caller.hpp"
 
@@ -42,6 +43,9 @@ class Communicator {
   void barrier();
   // Why the ranks have no shared segment although they share a host ("" otherwise).
   const std::string& shm_fallback_reason() const { return shm_why_not_; }
+  // Where shared memory serves the collectives: "host" (every rank on this host),
+  // "hierarchical" (within each host, messages between the hosts: host_hierarchy.hpp) or "".
+  std::string shm_path() const { return shm_ ? "host" : hier_ ? "hierarchical" : ""; }
   // Symmetric exchange with `peer`: both sides call it; exchanges between the same two ranks
   // are matched in the order they are posted.
   std::shared_ptr<OpState> iexchange(FloatSpan send, FloatSpan recv, int peer);
@@ -78,6 +82,8 @@ class Communicator {
   std::shared_ptr<OpState> submit(const char* name, StepProgram s);
   // The shared-memory channel for a call of `kind` moving `bytes`, or null: the message path.
   ShmChannel* shm_for(ShmKind kind, int64_t bytes) const;
+  // The same across hosts: the hierarchy for the call, or null.
+  HostHierarchy* hierarchy_for(ShmKind kind, int64_t bytes) const;
   static void wait_for(const std::shared_ptr<OpState>& st);
   StepProgram allreduce_steps(FloatSpan buf, const std::string& op) const;
   // The shared-memory path's calls, their record bytes those of the message path's programs.
@@ -95,6 +101,7 @@ class Communicator {
   std::atomic<bool> closed_{false};
   std::vector<int> everyone_;  // 0 .. size-1
   std::shared_ptr<ShmChannel> shm_;
+  std::unique_ptr<HostHierarchy> hier_;  // the ranks span hosts (then shm_ is null)
   std::string shm_why_not_;
 };
 

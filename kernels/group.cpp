@@ -47,12 +47,19 @@ Group::Group(std::shared_ptr<Engine> engine, std::vector<int> world_ranks, int64
   p2p_comm_ = share(MpiComm::dup(owned.get()));
   comm_ = share(std::move(owned));
   shm_ = ShmChannel::open_on_host(comm_->get(), world_, &shm_why_not_);
+  hier_ = HostHierarchy::open(comm_->get(), world_, ring_threshold_, &shm_why_not_);
 }
 
 ShmChannel* Group::shm_for(ShmKind kind, int64_t bytes, int tag) const {
   if (!shm_ || !shm_->wins(kind, bytes)) return nullptr;
   if (tag >= (engine_->tag_ub() + 1) / 2) return nullptr;  // a collective posted from a callback
   return engine_->links().message_path_among(world_) ? nullptr : shm_.get();
+}
+
+HostHierarchy* Group::hierarchy_for(ShmKind kind, int64_t bytes, int tag) const {
+  if (!hier_ || !hier_->wins(kind, bytes)) return nullptr;
+  if (tag >= (engine_->tag_ub() + 1) / 2) return nullptr;  // a collective posted from a callback
+  return engine_->links().message_path_among(world_) ? nullptr : hier_.get();
 }
 
 template <class Build>
@@ -114,6 +121,17 @@ std::shared_ptr<OpState> Group::allreduce(TypedSpan buf, DType dtype, ReduceOp o
       call.divide_by = p;
     }
     return via_shm("allreduce", call, block, build);
+  }
+  if (HostHierarchy* h = hierarchy_for(ShmKind::kAllreduce, buf.count * et.size, tag)) {
+    ShmCall call{ShmKind::kAllreduce, buf.data, buf.data, buf.count, et.size, fn};
+    if (op == ReduceOp::kAvg) {
+      call.divide = divide_fn(dtype, what);
+      call.divide_by = p;
+    }
+    call.record_bytes = h->local().record_bytes(call, build);
+    auto st = std::make_shared<OpState>();
+    engine_->submit(h->allreduce("allreduce", st, call, et));
+    return st;
   }
   return submit("allreduce", build(), false, tag);
 }
@@ -374,6 +392,11 @@ std::shared_ptr<OpState> Group::barrier(int tag, bool block) {
   check_open("barrier");
   auto build = [&] { return dissemination_barrier(size(), rank_); };
   if (shm_for(ShmKind::kBarrier, 0, tag)) return via_shm("barrier", ShmCall{}, block, build);
+  if (HostHierarchy* h = hierarchy_for(ShmKind::kBarrier, 0, tag)) {
+    auto st = std::make_shared<OpState>();
+    engine_->submit(h->barrier("barrier", st));
+    return st;
+  }
   return submit("barrier", build(), false, tag);
 }
 

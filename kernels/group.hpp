@@ -18,6 +18,7 @@
 
 #include "caller.hpp"
 #include "dtype.hpp"
+#include "host_hierarchy.hpp"
 #include "shm_collective.hpp"
 #include "step_program.hpp"
 
@@ -31,6 +32,8 @@ struct TypedSpan {
 // block: the caller waits for the operation anyway, so where the shared-memory path takes it
 // (every member on this host, nothing emulated between them, ShmChannel::wins), it runs in the
 // calling thread and the returned state is already done. Otherwise the operation is posted.
+// Members on several hosts run allreduce and barrier through each host's shared memory and
+// messages between the hosts (host_hierarchy.hpp), on the progress thread.
 class Group {
  public:
   // Collective over the members: world_ranks[i] is the world rank of group rank i.
@@ -62,6 +65,8 @@ class Group {
   // Why the members that share this host have no shared segment ("" when they have one, or
   // when some member is on another host).
   const std::string& shm_fallback_reason() const { return shm_why_not_; }
+  // "host", "hierarchical" or "": as Communicator::shm_path.
+  std::string shm_path() const { return shm_ ? "host" : hier_ ? "hierarchical" : ""; }
   // Point to point on a communicator of their own: messages between two members with the same
   // tag are matched in the order they were posted.
   std::shared_ptr<OpState> send(TypedSpan buf, DType dtype, int dst, int tag);
@@ -77,6 +82,8 @@ class Group {
   // Only the main sequence of a group (tag < 0, or below half the tag range: harness.dist's
   // numbering) is posted in the same order on every member, which the channel needs.
   ShmChannel* shm_for(ShmKind kind, int64_t bytes, int tag) const;
+  // The same for members on several hosts: the hierarchy (allreduce and barrier), or null.
+  HostHierarchy* hierarchy_for(ShmKind kind, int64_t bytes, int tag) const;
   // The call on the shared-memory path; `build` makes the step program the message path would
   // run, whose bytes the op's record counts (ShmChannel::record_bytes).
   template <class Build>
@@ -89,6 +96,7 @@ class Group {
   int64_t ring_threshold_;
   SharedComm comm_, p2p_comm_;  // held as well by the operations that run on them
   std::shared_ptr<ShmChannel> shm_;  // null: some member is on another host, or no segment
+  std::unique_ptr<HostHierarchy> hier_;  // the members span hosts, some of which have several
   std::string shm_why_not_;
   std::mutex seq_mu_;
   int64_t seq_ = 0;

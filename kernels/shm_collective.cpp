@@ -66,6 +66,9 @@ void ShmCollective::check_count(int m, uint32_t g) const {
   // A member already in a later generation has overwritten what it said of this one.
   if (f.value.load(std::memory_order_acquire) != g) return;
   const int64_t theirs = f.info.load(std::memory_order_relaxed);
+  if (theirs == kGaveUp)
+    throw CommError(what_ + " was given up by member " + std::to_string(m) + " (rank " +
+                    std::to_string(seg_->world_rank(m)) + "), which failed first: its own error says why");
   if (theirs != call_.count)
     throw CommError("size mismatch in " + what_ + ": member " + std::to_string(m) + " (rank " +
                     std::to_string(seg_->world_rank(m)) + ") has " + std::to_string(theirs) +
@@ -177,6 +180,11 @@ void ShmCollective::alone() {
   chunk_ = chunks_;
 }
 
+void ShmCollective::announce_giving_up() {
+  if (seg_->members() > 1 && chunk_ == 0 && stage_ == 0)
+    ShmSegment::publish(seg_->arrived(seg_->me()), gen0_, kGaveUp);
+}
+
 bool ShmCollective::advance(bool block, const std::function<void()>& check) {
   ShmSegment& s = *seg_;
   const int me = s.me();
@@ -244,7 +252,6 @@ std::shared_ptr<ShmChannel> ShmChannel::open_on_host(MPI_Comm comm, std::vector<
 
 ShmChannel::Ticket ShmChannel::take(const ShmCall& call) {
   const int64_t gens = ShmCollective::generations(*seg_, call);
-  std::lock_guard<std::mutex> lock(mu_);
   Ticket t{next_seq_++, next_gen_};
   next_gen_ += static_cast<uint32_t>(gens);
   return t;
@@ -347,7 +354,11 @@ void ShmChannel::cancel(uint64_t seq, const CommError& failure) {
 
 void ShmChannel::run(Engine& engine, const char* name, const ShmCall& call) {
   const double t_post = now();
-  const Ticket ticket = take(call);
+  Ticket ticket;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ticket = take(call);
+  }
   auto check = [&engine] {
     if (!engine.running()) throw CommError("communicator was shut down");
   };
@@ -373,52 +384,74 @@ void ShmChannel::run(Engine& engine, const char* name, const ShmCall& call) {
   engine.add_record({name, t_post, t_start, now(), call.record_bytes, -1});
 }
 
+ShmTurn::ShmTurn(std::shared_ptr<ShmChannel> channel, uint64_t seq, uint32_t first_gen, ShmCollective coll)
+    : channel_(std::move(channel)), seq_(seq), coll_(std::move(coll)) {
+  coll_.start_at(first_gen);
+}
+
+ShmTurn::~ShmTurn() {
+  if (!ended_) channel_->cancel(seq_, CommError("the operation was dropped"));
+}
+
+bool ShmTurn::poll() {
+  if (done_) return true;
+  if (!started_) {
+    if (!channel_->my_turn(seq_)) return false;  // throws when the channel broke
+    started_ = true;
+  }
+  done_ = coll_.advance(false, nullptr);
+  if (done_) {
+    ended_ = true;
+    channel_->end_turn(std::nullopt);
+  }
+  return done_;
+}
+
+void ShmTurn::give_up(const CommError& error, bool announce) {
+  if (ended_) return;
+  ended_ = true;
+  if (announce && !started_ && channel_->turn_.load(std::memory_order_acquire) == seq_) started_ = true;
+  if (announce && started_) coll_.announce_giving_up();
+  // In its turn (started, or refused by a broken channel) it ends the turn; before, it gives
+  // its turn up.
+  channel_->cancel(seq_, error);
+}
+
 // The progress thread's side of a nonblocking call: it waits for its turn, then polls.
 class ShmOp : public Op {
  public:
-  ShmOp(std::string name, std::shared_ptr<OpState> st, std::shared_ptr<ShmChannel> channel, uint64_t seq,
-        uint32_t first_gen, ShmCollective coll)
-      : Op(std::move(name), std::move(st)), channel_(std::move(channel)), seq_(seq), coll_(std::move(coll)) {
-    coll_.start_at(first_gen);
-    bytes_sent = coll_.call().record_bytes;
-  }
-  ~ShmOp() override {
-    if (!ended_) channel_->cancel(seq_, CommError("the operation was dropped"));
+  ShmOp(std::string name, std::shared_ptr<OpState> st, std::unique_ptr<ShmTurn> turn)
+      : Op(std::move(name), std::move(st)), turn_(std::move(turn)) {
+    bytes_sent = turn_->call().record_bytes;
   }
   bool progress(Engine&) override {
     if (done_) return false;
-    if (!started_) {
-      if (!channel_->my_turn(seq_)) return false;  // throws when the channel broke
-      started_ = true;
-    }
-    done_ = coll_.advance(false, nullptr);
-    if (done_) {
-      ended_ = true;
-      channel_->end_turn(std::nullopt);
-    }
+    done_ = turn_->poll();
     return true;
   }
   bool finished() const override { return done_; }
-  void abort(Engine&, const CommError& error) override {
-    if (!ended_) {
-      ended_ = true;
-      // In its turn (started, or refused by a broken channel) it ends the turn; before, it
-      // gives its turn up.
-      channel_->cancel(seq_, error);
-    }
-  }
+  void abort(Engine&, const CommError& error) override { turn_->give_up(error); }
 
  private:
-  std::shared_ptr<ShmChannel> channel_;
-  uint64_t seq_;
-  ShmCollective coll_;
-  bool started_ = false, done_ = false, ended_ = false;
+  std::unique_ptr<ShmTurn> turn_;
+  bool done_ = false;
 };
 
+std::vector<std::unique_ptr<ShmTurn>> ShmChannel::turns(const std::vector<std::pair<const char*, ShmCall>>& calls) {
+  std::vector<Ticket> tickets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& c : calls) tickets.push_back(take(c.second));
+  }
+  std::vector<std::unique_ptr<ShmTurn>> out;
+  for (size_t i = 0; i < calls.size(); ++i)
+    out.push_back(std::make_unique<ShmTurn>(shared_from_this(), tickets[i].seq, tickets[i].first_gen,
+                                            ShmCollective(seg_, calls[i].second, calls[i].first)));
+  return out;
+}
+
 std::unique_ptr<Op> ShmChannel::op(const char* name, std::shared_ptr<OpState> state, const ShmCall& call) {
-  const Ticket ticket = take(call);
-  return std::make_unique<ShmOp>(name, std::move(state), shared_from_this(), ticket.seq, ticket.first_gen,
-                                 ShmCollective(seg_, call, name));
+  return std::make_unique<ShmOp>(name, std::move(state), std::move(turns({{name, call}}).front()));
 }
 
 }  // namespace harness

@@ -60,6 +60,10 @@ struct ShmCall {
 
 class ShmCollective {
  public:
+  // What an `arrived` flag says instead of a count when its member gave the operation up
+  // (host_hierarchy.hpp: a host's leader whose exchange with the other hosts failed).
+  static constexpr int64_t kGaveUp = -1;
+
   ShmCollective(std::shared_ptr<ShmSegment> seg, ShmCall call, std::string what);
   // Generations the call takes (every member computes the same from the same call).
   static int64_t generations(const ShmSegment& seg, const ShmCall& call);
@@ -68,6 +72,10 @@ class ShmCollective {
   // Moves the operation on; with `block` until it is done (`check` runs while it sleeps and
   // throws to give up). Returns whether it is done. Throws CommError.
   bool advance(bool block, const std::function<void()>& check);
+  // Tells the members waiting for this one that it gave the operation up: publishes its first
+  // `arrived` with kGaveUp, which they raise as an error. Only in the operation's turn, before
+  // it wrote anything of its own.
+  void announce_giving_up();
 
  private:
   void alone();  // the whole call when this member is the only one
@@ -94,6 +102,8 @@ class ShmCollective {
 
 // The shared-memory path of one communicator or group whose members share a host: its segment
 // and the order of its operations. Made collectively; null when the segment cannot be made.
+class ShmTurn;
+
 class ShmChannel : public std::enable_shared_from_this<ShmChannel> {
  public:
   static std::shared_ptr<ShmChannel> open(MPI_Comm comm, std::vector<int> world_ranks, int64_t slot_bytes,
@@ -118,6 +128,9 @@ class ShmChannel : public std::enable_shared_from_this<ShmChannel> {
   void run(Engine& engine, const char* name, const ShmCall& call);
   // The same for the progress thread: an Op that waits for its turn, then advances the call.
   std::unique_ptr<Op> op(const char* name, std::shared_ptr<OpState> state, const ShmCall& call);
+  // The turns of several calls, taken together (nothing posted meanwhile comes between them),
+  // for an operation of the progress thread made of them and more (host_hierarchy.hpp).
+  std::vector<std::unique_ptr<ShmTurn>> turns(const std::vector<std::pair<const char*, ShmCall>>& calls);
 
   // The bytes `call`'s record counts: those of the step program `build()` makes (the message
   // path's), built once per kind, count, root and element size, then remembered.
@@ -139,12 +152,12 @@ class ShmChannel : public std::enable_shared_from_this<ShmChannel> {
   static constexpr int64_t kMaxBytes = int64_t{64} << 20;
 
  private:
-  friend class ShmOp;
+  friend class ShmTurn;
   struct Ticket {
-    uint64_t seq;
-    uint32_t first_gen;
+    uint64_t seq = 0;
+    uint32_t first_gen = 0;
   };
-  Ticket take(const ShmCall& call);
+  Ticket take(const ShmCall& call);  // under mu_
   // Blocks until ticket `seq` may run; throws the error an earlier operation failed with (the
   // caller then gives the turn up).
   void wait_turn(uint64_t seq, const std::function<void()>& check);
@@ -175,6 +188,30 @@ class ShmChannel : public std::enable_shared_from_this<ShmChannel> {
   using BytesKey = std::tuple<ShmKind, int64_t, int, int>;
   std::map<BytesKey, int64_t> bytes_;  // under mu_
   std::atomic<int> cancelled_count_{0};
+};
+
+// One call on the progress thread: its place in its channel's order and its progress. Dropped
+// before it ended, it gives its turn up (which breaks the channel).
+class ShmTurn {
+ public:
+  ShmTurn(std::shared_ptr<ShmChannel> channel, uint64_t seq, uint32_t first_gen, ShmCollective coll);
+  ~ShmTurn();
+  ShmTurn(const ShmTurn&) = delete;
+  ShmTurn& operator=(const ShmTurn&) = delete;
+  // Advances once its turn has come; true when the call is done (its turn then ends). Throws
+  // the call's error, or the error an earlier call broke the channel with.
+  bool poll();
+  // Ends the turn with `error` (or gives it up before it came). With `announce`, when its turn
+  // has come, the members waiting for this one learn first that it gave up.
+  void give_up(const CommError& error, bool announce = false);
+  bool ended() const { return ended_; }
+  const ShmCall& call() const { return coll_.call(); }
+
+ private:
+  std::shared_ptr<ShmChannel> channel_;
+  uint64_t seq_;
+  ShmCollective coll_;
+  bool started_ = false, done_ = false, ended_ = false;
 };
 
 }  // namespace harness

@@ -226,17 +226,44 @@ def test_simulator_benchmark_runs_every_registered_algorithm() -> None:
 
 @pytest.mark.mpi
 def test_bench_dist_runs_both_backends_and_prints_the_table():
-    """``bench dist`` at 2 ranks, the smallest model, few steps: the table's row (no speed check)."""
-    proc = _harness("bench", "dist", "--ranks", "2", "--sizes", "50k", "--steps", "2", "--repeats", "2",
-                    "--warmup", "1", timeout=120)
+    """``bench dist`` at 2 ranks, the smallest model, few steps, each wrapper (DDP, FSDP2): the
+    table's rows (no speed check)."""
+    proc = _harness("bench", "dist", "--ranks", "2", "--sizes", "50k", "--wrappers", "ddp,fsdp2", "--steps", "2",
+                    "--repeats", "2", "--warmup", "1", timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:1] == ["model"])
-    row = lines[header + 1].split()
-    assert row[:3] == ["50k", "49,472", "32"], lines
-    gloo_ms, harness_ms, ratio, diff = map(float, row[3:7])
-    assert gloo_ms > 0 and harness_ms > 0 and ratio > 0
-    assert diff == 0  # 2 ranks: both backends sum in the same order
+    assert lines[header].split()[3] == "wrapper", lines
+    rows = [line.split() for line in lines[header + 1:header + 3]]
+    assert [row[:4] for row in rows] == [["50k", "49,472", "32", "DDP"], ["50k", "49,472", "32", "FSDP2"]], lines
+    for row in rows:
+        gloo_ms, harness_ms, ratio, diff = map(float, row[4:8])
+        assert gloo_ms > 0 and harness_ms > 0 and ratio > 0
+        assert diff == 0  # 2 ranks: both backends sum in the same order (FSDP2's parameters gathered whole)
+
+
+def test_bench_dist_arguments_round_trip_to_the_worker():
+    import argparse
+
+    from harness.bench import dist, dist_worker
+
+    def parse(argv):
+        parser = argparse.ArgumentParser()
+        dist.add_arguments(parser)
+        return parser.parse_args(argv)
+
+    assert parse([]).wrappers == ["ddp", "fsdp2"] and parse([]).sizes == ["50k", "1M", "25M"]
+    args = parse(["--sizes", "1m,50k", "--wrappers", "FSDP2", "--steps", "3", "--repeats", "1", "--warmup", "0"])
+    assert args.wrappers == ["fsdp2"] and args.sizes == ["1M", "50k"]
+    assert vars(parse(dist.to_argv(args, 3))) == {**vars(args), "ranks": 3}
+    assert dist_worker.worker_argv(args, 3)[3:] == dist.to_argv(args, 3)
+
+
+@pytest.mark.subprocess
+def test_bench_dist_refuses_an_unknown_wrapper():
+    proc = _harness("bench", "dist", "--wrappers", "ddp,fsdp")
+    assert proc.returncode == 2
+    assert "unknown wrapper 'fsdp': choose from ddp, fsdp2" in proc.stderr
 
 
 @pytest.mark.subprocess

@@ -55,6 +55,7 @@ def test_every_only_option_takes_a_comma_list() -> None:
     (("bench", "collectives"), "--sizes", "4K,1M", [4096, 1 << 20]),
     (("bench", "collectives"), "--ops", "broadcast,allreduce", ["broadcast", "allreduce"]),
     (("bench", "stress"), "--parts", "push,wagma", ["wagma", "push"]),  # run in their fixed order
+    (("bench", "dist"), "--wrappers", "FSDP2,ddp", ["fsdp2", "ddp"]),
 ])
 def test_other_list_options_share_the_syntax_and_its_errors(command, flag, good, expected) -> None:
     parser = dict(_parsers(build_parser()))[command]

@@ -10,4 +10,4 @@ from conftest import mpi_check_suite
 
 RANK_COUNTS = (1, 2, 3, 5, 8)  # odd and even, power of two and not; 4 added nothing 2 and 8 do not
 
-TestCommChecks = mpi_check_suite("comm_checks.py", RANK_COUNTS, checks=19)
+TestCommChecks = mpi_check_suite("comm_checks.py", RANK_COUNTS, checks=20)

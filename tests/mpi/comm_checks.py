@@ -573,6 +573,73 @@ def typed_collectives_blocking_and_posted_give_exact_results(comm: Communicator)
     group.barrier(-1, block=True).wait()
 
 
+def _host_layout() -> tuple[int, int, bool]:
+    """(this rank's host, as the lowest world rank on it; how many hosts; whether it leads its host)."""
+    local = WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    host = local.allreduce(RANK, op=MPI.MIN)
+    leader = local.rank == 0
+    local.Free()
+    return host, len(set(WORLD.allgather(host))), leader
+
+
+@check
+def across_hosts_each_hosts_members_share_memory(comm: Communicator) -> str:
+    """Ranks on several hosts (or MPICH's cliques, which split one machine into several hosts):
+    allreduce and barrier run through each host's shared segment and messages between the hosts
+    (kernels/host_hierarchy.hpp). Sums are exact and bitwise the same on every rank, blocking,
+    posted and many at once, of every dtype through a group; a leader whose exchange with the
+    other hosts fails (the hosts' lengths differ) makes its host's other members fail at once,
+    naming it, instead of waiting."""
+    from harness._core import DType, ReduceOp
+
+    host, hosts, leader = _host_layout()
+    if hosts < 2 or hosts == SIZE:
+        raise Skip(f"needs ranks on several hosts, some host with two or more ({SIZE} ranks on {hosts} hosts)")
+    assert comm._native.shm_path == "hierarchical", comm._native.shm_path
+    # 1, odd, several chunks of the 256 KiB slot (not a multiple of it), and past the ring threshold
+    for n in (1, 7, 70_001, 1_000_003):
+        want = sum((np.arange(n) % 5 + r).astype(np.float32) for r in range(SIZE))
+        x = (np.arange(n) % 5 + RANK).astype(np.float32)
+        comm.allreduce(x)
+        np.testing.assert_array_equal(x, want, err_msg=f"blocking sum of {n}")
+        y = rank_data(n, 5)
+        comm.iallreduce(y, op="mean").wait()
+        assert all_equal_across_ranks(y), f"mean of {n} differs across ranks"
+    bufs = [np.full(n, RANK + 1, dtype=np.float32) for n in (3, 5000, 70000, 1, 100)]
+    for h in [comm.iallreduce(b) for b in bufs]:
+        h.wait()
+    assert all(np.all(b == SIZE * (SIZE + 1) / 2) for b in bufs)
+    comm.barrier()
+    comm.ibarrier().wait()
+
+    group = comm._native.group(list(range(SIZE)))
+    assert group.shm_path == "hierarchical", group.shm_path
+    for dtype in SHM_DTYPES:
+        for n in SHM_COUNTS:
+            data = [_typed((np.arange(n) + r) % 4, dtype) for r in range(SIZE)]
+            want = np.logical_or.reduce(data) if dtype == "bool" else np.sum(np.stack(data), axis=0).astype(dtype)
+            x = data[RANK].copy()
+            group.allreduce(x, x.ctypes.data, n, getattr(DType, dtype), ReduceOp.SUM, -1, block=True).wait()
+            np.testing.assert_array_equal(x, want, err_msg=f"group allreduce {dtype} {n}")
+    group.barrier(-1).wait()
+
+    own = Communicator(WORLD)  # a communicator of its own: this part leaves it unusable
+    z = np.ones(10 if host == 0 else 12, dtype=np.float32)
+    try:
+        own.iallreduce(z).wait(timeout=20)
+        outcome = "ok"
+    except CommError as exc:
+        outcome = str(exc)
+    outcomes = WORLD.allgather((leader, outcome))
+    own.close()
+    for rank, (is_leader, said) in enumerate(outcomes):
+        if is_leader:
+            assert "size mismatch" in said, (rank, said)
+        else:
+            assert "given up by member 0" in said, (rank, said)
+    return f"{SIZE} ranks on {hosts} hosts"
+
+
 @check
 def use_after_close_raises(comm: Communicator) -> None:
     c = Communicator(WORLD)
@@ -585,15 +652,17 @@ def use_after_close_raises(comm: Communicator) -> None:
         raise AssertionError("no CommError after close")
 
 
-def main(out_path: str) -> int:
+def main(out_path: str, only: list[str] | None = None) -> int:
     global RING
     comm = Communicator(WORLD)
     RING = Communicator(WORLD, ring_threshold_bytes=0)
-    run_checks(CHECKS, out_path, WORLD, comm)
+    run_checks(CHECKS, out_path, WORLD, comm, only=only)
     RING.close()
     comm.close()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    # comm_checks.py REPORT [-v] [--only NAME,NAME...]
+    only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
+    sys.exit(main(sys.argv[1], only))

@@ -10,7 +10,7 @@ benchmarks share with the tests are :mod:`harness.testing`.
 - ``collectives`` (``collectives_worker``): native allreduce / broadcast / all-gather /
   reduce-scatter against the mpi4py baseline, nccl-tests style; the ops and their measurement
   in ``collective_ops``, the byte sizes in ``sizes``.
-- ``dist`` (``dist_worker``): DDP on the harness torch.distributed backend against gloo.
+- ``dist`` (``dist_worker``): DDP and FSDP2 on the harness torch.distributed backend against gloo.
 - ``stress`` (``stress_worker``): wait-avoiding allreduce (WAGMA, eager-SGD) and push-sum under
   random delays, every round checked exactly against the rule.
 - ``agreement``: the simulator against real runs, case by case (real and simulated times, the

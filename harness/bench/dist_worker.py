@@ -3,10 +3,10 @@
 ``python -m harness bench dist`` launches it; it can also be started directly under the venv's
 mpiexec::
 
-    mpiexec -n 4 python -m harness.bench.dist_worker --sizes 50k,1M --steps 20 --repeats 3
+    mpiexec -n 4 python -m harness.bench.dist_worker --sizes 50k,1M --wrappers ddp,fsdp2 --steps 20 --repeats 3
 
-Rank 0 prints the table. torch, mpi4py and the native layer are imported inside the worker's
-functions only.
+Rank 0 prints the table, a row per model and wrapper. torch, mpi4py and the native layer are
+imported inside the worker's functions only.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from harness.bench.arguments import say, worker_main
-from harness.bench.dist import MODELS, SEED, add_arguments, parameter_count, to_argv
+from harness.bench.dist import MODELS, SEED, WRAPPERS, add_arguments, parameter_count, to_argv
 from harness.bench.mpi_worker import on_world, worker_command
 from harness.comm.asleep import quiet_barrier
 
@@ -32,20 +32,47 @@ def worker_argv(args: argparse.Namespace, ranks: int) -> list[str]:
     return worker_command("harness.bench.dist_worker", to_argv(args, ranks))
 
 
+def _wrapped(wrapper: str, module: Any, group: Any) -> Any:
+    """``module`` under ``wrapper`` over ``group``: DDP, or FSDP2 (``fully_shard`` on each
+    ``Linear``, then on the whole model, over a mesh of ``group``; the module itself, sharded)."""
+    import torch  # noqa: PLC0415  (seconds to load: on the ranks only)
+
+    if wrapper == "ddp":
+        from torch.nn.parallel import DistributedDataParallel  # noqa: PLC0415  (torch: on the ranks only)
+
+        return DistributedDataParallel(module, process_group=group)
+    from torch.distributed.device_mesh import DeviceMesh  # noqa: PLC0415  (torch: on the ranks only)
+    from torch.distributed.fsdp import fully_shard  # noqa: PLC0415  (torch: on the ranks only)
+
+    mesh = DeviceMesh.from_group(group, "cpu")
+    for layer in module:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    return fully_shard(module, mesh=mesh)
+
+
+def _full_parameters(wrapper: str, model: Any) -> Any:
+    """The model's parameters, whole and flat (FSDP2's shards gathered: a collective on every rank)."""
+    import torch  # noqa: PLC0415  (seconds to load: on the ranks only)
+
+    if wrapper == "ddp":
+        return torch.cat([p.detach().reshape(-1) for p in model.module.parameters()])
+    return torch.cat([p.detach().full_tensor().reshape(-1) for p in model.parameters()])
+
+
 def _run_backend(
-    group: Any, widths: tuple[int, ...], batch: int, steps: int, warmup: int, world: Any
+    wrapper: str, group: Any, widths: tuple[int, ...], batch: int, steps: int, warmup: int, world: Any
 ) -> tuple[list[float], Any]:
-    """Steps of DDP over ``group``: the slowest rank's time of each timed step (s), and the final
-    parameters (flat)."""
+    """Steps of ``wrapper`` (ddp, fsdp2) over ``group``: the slowest rank's time of each timed
+    step (s), and the final parameters (whole, flat)."""
     import torch  # noqa: PLC0415  (seconds to load: on the ranks only)
     from mpi4py import MPI  # noqa: PLC0415  (initializes MPI: on the ranks only)
-    from torch.nn.parallel import DistributedDataParallel  # noqa: PLC0415  (torch: on the ranks only)
 
     torch.manual_seed(SEED)
     layers: list[torch.nn.Module] = []
     for a, b in itertools.pairwise(widths):
         layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
-    model = DistributedDataParallel(torch.nn.Sequential(*layers[:-1]), process_group=group)
+    model = _wrapped(wrapper, torch.nn.Sequential(*layers[:-1]), group)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(SEED + world.Get_rank())
     x = torch.randn(batch, widths[0], generator=gen)
@@ -62,7 +89,7 @@ def _run_backend(
         if i >= 0:
             times[i] = t1 - t0
     world.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
-    params = torch.cat([p.detach().reshape(-1) for p in model.module.parameters()])
+    params = _full_parameters(wrapper, model)
     del model, opt
     return times.tolist(), params
 
@@ -82,8 +109,9 @@ def run_worker(args: argparse.Namespace, world: Any) -> int:
     try:
         groups = {"gloo": dist.new_group(backend="gloo"), "harness": dist.group.WORLD}
         if rank == 0:
+            wrappers = " and ".join(WRAPPERS[w] for w in args.wrappers)
             say(
-                f"# dist: DDP on harness vs gloo, {n} ranks, torch {torch.__version__}, 1 thread per rank; "
+                f"# dist: {wrappers} on harness vs gloo, {n} ranks, torch {torch.__version__}, 1 thread per rank; "
                 f"{args.steps} timed steps after {args.warmup} warm-up, x {args.repeats} repetitions alternating"
             )
             say(
@@ -91,10 +119,10 @@ def run_worker(args: argparse.Namespace, world: Any) -> int:
                 "(> 1: harness faster)"
             )
             say(
-                f"{'model':>6} {'params':>11} {'batch':>6} {'gloo ms':>9} {'harness ms':>11} {'ratio':>6} "
-                f"{'max |diff|':>11}"
+                f"{'model':>6} {'params':>11} {'batch':>6} {'wrapper':>7} {'gloo ms':>9} {'harness ms':>11} "
+                f"{'ratio':>6} {'max |diff|':>11}"
             )
-        for name in args.sizes:
+        for name, wrapper in itertools.product(args.sizes, args.wrappers):
             widths, batch = MODELS[name]
             times: dict[str, list[float]] = {"gloo": [], "harness": []}
             diff = 0.0
@@ -102,14 +130,16 @@ def run_worker(args: argparse.Namespace, world: Any) -> int:
                 order = ["gloo", "harness"] if rep % 2 == 0 else ["harness", "gloo"]
                 params = {}
                 for backend in order:
-                    t, params[backend] = _run_backend(groups[backend], widths, batch, args.steps, args.warmup, world)
+                    t, params[backend] = _run_backend(
+                        wrapper, groups[backend], widths, batch, args.steps, args.warmup, world
+                    )
                     times[backend] += t
                 diff = max(diff, float((params["gloo"] - params["harness"]).abs().max()))
             if rank == 0:
                 g, h = (statistics.median(times[b]) * 1e3 for b in ("gloo", "harness"))
                 say(
-                    f"{name:>6} {parameter_count(widths):>11,d} {batch:>6d} {g:>9.2f} {h:>11.2f} {g / h:>6.2f} "
-                    f"{diff:>11.2g}"
+                    f"{name:>6} {parameter_count(widths):>11,d} {batch:>6d} {WRAPPERS[wrapper]:>7} {g:>9.2f} "
+                    f"{h:>11.2f} {g / h:>6.2f} {diff:>11.2g}"
                 )
     finally:
         dist.destroy_process_group()

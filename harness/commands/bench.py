@@ -11,7 +11,7 @@ The launching parent never imports mpi4py.
 Example::
 
     python -m harness bench collectives --ranks 4 --sizes 4K,64K,1M,16M --json bench.json
-    python -m harness bench dist --ranks 4 --sizes 50k,1M,25M --steps 20 --repeats 3
+    python -m harness bench dist --ranks 4 --sizes 50k,1M,25M --wrappers ddp,fsdp2 --steps 20 --repeats 3
     python -m harness bench simulator --ranks 1024 --iterations 1000
     python -m harness bench simulator --shapes --only flat_ring_nics
     python -m harness bench stress --ranks 8 --rounds 10000
@@ -89,7 +89,7 @@ def run_collectives(args: argparse.Namespace) -> int:
 
 
 def run_dist(args: argparse.Namespace) -> int:
-    """Run the DDP worker here (inside a job) or in a job of ``--ranks`` ranks (default 4)."""
+    """Run the DDP/FSDP2 worker here (inside a job) or in a job of ``--ranks`` ranks (default 4)."""
     return _here_or_in_a_job(args, dist_worker, DEFAULT_RANKS)
 
 
@@ -103,7 +103,9 @@ BENCHMARKS = {
         collectives, "native allreduce/broadcast/all-gather/reduce-scatter vs MPI's, nccl-tests style", run_collectives
     ),
     "dist": Benchmark(
-        dist, "DDP on the harness torch.distributed backend vs on gloo: time per step, 3 model sizes", run_dist
+        dist,
+        "DDP and FSDP2 on the harness torch.distributed backend vs on gloo: time per step, 3 model sizes",
+        run_dist,
     ),
     "simulator": Benchmark(
         simulator, "speed of the SimPy model (1,024 ranks x 1,000 WAGMA-SGD iterations by default)", simulator.run

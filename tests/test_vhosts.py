@@ -12,6 +12,8 @@ What is shown here:
   hosts MPI saw and names each rank's host; the clocks are aligned (the estimated host offsets
   are the injected skews within 1 ms, and every blocking allreduce's latest start precedes its
   earliest end on the common clock);
+* the native layer's collectives across hosts (tests/mpi/comm_checks.py's collective checks at
+  2 + 2 ranks): each host's members share memory, the hosts' leaders exchange messages;
 * ``sbatch`` of ``python -m harness sbatch FILE --nodes 2`` on a SLURM of two virtual nodes;
 * the watchdog across hosts: a rank killed on vh2 and a rank hung on vh2 are named with their
   host; a host whose ranks never start (its sshd frozen, as on a hung node) is named after the
@@ -45,7 +47,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import kill_rank_mid_run
+from conftest import HIERARCHY_CHECKS, MPI_DIR, assert_hierarchy_report, kill_rank_mid_run
 from harness.testing.real_runs import CaseFailed, run_command
 from harness.testing.vhosts.bed import SCRIPTS, vhost_scenario
 from harness.testing.vhosts.shaping import SHAPED_LEAST_S, SHAPED_MBIT, kernel_shaping_times
@@ -228,6 +230,16 @@ def test_run_across_hosts_on_one_clock(bed, clean_hosts, tmp_path, slots):
     assert spans and all(len(s) == ranks for s in spans.values())
     worst = max(max(start for start, _ in s) - min(end for _, end in s) for s in spans.values())
     assert worst <= 2 * bound, f"an allreduce ended {worst * 1e3:.3f} ms before its last rank started (bound {bound * 1e3:.3f} ms)"
+
+
+def test_collectives_across_hosts_share_each_hosts_memory(bed, clean_hosts, tmp_path):
+    """comm_checks.py's collective checks on 2 + 2 ranks of vh1 and vh2 (kernels/host_hierarchy.hpp)."""
+    mpiexec = str(Path(sys.executable).parent / "mpiexec")
+    report = tmp_path / "report.json"
+    proc = on("vh1", mpiexec, "-f", str(host_file(tmp_path, {"vh1": 2, "vh2": 2})), "-n", "4", sys.executable, "-u",
+              str(MPI_DIR / "comm_checks.py"), str(report), "--only", ",".join(HIERARCHY_CHECKS))
+    assert proc.returncode == 0 and report.exists(), proc.stderr[-3000:]
+    assert_hierarchy_report(json.loads(report.read_text()), 4, hosts=2)
 
 
 # ------------------------------------------------------------------------------------------------

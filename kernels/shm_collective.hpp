@@ -67,6 +67,8 @@ class ShmCollective {
   ShmCollective(std::shared_ptr<ShmSegment> seg, ShmCall call, std::string what);
   // Generations the call takes (every member computes the same from the same call).
   static int64_t generations(const ShmSegment& seg, const ShmCall& call);
+  // Whether the call copies directly between the members' buffers (ShmSegment::direct).
+  static bool direct(const ShmSegment& seg, const ShmCall& call);
   void start_at(uint32_t first_generation) { gen0_ = first_generation; }
   const ShmCall& call() const { return call_; }
   // Moves the operation on; with `block` until it is done (`check` runs while it sleeps and
@@ -79,6 +81,7 @@ class ShmCollective {
 
  private:
   void alone();  // the whole call when this member is the only one
+  bool advance_direct(bool block, const std::function<void()>& check);
   bool writes_slot() const;
   bool waits_for_all_done() const;
   // Whether member m's flag has reached `target`: sleeps until it has when blocking.
@@ -88,6 +91,7 @@ class ShmCollective {
   void write(int64_t e0, int64_t c);
   void compute(int64_t e0, int64_t c);
   void copy_out(int64_t e0, int64_t c);
+  int64_t half_offset() const;  // where in its slot the chunk goes (a pipelined call alternates halves)
   void check_count(int m, uint32_t g) const;
 
   std::shared_ptr<ShmSegment> seg_;
@@ -95,6 +99,7 @@ class ShmCollective {
   std::string what_;
   int64_t per_chunk_ = 0, chunks_ = 0, chunk_ = 0;
   uint32_t gen0_ = 0;
+  bool direct_ = false;
   int stage_ = 0;
   int cursor_ = 0;           // the next member whose flag a stage still waits for
   double next_check_ = -1;  // nonblocking: when to check the awaited member's process next (-1: not waiting)
@@ -112,15 +117,14 @@ class ShmChannel : public std::enable_shared_from_this<ShmChannel> {
   // environment does not turn the path off (HARNESS_SHM=0 on any member); else null, with
   // `why_not` set only when a segment was wanted and could not be made.
   static std::shared_ptr<ShmChannel> open_on_host(MPI_Comm comm, std::vector<int> world_ranks, std::string* why_not);
-  // Whether a call of `kind` moving `bytes` (its larger buffer) should take this path: a
-  // reduction up to kMaxBytes (the reduction itself is shared among the members), a copy (a
-  // broadcast, gather, scatter, allgather) up to one slot, above which MPI's own single-copy
-  // transfers were faster (bench collectives, 2 ranks: broadcast 0.74x MPI at 1 MiB through
-  // the slots, 0.99x at 64 KiB).
+  // Whether a call of `kind` moving `bytes` (its larger buffer) should take this path: up to
+  // kMaxBytes, except a gather, scatter or allgather above one slot where the members cannot
+  // read each other's memory (ShmSegment::direct): there MPI's own single-copy transfers were
+  // faster than two copies through the slots (bench collectives, 2 ranks: allgather of 1 MiB
+  // 0.76x MPI through the slots, 1.05x on the message path).
   bool wins(ShmKind kind, int64_t bytes) const {
-    const bool reduces = kind == ShmKind::kAllreduce || kind == ShmKind::kReduce || kind == ShmKind::kReduceScatter ||
-                         kind == ShmKind::kBarrier;
-    return bytes <= (reduces ? kMaxBytes : kSlotBytes);
+    const bool copies = kind == ShmKind::kAllgather || kind == ShmKind::kGather || kind == ShmKind::kScatter;
+    return bytes <= (copies && !seg_->direct() ? kSlotBytes : kMaxBytes);
   }
   const ShmSegment& segment() const { return *seg_; }
 

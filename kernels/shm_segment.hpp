@@ -32,6 +32,9 @@ struct alignas(64) ShmFlag {
   std::atomic<uint32_t> value{0};
   std::atomic<uint32_t> sleepers{0};
   std::atomic<int64_t> info{0};
+  // An `arrived` flag of a direct copy: where, in the publisher's own memory, its data lies
+  // (ShmSegment::read_from reads it from there).
+  std::atomic<uint64_t> addr{0};
 };
 static_assert(sizeof(ShmFlag) == 64, "one flag per cache line");
 
@@ -61,8 +64,15 @@ class ShmSegment {
   // Whether this member may poll before sleeping: only where the host's members fit its cores.
   bool may_spin() const { return may_spin_; }
 
-  // Publishes `generation` (and `info`) on `flag` and wakes whoever sleeps on it.
-  static void publish(ShmFlag& flag, uint32_t generation, int64_t info = 0);
+  // Publishes `generation` (and `info`, `addr`) on `flag` and wakes whoever sleeps on it.
+  static void publish(ShmFlag& flag, uint32_t generation, int64_t info = 0, uint64_t addr = 0);
+  // Whether this member may read the others' memory directly (process_vm_readv, one copy
+  // instead of two through a slot): probed when the segment is made, the same on every member;
+  // HARNESS_SHM_DIRECT=0 on any member turns it off.
+  bool direct() const { return direct_; }
+  // Copies `bytes` from address `addr` of member `m`'s process into `local`. Throws CommError
+  // (PeerLostError when the process is gone) naming `what`.
+  void read_from(int m, uint64_t addr, void* local, size_t bytes, const std::string& what) const;
   // Blocks until member `m`'s `flag` reaches `target`. `check` runs every kLivenessCheckS of
   // sleeping (it throws to give up: a shutdown); a member whose process is gone makes this
   // throw a PeerLostError naming `what` and the member.
@@ -87,6 +97,7 @@ class ShmSegment {
   ShmFlag* flags_ = nullptr;
   char* slots_ = nullptr;
   bool may_spin_ = false;
+  bool direct_ = false;
 };
 
 }  // namespace harness

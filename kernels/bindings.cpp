@@ -38,6 +38,12 @@ FloatSpan float_buffer(const py::object& obj, bool writable, const char* what) {
 }
 
 FloatSpan float_buffer_checked(const py::object& obj, bool writable, const char* what) {
+  if (!PyObject_CheckBuffer(obj.ptr())) {
+    // A CPU torch tensor (no buffer protocol): its numpy view, or the error saying what is wrong
+    // (harness.comm.buffers). The view shares the tensor's memory, which the caller holds.
+    py::object view = py::module_::import("harness.comm.buffers").attr("as_float32_buffer")(obj, what);
+    if (view.ptr() != obj.ptr()) return float_buffer(view, writable, what);
+  }
   py::buffer_info info;
   try {
     info = py::reinterpret_borrow<py::buffer>(obj).request(writable);

@@ -86,6 +86,12 @@ class Communicator:
             tree_chunk_bytes=tree_chunk_bytes,
         )
         warn_shm_fallback(self._native.shm_fallback_reason)
+        # The blocking allreduce and broadcast are the native methods themselves: no Python frame
+        # on the way (the cheap op: at one rank a call costs what an mpi4py call does). They take
+        # numpy arrays and CPU torch tensors alike (harness.comm.buffers); the methods below
+        # document them and do the same for a caller that goes through the class.
+        self.allreduce = self._native.allreduce  # type: ignore[method-assign]
+        self.broadcast = self._native.broadcast  # type: ignore[method-assign]
         _live.add(self)
 
     # -- identity ---------------------------------------------------------------------------
@@ -109,14 +115,14 @@ class Communicator:
     def allreduce(self, buf: Any, op: str = "sum") -> None:
         """The blocking allreduce: in this thread where the ranks share a host and nothing between
         them is emulated (the shared-memory path), else posted and waited for."""
-        self._native.allreduce(as_float32_buffer(buf, "allreduce buffer"), op)
+        self._native.allreduce(buf, op)  # the instance's own attribute: see __init__
 
     def ibroadcast(self, buf: Any, root: int = 0) -> _core.Handle:
         """Start an in-place broadcast of ``buf`` from member ``root``."""
         return self._native.ibroadcast(as_float32_buffer(buf, "broadcast buffer"), root)
 
     def broadcast(self, buf: Any, root: int = 0) -> None:
-        self._native.broadcast(as_float32_buffer(buf, "broadcast buffer"), root)
+        self._native.broadcast(buf, root)  # the instance's own attribute: see __init__
 
     def ibarrier(self) -> _core.Handle:
         return self._native.ibarrier()

@@ -405,7 +405,8 @@ PYBIND11_MODULE(_core, m) {
             return std::make_unique<RoundHandle>(std::move(round), py::make_tuple(buf, out), w.graveyard);
           },
           py::arg("buf"), py::arg("out"), py::arg("may_activate") = true)
-      .def("close", [](PyWaitAvoiding& w) { w.native->close(); }, release_gil());
+      .def("close", [](PyWaitAvoiding& w) { w.native->close(); }, release_gil())
+      .def_property_readonly("shm_phases", [](PyWaitAvoiding& w) { return w.native->shm_phases(); });
 
   py::class_<PyPairwiseAverager>(m, "PairwiseAverager")
       .def(

@@ -20,7 +20,7 @@ class HierarchicalOp : public Op {
   bool progress(Engine& engine) override {
     bool moved = false;
     if (stage_ == 0) {
-      if (!up_->poll()) return false;
+      if (!up_->poll(&moved)) return moved;
       stage_ = 1;
       moved = true;
     }
@@ -32,8 +32,9 @@ class HierarchicalOp : public Op {
       }
       stage_ = 2;
     }
-    done_ = down_->poll();
-    return true;
+    bool down_moved = false;
+    done_ = down_->poll(&down_moved);
+    return moved || down_moved;
   }
   bool finished() const override { return done_; }
   void abort(Engine& engine, const CommError& error) override {

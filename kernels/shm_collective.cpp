@@ -502,13 +502,17 @@ ShmTurn::~ShmTurn() {
   if (!ended_) channel_->cancel(seq_, CommError("the operation was dropped"));
 }
 
-bool ShmTurn::poll() {
+bool ShmTurn::poll(bool* moved) {
+  if (moved) *moved = false;
   if (done_) return true;
   if (!started_) {
     if (!channel_->my_turn(seq_)) return false;  // throws when the channel broke
     started_ = true;
+    if (moved) *moved = true;
   }
+  const int64_t before = coll_.position();
   done_ = coll_.advance(false, nullptr);
+  if (moved && (done_ || coll_.position() != before)) *moved = true;
   if (done_) {
     ended_ = true;
     channel_->end_turn(std::nullopt);
@@ -535,8 +539,9 @@ class ShmOp : public Op {
   }
   bool progress(Engine&) override {
     if (done_) return false;
-    done_ = turn_->poll();
-    return true;
+    bool moved = false;
+    done_ = turn_->poll(&moved);
+    return moved;
   }
   bool finished() const override { return done_; }
   void abort(Engine&, const CommError& error) override { turn_->give_up(error); }

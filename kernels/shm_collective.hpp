@@ -71,6 +71,8 @@ class ShmCollective {
   static bool direct(const ShmSegment& seg, const ShmCall& call);
   void start_at(uint32_t first_generation) { gen0_ = first_generation; }
   const ShmCall& call() const { return call_; }
+  // How far the operation got: changes whenever advance moves it on.
+  int64_t position() const { return (chunk_ * 4 + stage_) * (int64_t{1} << 20) + cursor_; }
   // Moves the operation on; with `block` until it is done (`check` runs while it sleeps and
   // throws to give up). Returns whether it is done. Throws CommError.
   bool advance(bool block, const std::function<void()>& check);
@@ -203,8 +205,9 @@ class ShmTurn {
   ShmTurn(const ShmTurn&) = delete;
   ShmTurn& operator=(const ShmTurn&) = delete;
   // Advances once its turn has come; true when the call is done (its turn then ends). Throws
-  // the call's error, or the error an earlier call broke the channel with.
-  bool poll();
+  // the call's error, or the error an earlier call broke the channel with. `moved`: whether
+  // anything happened (the progress thread sleeps while nothing does).
+  bool poll(bool* moved = nullptr);
   // Ends the turn with `error` (or gives it up before it came). With `announce`, when its turn
   // has come, the members waiting for this one learn first that it gave up.
   void give_up(const CommError& error, bool announce = false);

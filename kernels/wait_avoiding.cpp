@@ -50,9 +50,27 @@ void WaitAvoidingOp::join(Engine& e, int64_t k) {
   slot.info.t_join = now();
   StepProgram s = allreduce_program(static_cast<int>(members.size()), me, slot.work.get(), cfg_.count,
                                   cfg_.ring_threshold_bytes, e.links().allreduce_plan(members));
+  next_join_ = k + 1;
+  if (join_on_shm(e, slot, members, s)) return;
   std::vector<int> world = members;  // the op's communicator is a duplicate of the world
   slot.exec.emplace(shared_comm(), members, world, tag_for(k), std::move(s));
-  next_join_ = k + 1;
+}
+
+bool WaitAvoidingOp::join_on_shm(Engine& e, Slot& slot, const std::vector<int>& members, const StepProgram& program) {
+  const int64_t k = slot.info.round;
+  ShmChannel* channel =
+      slot.info.sync ? cfg_.shm_sync.get()
+                     : cfg_.shm_phases[static_cast<size_t>(k % static_cast<int64_t>(cfg_.phases.size()))].get();
+  if (!channel || !channel->wins(ShmKind::kAllreduce, cfg_.count * 4) || e.links().message_path_among(members))
+    return false;
+  // Every member joins the rounds of one group in increasing order, so the channel's turns
+  // come in the same order everywhere.
+  ShmCall call{ShmKind::kAllreduce, slot.work.get(), slot.work.get(), cfg_.count, 4,
+               reduce_fn(DType::kF32, ReduceOp::kSum, "wait-avoiding round")};
+  // The record counts the message path's bytes (ShmCall::record_bytes).
+  slot.bytes = harness::bytes_sent(program);
+  slot.turn = std::move(channel->turns({{slot.info.sync ? "wa_sync_round" : "wa_group_round", call}}).front());
+  return true;
 }
 
 void WaitAvoidingOp::send_to_all(Engine& e, int64_t value) {
@@ -157,12 +175,21 @@ bool WaitAvoidingOp::progress(Engine& e) {
     Slot& slot = it->second;
     const int64_t k = it->first;
     ++it;  // deliver() may erase the slot
-    if (!slot.exec || slot.done) continue;
-    if (slot.exec->progress(e, &slot.bytes)) any = true;
-    if (slot.exec->done()) {
+    if ((!slot.exec && !slot.turn) || slot.done) continue;
+    bool finished = false;
+    if (slot.turn) {
+      bool moved = false;
+      finished = slot.turn->poll(&moved);  // throws the round's error: abort_rest gives the turns up
+      if (moved) any = true;
+    } else {
+      if (slot.exec->progress(e, &slot.bytes)) any = true;
+      finished = slot.exec->done();
+    }
+    if (finished) {
       slot.done = true;
       slot.info.t_done = now();
       slot.exec.reset();
+      slot.turn.reset();
       deliver(e, k, slot);
     }
   }
@@ -177,8 +204,9 @@ bool WaitAvoidingOp::progress(Engine& e) {
   }
 
   if (closing_) {
-    bool idle = act_sends_.empty() &&
-                std::all_of(rounds_.begin(), rounds_.end(), [](const auto& kv) { return !kv.second.exec; });
+    bool idle = act_sends_.empty() && std::all_of(rounds_.begin(), rounds_.end(), [](const auto& kv) {
+                  return !kv.second.exec && !kv.second.turn;
+                });
     // Everyone's activations were matched before anyone enters the barrier, so after it no
     // activation is in flight and the listener can be cancelled.
     if (idle || closing_barrier_posted()) {
@@ -202,6 +230,7 @@ void WaitAvoidingOp::abort_rest(Engine& e, const CommError& error) {
     Slot& slot = kv.second;
     // A round's allreduce works in slot.work: it goes to the quarantine with the requests.
     if (slot.exec) slot.exec->abort(e, nullptr, slot.work);
+    if (slot.turn) slot.turn->give_up(error);
     if (slot.state) slot.state->finish(error);
   }
   rounds_.clear();

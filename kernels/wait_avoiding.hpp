@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "listener.hpp"
+#include "shm_collective.hpp"
 #include "step_program.hpp"
 
 namespace harness {
@@ -48,6 +49,10 @@ struct WaConfig {
   int quorum = 1;           // arrivals that activate a round (1: the first may_activate arrival)
   std::vector<std::vector<int>> phases;  // this rank's group (world ranks, sorted) per phase
   int64_t ring_threshold_bytes = 64 * 1024;
+  // The shared-memory channel of this rank's group per phase, and of all ranks for the
+  // synchronous rounds; null where the members do not share a host (or have no segment).
+  std::vector<std::shared_ptr<ShmChannel>> shm_phases;
+  std::shared_ptr<ShmChannel> shm_sync;
 };
 
 struct RoundInfo {
@@ -91,6 +96,7 @@ class WaitAvoidingOp : public ListenerOp {
   struct Slot {
     std::shared_ptr<float[]> work;
     std::optional<StepExecutor> exec;
+    std::unique_ptr<ShmTurn> turn;  // the round's allreduce on the shared-memory path instead
     bool done = false;
     RoundInfo info;
     float* out = nullptr;
@@ -100,6 +106,9 @@ class WaitAvoidingOp : public ListenerOp {
   };
 
   void join(Engine& e, int64_t k);
+  // Whether round k's allreduce takes the group's shared-memory channel (every member on this
+  // host, nothing emulated among them, ShmChannel::wins); then its turn is taken.
+  bool join_on_shm(Engine& e, Slot& slot, const std::vector<int>& members, const StepProgram& program);
   void activate(Engine& e, int64_t k);
   void on_activation(Engine& e, int64_t k);
   void notify_arrival(Engine& e, int64_t k);  // quorum > 1: this rank's caller arrived at k

@@ -24,6 +24,32 @@ void check_phases(std::vector<std::vector<int>>& phases, int rank, int size) {
 
 }  // namespace
 
+void WaitAvoiding::open_shared_memory(WaConfig& cfg) {
+  // Collective: every rank takes part in each phase's split (its group's members together),
+  // in phase order, then in the one of all ranks.
+  SharedComm comm = engine_->dup_comm();
+  const int rank = engine_->rank(), size = engine_->size();
+  std::vector<int> everyone(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) everyone[r] = r;
+  std::string why_not;  // a segment that cannot be made leaves the message path (the Communicator warned once)
+  for (const std::vector<int>& group : cfg.phases) {
+    MPI_Comm split = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split(comm->get(), group.front(), rank, &split), "MPI_Comm_split(wait-avoiding group)");
+    MpiComm members(split);
+    // The group's members must agree on it (phases from harness.schedules do); otherwise the
+    // message path reports what is wrong.
+    int n = 0;
+    MPI_Comm_size(split, &n);
+    std::vector<int> seen(static_cast<size_t>(n));
+    check_mpi(MPI_Allgather(&rank, 1, MPI_INT, seen.data(), 1, MPI_INT, split), "MPI_Allgather(wait-avoiding group)");
+    int agree = seen == group ? 1 : 0, all = 0;
+    check_mpi(MPI_Allreduce(&agree, &all, 1, MPI_INT, MPI_MIN, split), "MPI_Allreduce(wait-avoiding group)");
+    cfg.shm_phases.push_back(all ? ShmChannel::open_on_host(split, group, &why_not) : nullptr);
+    if (cfg.shm_phases.back()) ++shm_phases_;
+  }
+  cfg.shm_sync = ShmChannel::open_on_host(comm->get(), everyone, &why_not);
+}
+
 WaitAvoiding::WaitAvoiding(std::shared_ptr<Engine> engine, FloatSpan initial, int sync_every, bool accumulate,
                            std::vector<std::vector<int>> phases, int64_t ring_threshold_bytes, int quorum)
     : engine_(std::move(engine)),
@@ -47,6 +73,7 @@ WaitAvoiding::WaitAvoiding(std::shared_ptr<Engine> engine, FloatSpan initial, in
   cfg.quorum = quorum;
   cfg.phases = std::move(phases);
   cfg.ring_threshold_bytes = ring_threshold_bytes;
+  open_shared_memory(cfg);
   op_state_ = engine_->submit(std::make_unique<WaitAvoidingOp>(std::make_shared<OpState>(), engine_->dup_comm(), engine_->rank(),
                                                                engine_->size(), engine_->tag_ub(), std::move(cfg),
                                                                shared_));

@@ -34,8 +34,15 @@ class WaitAvoiding {
   // Collective: returns once every rank has run all its rounds; throws the op's error.
   void close();
 
+  // How many phases' groups run their rounds through shared memory (every member on this host).
+  int shm_phases() const { return shm_phases_; }
+
  private:
+  // The shared-memory channels of this rank's group in each phase and of all ranks (collective).
+  void open_shared_memory(WaConfig& cfg);
+
   std::shared_ptr<Engine> engine_;
+  int shm_phases_ = 0;
   int64_t count_;
   bool accumulate_;
   std::shared_ptr<WaShared> shared_;

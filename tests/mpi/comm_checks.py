@@ -263,6 +263,8 @@ def _run_wait_avoiding(comm, group_size, sync_every, rounds, slow_rank, sleep_s)
     n = 17
     phases = wagma_phases(RANK, SIZE, group_size)
     wa = comm.wait_avoiding(np.full(n, -1.0, dtype=np.float32), phases=phases, sync_every=sync_every)
+    if comm._native.shm_path == "host":  # every rank here: each group's rounds go through shared memory
+        assert wa._native.shm_phases == len(phases), (wa._native.shm_phases, phases)
     comm.barrier()
     durations, infos, results = [], [], []
     for k in range(rounds):

@@ -1,6 +1,5 @@
 #include "host_hierarchy.hpp"
 
-#include <cstdlib>
 #include <optional>
 
 namespace harness {
@@ -65,17 +64,14 @@ std::unique_ptr<HostHierarchy> HostHierarchy::open(MPI_Comm comm, const std::vec
   int rank = 0, size = 0;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  MPI_Comm split = MPI_COMM_NULL;
-  check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &split), "MPI_Comm_split_type");
-  MpiComm on_host(split);
+  MpiComm on_host = members_on_this_host(comm);
+  MPI_Comm split = on_host.get();
   int local_rank = 0, local_size = 0;
   MPI_Comm_rank(split, &local_rank);
   MPI_Comm_size(split, &local_size);
-  const char* env = std::getenv("HARNESS_SHM");
   // Every member decides alike: nobody turned the path off, the members are not all on one
   // host (ShmChannel::open_on_host serves that case) and some host has two of them.
-  const bool off = env && std::string(env) == "0";
-  int say[2] = {off ? 0 : 1, local_size == size ? 0 : 1}, all[2] = {0, 0}, most = 0;
+  int say[2] = {shm_turned_off() ? 0 : 1, local_size == size ? 0 : 1}, all[2] = {0, 0}, most = 0;
   check_mpi(MPI_Allreduce(say, all, 2, MPI_INT, MPI_MIN, comm), "MPI_Allreduce(host layout)");
   check_mpi(MPI_Allreduce(&local_size, &most, 1, MPI_INT, MPI_MAX, comm), "MPI_Allreduce(host layout)");
   if (!all[0] || !all[1] || most < 2) return nullptr;

@@ -341,16 +341,24 @@ std::shared_ptr<ShmChannel> ShmChannel::open(MPI_Comm comm, std::vector<int> wor
   return channel;
 }
 
-std::shared_ptr<ShmChannel> ShmChannel::open_on_host(MPI_Comm comm, std::vector<int> world_ranks,
-                                                     std::string* why_not) {
+bool shm_turned_off() {
+  const char* env = std::getenv("HARNESS_SHM");
+  return env && std::string(env) == "0";
+}
+
+MpiComm members_on_this_host(MPI_Comm comm) {
   MPI_Comm local = MPI_COMM_NULL;
   check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local), "MPI_Comm_split_type");
-  MpiComm on_host(local);
+  return MpiComm(local);
+}
+
+std::shared_ptr<ShmChannel> ShmChannel::open_on_host(MPI_Comm comm, std::vector<int> world_ranks,
+                                                     std::string* why_not) {
+  MpiComm on_host = members_on_this_host(comm);
   int size = 0, local_size = 0;
   MPI_Comm_size(comm, &size);
-  MPI_Comm_size(local, &local_size);
-  const char* env = std::getenv("HARNESS_SHM");
-  int wanted = (env && std::string(env) == "0") ? 0 : 1, all = 0;
+  MPI_Comm_size(on_host.get(), &local_size);
+  int wanted = shm_turned_off() ? 0 : 1, all = 0;
   // Every member decides alike: one host (each member sees the whole group on its host) and
   // nobody turned the path off.
   wanted = wanted && local_size == size;

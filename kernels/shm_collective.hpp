@@ -31,6 +31,7 @@
 
 #include "dtype.hpp"
 #include "engine.hpp"
+#include "mpi_comm.hpp"
 #include "shm_segment.hpp"
 #include "step_program.hpp"
 
@@ -110,6 +111,11 @@ class ShmCollective {
 // The shared-memory path of one communicator or group whose members share a host: its segment
 // and the order of its operations. Made collectively; null when the segment cannot be made.
 class ShmTurn;
+
+// Whether HARNESS_SHM=0 turns the shared-memory path off in this process.
+bool shm_turned_off();
+// The members of `comm` on this host (MPI_Comm_split_type; collective), as a communicator.
+MpiComm members_on_this_host(MPI_Comm comm);
 
 class ShmChannel : public std::enable_shared_from_this<ShmChannel> {
  public:

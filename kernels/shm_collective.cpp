@@ -255,10 +255,7 @@ bool ShmCollective::advance_direct(bool block, const std::function<void()>& chec
                   bytes, what_);
       return true;
     };
-    switch (call_.kind) {
-      case ShmKind::kBroadcast:
-        if (me != root && cursor_ == 0 && !read_block(root, 0, out)) return false;
-        break;
+    switch (call_.kind) {  // direct(): a scatter, gather or allgather
       case ShmKind::kScatter:
         if (me == root) {
           if (in + me * bytes != out) std::memmove(out, in + me * bytes, bytes);

@@ -1,8 +1,15 @@
 // The base of the persistent ops that listen: the push channel's listener, the pairwise
-// averager's and the wait-avoiding allreduce's. Each keeps one receive from any rank posted on a
-// communicator of its own, for messages that may come at any time (or never), ends with a
-// collective close (a nonblocking barrier, then the listening receive is cancelled), and on abort
-// hands what MPI may still use to the engine's quarantine.
+// averager's and the wait-avoiding allreduce's. Each listens on a communicator of its own for
+// messages from any rank that may come at any time (or never), ends with a collective close (a
+// nonblocking barrier, then whatever was matched is received), and on abort hands what MPI may
+// still use to the engine's quarantine.
+//
+// Listening never keeps an MPI_ANY_SOURCE receive posted: it polls a matched probe
+// (MPI_Improbe(MPI_ANY_SOURCE)) and receives what it matched (MPI_Imrecv). MPICH's ch4:ucx
+// netmod loses MPI_ANY_SOURCE receives that UCX completes at once from its unexpected queue (a
+// message that came while no receive was posted): the MPI request never completes, the message
+// is gone, and a peer's synchronous send to it never completes. Over shared memory (one host)
+// that cannot be seen; across hosts the listener went deaf after a few messages.
 #pragma once
 
 #include <memory>
@@ -25,15 +32,16 @@ class ListenerOp : public Op {
   MPI_Comm comm() const { return comm_->get(); }
   const SharedComm& shared_comm() const { return comm_; }
 
-  // Posts the listening receive of up to `count` elements of `type` with `tag` from any rank.
+  // Listens for one message of up to `count` elements of `type` with `tag` (or MPI_ANY_TAG) from
+  // any rank, to be received into `buf`.
   void listen(void* buf, int count, MPI_Datatype type, int tag, const char* what);
-  bool listening() const { return listen_req_ != MPI_REQUEST_NULL; }
-  // Tests the listening receive: true (and `status`) once a message arrived; it is then no longer
-  // posted. A message longer than the buffer fails with `too_long`; any other failure is a lost
-  // peer.
+  bool listening() const { return listening_; }
+  // Probes for (and receives) the message listened for: true (and `status`) once it is in the
+  // buffer; the op is then no longer listening. A message longer than the buffer fails with
+  // `too_long`; any other failure is a lost peer.
   bool heard(MPI_Status& status, const std::string& too_long);
-  // Cancels the listening receive (once no message can be in flight): true (and `status`) when
-  // a message had arrived before the cancel took.
+  // Stops listening (once no message can be in flight: every sender's synchronous send is done):
+  // true (and `status`) when a message had been matched, which is then received.
   bool stop_listening(MPI_Status& status, const char* what);
 
   // The closing barrier: posted at the first call, true once every rank has entered it.
@@ -46,8 +54,17 @@ class ListenerOp : public Op {
   virtual void abort_rest(Engine& e, const CommError& error) = 0;
 
  private:
+  // Matches the next message, if one came, and posts its receive.
+  void probe(const std::string& too_long);
+
   SharedComm comm_;
-  MPI_Request listen_req_ = MPI_REQUEST_NULL;
+  bool listening_ = false;
+  void* buf_ = nullptr;
+  int count_ = 0;
+  MPI_Datatype type_ = MPI_DATATYPE_NULL;
+  int tag_ = 0;
+  const char* what_ = "";
+  MPI_Request recv_req_ = MPI_REQUEST_NULL;  // the receive of a matched message, until it completes
   MPI_Request barrier_ = MPI_REQUEST_NULL;
 };
 

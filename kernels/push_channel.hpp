@@ -12,9 +12,9 @@
 //
 // Sends are synchronous (MPI_Issend), so a completed send has been matched by its receiver.
 // flush() and close() are collective: every rank first waits for its own sends, then an
-// ibarrier; after it every pushed message has been matched, so cancelling the one posted
-// receive either succeeds (nothing left) or yields the last message. That makes the mass in
-// the accumulators exact at quiescent points.
+// ibarrier; after it every pushed message has been matched (by the listener's probe), so
+// stopping the listener receives at most that last matched message and nothing else can come.
+// That makes the mass in the accumulators exact at quiescent points.
 #pragma once
 
 #include <deque>

@@ -208,7 +208,7 @@ bool WaitAvoidingOp::progress(Engine& e) {
                   return !kv.second.exec && !kv.second.turn;
                 });
     // Everyone's activations were matched before anyone enters the barrier, so after it no
-    // activation is in flight and the listener can be cancelled.
+    // activation is in flight and the listener can stop.
     if (idle || closing_barrier_posted()) {
       if (!closing_barrier_posted()) any = true;
       if (closing_barrier_done("MPI_Ibarrier")) {

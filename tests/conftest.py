@@ -157,10 +157,11 @@ def pytest_runtest_call(item):
     return (yield from _watching(item))
 
 
-def launch_checks(script: str, ranks: int, tmp_path: Path, timeout: float = 240) -> dict:
-    """Run ``tests/mpi/<script>`` on ``ranks`` ranks; return rank 0's JSON report."""
+def launch_checks(script: str, ranks: int, tmp_path: Path, timeout: float = 240, env: dict | None = None) -> dict:
+    """Run ``tests/mpi/<script>`` on ``ranks`` ranks (``env``: more environment); return rank 0's
+    JSON report."""
     out = tmp_path / f"{Path(script).stem}-{ranks}.json"
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     try:
         proc = run_ranks(ranks, ["python", "-u", str(MPI_DIR / script), str(out), "-v"], timeout=timeout,
                          env=env, capture=True)
@@ -170,27 +171,6 @@ def launch_checks(script: str, ranks: int, tmp_path: Path, timeout: float = 240)
     if proc.returncode != 0 or not out.exists():
         pytest.fail(f"{script} on {ranks} ranks exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return json.loads(out.read_text())
-
-
-# The checks of tests/mpi/comm_checks.py that run with the ranks on several hosts
-# (tests/test_host_hierarchy.py, tests/test_vhosts.py): every collective check, the typed ones
-# included, and the host hierarchy's own.
-HIERARCHY_CHECKS = (
-    "allreduce_sum_and_mean_match_mpi",
-    "allreduce_length_zero_and_many_outstanding",
-    "broadcast_from_every_root",
-    "size_mismatch_is_an_error_not_a_hang",
-    "typed_collectives_blocking_and_posted_give_exact_results",
-    "across_hosts_each_hosts_members_share_memory",
-)
-
-
-def assert_hierarchy_report(report: dict, ranks: int, hosts: int) -> None:
-    """Every HIERARCHY_CHECKS check passed, the hierarchy's on ``ranks`` ranks on ``hosts`` hosts."""
-    assert sorted(report) == sorted(HIERARCHY_CHECKS)
-    failed = {name: r["detail"] for name, r in report.items() if r["status"] != "pass"}
-    assert not failed, failed
-    assert report["across_hosts_each_hosts_members_share_memory"]["detail"] == f"{ranks} ranks on {hosts} hosts"
 
 
 def assert_check(report: dict, name: str) -> None:

@@ -148,6 +148,7 @@ class ShmChannel : public std::enable_shared_from_this<ShmChannel> {
   // path's), built once per kind, count, root and element size, then remembered.
   template <class Build>
   int64_t record_bytes(const ShmCall& call, Build&& build) {
+    if (seg_->members() == 1) return 0;  // a member alone sends nothing on either path
     const BytesKey key{call.kind, call.count, call.root, call.esz};
     {
       std::lock_guard<std::mutex> lock(mu_);

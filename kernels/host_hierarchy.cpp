@@ -108,6 +108,12 @@ std::unique_ptr<HostHierarchy> HostHierarchy::open(MPI_Comm comm, const std::vec
   return h;
 }
 
+StepExecutor HostHierarchy::among_leaders(int tag, StepProgram program) const {
+  std::vector<int> members(static_cast<size_t>(hosts_));
+  for (int i = 0; i < hosts_; ++i) members[i] = i;
+  return StepExecutor(leaders_, std::move(members), leader_world_, tag, std::move(program));
+}
+
 int HostHierarchy::next_tag() {
   std::lock_guard<std::mutex> lock(seq_mu_);
   return static_cast<int>(seq_++ % tag_ub_);
@@ -125,8 +131,6 @@ std::unique_ptr<Op> HostHierarchy::allreduce(const char* name, std::shared_ptr<O
   auto turns = local_->turns({{name, up}, {name, down}});
   std::optional<StepExecutor> across;
   if (leaders_) {
-    std::vector<int> members(static_cast<size_t>(hosts_));
-    for (int i = 0; i < hosts_; ++i) members[i] = i;
     StepProgram s = allreduce_program(hosts_, leader_index_, call.out, call.count, ring_threshold_, {}, call.esz);
     s.elem = elem;
     s.reduce = call.reduce;
@@ -134,7 +138,7 @@ std::unique_ptr<Op> HostHierarchy::allreduce(const char* name, std::shared_ptr<O
     s.count = call.count;
     s.divide = call.divide;
     s.divide_by = call.divide ? call.divide_by : 1;
-    across.emplace(leaders_, std::move(members), leader_world_, tag, std::move(s));
+    across = among_leaders(tag, std::move(s));
   }
   return std::make_unique<HierarchicalOp>(name, std::move(state), std::move(turns[0]), std::move(across),
                                           std::move(turns[1]), call.record_bytes);
@@ -144,11 +148,7 @@ std::unique_ptr<Op> HostHierarchy::barrier(const char* name, std::shared_ptr<OpS
   const int tag = next_tag();
   auto turns = local_->turns({{name, ShmCall{}}, {name, ShmCall{}}});
   std::optional<StepExecutor> across;
-  if (leaders_) {
-    std::vector<int> members(static_cast<size_t>(hosts_));
-    for (int i = 0; i < hosts_; ++i) members[i] = i;
-    across.emplace(leaders_, std::move(members), leader_world_, tag, dissemination_barrier(hosts_, leader_index_));
-  }
+  if (leaders_) across = among_leaders(tag, dissemination_barrier(hosts_, leader_index_));
   // A barrier's messages are empty: its record counts no bytes on any path.
   return std::make_unique<HierarchicalOp>(name, std::move(state), std::move(turns[0]), std::move(across),
                                           std::move(turns[1]), 0);

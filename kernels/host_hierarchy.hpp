@@ -54,6 +54,8 @@ class HostHierarchy {
  private:
   HostHierarchy() = default;
   int next_tag();
+  // `program` run by this leader among the hosts' leaders.
+  StepExecutor among_leaders(int tag, StepProgram program) const;
 
   std::shared_ptr<ShmChannel> local_;  // this host's members
   SharedComm leaders_;                 // the hosts' first members; null on the others

@@ -628,6 +628,9 @@ def across_hosts_each_hosts_members_share_memory(comm: Communicator) -> str:
     own = Communicator(WORLD)  # a communicator of its own: this part leaves it unusable
     z = np.ones(10 if host == 0 else 12, dtype=np.float32)
     try:
+        # 20 s: a hang guard, not a speed bound. The leaders fail as soon as their lengths
+        # differ, and their hosts' members as soon as they read that (milliseconds); a member
+        # never told would wait forever and report "did not complete", which fails below.
         own.iallreduce(z).wait(timeout=20)
         outcome = "ok"
     except CommError as exc:

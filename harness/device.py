@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from harness.mpi_library import import_mpi
+
 if TYPE_CHECKING:
     import torch
 
@@ -75,7 +77,7 @@ def dataset_on(dataset, device):
 
 def local_rank(world) -> int:
     """This rank's index among the ranks of its host (whatever launched them)."""
-    from mpi4py import MPI  # noqa: PLC0415  (lazy: importing mpi4py initializes MPI)
+    MPI = import_mpi()  # lazy: importing mpi4py initializes MPI
 
     node = world.Split_type(MPI.COMM_TYPE_SHARED)
     try:

@@ -1,17 +1,25 @@
-"""Launching ranks: always with the venv's own ``mpiexec``, never whatever is first on PATH.
+"""Launching ranks: always with the launcher of the MPI the native layer runs on, never whatever
+is first on PATH.
 
-The MPICH wheel installs ``mpiexec`` next to the interpreter; using that one guarantees that
-the launcher, the ``libmpi`` mpi4py loads and the one the native layer links are the same.
+Which MPI that is, is ``harness.mpi_library``'s: by default MPICH from the PyPI wheel, whose
+Hydra ``mpiexec`` lies next to the interpreter; or the system MPI the layer was built against
+(``HARNESS_MPICC``: Open MPI's ``mpirun``, a system MPICH's ``mpiexec``); or a library of the
+MPICH ABI chosen at run time (``HARNESS_LIBMPI``). Launcher, ``libmpi`` of mpi4py and ``libmpi``
+of the native layer are then one MPI.
 
-Three ways to start a job (``python -m harness run --launcher ...``):
+Four ways to start a job (``python -m harness run --launcher ...``), each under every MPI:
 
-- ``mpiexec``: this host, or the hosts of a Hydra host file (``--hosts FILE``: lines
-  ``host[:slots]``; Hydra starts its proxies there over ssh).
+- ``mpiexec``: the MPI's own launcher, on this host or the hosts of a host file (``--hosts
+  FILE``: lines ``host[:slots]``; Hydra's ``-f``, Open MPI's ``--host``; both start their helpers
+  there over ssh).
 - ``slurm``: inside a SLURM allocation (``salloc``, or the batch script ``python -m harness
-  sbatch`` writes), the same ``mpiexec`` with Hydra's SLURM bootstrap: it starts one proxy per
-  allocated node with ``srun`` and places the ranks on the allocation's nodes.
-- ranks started by the user (``mpiexec -n 8 python -m harness run FILE``, ``srun ...``):
-  detected by :func:`inside_mpi_job`; the command then runs in place.
+  sbatch`` writes), the MPI's own launcher, which asks SLURM for the nodes: Hydra's SLURM
+  bootstrap (one proxy per node through ``srun``), Open MPI's ``mpirun`` (its daemons through
+  ``srun``).
+- ``srun``: inside an allocation, ``srun`` starts the ranks itself, speaking the process
+  management interface of the MPI: ``--mpi=pmix`` for Open MPI, ``--mpi=pmi2`` for the MPICHs.
+- ranks started by the user (``mpiexec -n 8 python -m harness run FILE``, ``srun ...``, a
+  launcher of their own): detected by :func:`inside_mpi_job`; the command then runs in place.
 
 ``auto`` (the default) picks ``slurm`` inside an allocation, ``mpiexec`` otherwise.
 
@@ -25,15 +33,19 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import HarnessError
+from harness.mpi_library import MpiLibrary, MpiLibraryError, native_build
 from harness.process_tree import stop_job
 
-LAUNCHERS = ("auto", "mpiexec", "slurm")
+LAUNCHERS = ("auto", "mpiexec", "slurm", "srun")
+# What Open MPI's mpirun passes to ranks on other hosts (it forwards no environment by itself).
+FORWARDED_PREFIXES = ("HARNESS_", "MPI4PY_", "PYTHON", "OMP_", "MKL_", "UCX_", "FI_", "TORCH", "CUDA_", "NCCL_")
+FORWARDED_NAMES = ("PATH", "LD_LIBRARY_PATH")
 
 
 class LaunchError(HarnessError):
@@ -41,14 +53,12 @@ class LaunchError(HarnessError):
 
 
 def mpiexec_path() -> Path:
-    """The ``mpiexec`` of the environment this interpreter runs in."""
-    path = Path(sys.executable).parent / "mpiexec"
-    if not path.exists():
-        raise LaunchError(
-            f"no mpiexec next to {sys.executable}: install the project (pip install -e .) "
-            "into this environment; it brings MPICH's mpiexec with the 'mpich' package"
-        )
-    return path
+    """The launcher of the MPI this environment runs on (``harness.mpi_library``): the venv's
+    ``mpiexec`` for the PyPI wheel, the system MPI's ``mpirun`` or ``mpiexec`` otherwise."""
+    try:
+        return MpiLibrary.of_this_environment().launcher()
+    except MpiLibraryError as exc:
+        raise LaunchError(str(exc)) from None
 
 
 def launcher_rank() -> int | None:
@@ -90,7 +100,9 @@ def srun_without_pmi() -> str | None:
         return None
     if "PMI_FD" in os.environ or "PMI_SIZE" in os.environ:
         return None
-    plugin = "PMIx, which this MPI library (MPICH from PyPI) cannot use" if "PMIX_RANK" in os.environ else "no PMI"
+    if "PMIX_RANK" in os.environ and native_build()["family"] == "openmpi":
+        return None  # Open MPI speaks PMIx
+    plugin = "PMIx, which this MPI library (an MPICH) cannot use" if "PMIX_RANK" in os.environ else "no PMI"
     return (
         f"srun started {os.environ['SLURM_NTASKS']} tasks with {plugin}, so MPI cannot join them into one job: "
         "start them with `srun --mpi=pmi2 ...`, or run `python -m harness run FILE` once in the batch script "
@@ -108,7 +120,7 @@ def slurm_allocation() -> str | None:
 
 @dataclass(frozen=True)
 class Launch:
-    """How to start a job's ranks: ``launcher`` is ``mpiexec`` or ``slurm``; ``hosts`` a Hydra
+    """How to start a job's ranks: ``launcher`` is ``mpiexec``, ``slurm`` or ``srun``; ``hosts`` a
     host file (mpiexec only)."""
 
     launcher: str = "mpiexec"
@@ -126,21 +138,32 @@ class Launch:
                 raise LaunchError("--hosts goes with --launcher mpiexec (under SLURM the allocation says where)")
             read_hosts(hosts)  # fails early, with the line, on a bad file
             return cls("mpiexec", Path(hosts).absolute())
-        if launcher == "slurm" and slurm_allocation() is None:
+        if launcher in ("slurm", "srun") and slurm_allocation() is None:
             raise LaunchError(
-                "--launcher slurm: not inside a SLURM allocation (no SLURM_JOB_ID); write a batch "
+                f"--launcher {launcher}: not inside a SLURM allocation (no SLURM_JOB_ID); write a batch "
                 "script with `python -m harness sbatch FILE` and submit it, or get one with salloc"
             )
         return cls(launcher)
 
-    def command(self, ranks: int, argv: Sequence[str]) -> list[str]:
-        """The command line starting ``argv`` on ``ranks`` processes.
+    @property
+    def family(self) -> str:
+        """The MPI family whose launcher this is: ``mpich`` (Hydra) or ``openmpi`` (mpirun)."""
+        return str(native_build()["family"])
+
+    def command(self, ranks: int, argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
+        """The command line starting ``argv`` on ``ranks`` processes (``env``: the environment the
+        ranks get, which Open MPI is told to pass to other hosts).
 
         ``-n`` larger than the core count is allowed (ranks usually outnumber cores here);
         the native layer never busy-waits, so oversubscription only slows, never deadlocks.
         """
         if ranks < 1:
             raise LaunchError(f"ranks must be >= 1 (got {ranks})")
+        if self.launcher == "srun":
+            pmi = "pmix" if self.family == "openmpi" else "pmi2"
+            return ["srun", f"--mpi={pmi}", "--kill-on-bad-exit=1", "-n", str(ranks), *argv]
+        if self.family == "openmpi":
+            return [str(mpiexec_path()), *self._openmpi_options(ranks, env), "-n", str(ranks), *argv]
         where: list[str] = []
         if self.launcher == "slurm":
             where = ["-launcher", "slurm", "-rmk", "slurm"]
@@ -148,9 +171,25 @@ class Launch:
             where = ["-f", str(self.hosts)]
         return [str(mpiexec_path()), *where, "-n", str(ranks), *argv]
 
+    def _openmpi_options(self, ranks: int, env: Mapping[str, str] | None) -> list[str]:
+        """mpirun's options: ranks may outnumber cores and are not bound to one (the same as
+        Hydra's defaults), root may launch (CI's containers run as root), the host file's slots
+        as ``--host``, and the harness's variables forwarded to other hosts."""
+        options = ["--oversubscribe", "--bind-to", "none", "--map-by", "slot"]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            options.append("--allow-run-as-root")
+        if self.hosts is not None:
+            counts = Counter(hydra_placement(read_hosts(self.hosts), ranks))
+            options += ["--host", ",".join(f"{host}:{count}" for host, count in counts.items())]
+            names = env if env is not None else os.environ
+            for name in sorted(names):
+                if name.startswith(FORWARDED_PREFIXES) or name in FORWARDED_NAMES:
+                    options += ["-x", name]
+        return options
+
     def single_host(self) -> bool:
         """Whether every rank runs on this host (the watchdog then listens on 127.0.0.1)."""
-        if self.launcher == "slurm":
+        if self.launcher in ("slurm", "srun"):
             return os.environ.get("SLURM_JOB_NUM_NODES", os.environ.get("SLURM_NNODES", "1")) == "1"
         if self.hosts is None:
             return True
@@ -161,8 +200,12 @@ class Launch:
         """The host each rank is to start on, as the launcher will place it; None where that
         cannot be known (the watchdog names the host of a rank that never reported in)."""
         if self.hosts is not None:
-            return hydra_placement(read_hosts(self.hosts), ranks)
-        if self.launcher == "slurm" and not self.single_host():
+            placement = hydra_placement(read_hosts(self.hosts), ranks)
+            if self.family == "openmpi":  # mpirun --host a:k,b:m --map-by slot: k ranks on a, then m on b
+                counts = Counter(placement)
+                return [host for host in counts for _ in range(counts[host])]
+            return placement
+        if self.launcher in ("slurm", "srun") and not self.single_host():
             return _slurm_placement(ranks)
         return [socket.gethostname()] * ranks
 
@@ -237,8 +280,13 @@ def start_ranks(
     The launcher gets its own process group, so stopping the group takes every local rank
     with it and nothing is left running (remote ranks go with their Hydra proxies).
     """
+    launch = launch or Launch()
+    try:
+        env = {**(os.environ if env is None else env), **MpiLibrary.of_this_environment().rank_env()}
+    except MpiLibraryError as exc:
+        raise LaunchError(str(exc)) from None
     return subprocess.Popen(
-        (launch or Launch()).command(ranks, argv),
+        launch.command(ranks, argv, env),
         env=env,
         start_new_session=True,
         stdout=subprocess.PIPE if capture else None,

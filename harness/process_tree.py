@@ -181,8 +181,7 @@ def stop_job(proc: subprocess.Popen, reported_in: Collection[int] | None = None,
     process group, then SIGKILL. Last, SIGKILL to whatever of the group, of the proxies and of
     their ranks outlived the launcher.
     """
-    proxies = children_of([proc.pid])
-    ranks = children_of(proxies, below=True)
+    proxies, ranks = _helpers_and_ranks(proc)
     try:
         if remote or not (ranks or reported_in is not None):
             for pid, fd in ranks.items():
@@ -200,6 +199,9 @@ def stop_job(proc: subprocess.Popen, reported_in: Collection[int] | None = None,
         for fd in proxies.values():
             send(fd, signal.SIGSTOP)  # a stopped proxy starts no rank while the last are found
         for pid, fd in children_of(proxies, below=True).items():
+            if pid in proxies:
+                os.close(fd)
+                continue
             if pid in ranks:
                 os.close(fd)
             else:
@@ -209,6 +211,24 @@ def stop_job(proc: subprocess.Popen, reported_in: Collection[int] | None = None,
     finally:
         for fd in [*ranks.values(), *proxies.values()]:
             os.close(fd)
+
+
+# The processes a launcher starts on the way to the ranks: Hydra's proxies, Open MPI's daemons (on
+# other hosts, through ssh or srun), srun itself. Under Hydra the ranks are the proxies'
+# children; under Open MPI's mpirun, the launcher's own.
+LAUNCHER_HELPERS = frozenset({"hydra_pmi_proxy", "orted", "prted", "ssh", "srun", "rsh"})
+
+
+def _helpers_and_ranks(proc: subprocess.Popen) -> tuple[dict[int, int], dict[int, int]]:
+    """{pid: pidfd} of the launcher's helper processes on this host, and of everything else under
+    it (the ranks and what they started)."""
+    tree = children_of([proc.pid], below=True)
+    helpers: dict[int, int] = {}
+    for pid, fd in tree.items():
+        line = command_line(pid) or ""
+        if os.path.basename(line.split(" ", 1)[0]) in LAUNCHER_HELPERS:
+            helpers[pid] = fd
+    return helpers, {pid: fd for pid, fd in tree.items() if pid not in helpers}
 
 
 def _interrupt_through_launcher(proc: subprocess.Popen) -> None:

@@ -26,6 +26,8 @@ import time
 import traceback
 from collections.abc import Sequence
 
+from harness.mpi_library import import_mpi
+
 INTERRUPT_GRACE_S = 5.0  # an interrupted rank ends within this, whatever it was doing
 IMPORT_RETRY_S = 0.05  # an interrupt arriving during an import is delivered again after this
 OUTPUT_DRAIN_S = 2.0  # before MPI_Abort: at most this long for the launcher to read what the rank printed
@@ -108,7 +110,7 @@ def abort_job_after_error() -> int:
     traceback.print_exc()
     sys.stdout.flush()
     sys.stderr.flush()
-    from mpi4py import MPI  # noqa: PLC0415  (only ranks call this; the launching parent never imports mpi4py)
+    MPI = import_mpi()  # only ranks call this; the launching parent never imports mpi4py
 
     if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
         abort_mpi_job(MPI.COMM_WORLD)

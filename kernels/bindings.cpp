@@ -10,8 +10,10 @@
 #include <algorithm>
 #include <climits>
 #include <optional>
+#include <type_traits>
 
 #include "communicator.hpp"
+#include "mpi_library.hpp"
 
 namespace py = pybind11;
 using namespace harness;
@@ -153,6 +155,17 @@ using PyGroup = Held<Group>;
 
 // A tensor's memory as harness.dist lends it: its address and element count (the Python side
 // checked that it is contiguous host memory of the dtype it names and keeps it alive).
+// An MPI_Comm from mpi4py's handle (MPI._handleof): an integer under the MPICH ABI, a pointer
+// under Open MPI.
+template <typename Comm = MPI_Comm>
+Comm comm_of_handle(uintptr_t handle) {
+  if constexpr (std::is_pointer_v<Comm>) {
+    return reinterpret_cast<Comm>(handle);
+  } else {
+    return static_cast<Comm>(handle);
+  }
+}
+
 TypedSpan span(uintptr_t ptr, int64_t count) { return {reinterpret_cast<void*>(ptr), count}; }
 
 // The Python exception class of each error kind (common.hpp); the kind itself rides along as
@@ -255,6 +268,23 @@ PYBIND11_MODULE(_core, m) {
   m.def("raise_error", &raise_error, py::arg("kind"), py::arg("message"),
         "Raise the exception of a native CommError of `kind` (what the error translation is tested with).");
   m.def("now", &now, "Seconds on CLOCK_MONOTONIC (the clock of time.monotonic()).");
+  m.def(
+      "mpi_build",
+      [] {
+        const MpiBuild b = mpi_build();
+        py::dict d;
+        d["family"] = b.family;
+        d["compiled_with"] = b.compiled_with;
+        d["mpicc"] = b.mpicc;
+        d["mpi_version"] = b.mpi_version;
+        return d;
+      },
+      "The MPI the layer was built against: family (mpich/openmpi), headers' version, wrapper (empty: the wheel).");
+  m.def("mpi_library_version", &mpi_library_version, "MPI_Get_library_version of the library the layer calls.");
+  m.def("mpi_library_path", &mpi_library_path, "The file of the MPI library the layer calls.");
+  m.def("mpi_libraries_loaded", &mpi_libraries_loaded, "Every MPI library file mapped into this process.");
+  m.def("mpi_cuda_support", &mpi_cuda_support,
+        "MPIX_Query_cuda_support(): 1, 0, or -1 when the library has no such function (after MPI_Init).");
   m.def("is_sync_round", &wa_is_sync_round, py::arg("round"), py::arg("sync_every"));
   m.def("allreduce_steps", &allreduce_steps, py::arg("p"), py::arg("me"), py::arg("count"),
         py::arg("ring_threshold_bytes"), py::arg("member_nodes") = std::vector<int>{},
@@ -442,7 +472,7 @@ PYBIND11_MODULE(_core, m) {
              opt.spin_s = spin_us * 1e-6;
              opt.max_sleep_s = max_sleep_us * 1e-6;
              auto native = without_gil([&] {
-               return std::make_unique<Communicator>(static_cast<MPI_Comm>(handle), opt, ring_threshold_bytes,
+               return std::make_unique<Communicator>(comm_of_handle(handle), opt, ring_threshold_bytes,
                                                      tree_chunk_bytes);
              });
              return PyComm{std::make_shared<Graveyard>(), std::move(native)};

@@ -44,6 +44,7 @@ from harness.errors import HarnessError
 from harness.faults import FaultPlan
 from harness.injection import InjectionPlan
 from harness.launch import srun_without_pmi
+from harness.mpi_library import import_mpi
 from harness.rank_exit import abort_job_after_error, exit_promptly_when_interrupted
 from harness.results.columns import CommCallRecord
 from harness.results.layout import SCENARIO_FILE
@@ -110,7 +111,7 @@ class Run:
         problem = srun_without_pmi()  # each srun task would otherwise train alone, as a job of one
         if problem is not None:
             raise ScriptError(problem.replace("`python -m harness run FILE`", "`python -m harness launch ...`"))
-        from mpi4py import MPI  # noqa: PLC0415  (initializes MPI: once a Run starts, not at import)
+        MPI = import_mpi()  # initializes MPI: once a Run starts, not at import
 
         if _on_main_thread():
             exit_promptly_when_interrupted()  # Ctrl+C or the watchdog's stop ends every rank with a status

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from harness.bench.sizes import MIB
+from harness.mpi_library import import_mpi
 
 ITER_BUDGET_BYTES = 256 * MIB  # sizes above 1 MiB run about this many bytes of iterations...
 MIN_LARGE_ITERS = 5  # ...but at least this many
@@ -64,13 +65,13 @@ class Op:
 
 
 def _mpi_allreduce(world: Any, inp: np.ndarray, buf: np.ndarray) -> None:
-    from mpi4py import MPI  # noqa: PLC0415  (initializes MPI: on the ranks only)
+    MPI = import_mpi()  # initializes MPI: on the ranks only
 
     world.Allreduce(inp, buf, op=MPI.SUM)
 
 
 def _abs_sum(world: Any, inp: np.ndarray, expected: np.ndarray) -> np.ndarray:
-    from mpi4py import MPI  # noqa: PLC0415  (initializes MPI: on the ranks only)
+    MPI = import_mpi()  # initializes MPI: on the ranks only
 
     out = np.empty_like(inp)
     world.Allreduce(np.abs(inp), out, op=MPI.SUM)
@@ -193,7 +194,7 @@ def _timed(
     taken that long and at least ``MIN_BUDGET_ITERS`` are done: a baseline whose waiters spin on
     an oversubscribed machine takes milliseconds to seconds a call.
     """
-    from mpi4py import MPI  # noqa: PLC0415  (initializes MPI: on the ranks only)
+    MPI = import_mpi()  # initializes MPI: on the ranks only
 
     times = np.zeros(iters)
     done, started = iters, time.perf_counter()
@@ -256,7 +257,7 @@ def measure(
     (without ``baseline``, the MPI columns are NaN). MPI runs in this process, at the native
     layer's ``MPI_THREAD_MULTIPLE``; the command adds MPI at its best from jobs of its own
     (``merge_baselines``)."""
-    from mpi4py import MPI  # noqa: PLC0415  (initializes MPI: on the ranks only)
+    MPI = import_mpi()  # initializes MPI: on the ranks only
 
     op, n, count = OPS[name], world.Get_size(), size // 4
     iters, warmup = iterations_for(size, iters, warmup)

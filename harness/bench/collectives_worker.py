@@ -31,6 +31,7 @@ from harness.bench.collectives import (
 )
 from harness.bench.mpi_worker import on_world, worker_command
 from harness.bench.sizes import format_size
+from harness.mpi_library import import_mpi
 from harness.results.atomic import write_json
 
 
@@ -52,7 +53,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
 @on_world
 def _run_baseline(args: argparse.Namespace, world: Any) -> int:
-    from mpi4py import MPI  # noqa: PLC0415  (initializes MPI: on the ranks only)
+    MPI = import_mpi()  # initializes MPI: on the ranks only
 
     times = {
         f"{name}:{size}": measure_mpi(world, name, size, args.iters, args.warmup) * 1e6
@@ -78,7 +79,7 @@ def _baseline_times(paths: list) -> tuple[dict[str, dict[str, float]], dict[str,
 
 @on_world
 def _run_native(args: argparse.Namespace, world: Any) -> int:
-    from mpi4py import MPI  # noqa: PLC0415  (initializes MPI: on the ranks only)
+    MPI = import_mpi()  # initializes MPI: on the ranks only
 
     from harness.comm import Communicator  # noqa: PLC0415  (loads MPI and the native layer: ranks only)
 

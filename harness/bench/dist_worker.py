@@ -25,6 +25,7 @@ from harness.bench.arguments import say, worker_main
 from harness.bench.dist import MODELS, SEED, WRAPPERS, add_arguments, parameter_count, to_argv
 from harness.bench.mpi_worker import on_world, worker_command
 from harness.comm.asleep import quiet_barrier
+from harness.mpi_library import import_mpi
 
 
 def worker_argv(args: argparse.Namespace, ranks: int) -> list[str]:
@@ -66,7 +67,8 @@ def _run_backend(
     """Steps of ``wrapper`` (ddp, fsdp2) over ``group``: the slowest rank's time of each timed
     step (s), and the final parameters (whole, flat)."""
     import torch  # noqa: PLC0415  (seconds to load: on the ranks only)
-    from mpi4py import MPI  # noqa: PLC0415  (initializes MPI: on the ranks only)
+
+    MPI = import_mpi()  # initializes MPI: on the ranks only
 
     torch.manual_seed(SEED)
     layers: list[torch.nn.Module] = []

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from harness.bench.arguments import job_size_matches
+from harness.mpi_library import import_mpi
 
 
 def on_world(work: Callable[[argparse.Namespace, Any], int]) -> Callable[[argparse.Namespace], int]:
@@ -26,7 +27,7 @@ def on_world(work: Callable[[argparse.Namespace, Any], int]) -> Callable[[argpar
 
     @functools.wraps(work)
     def run_worker(args: argparse.Namespace) -> int:
-        from mpi4py import MPI  # noqa: PLC0415  (initializes MPI: on the ranks, never in the launching parent)
+        MPI = import_mpi()  # initializes MPI: on the ranks, never in the launching parent
 
         world = MPI.COMM_WORLD
         if not job_size_matches(args, world):

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from harness.bench.arguments import worker_main
+from harness.mpi_library import import_mpi
 from harness.testing.nic_exchange import NIC_RANKS, exchange_through_nics
 
 
@@ -24,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_worker(args: argparse.Namespace) -> int:
     """One :func:`exchange_through_nics` on this rank; rank 0 writes it as JSON. 0."""
-    from mpi4py import MPI  # noqa: PLC0415  (initializes MPI: on the ranks only)
+    MPI = import_mpi()  # initializes MPI: on the ranks only
 
     exchange = exchange_through_nics(MPI.COMM_WORLD)
     if MPI.COMM_WORLD.Get_rank() == 0:

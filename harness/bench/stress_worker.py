@@ -27,6 +27,7 @@ import numpy as np
 from harness.bench.arguments import say, worker_main
 from harness.bench.mpi_worker import on_world, worker_command
 from harness.bench.stress import PARTS, add_arguments, comm_options, report_line, to_argv
+from harness.mpi_library import import_mpi
 from harness.results.atomic import write_json
 from harness.schedules import wagma_phases
 from harness.testing.stress_rule import (
@@ -98,7 +99,7 @@ def _combine(
 ) -> tuple[int, list[str]]:
     """Every rank's failures plus rank 0's cross-rank ones: the total count (on every rank) and the
     first MAX_REPORTED descriptions (on rank 0; empty elsewhere)."""
-    from mpi4py import MPI  # noqa: PLC0415  (initializes MPI: on the ranks only)
+    MPI = import_mpi()  # initializes MPI: on the ranks only
 
     count = world.allreduce(local.count, op=MPI.SUM) + world.bcast(global_count, root=0)
     gathered = world.gather(local.first, root=0)
@@ -111,7 +112,7 @@ def _combine(
 
 def run_group_part(comm: Any, world: Any, args: argparse.Namespace, part: str) -> dict[str, Any]:
     """``wagma`` or ``eager``: rounds of the wait-avoiding allreduce, every one checked."""
-    from mpi4py import MPI  # noqa: PLC0415  (initializes MPI: on the ranks only)
+    MPI = import_mpi()  # initializes MPI: on the ranks only
 
     n, rank = world.Get_size(), world.Get_rank()
     accumulate = part == "eager"
@@ -195,7 +196,7 @@ def run_group_part(comm: Any, world: Any, args: argparse.Namespace, part: str) -
 
 def run_push_part(comm: Any, world: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Push-sum with random out-peers: messages counted, mass conserved exactly."""
-    from mpi4py import MPI  # noqa: PLC0415  (initializes MPI: on the ranks only)
+    MPI = import_mpi()  # initializes MPI: on the ranks only
 
     n, rank = world.Get_size(), world.Get_rank()
     rng = np.random.default_rng([args.seed, rank, PARTS.index("push"), 2])

@@ -18,6 +18,7 @@ from harness.calibrate import measure
 from harness.calibrate.measure import TimedWorkload
 from harness.comm.asleep import quiet_barrier
 from harness.injection import InjectionPlan
+from harness.mpi_library import import_mpi
 from harness.results.columns import STEP_COLUMNS, to_frame
 from harness.runner.evaluate import test_metrics
 from harness.runner.local_work import LocalWork
@@ -88,7 +89,7 @@ def _run_loop(comm: Any, scenario: Any, state: Any) -> list[float]:
 
 def measure_compute(comm: Any, world: Any, effort: measure.Effort, workload: TimedWorkload, dataset: Any) -> Any:
     """Per-iteration time of ``workload`` with all ranks training at once; (ComputePoint, state) on rank 0."""
-    from mpi4py import MPI  # noqa: PLC0415  (lazy: importing mpi4py initializes MPI)
+    MPI = import_mpi()  # lazy: importing mpi4py initializes MPI
 
     n = comm.size
     warm = workload_scenario(n, workload, effort.compute_warmup + 1)

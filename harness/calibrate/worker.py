@@ -77,6 +77,7 @@ from harness.calibrate.training_measures import (
     workload_scenario,
 )
 from harness.comm.asleep import quiet_barrier
+from harness.mpi_library import import_mpi
 from harness.rank_exit import abort_job_after_error
 from harness.results.atomic import write_text
 from harness.runner.workload_state import warm_up_torch
@@ -177,7 +178,7 @@ def measure_ops(comm: Any, world: Any, effort: measure.Effort, sizes: list[int])
 # -- the job --------------------------------------------------------------------------------------
 def run_worker(plan: Plan) -> Any:
     """Measure everything of ``plan`` on this rank; rank 0 returns the CalibrationEntry, others None."""
-    from mpi4py import MPI  # noqa: PLC0415  (lazy: importing mpi4py initializes MPI)
+    MPI = import_mpi()  # lazy: importing mpi4py initializes MPI
 
     from harness.comm import Communicator  # noqa: PLC0415  (the native module and MPI: only inside the job)
 

@@ -36,5 +36,5 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'harness.comm' has no attribute {name!r}")
     if module == "harness._core":
-        importlib.import_module("harness.comm.communicator")  # loads libmpi before _core
+        importlib.import_module("harness.comm.communicator")  # starts MPI, on the native layer's library
     return getattr(importlib.import_module(module), name)

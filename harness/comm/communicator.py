@@ -22,15 +22,16 @@ import weakref
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from mpi4py import MPI as _MPI  # noqa: F401  loads libmpi (with RTLD_GLOBAL) before _core needs it
-
 from harness import _core
 from harness._core import CommError
 from harness.comm.buffers import as_float32_buffer
 from harness.comm.op_record import OpRecord
 from harness.comm.shm import warn_shm_fallback
 from harness.emulated_link import EmulatedLink
+from harness.mpi_library import import_mpi
 from harness.schedules import RING_THRESHOLD_BYTES, TREE_CHUNK_BYTES, checked_quorum
+
+import_mpi()  # mpi4py on the native layer's own MPI library, checked; MPI starts here, as it always has
 
 if TYPE_CHECKING:
     from harness.scenario.network import NodeTopology
@@ -73,7 +74,7 @@ class Communicator:
         ring_threshold_bytes: int = RING_THRESHOLD_BYTES,
         tree_chunk_bytes: int = TREE_CHUNK_BYTES,
     ) -> None:
-        from mpi4py import MPI  # noqa: PLC0415  (keeps import of this module cheap)
+        MPI = import_mpi()  # keeps import of this module cheap
 
         mpi_comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
         if mpi_comm == MPI.COMM_NULL:

@@ -48,6 +48,7 @@ from harness.commands.shared_options import (
 from harness.commands.sweeping import sweep_mode
 from harness.device import scenario_device_problem
 from harness.launch import Launch, LaunchError, inside_mpi_job
+from harness.mpi_library import import_mpi
 from harness.rank_exit import exit_promptly_when_interrupted
 from harness.report import after_command
 from harness.results import provenance
@@ -222,7 +223,7 @@ def _say_interrupted(path) -> None:
 
 
 def _run_in_place(scenario, args, job_size: int, run_dir, renamed: list[str]) -> int:
-    from mpi4py import MPI  # noqa: PLC0415  (MPI only inside a job: never for --help or the launching parent)
+    MPI = import_mpi()  # MPI only inside a job: never for --help or the launching parent
 
     from harness.runner.worker import main as worker_main  # noqa: PLC0415  (the training loop: on the ranks only)
 

@@ -53,6 +53,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 import harness.dist  # registers "harness"; sets torchrun's variables from MPI
+from harness.mpi_library import import_mpi
 from harness.dist import work
 from harness.dist.metrics import Recorder, evaluation_records
 from harness.dist.mismatch import MismatchWatch, fail, install
@@ -161,7 +162,7 @@ class ScriptSession:
     """Everything around one torch.distributed script on this rank (see the module doc)."""
 
     def __init__(self, run_dir: Path, label: str, script: str) -> None:
-        from mpi4py import MPI  # noqa: PLC0415  (initializes MPI: on the ranks, not at import)
+        MPI = import_mpi()  # initializes MPI: on the ranks, not at import
 
         from harness.comm import Communicator  # noqa: PLC0415  (loads mpi4py.MPI, as above)
 

@@ -16,6 +16,7 @@ import sys
 import threading
 from typing import Any
 
+from harness.mpi_library import import_mpi
 from harness.dist.errors import BackendInitError
 from harness.launch import inside_mpi_job
 
@@ -53,7 +54,7 @@ def fill_env_from_mpi() -> None:
     port free on rank 0 at the time. Collective over ``MPI.COMM_WORLD`` (every rank imports
     ``harness.dist``, so every rank calls it).
     """
-    from mpi4py import MPI  # noqa: PLC0415  (initializes MPI: only under an MPI launcher)
+    MPI = import_mpi()  # initializes MPI: only under an MPI launcher
 
     world = MPI.COMM_WORLD
     local = world.Split_type(MPI.COMM_TYPE_SHARED)

@@ -23,6 +23,8 @@ from harness.device import dataset_on, local_rank, mpi_cuda_aware, torch_device
 from harness.faults import FaultPlan
 from harness.injection import InjectionPlan
 from harness.launch import launcher_rank
+from harness.mpi_library import import_mpi
+from harness.mpi_library import run_record as mpi_run_record
 from harness.results.columns import CommCallRecord
 from harness.results.layout import PROVENANCE_DIR, SCENARIO_FILE, finished_algorithms
 from harness.results.provenance import ProvenanceWriter
@@ -47,7 +49,7 @@ def main(run_dir: str, resume: bool = False) -> int:
     if early_rank is not None:
         FaultPlan(scenario, early_rank, enabled=not resume).delay_start()
     early = report_in_before_mpi()
-    from mpi4py import MPI  # noqa: PLC0415  (starts MPI: after the early report-in)
+    MPI = import_mpi()  # starts MPI: after the early report-in
 
     world = MPI.COMM_WORLD
     rank = world.rank
@@ -99,7 +101,14 @@ def _train_all(world, run_dir: Path, run, scenario, faults, beat) -> None:
     hosts = world.allreduce(int(on_host == 0))  # one local rank 0 per host
     device = torch_device(scenario.workload.device, on_host)
     # Where rank 0 trained and whether MPI could have taken device memory (it is staged anyway).
-    placement = {"device": str(device), "mpi_cuda_aware": mpi_cuda_aware()}
+    placement = {
+        "device": str(device),
+        "mpi": mpi_run_record(import_mpi()),
+        "mpi_cuda_aware": mpi_cuda_aware(),
+        # The native layer reduces on the host: device buffers are staged through pinned host
+        # memory even where MPI could take them (docs/guides/clusters.md, "GPUs").
+        "device_buffers": "host" if device.type == "cpu" else "staged",
+    }
     configure_torch_threads(1)  # ranks outnumber cores: one compute thread each
     warm_up_torch()
     comm = Communicator(world)

@@ -19,6 +19,8 @@ GROUPS_=(
     "virtual hosts:--no-install-recommends:iproute2 openssh-server openssh-client util-linux"
     # tests/test_report.py: report.html in headless Chromium
     "chromium::chromium"
+    # .ci/system_mpi.sh: the suite's slice under Debian's Open MPI and MPICH (tests/test_system_mpi.py)
+    "system MPIs:--no-install-recommends:openmpi-bin libopenmpi-dev mpich libmpich-dev"
 )
 LOG=${TMPDIR:-/tmp}/harness-provision-apt.log
 

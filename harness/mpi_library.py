@@ -123,8 +123,16 @@ class MpiLibrary:
     def rank_env(self) -> dict[str, str]:
         """What the ranks' environment needs for this library (added to the launcher's)."""
         env: dict[str, str] = {}
-        if self.libmpi is not None:
-            folder = abi_folder(self.libmpi)
+        swapped = self.libmpi
+        if swapped is None and self.mpicc and self.family == "mpich":
+            # A system MPICH whose library has another name (Debian's libmpich.so.12): mpi4py's
+            # extension for the MPICH ABI still asks for libmpi.so.12.
+            from harness import _core  # noqa: PLC0415  (lazy: loads libmpi)
+
+            built = Path(_core.mpi_library_path())
+            swapped = None if built.name.startswith(MPICH_ABI_SONAME) else built
+        if swapped is not None:
+            folder = abi_folder(swapped)
             env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(folder), os.environ.get("LD_LIBRARY_PATH")) if p)
             env["MPI4PY_LIBMPI"] = str(folder / MPICH_ABI_SONAME)
         return env
@@ -159,7 +167,8 @@ def native_build() -> dict[str, Any]:
 
 def first_line(version: str) -> str:
     """A library's version string's first line, spaces collapsed."""
-    return " ".join(version.strip().splitlines()[0].split()) if version.strip() else "unknown"
+    version = version.replace("\0", "").strip()  # Open MPI's string ends in its terminator
+    return " ".join(version.splitlines()[0].split()) if version else "unknown"
 
 
 def import_mpi() -> ModuleType:

@@ -88,7 +88,8 @@ def pytest_runtest_protocol(item, nextitem):
 PROCESS_MARKERS = ("mpi", "slow", "subprocess")
 _PROCESS_EVENTS = {"subprocess.Popen", "os.system", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
                    "tests.fork_exec"}
-_LAUNCHERS = {"mpiexec", "mpirun", "mpiexec.hydra", "srun"}
+_LAUNCHERS = {"mpiexec", "mpirun", "mpiexec.hydra", "srun", "mpiexec.mpich", "mpirun.mpich", "mpirun.openmpi",
+              "mpiexec.openmpi", "prterun", "orterun"}
 _watched: dict = {"item": None, "problems": []}  # the test in set-up or call, and what it did wrong
 
 
@@ -274,6 +275,11 @@ def check_names(script: str) -> list[str]:
     ]
 
 
+# .ci/system_mpi.sh runs a slice of the suite under each system MPI with HARNESS_TEST_RANKS=2,3,4,5:
+# every check suite of that slice at those rank counts instead of its own.
+SLICE_RANKS = tuple(int(n) for n in os.environ.get("HARNESS_TEST_RANKS", "").split(",") if n.strip())
+
+
 def mpi_check_suite(script: str, ranks: Sequence[int], *, checks: int, slow_ranks: Sequence[int] = (),
                     timeout: float = 240, marks: Sequence[pytest.MarkDecorator] = (),
                     launch: Callable[[int, Path], dict] | None = None, doc: str | None = None) -> type:
@@ -291,6 +297,8 @@ def mpi_check_suite(script: str, ranks: Sequence[int], *, checks: int, slow_rank
       look at the suite shows here).
     * ``reports(ranks, tmp_path_factory)``: that launch's report, for other tests of the file.
     """
+    if SLICE_RANKS:  # the slice under a system MPI (.ci/system_mpi.sh)
+        ranks, slow_ranks = SLICE_RANKS, ()
     stem = Path(script).stem
     names = check_names(script)
     launched: dict[int, dict | BaseException] = {}  # a report, or how its launch ended (pytest's skip or fail)

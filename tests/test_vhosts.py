@@ -49,6 +49,7 @@ import pytest
 import yaml
 
 from conftest import MPI_DIR, kill_rank_mid_run
+from harness.launch import Launch
 from harness.testing.real_runs import CaseFailed, run_command
 from harness.testing.vhosts.bed import SCRIPTS, vhost_scenario
 from harness.testing.vhosts.shaping import SHAPED_LEAST_S, SHAPED_MBIT, kernel_shaping_times
@@ -237,10 +238,9 @@ def test_the_native_layer_across_hosts(bed, clean_hosts, tmp_path):
     """Every check of comm_checks.py on 2 + 2 ranks of vh1 and vh2 (kernels/host_hierarchy.hpp;
     kernels/listener.hpp: over UCX between hosts a wildcard receive went deaf, and the
     wait-avoiding and push checks hung)."""
-    mpiexec = str(Path(sys.executable).parent / "mpiexec")
     report = tmp_path / "report.json"
-    proc = on("vh1", mpiexec, "-f", str(host_file(tmp_path, {"vh1": 2, "vh2": 2})), "-n", "4", sys.executable, "-u",
-              str(MPI_DIR / "comm_checks.py"), str(report))
+    launch = Launch.choose("mpiexec", host_file(tmp_path, {"vh1": 2, "vh2": 2}))  # this environment's MPI's
+    proc = on("vh1", *launch.command(4, [sys.executable, "-u", str(MPI_DIR / "comm_checks.py"), str(report)]))
     assert proc.returncode == 0 and report.exists(), proc.stderr[-3000:]
     results = json.loads(report.read_text())
     failed = {name: r["detail"] for name, r in results.items() if r["status"] != "pass"}

@@ -22,9 +22,10 @@ if [ ! -e "/run/netns/harness-$host" ] || [ ! -e "$NS_DIR/$host.uts" ]; then
 fi
 BASE=${HARNESS_VHOSTS_DIR:-/var/lib/harness-vhosts}
 export UCX_TLS=tcp
+# How each MPI's launcher reaches the other hosts: Hydra's and Open MPI's remote shell.
 if [ "${HARNESS_VHOST_NO_SSH:-}" = 1 ]; then
-    unset HYDRA_LAUNCHER_EXEC
+    unset HYDRA_LAUNCHER_EXEC OMPI_MCA_plm_rsh_agent
 else
-    export HYDRA_LAUNCHER_EXEC=$BASE/bin/ssh
+    export HYDRA_LAUNCHER_EXEC=$BASE/bin/ssh OMPI_MCA_plm_rsh_agent=$BASE/bin/ssh
 fi
 exec nsenter --net="/run/netns/harness-$host" --uts="$NS_DIR/$host.uts" --time="$NS_DIR/$host.time" -- "$@"

@@ -33,13 +33,14 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import HarnessError
-from harness.mpi_library import MpiLibrary, MpiLibraryError, native_build
+from harness.mpi_library import MpiLibrary, MpiLibraryError, native_build, tcp_warning_at_start
 from harness.process_tree import stop_job
 
 LAUNCHERS = ("auto", "mpiexec", "slurm", "srun")
@@ -285,6 +286,10 @@ def start_ranks(
         env = {**(os.environ if env is None else env), **MpiLibrary.of_this_environment().rank_env()}
     except MpiLibraryError as exc:
         raise LaunchError(str(exc)) from None
+    if not launch.single_host():
+        warning = tcp_warning_at_start(env)
+        if warning is not None:
+            print(warning, file=sys.stderr)
     return subprocess.Popen(
         launch.command(ranks, argv, env),
         env=env,

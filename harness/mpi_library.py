@@ -239,3 +239,13 @@ def run_record(MPI: ModuleType) -> dict[str, Any]:
         "transport": transport(library.family, version),
         "fabrics_visible": fabrics_visible(),
     }
+
+
+def tcp_warning_at_start(env: dict[str, str] | None = None) -> str | None:
+    """What a multi-host launch says when the ranks' environment ``env`` sends MPI over TCP while
+    this host shows a faster fabric (``harness.mpi_transport.tcp_warning``); None otherwise."""
+    from harness import _core  # noqa: PLC0415  (loads libmpi; its version string needs no MPI_Init)
+    from harness.mpi_transport import fabrics_visible, tcp_warning, transport  # noqa: PLC0415  (as run_record)
+
+    record = transport(str(native_build()["family"]), _core.mpi_library_version(), env)
+    return tcp_warning(record, fabrics_visible())

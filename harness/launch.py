@@ -106,9 +106,15 @@ def srun_without_pmi() -> str | None:
     plugin = "PMIx, which this MPI library (an MPICH) cannot use" if "PMIX_RANK" in os.environ else "no PMI"
     return (
         f"srun started {os.environ['SLURM_NTASKS']} tasks with {plugin}, so MPI cannot join them into one job: "
-        "start them with `srun --mpi=pmi2 ...`, or run `python -m harness run FILE` once in the batch script "
-        "(it starts the ranks itself)"
+        f"start them with `srun --mpi={srun_plugin()} ...`, or run `python -m harness run FILE` once in the batch "
+        "script (it starts the ranks itself)"
     )
+
+
+def srun_plugin() -> str:
+    """srun's ``--mpi`` plugin for this environment's MPI: ``pmix`` for Open MPI, ``pmi2`` for the
+    MPICHs (MPICH, Intel MPI, MVAPICH; the PyPI wheel's Hydra build speaks no PMIx)."""
+    return "pmix" if native_build()["family"] == "openmpi" else "pmi2"
 
 
 def slurm_allocation() -> str | None:
@@ -161,8 +167,7 @@ class Launch:
         if ranks < 1:
             raise LaunchError(f"ranks must be >= 1 (got {ranks})")
         if self.launcher == "srun":
-            pmi = "pmix" if self.family == "openmpi" else "pmi2"
-            return ["srun", f"--mpi={pmi}", "--kill-on-bad-exit=1", "-n", str(ranks), *argv]
+            return ["srun", f"--mpi={srun_plugin()}", "--kill-on-bad-exit=1", "-n", str(ranks), *argv]
         if self.family == "openmpi":
             return [str(mpiexec_path()), *self._openmpi_options(ranks, env), "-n", str(ranks), *argv]
         where: list[str] = []

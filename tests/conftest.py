@@ -203,7 +203,8 @@ def rank_pid(marker: str, rank: int) -> int | None:
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if "harness.runner.worker" in cmdline and marker in cmdline and f"PMI_RANK={rank}".encode() in environ:
+        ranks = {f"{var}={rank}".encode() for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK")}  # Hydra's, mpirun's
+        if "harness.runner.worker" in cmdline and marker in cmdline and ranks & set(environ):
             return int(entry.name)
     return None
 

@@ -29,6 +29,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.launch import srun_plugin
+from harness.mpi_library import MpiLibrary, native_build
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).resolve().parent / "slurm"
 START_TIMEOUT_S = 600   # the daemons start in seconds; another session's start_slurm.sh may hold the lock
@@ -101,11 +104,16 @@ def _scenario(tmp_path: Path) -> Path:
     return path
 
 
-def _srun_batch_script(scenario: Path, out: Path, log: Path, ranks: int = RANKS) -> str:
-    """A batch script in which ``srun --mpi=pmi2`` starts the ranks and the harness runs in place
-    (results under ``out``, job output to ``log``). PMI-2 is what the MPICH wheel's libmpi
+def _srun_batch_script(scenario: Path, out: Path, log: Path, ranks: int = RANKS, launcher: bool = False) -> str:
+    """A batch script in which ``srun --mpi=pmi2`` (``pmix`` under Open MPI) starts the ranks and the
+    harness runs in place (results under ``out``, job output to ``log``); with ``launcher``, the
+    harness runs once and starts them with ``--launcher srun``. PMI-2 is what the MPICHs' libmpi
     speaks with srun: ``--mpi=none``, SLURM's usual default, makes every task a 1-rank
-    singleton, and this MPICH refuses ``--mpi=pmix``."""
+    singleton, and the PyPI MPICH refuses ``--mpi=pmix``."""
+    run = f"{sys.executable} -m harness run {scenario} --out {out}"
+    # A library chosen at run time (HARNESS_LIBMPI): ranks the user starts need its folder on
+    # LD_LIBRARY_PATH, as the harness's own launchers give it (docs/guides/clusters.md).
+    exports = [f"export {name}={value}" for name, value in MpiLibrary.of_this_environment().rank_env().items()]
     return "\n".join([
         "#!/bin/bash",
         "#SBATCH --job-name=harness-slurmtest",
@@ -115,7 +123,8 @@ def _srun_batch_script(scenario: Path, out: Path, log: Path, ranks: int = RANKS)
         f"#SBATCH --chdir={REPO}",
         "set -eu",
         f"cd {REPO}",
-        f"exec srun --ntasks={ranks} --mpi=pmi2 {sys.executable} -m harness run {scenario} --out {out}",
+        *exports,
+        f"exec {run} --launcher srun" if launcher else f"exec srun --ntasks={ranks} --mpi={srun_plugin()} {run}",
         "",
     ])
 
@@ -164,6 +173,7 @@ def _check_run(out: Path, log: Path, state: str, exit_code: str) -> None:
     meta = json.loads((runs[0] / "run.json").read_text())
     assert meta["status"] == "complete", meta
     assert meta["ranks"] == RANKS
+    assert meta["mpi"]["family"] == native_build()["family"], meta["mpi"]  # this environment's MPI ran it
     assert sorted(meta["finished_algorithms"]) == sorted(ALGORITHMS)
     with open(runs[0] / "steps.csv", newline="") as f:
         rows = list(csv.DictReader(f))
@@ -195,6 +205,13 @@ def test_sbatch_srun_ranks_run_in_place(slurm_env, tmp_path):
     assert "this job has 1" not in log.read_text(errors="replace")
 
 
+def test_the_srun_launcher_starts_the_ranks_with_this_mpis_plugin(slurm_env, tmp_path):
+    scenario, out, log = _scenario(tmp_path), tmp_path / "out", tmp_path / "job.out"
+    state, exit_code = _submit_and_wait(_srun_batch_script(scenario, out, log, launcher=True), tmp_path, slurm_env,
+                                        log)
+    _check_run(out, log, state, exit_code)
+
+
 def test_srun_without_pmi_fails_clearly(slurm_env, tmp_path):
     """srun tasks that MPI cannot join into one job: the harness should stop before writing anything
     and say how to start the ranks (``srun --mpi=pmi2``, or one ``python -m harness run`` per job)."""
@@ -205,7 +222,7 @@ def test_srun_without_pmi_fails_clearly(slurm_env, tmp_path):
     assert proc.returncode != 0
     assert not (out / "slurmtest").exists() or not any((out / "slurmtest").iterdir()), \
         "run directories were created by ranks that are not one job"
-    assert "--mpi=pmi2" in proc.stderr, proc.stderr[-3000:]
+    assert f"--mpi={srun_plugin()}" in proc.stderr, proc.stderr[-3000:]
 
 
 def test_sbatch_sweep_runs_one_array_task_per_point(slurm_env, tmp_path):

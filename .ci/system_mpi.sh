@@ -13,8 +13,8 @@
 #   (tests/test_slurm.py): the sbatch script (mpirun inside the allocation), ranks the user starts
 #   with `srun --mpi=pmix`, and `--launcher srun`.
 # - Debian's MPICH: the default venv's layer (built for the MPICH ABI) on Debian's libmpich.so.12,
-#   chosen at run time (HARNESS_LIBMPI); its mpiexec.mpich launches. The slice: every comm_checks
-#   checks at 2, 3, 4 and 5 ranks, and the library every rank reports (tests/test_system_mpi.py).
+#   chosen at run time (HARNESS_LIBMPI); its mpiexec.mpich launches. The slice: every check of
+#   comm_checks.py at 2, 3, 4 and 5 ranks, and the library every rank reports (tests/test_system_mpi.py).
 #
 # Run from the repository root, inside the default venv (.ci/run calls it after the suite).
 set -euo pipefail

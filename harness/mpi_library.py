@@ -135,6 +135,12 @@ class MpiLibrary:
             folder = abi_folder(swapped)
             env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(folder), os.environ.get("LD_LIBRARY_PATH")) if p)
             env["MPI4PY_LIBMPI"] = str(folder / MPICH_ABI_SONAME)
+        elif "MPI4PY_LIBMPI" not in os.environ:
+            # A script that imports mpi4py before the harness loads this library too (mpi4py alone
+            # would take the first it finds: the wheel's, in a venv that has it).
+            from harness import _core  # noqa: PLC0415  (lazy: loads libmpi)
+
+            env["MPI4PY_LIBMPI"] = _core.mpi_library_path()
         return env
 
 

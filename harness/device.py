@@ -15,12 +15,10 @@ tested without a GPU (a staged run must give bit-identical models).
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import os
-import re
+import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.mpi_library import import_mpi
@@ -87,21 +85,15 @@ def local_rank(world) -> int:
 
 
 def mpi_cuda_aware() -> bool | None:
-    """Whether the loaded MPI library says it is CUDA-aware (``MPIX_Query_cuda_support``, which
-    MPICH and Open MPI export); None when no loaded library can tell. Recorded in run.json:
-    the harness stages through host memory either way (see the module docstring)."""
-    try:
-        maps = Path("/proc/self/maps").read_text(encoding="utf-8")
-    except OSError:
+    """Whether the MPI library the native layer calls says it is CUDA-aware
+    (``MPIX_Query_cuda_support``, which MPICH and Open MPI export; ``harness._core``); None when
+    the layer is not loaded or its library cannot tell. Recorded in run.json: the harness stages
+    through host memory either way (see the module docstring)."""
+    core = sys.modules.get("harness._core")
+    if core is None:
         return None
-    for path in sorted(set(re.findall(r"(/\S*/libmpi[^/\s]*\.so[^/\s]*)", maps))):
-        try:
-            query = ctypes.CDLL(path).MPIX_Query_cuda_support
-        except (OSError, AttributeError):
-            continue
-        query.restype = ctypes.c_int
-        return bool(query())
-    return None
+    answer = core.mpi_cuda_support()
+    return None if answer < 0 else bool(answer)
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Processes of this host, through /proc and pidfds: a job's process tree, and ending all of it.
 
 A job started by ``mpiexec`` is a tree: the launcher, Hydra's proxies under it, the ranks under
-them. The launcher's side of the harness has to find that tree (which ranks are this job's, not
+them (under Open MPI's ``mpirun`` the local ranks are its own children, the remote ones under
+``ssh`` or ``srun``). The launcher's side of the harness has to find that tree (which ranks are this job's, not
 a process of another pid namespace that happens to share a pid), to notice the moment one of
 them ends, and to stop the whole tree without leaving anything behind and without the launcher
 reporting a "BAD TERMINATION" for a stop that was asked for. This module is the one place that
@@ -167,9 +168,10 @@ def stop_job(proc: subprocess.Popen, reported_in: Collection[int] | None = None,
     a rank still starting up may not handle it yet), or None when unknown. ``remote``: some
     ranks run on other hosts (or may: the watchdog does not know where one is).
 
-    SIGINT goes straight to the known local ranks (the launcher's grandchildren, under Hydra's
-    proxies; when unknown, to every one found), which then end with an exit status, so mpiexec
-    ends quietly as after any exit. A rank that has not ended within ``RANKS_STOP_S`` (one
+    SIGINT goes straight to the known local ranks (under Hydra's proxies, or Open MPI's
+    ``mpirun`` itself: everything under the launcher but its helpers, ``LAUNCHER_HELPERS``; when
+    unknown, to every one found), which then end with an exit status, so mpiexec ends quietly as
+    after any exit. A rank that has not ended within ``RANKS_STOP_S`` (one
     blocked in a collective whose peers have left, one still starting) is ended by force, but
     mpiexec is killed first: it reports every rank that ends by a signal as a "BAD TERMINATION"
     that "typically refers to a problem with your application", which a stop asked for is not.

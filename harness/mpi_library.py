@@ -178,24 +178,43 @@ def first_line(version: str) -> str:
 
 
 def import_mpi() -> ModuleType:
-    """mpi4py's ``MPI`` module, on the native layer's own library (see the module docstring)."""
+    """mpi4py's ``MPI`` module, on the native layer's own library, started (see the module
+    docstring). The check comes before MPI starts: a library started under another MPI's
+    launcher may abort the process before a word is said."""
     if _checked:
         from mpi4py import MPI  # noqa: PLC0415  (loaded and checked already)
 
         return MPI
+    import mpi4py  # noqa: PLC0415  (lazy: only ranks use MPI)
+
     from harness import _core  # noqa: PLC0415  (the native layer loads its libmpi first)
 
     MpiLibrary.of_this_environment()  # a bad HARNESS_LIBMPI is said here, before MPI starts
-    if "mpi4py.MPI" not in sys.modules and "MPI4PY_LIBMPI" not in os.environ:
-        os.environ["MPI4PY_LIBMPI"] = _core.mpi_library_path()
-    from mpi4py import MPI  # noqa: PLC0415  (lazy: importing mpi4py initializes MPI)
+    start = False
+    if "mpi4py.MPI" not in sys.modules:
+        if "MPI4PY_LIBMPI" not in os.environ:
+            os.environ["MPI4PY_LIBMPI"] = _core.mpi_library_path()
+        # Load without starting; MPI starts below as mpi4py would have (its rc: thread level,
+        # and MPI_Finalize at exit).
+        start = bool(mpi4py.rc.initialize)
+        if mpi4py.rc.finalize is None:
+            mpi4py.rc.finalize = start
+        mpi4py.rc.initialize = False
+    from mpi4py import MPI  # noqa: PLC0415  (lazy, as above)
 
-    if not _checked:
-        check_one_library(MPI)
-        _checked.append(True)
+    check_one_library(MPI)
+    _checked.append(True)
+    if start and not MPI.Is_initialized():
+        MPI.Init_thread(_THREAD_LEVELS[str(mpi4py.rc.thread_level)](MPI))
     return MPI
 
 
+_THREAD_LEVELS = {  # mpi4py.rc.thread_level's names
+    "single": lambda MPI: MPI.THREAD_SINGLE,
+    "funneled": lambda MPI: MPI.THREAD_FUNNELED,
+    "serialized": lambda MPI: MPI.THREAD_SERIALIZED,
+    "multiple": lambda MPI: MPI.THREAD_MULTIPLE,
+}
 _checked: list[bool] = []  # once a process: the libraries loaded do not change after the first
 
 

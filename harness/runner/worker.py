@@ -23,7 +23,7 @@ from harness.device import dataset_on, local_rank, mpi_cuda_aware, torch_device
 from harness.faults import FaultPlan
 from harness.injection import InjectionPlan
 from harness.launch import launcher_rank
-from harness.mpi_library import import_mpi
+from harness.mpi_library import MpiLibraryError, import_mpi
 from harness.mpi_library import run_record as mpi_run_record
 from harness.results.columns import CommCallRecord
 from harness.results.layout import PROVENANCE_DIR, SCENARIO_FILE, finished_algorithms
@@ -49,7 +49,13 @@ def main(run_dir: str, resume: bool = False) -> int:
     if early_rank is not None:
         FaultPlan(scenario, early_rank, enabled=not resume).delay_start()
     early = report_in_before_mpi()
-    MPI = import_mpi()  # starts MPI: after the early report-in
+    try:
+        MPI = import_mpi()  # starts MPI: after the early report-in
+    except MpiLibraryError as exc:  # two MPI libraries: this rank's own error, said before it goes
+        if early is not None:
+            early.failed(exc)
+            early.close()
+        raise
 
     world = MPI.COMM_WORLD
     rank = world.rank

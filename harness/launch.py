@@ -138,6 +138,10 @@ class Launch:
         """Resolve ``auto`` and check what the choice needs; LaunchError says what is missing."""
         if launcher not in LAUNCHERS:
             raise LaunchError(f"--launcher must be one of {', '.join(LAUNCHERS)} (got {launcher!r})")
+        try:  # the MPI the ranks will use: refused here, before anything is written or started
+            MpiLibrary.of_this_environment().check_mpi4py_choice()
+        except MpiLibraryError as exc:
+            raise LaunchError(str(exc)) from None
         if launcher == "auto":
             launcher = "slurm" if slurm_allocation() is not None and hosts is None else "mpiexec"
         if hosts is not None:

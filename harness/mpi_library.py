@@ -143,6 +143,22 @@ class MpiLibrary:
             env["MPI4PY_LIBMPI"] = _core.mpi_library_path()
         return env
 
+    def check_mpi4py_choice(self) -> None:
+        """MpiLibraryError, before anything starts, when ``MPI4PY_LIBMPI`` names another library
+        than this one (the ranks would hold two MPIs and stop at start-up)."""
+        chosen = os.environ.get("MPI4PY_LIBMPI")
+        if not chosen:
+            return
+        from harness import _core  # noqa: PLC0415  (lazy: loads libmpi)
+
+        ours = Path(self.libmpi if self.libmpi is not None else _core.mpi_library_path()).resolve()
+        if Path(chosen).resolve() != ours:
+            raise MpiLibraryError(
+                f"MPI4PY_LIBMPI={chosen} points mpi4py at another MPI library than the native layer's ({ours}, "
+                f"{self.source}): one process needs one MPI; unset MPI4PY_LIBMPI (the harness points mpi4py at the "
+                f"layer's library itself), or rebuild the layer for that library (docs/guides/clusters.md)"
+            )
+
 
 def abi_folder(libmpi: Path) -> Path:
     """A folder in which ``libmpi.so.12`` is ``libmpi`` (made once, in the venv, which every node

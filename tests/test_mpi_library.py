@@ -188,3 +188,14 @@ def test_tcp_warning_at_start_judges_the_ranks_environment(monkeypatch, tmp_path
     warning = mpi_library.tcp_warning_at_start(tcp)
     assert warning is not None and "infiniband:mlx5_0" in warning
     assert mpi_library.tcp_warning_at_start({}) is None
+
+
+def test_mpi4py_pointed_at_another_library_is_refused_before_the_launch(tmp_path, monkeypatch):
+    other = tmp_path / "libmpi.so.40"
+    other.touch()
+    monkeypatch.delenv("HARNESS_LIBMPI", raising=False)
+    monkeypatch.setenv("MPI4PY_LIBMPI", str(other))
+    with pytest.raises(LaunchError, match=r"MPI4PY_LIBMPI=.*libmpi.so.40 points mpi4py at another MPI library"):
+        Launch.choose("mpiexec")
+    monkeypatch.setenv("MPI4PY_LIBMPI", _core.mpi_library_path())  # the layer's own: fine
+    assert Launch.choose("mpiexec").launcher == "mpiexec"

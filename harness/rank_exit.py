@@ -26,8 +26,6 @@ import time
 import traceback
 from collections.abc import Sequence
 
-from harness.mpi_library import import_mpi
-
 INTERRUPT_GRACE_S = 5.0  # an interrupted rank ends within this, whatever it was doing
 IMPORT_RETRY_S = 0.05  # an interrupt arriving during an import is delivered again after this
 OUTPUT_DRAIN_S = 2.0  # before MPI_Abort: at most this long for the launcher to read what the rank printed
@@ -110,9 +108,9 @@ def abort_job_after_error() -> int:
     traceback.print_exc()
     sys.stdout.flush()
     sys.stderr.flush()
-    MPI = import_mpi()  # only ranks call this; the launching parent never imports mpi4py
-
-    if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+    # MPI as far as this rank got: none loaded (it failed before) or not started, nothing to abort.
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
         abort_mpi_job(MPI.COMM_WORLD)
     return 1
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -22,7 +21,11 @@ from harness.scenario import ScenarioError
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.rank, WORLD.size
-OUT = Path(WORLD.bcast(tempfile.mkdtemp(prefix="api-checks-") if RANK == 0 else None, root=0))
+# The runs' results beside the report (in the test's own temporary directory, which pytest removes).
+OUT = Path(sys.argv[1]).resolve().parent / "api-checks-runs"
+if RANK == 0:
+    OUT.mkdir(exist_ok=True)
+WORLD.Barrier()
 CHECKS = check = Checks()
 
 X = torch.randn(256, 12, generator=torch.Generator().manual_seed(0))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -27,7 +28,7 @@ from harness.sim.calibration import (
 )
 from harness.sim.compare import COMPARE_COLUMNS
 from harness.sim.runs import calibration_entry, predict
-from conftest import harness_cli, run_scenario, write_scenario_file
+from conftest import harness_cli, write_scenario_file
 
 # Emulated compute: the local work is a sleep, so the comparison tests the communication model
 # and not how well a noisy CI machine reproduces forward/backward times. The scenario of
@@ -189,21 +190,31 @@ def test_simulate_rejects_bad_input(tmp_path) -> None:
 
 
 @pytest.fixture(scope="module")
-def real_run(tmp_path_factory):
-    """A short real run of one algorithm, for the tests of what ``compare`` accepts."""
-    return run_scenario(tmp_path_factory.mktemp("simreal"), {
-        **SMALL, "algorithms": ["allreduce_sgd"], "workload": {**SMALL["workload"], "iterations": 6, "eval_every": 6}})
+def small_compared(tmp_path_factory):
+    """SMALL for real, then ``compare`` of it in both modes (a fixed calibration)."""
+    from harness.sim.calibration import save_fixed_calibration
+
+    tmp = tmp_path_factory.mktemp("simsmall")
+    cal = save_fixed_calibration(tmp / "cal.json", SMALL["ranks"], SMALL_COMPUTE)
+    return run_and_compare(SMALL, tmp, cal)
+
+
+@pytest.fixture(scope="module")
+def real_run(small_compared, tmp_path_factory):
+    """A copy of ``small_compared``'s real run as ``run`` left it (no compare results), for the
+    tests of what ``compare`` accepts: one real run for the file, not two."""
+    copy = tmp_path_factory.mktemp("simreal") / small_compared.run.name
+    shutil.copytree(small_compared.run, copy, ignore=shutil.ignore_patterns("compare.*", "sim-*"))
+    assert not list(copy.glob("compare*")) and not list(copy.glob("sim-*"))
+    return copy
 
 
 @pytest.mark.mpi
-def test_a_small_real_run_and_its_simulation_agree_within_a_factor_of_two(tmp_path) -> None:
+def test_a_small_real_run_and_its_simulation_agree_within_a_factor_of_two(small_compared) -> None:
     """SMALL for real, then ``compare``: the tables and files it writes, and coarse agreement
     that catches a broken model (off by 2x, the wrong way round), not a loaded machine. How
     close they are is ``python -m harness bench agreement --only small_run``'s report (1-5% here)."""
-    from harness.sim.calibration import save_fixed_calibration
-
-    cal = save_fixed_calibration(tmp_path / "cal.json", SMALL["ranks"], SMALL_COMPUTE)
-    compared = run_and_compare(SMALL, tmp_path, cal)
+    compared = small_compared
     real_run, table = compared.run, compared.table
     assert tuple(table.columns) == COMPARE_COLUMNS
     assert sorted(set(table["mode"])) == ["predictive", "trace"]

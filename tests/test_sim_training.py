@@ -10,7 +10,7 @@ Three kinds of proof:
   numerics do not depend on arrival order, and the wait-avoiding ones (replayed from the
   staleness the real run recorded), end with the real run's final models; the others train to
   a comparable accuracy. The simulated run directory has the real run's files.
-* Equal to an independent computation at scale: at 32 and 64 simulated ranks, Allreduce-SGD,
+* Equal to an independent computation at scale: at 64 simulated ranks, Allreduce-SGD,
   Local SGD and D-PSGD end with the final models that a plain single-process recomputation from
   the run's provenance gives (the rules of docs/algorithms/, written here with torch.optim.SGD,
   not with the algorithm classes).
@@ -305,7 +305,7 @@ def _recompute(run: Path, scenario: dict, algorithm: str) -> torch.Tensor:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ranks", [32, 64])
+@pytest.mark.parametrize("ranks", [64])  # 32 ran the same code paths (both powers of two), in the same time
 def test_values_at_scale_equal_an_independent_computation(ranks: int, tmp_path: Path) -> None:
     scenario = {"name": f"scale{ranks}", "ranks": ranks, "seed": 5, "workload": SCALE_WORKLOAD,
                 "optimizer": SCALE_OPTIMIZER, "results": {"provenance": "full"},

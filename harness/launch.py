@@ -101,8 +101,8 @@ def srun_without_pmi() -> str | None:
         return None
     if "PMI_FD" in os.environ or "PMI_SIZE" in os.environ:
         return None
-    if "PMIX_RANK" in os.environ and native_build()["family"] == "openmpi":
-        return None  # Open MPI speaks PMIx
+    if "PMIX_RANK" in os.environ and srun_plugin() == "pmix":
+        return None  # this MPI (Open MPI) speaks PMIx
     plugin = "PMIx, which this MPI library (an MPICH) cannot use" if "PMIX_RANK" in os.environ else "no PMI"
     return (
         f"srun started {os.environ['SLURM_NTASKS']} tasks with {plugin}, so MPI cannot join them into one job: "
@@ -189,13 +189,18 @@ class Launch:
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             options.append("--allow-run-as-root")
         if self.hosts is not None:
-            counts = Counter(hydra_placement(read_hosts(self.hosts), ranks))
+            counts = self._host_counts(ranks)
             options += ["--host", ",".join(f"{host}:{count}" for host, count in counts.items())]
             names = env if env is not None else os.environ
             for name in sorted(names):
                 if name.startswith(FORWARDED_PREFIXES) or name in FORWARDED_NAMES:
                     options += ["-x", name]
         return options
+
+    def _host_counts(self, ranks: int) -> Counter[str]:
+        """Ranks per host of the host file, as Hydra would place them (what mpirun is given)."""
+        assert self.hosts is not None
+        return Counter(hydra_placement(read_hosts(self.hosts), ranks))
 
     def single_host(self) -> bool:
         """Whether every rank runs on this host (the watchdog then listens on 127.0.0.1)."""
@@ -210,11 +215,9 @@ class Launch:
         """The host each rank is to start on, as the launcher will place it; None where that
         cannot be known (the watchdog names the host of a rank that never reported in)."""
         if self.hosts is not None:
-            placement = hydra_placement(read_hosts(self.hosts), ranks)
             if self.family == "openmpi":  # mpirun --host a:k,b:m --map-by slot: k ranks on a, then m on b
-                counts = Counter(placement)
-                return [host for host in counts for _ in range(counts[host])]
-            return placement
+                return [host for host, count in self._host_counts(ranks).items() for _ in range(count)]
+            return hydra_placement(read_hosts(self.hosts), ranks)
         if self.launcher in ("slurm", "srun") and not self.single_host():
             return _slurm_placement(ranks)
         return [socket.gethostname()] * ranks

@@ -221,16 +221,10 @@ def import_mpi() -> ModuleType:
     check_one_library(MPI)
     _checked.append(True)
     if start and not MPI.Is_initialized():
-        MPI.Init_thread(_THREAD_LEVELS[str(mpi4py.rc.thread_level)](MPI))
+        MPI.Init_thread(getattr(MPI, f"THREAD_{str(mpi4py.rc.thread_level).upper()}"))  # rc's names: single..multiple
     return MPI
 
 
-_THREAD_LEVELS = {  # mpi4py.rc.thread_level's names
-    "single": lambda MPI: MPI.THREAD_SINGLE,
-    "funneled": lambda MPI: MPI.THREAD_FUNNELED,
-    "serialized": lambda MPI: MPI.THREAD_SERIALIZED,
-    "multiple": lambda MPI: MPI.THREAD_MULTIPLE,
-}
 _checked: list[bool] = []  # once a process: the libraries loaded do not change after the first
 
 
@@ -239,11 +233,11 @@ def check_one_library(MPI: ModuleType) -> None:
     from harness import _core  # noqa: PLC0415  (lazy, as above)
 
     native_path = _core.mpi_library_path()
-    native = f"{first_line(_core.mpi_library_version())} ({native_path})"
-    loaded = list(_core.mpi_libraries_loaded())
-    others = [path for path in loaded if path != native_path]
+    ours = first_line(_core.mpi_library_version())
+    native = f"{ours} ({native_path})"
+    others = [path for path in _core.mpi_libraries_loaded() if path != native_path]
     theirs = first_line(MPI.Get_library_version())
-    if others or theirs != first_line(_core.mpi_library_version()):
+    if others or theirs != ours:
         where = others[0] if others else "the same file"
         raise MpiLibraryError(
             f"the native layer and mpi4py use different MPI libraries: the native layer (harness._core, "
